@@ -1,0 +1,89 @@
+"""`toolmesh host`: serve a thread's tools from a Python module's handlers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from toolmesh.cli.logs import configure_logging
+from toolmesh.cli.output import EXIT_USAGE
+from toolmesh.client.config import address
+from toolmesh.host import HostError, ToolHost
+
+GENERIC_KEY = "*"
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser("host", help="run a handler host for a thread")
+    parser.add_argument("--thread-id", required=True)
+    parser.add_argument(
+        "--handlers",
+        required=True,
+        help='MODULE:ATTR, a mapping of tool name to callable(args, ctx); the key "*" is the generic handler',
+    )
+    parser.add_argument("--bridge", help="bridge address (env TOOLMESH_BRIDGE_ADDR)")
+    parser.add_argument("--name", help="host name shown in the bridge's logs")
+    parser.set_defaults(run=run)
+
+
+def load_handlers(spec: str) -> Mapping[str, Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError("--handlers takes MODULE:ATTR")
+    # Like `python -m`, let modules in the working directory be found.
+    sys.path.insert(0, str(Path.cwd()))
+    handlers = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(handlers, Mapping) or not all(callable(h) for h in handlers.values()):
+        raise ValueError(f"{spec} must be a mapping of tool name to callable")
+    return handlers
+
+
+def _print_error(error: HostError) -> None:
+    cause = f" cause={error.cause}" if error.cause else ""
+    print(
+        f"toolmesh host: {error.code.value} tool={error.tool_name} tool_request_id={error.tool_request_id}"
+        f" turn_id={error.turn_id}{cause}: {error.message}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+async def run(args: argparse.Namespace) -> int:
+    configure_logging()
+    try:
+        handlers = load_handlers(args.handlers)
+    except (ImportError, AttributeError, ValueError) as exc:
+        print(f"toolmesh host: cannot load handlers: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    host = ToolHost(address("bridge", args.bridge), args.thread_id, host_name=args.name)
+    for name, handler in handlers.items():
+        if name == GENERIC_KEY:
+            host.on_any(handler)
+        else:
+            host.on_tool(name, handler)
+    host.on_error(_print_error)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    runner = asyncio.create_task(host.run())
+    waiter = asyncio.create_task(host.wait_connected())
+    await asyncio.wait({waiter, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if host.connected:
+        print(
+            f"toolmesh host: connected thread={args.thread_id} host_session={host.host_session_id}"
+            f" tools={','.join(sorted(handlers))}",
+            file=sys.stderr,
+            flush=True,
+        )
+    await stop.wait()
+    await host.stop()
+    runner.cancel()
+    waiter.cancel()
+    return 0

@@ -1,0 +1,41 @@
+"""`toolmesh up`: the three services in one process on the embedded default."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from toolmesh.cli.logs import configure_logging
+from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
+from toolmesh.server.runtime import serve_until_signalled
+from toolmesh.server.system import start_local_system
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "up", help="start registry, invocation and bridge locally (in-memory store)"
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, help="interface to listen on (default %(default)s)")
+    for service, port in DEFAULT_PORTS.items():
+        parser.add_argument(
+            f"--{service}-port", type=int, default=port, help=f"default {port}; 0 picks a free port"
+        )
+    parser.set_defaults(run=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    configure_logging()
+    system = await start_local_system(
+        host=args.host,
+        registry_port=args.registry_port,
+        invocation_port=args.invocation_port,
+        bridge_port=args.bridge_port,
+    )
+    print("toolmesh is up (embedded in-memory store)")
+    print(f"  registry    {system.registry_target}")
+    print(f"  invocation  {system.invocation_target}")
+    print(f"  bridge      {system.bridge_target}")
+    print("Press Ctrl-C to stop.", flush=True)
+    await serve_until_signalled(system.servers, grace=2.0)
+    print("toolmesh stopped", flush=True)
+    return 0

@@ -1,0 +1,6 @@
+"""Client libraries for callers of toolmesh: invocation and registry."""
+
+from toolmesh.client.invocation import CallResult, InvocationClient
+from toolmesh.client.registry import RegistryClient
+
+__all__ = ["CallResult", "InvocationClient", "RegistryClient"]

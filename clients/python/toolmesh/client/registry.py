@@ -1,0 +1,43 @@
+"""Reading and replacing a session's tools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from toolmesh.core.tools import ToolSet, ToolSpec
+from toolmesh.core.wire import tool_from_pb, tool_to_pb
+from toolmesh.v1 import registry_pb2, registry_pb2_grpc
+
+
+class RegistryClient:
+    def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
+        self._own_channel = channel is None
+        self._channel = channel or grpc.aio.insecure_channel(target)
+        self._stub = registry_pb2_grpc.RegistryServiceStub(self._channel)
+
+    async def put_tools(
+        self, session_id: str, tools: Sequence[ToolSpec], *, expected_revision: int | None = None
+    ) -> int:
+        request = registry_pb2.PutToolsRequest(session_id=session_id, tools=[tool_to_pb(t) for t in tools])
+        if expected_revision is not None:
+            request.expected_revision = expected_revision
+        response: registry_pb2.PutToolsResponse = await self._stub.PutTools(request, timeout=10.0)
+        return response.revision
+
+    async def list_tools(self, session_id: str) -> ToolSet:
+        response = await self._stub.ListTools(
+            registry_pb2.ListToolsRequest(session_id=session_id), timeout=10.0
+        )
+        return ToolSet(response.revision, tuple(tool_from_pb(t) for t in response.tools))
+
+    async def close(self) -> None:
+        if self._own_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> RegistryClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

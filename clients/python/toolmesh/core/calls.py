@@ -1,0 +1,25 @@
+"""A tool call as the caller makes it, and as it travels to a handler host."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    session_id: str
+    turn_id: str
+    tool_name: str
+    arguments_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    session_id: str
+    turn_id: str
+    tool_request_id: str
+    tool_name: str
+    arguments_json: str
+    timeout_ms: int
+    trace_context: Mapping[str, str] = field(default_factory=dict)

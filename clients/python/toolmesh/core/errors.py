@@ -1,0 +1,173 @@
+"""The one error table of toolmesh.
+
+Every code the runtime, the bridge, the host SDK or the CLI can produce is a
+row here: its gRPC status when it fails an RPC, whether the same call may be
+retried as it is, whether it ends an assistant turn, and the message shown to
+people. Nothing else decides these.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import grpc
+
+DOMAIN = "toolmesh"
+
+
+class Code(enum.StrEnum):
+    # Outcomes of a tool call (carried inside a successful InvokeTool response).
+    TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+    TOOL_ARGS_INVALID = "TOOL_ARGS_INVALID"
+    TOOL_HANDLER_NOT_FOUND = "TOOL_HANDLER_NOT_FOUND"
+    TOOL_HANDLER_ERROR = "TOOL_HANDLER_ERROR"
+    TOOL_RESULT_INVALID = "TOOL_RESULT_INVALID"
+    TOOL_TIMEOUT = "TOOL_TIMEOUT"
+    TOOL_HOST_UNAVAILABLE = "TOOL_HOST_UNAVAILABLE"
+    TOOL_HOST_DISCONNECTED = "TOOL_HOST_DISCONNECTED"
+    # Reported by the host SDK to its error callbacks.
+    SUBMIT_TOOL_RESULT_FAILED = "SUBMIT_TOOL_RESULT_FAILED"
+    # Failed RPCs: no outcome was produced.
+    INVALID_REQUEST = "INVALID_REQUEST"
+    INVALID_SCHEMA = "INVALID_SCHEMA"
+    REVISION_CONFLICT = "REVISION_CONFLICT"
+    REGISTRY_UNAVAILABLE = "REGISTRY_UNAVAILABLE"
+    BRIDGE_UNAVAILABLE = "BRIDGE_UNAVAILABLE"
+    OVERLOADED = "OVERLOADED"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    INTERNAL = "INTERNAL"
+    # Reasons SubmitToolResult refuses a result.
+    REQUEST_UNKNOWN = "REQUEST_UNKNOWN"
+    REQUEST_FOREIGN = "REQUEST_FOREIGN"
+    REQUEST_ENDED = "REQUEST_ENDED"
+    REQUEST_DUPLICATE = "REQUEST_DUPLICATE"
+    HOST_SESSION_UNKNOWN = "HOST_SESSION_UNKNOWN"
+    RESULT_NOT_JSON = "RESULT_NOT_JSON"
+    RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    # Seen by a caller that received no outcome at all.
+    CALLER_DEADLINE_EXCEEDED = "CALLER_DEADLINE_EXCEEDED"
+    TRANSPORT_FAILED = "TRANSPORT_FAILED"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    status: grpc.StatusCode
+    retryable: bool
+    ends_turn: bool
+    message: str
+
+
+S = grpc.StatusCode
+
+_TABLE: dict[Code, ErrorSpec] = {
+    Code.TOOL_NOT_FOUND: ErrorSpec(S.NOT_FOUND, False, False, "The session has no tool of that name."),
+    Code.TOOL_ARGS_INVALID: ErrorSpec(
+        S.INVALID_ARGUMENT, False, False, "The arguments are not a JSON object or do not match the schema."
+    ),
+    Code.TOOL_HANDLER_NOT_FOUND: ErrorSpec(
+        S.UNIMPLEMENTED, False, False, "The handler host has no handler for this tool."
+    ),
+    Code.TOOL_HANDLER_ERROR: ErrorSpec(S.INTERNAL, False, False, "The tool's handler failed."),
+    Code.TOOL_RESULT_INVALID: ErrorSpec(
+        S.INTERNAL, False, False, "The tool's handler returned a value that is not plain JSON, or too much."
+    ),
+    Code.TOOL_TIMEOUT: ErrorSpec(
+        S.DEADLINE_EXCEEDED, False, True, "The tool did not answer before its deadline; the call has ended."
+    ),
+    Code.TOOL_HOST_UNAVAILABLE: ErrorSpec(
+        S.UNAVAILABLE, True, False, "No handler host serves this session right now; the tool did not run."
+    ),
+    Code.TOOL_HOST_DISCONNECTED: ErrorSpec(
+        S.UNAVAILABLE, False, False, "The handler host went away during the call; the tool may have run."
+    ),
+    Code.SUBMIT_TOOL_RESULT_FAILED: ErrorSpec(
+        S.FAILED_PRECONDITION, False, False, "The tool's result could not be handed back to the runtime."
+    ),
+    Code.INVALID_REQUEST: ErrorSpec(S.INVALID_ARGUMENT, False, True, "The request is malformed."),
+    Code.INVALID_SCHEMA: ErrorSpec(S.INVALID_ARGUMENT, False, True, "A tool definition is not valid."),
+    Code.REVISION_CONFLICT: ErrorSpec(
+        S.ABORTED, False, False, "The tool list changed since the revision the caller expected."
+    ),
+    Code.REGISTRY_UNAVAILABLE: ErrorSpec(
+        S.UNAVAILABLE, True, False, "The tool registry could not be reached; the tool did not run."
+    ),
+    Code.BRIDGE_UNAVAILABLE: ErrorSpec(
+        S.UNAVAILABLE, True, False, "The bridge could not be reached; the outcome is unknown."
+    ),
+    Code.OVERLOADED: ErrorSpec(S.RESOURCE_EXHAUSTED, True, False, "The service is overloaded; try again."),
+    Code.SHUTTING_DOWN: ErrorSpec(S.UNAVAILABLE, True, False, "The service is shutting down; try again."),
+    Code.INTERNAL: ErrorSpec(S.INTERNAL, False, True, "An internal error occurred."),
+    Code.REQUEST_UNKNOWN: ErrorSpec(S.NOT_FOUND, False, False, "No tool request has that id."),
+    Code.REQUEST_FOREIGN: ErrorSpec(
+        S.PERMISSION_DENIED, False, False, "The tool request was sent to another host session."
+    ),
+    Code.REQUEST_ENDED: ErrorSpec(
+        S.FAILED_PRECONDITION,
+        False,
+        False,
+        "The tool request has already ended (timed out, cancelled or answered).",
+    ),
+    Code.REQUEST_DUPLICATE: ErrorSpec(
+        S.ALREADY_EXISTS, False, False, "A tool request with that id is pending."
+    ),
+    Code.HOST_SESSION_UNKNOWN: ErrorSpec(
+        S.NOT_FOUND, False, False, "The host session does not exist or has ended."
+    ),
+    Code.RESULT_NOT_JSON: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The result is not valid JSON."),
+    Code.RESULT_TOO_LARGE: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The result is larger than allowed."),
+    Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
+        S.DEADLINE_EXCEEDED,
+        True,
+        False,
+        "No outcome arrived before the caller's own deadline; an exact retry joins the same call.",
+    ),
+    Code.TRANSPORT_FAILED: ErrorSpec(
+        S.UNAVAILABLE, True, False, "The connection failed before an outcome arrived; an exact retry is safe."
+    ),
+}
+
+ERROR_TABLE: Mapping[Code, ErrorSpec] = MappingProxyType(_TABLE)
+
+
+def spec(code: Code) -> ErrorSpec:
+    return ERROR_TABLE[code]
+
+
+def code_for_reason(reason: str) -> Code | None:
+    """The table's code for an ErrorInfo reason, or None for a reason we do not know."""
+    try:
+        return Code(reason)
+    except ValueError:
+        return None
+
+
+@dataclass(eq=False)
+class ToolmeshError(Exception):
+    """A failure that produced no tool outcome; servers turn it into a status with ErrorInfo.
+
+    `metadata` holds every variable of the message (AIP-193), never argument or
+    result values.
+    """
+
+    code: Code
+    detail: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        base = ERROR_TABLE[self.code].message
+        return f"{base} {self.detail}".strip()
+
+    @property
+    def status(self) -> grpc.StatusCode:
+        return ERROR_TABLE[self.code].status
+
+    @property
+    def retryable(self) -> bool:
+        return ERROR_TABLE[self.code].retryable

@@ -1,0 +1,43 @@
+"""google.rpc.Status with ErrorInfo on failed RPCs, both ways (AIP-193)."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from toolmesh.core.errors import DOMAIN, Code, ToolmeshError, code_for_reason
+
+
+def to_grpc_status(error: ToolmeshError) -> grpc.Status:
+    info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN, metadata=error.metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=error.status.value[0], message=error.message, details=[detail])
+    status_for_grpc: grpc.Status = rpc_status.to_status(status)
+    return status_for_grpc
+
+
+def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo of a failed call, when the server attached one."""
+    try:
+        status = rpc_status.from_call(error)
+    except ValueError:
+        return None
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    return None
+
+
+def error_code(error: grpc.RpcError) -> Code | None:
+    """The table code a failed call carries, or None when it carries none we know."""
+    info = error_info(error)
+    if info is None or info.domain != DOMAIN:
+        return None
+    return code_for_reason(info.reason)

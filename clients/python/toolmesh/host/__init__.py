@@ -1,0 +1,6 @@
+"""The handler-host SDK: serve a session's tools from application code."""
+
+from toolmesh.host.context import Cancellation, ToolContext
+from toolmesh.host.session import HostError, ToolHost
+
+__all__ = ["Cancellation", "HostError", "ToolContext", "ToolHost"]

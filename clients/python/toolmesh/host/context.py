@@ -1,0 +1,55 @@
+"""What a handler is told about the call it serves."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+class Cancellation:
+    """Set when the runtime tells the host to stop a call (its deadline passed, or it was cancelled).
+
+    Usable from async handlers (`await wait()`) and from sync handlers running
+    in a worker thread (`is_set()`, `wait_blocking()`).
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._async_event = asyncio.Event()
+        self.reason: str | None = None
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._async_event.wait()
+
+    def wait_blocking(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def set(self, reason: str) -> None:
+        """Called on the event loop by the SDK."""
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+            self._async_event.set()
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    session_id: str
+    turn_id: str
+    tool_request_id: str
+    tool_name: str
+    # time.monotonic() value when the runtime stops waiting for the result.
+    deadline: float
+    cancellation: Cancellation = field(default_factory=Cancellation)
+
+    def time_remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancellation.is_set()

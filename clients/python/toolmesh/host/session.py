@@ -1,0 +1,296 @@
+"""ToolHost: one handler host connected to the bridge for one session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from toolmesh.core.errors import Code
+from toolmesh.core.outcome import Outcome
+from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.wire import outcome_to_pb
+from toolmesh.host.context import ToolContext
+from toolmesh.host.results import convert_return
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+
+log = logging.getLogger("toolmesh.host")
+
+Handler = Callable[[dict[str, Any], ToolContext], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HostError:
+    """Reported to `on_error` callbacks. Never carries arguments or results."""
+
+    code: Code
+    message: str
+    session_id: str
+    turn_id: str = ""
+    tool_request_id: str = ""
+    tool_name: str = ""
+    # For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...)
+    # or TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE.
+    cause: str = ""
+
+
+ErrorCallback = Callable[[HostError], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _ActiveCall:
+    task: asyncio.Task[None]
+    ctx: ToolContext
+    cancellable: bool
+
+
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+# Missing this many heartbeats in a row means the bridge is gone.
+_MISSED_HEARTBEATS = 3
+
+
+class ToolHost:
+    def __init__(
+        self,
+        bridge_target: str,
+        session_id: str,
+        *,
+        host_name: str | None = None,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.host_name = host_name or f"{socket.gethostname()}:python"
+        self._own_channel = channel is None
+        self._channel = channel or grpc.aio.insecure_channel(bridge_target, options=_CHANNEL_OPTIONS)
+        self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
+        self._handlers: dict[str, Handler] = {}
+        self._generic: Handler | None = None
+        self._error_callbacks: list[ErrorCallback] = []
+        self._active: dict[str, _ActiveCall] = {}
+        self._connected = asyncio.Event()
+        self._stopping = False
+        self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self.host_session_id = ""
+
+    # -- registration -----------------------------------------------------
+    def on_tool(self, name: str, handler: Handler) -> None:
+        """Serve `name` with `handler(args, ctx)`, sync or async. Register before `start()`."""
+        self._handlers[name] = handler
+
+    def on_any(self, handler: Handler) -> None:
+        """Serve every tool without a named handler; `ctx.tool_name` says which."""
+        self._generic = handler
+
+    def on_error(self, callback: ErrorCallback) -> None:
+        self._error_callbacks.append(callback)
+
+    # -- lifecycle --------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    async def start(self, timeout: float | None = 10.0) -> None:
+        """Connect in the background, reconnecting whenever the stream drops; wait for the first connection.
+
+        Raises TimeoutError when no connection was made within `timeout`; the
+        host keeps trying until `stop()`.
+        """
+        self._runner = asyncio.create_task(self.run())
+        await self.wait_connected(timeout)
+
+    async def run(self) -> None:
+        backoff = 0.1
+        while not self._stopping:
+            try:
+                await self._serve_once()
+                backoff = 0.1
+            except grpc.aio.AioRpcError as error:
+                log.warning(
+                    "host stream ended",
+                    extra={"session_id": self.session_id, "grpc_status": error.code().name},
+                )
+            except TimeoutError:
+                log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
+            finally:
+                self._connected.clear()
+                self._call = None
+            if self._stopping:
+                break
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, 5.0)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._call is not None:
+            self._call.cancel()
+        if self._runner is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        tasks = [active.task for active in self._active.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._own_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> ToolHost:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # -- the stream -------------------------------------------------------
+    async def _serve_once(self) -> None:
+        call = self._stub.OpenHostSession(
+            bridge_pb2.OpenHostSessionRequest(
+                session_id=self.session_id,
+                host_name=self.host_name,
+                handler_names=sorted(self._handlers),
+                has_generic_handler=self._generic is not None,
+            )
+        )
+        self._call = call
+        # Until the bridge says how often it beats, allow a generous first wait.
+        silence_limit = 30.0
+        while True:
+            event = await asyncio.wait_for(call.read(), silence_limit)
+            if event is grpc.aio.EOF:
+                return
+            kind = event.WhichOneof("event")
+            if kind == "opened":
+                self.host_session_id = event.opened.host_session_id
+                silence_limit = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
+                self._connected.set()
+                log.info(
+                    "host connected",
+                    extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
+                )
+            elif kind == "tool_request":
+                self._begin(event.tool_request, self.host_session_id)
+            elif kind == "cancelled":
+                self._cancel(event.cancelled)
+
+    def _begin(self, request: bridge_pb2.ToolRequest, host_session_id: str) -> None:
+        ctx = ToolContext(
+            session_id=request.session_id,
+            turn_id=request.turn_id,
+            tool_request_id=request.tool_request_id,
+            tool_name=request.tool_name,
+            deadline=time.monotonic() + request.timeout_ms / 1000,
+        )
+        handler = self._handlers.get(ctx.tool_name) or self._generic
+        task = asyncio.create_task(self._serve(handler, request.arguments_json, ctx, host_session_id))
+        # Async handlers are cancelled on the runtime's word; a sync handler's
+        # thread cannot be, so it finishes and its late result is refused.
+        self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, inspect.iscoroutinefunction(handler))
+        task.add_done_callback(lambda _: self._active.pop(ctx.tool_request_id, None))
+
+    def _cancel(self, cancelled: bridge_pb2.ToolRequestCancelled) -> None:
+        active = self._active.get(cancelled.tool_request_id)
+        if active is None:
+            return
+        reason = "timeout" if cancelled.reason == bridge_pb2.CANCEL_REASON_TIMEOUT else "cancelled"
+        active.ctx.cancellation.set(reason)
+        log.info("tool call cancelled", extra=_ids(active.ctx) | {"reason": reason})
+        if active.cancellable:
+            active.task.cancel()
+
+    async def _serve(
+        self, handler: Handler | None, arguments_json: str, ctx: ToolContext, host_session_id: str
+    ) -> None:
+        outcome = await self._execute(handler, arguments_json, ctx)
+        if outcome is not None:
+            await self._submit(outcome, ctx, host_session_id)
+
+    async def _execute(
+        self, handler: Handler | None, arguments_json: str, ctx: ToolContext
+    ) -> Outcome | None:
+        """Run the handler; None when it was cancelled and produced nothing."""
+        if handler is None:
+            log.warning("no handler for tool", extra=_ids(ctx))
+            return Outcome.runtime_error(
+                Code.TOOL_HANDLER_NOT_FOUND, f"No handler for {ctx.tool_name}.", {"tool": ctx.tool_name}
+            )
+        try:
+            arguments = json.loads(arguments_json)
+            if inspect.iscoroutinefunction(handler):
+                value = await handler(arguments, ctx)
+            else:
+                value = await asyncio.to_thread(handler, arguments, ctx)
+                if inspect.isawaitable(value):
+                    value = await value
+        except asyncio.CancelledError:
+            if self._stopping or ctx.cancelled:
+                return None
+            raise
+        except Exception as exc:
+            # The full exception stays in the host's own log; the caller gets a compact error.
+            log.exception("tool handler raised", extra=_ids(ctx) | {"exception": type(exc).__name__})
+            self._report(HostError(Code.TOOL_HANDLER_ERROR, type(exc).__name__, **_ids(ctx)))
+            return Outcome.runtime_error(
+                Code.TOOL_HANDLER_ERROR, "", {"tool": ctx.tool_name, "exception": type(exc).__name__}
+            )
+        converted = convert_return(value)
+        if converted.refused_because is not None:
+            self._report(
+                HostError(
+                    Code.SUBMIT_TOOL_RESULT_FAILED,
+                    converted.outcome.failure.message if converted.outcome.failure else "",
+                    cause=converted.refused_because.value,
+                    **_ids(ctx),
+                )
+            )
+        return converted.outcome
+
+    async def _submit(self, outcome: Outcome, ctx: ToolContext, host_session_id: str) -> None:
+        try:
+            await self._stub.SubmitToolResult(
+                bridge_pb2.SubmitToolResultRequest(
+                    host_session_id=host_session_id,
+                    tool_request_id=ctx.tool_request_id,
+                    outcome=outcome_to_pb(outcome),
+                ),
+                timeout=10.0,
+            )
+        except grpc.aio.AioRpcError as error:
+            reason = error_code(error)
+            cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
+            log.warning("submit failed", extra=_ids(ctx) | {"cause": cause})
+            self._report(
+                HostError(Code.SUBMIT_TOOL_RESULT_FAILED, error.details() or "", cause=cause, **_ids(ctx))
+            )
+
+    def _report(self, error: HostError) -> None:
+        for callback in self._error_callbacks:
+            try:
+                callback(error)
+            except Exception:
+                log.exception("on_error callback raised")
+
+
+def _ids(ctx: ToolContext) -> dict[str, str]:
+    return {
+        "session_id": ctx.session_id,
+        "turn_id": ctx.turn_id,
+        "tool_request_id": ctx.tool_request_id,
+        "tool_name": ctx.tool_name,
+    }

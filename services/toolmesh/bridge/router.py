@@ -1,0 +1,262 @@
+"""The bridge's domain: connected handler hosts, pending tool requests, their outcomes.
+
+Every pending request ends exactly once (answered, timed out, cancelled, or
+its host gone); whichever comes first wins, and everything after it is
+refused with a precise reason. All of it runs on one event loop, so each
+transition is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from toolmesh.core import jsontext
+from toolmesh.core.calls import ToolRequest
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.limits import MAX_RESULT_BYTES
+from toolmesh.core.names import require_id, require_tool_name
+from toolmesh.core.outcome import Outcome
+
+log = logging.getLogger("toolmesh.bridge")
+
+
+class EndReason(enum.Enum):
+    ANSWERED = "answered"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    HOST_GONE = "host_gone"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    tool_request_id: str
+    reason: EndReason
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+class _Close:
+    """Tells a host stream to end because the bridge is stopping."""
+
+
+HostEvent = ToolRequest | Cancellation | Heartbeat
+_CLOSE = _Close()
+
+
+@dataclass(eq=False)
+class HostSession:
+    host_session_id: str
+    session_id: str
+    host_name: str
+    handler_names: frozenset[str]
+    has_generic_handler: bool
+    _events: asyncio.Queue[HostEvent | _Close] = field(default_factory=asyncio.Queue)
+    in_flight: dict[str, PendingRequest] = field(default_factory=dict)
+    closed: bool = False
+
+    def preference(self, tool_name: str) -> int:
+        """2: a named handler, 1: a generic one, 0: none (the host SDK will say so)."""
+        if tool_name in self.handler_names:
+            return 2
+        return 1 if self.has_generic_handler else 0
+
+    def send(self, event: HostEvent | _Close) -> None:
+        if not self.closed:
+            self._events.put_nowait(event)
+
+    async def next_event(self, heartbeat_s: float) -> HostEvent:
+        """The next event for the host; a Heartbeat when none came within `heartbeat_s`."""
+        try:
+            event = await asyncio.wait_for(self._events.get(), heartbeat_s)
+        except TimeoutError:
+            return Heartbeat()
+        if isinstance(event, _Close):
+            raise ToolmeshError(Code.SHUTTING_DOWN)
+        return event
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    request: ToolRequest
+    host: HostSession
+    result: asyncio.Future[Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    host_session_id: str
+    reason: EndReason
+
+
+class Router:
+    def __init__(self, *, heartbeat_s: float = 5.0, ended_memory: int = 50_000) -> None:
+        self.heartbeat_s = heartbeat_s
+        self._hosts: dict[str, HostSession] = {}
+        self._by_session: dict[str, list[HostSession]] = {}
+        self._pending: dict[str, PendingRequest] = {}
+        # Recently ended requests, so a late submit learns why it is refused.
+        self._ended: OrderedDict[str, _Ended] = OrderedDict()
+        self._ended_memory = ended_memory
+        self._turn = itertools.count()
+
+    @property
+    def host_count(self) -> int:
+        return len(self._hosts)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def hosts_for(self, session_id: str) -> list[HostSession]:
+        return list(self._by_session.get(session_id, ()))
+
+    def open_host(
+        self, session_id: str, host_name: str, handler_names: Iterable[str], has_generic_handler: bool
+    ) -> HostSession:
+        require_id(session_id, "session_id")
+        names = frozenset(handler_names)
+        for name in names:
+            require_tool_name(name)
+        host = HostSession(
+            host_session_id=f"hs_{secrets.token_hex(12)}",
+            session_id=session_id,
+            host_name=host_name[:128],
+            handler_names=names,
+            has_generic_handler=has_generic_handler,
+        )
+        self._hosts[host.host_session_id] = host
+        self._by_session.setdefault(session_id, []).append(host)
+        log.info(
+            "host connected",
+            extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
+        )
+        return host
+
+    def close_host(self, host: HostSession) -> None:
+        if host.closed:
+            return
+        host.closed = True
+        self._hosts.pop(host.host_session_id, None)
+        peers = self._by_session.get(host.session_id, [])
+        if host in peers:
+            peers.remove(host)
+        if not peers:
+            self._by_session.pop(host.session_id, None)
+        for pending in list(host.in_flight.values()):
+            self._end(pending, EndReason.HOST_GONE)
+            pending.result.set_result(
+                Outcome.runtime_error(
+                    Code.TOOL_HOST_DISCONNECTED, details={"toolRequestId": pending.request.tool_request_id}
+                )
+            )
+        log.info(
+            "host disconnected",
+            extra={"session_id": host.session_id, "host_session_id": host.host_session_id},
+        )
+
+    def shutdown(self) -> None:
+        for host in list(self._hosts.values()):
+            host.send(_CLOSE)
+
+    def _pick(self, session_id: str, tool_name: str) -> HostSession | None:
+        hosts = self._by_session.get(session_id)
+        if not hosts:
+            return None
+        best = max(host.preference(tool_name) for host in hosts)
+        candidates = [host for host in hosts if host.preference(tool_name) == best]
+        # Least loaded first; rotate among equals so hosts share the work.
+        fewest = min(len(host.in_flight) for host in candidates)
+        candidates = [host for host in candidates if len(host.in_flight) == fewest]
+        return candidates[next(self._turn) % len(candidates)]
+
+    def _end(self, pending: PendingRequest, reason: EndReason) -> None:
+        request_id = pending.request.tool_request_id
+        self._pending.pop(request_id, None)
+        pending.host.in_flight.pop(request_id, None)
+        self._ended[request_id] = _Ended(pending.host.host_session_id, reason)
+        while len(self._ended) > self._ended_memory:
+            self._ended.popitem(last=False)
+
+    async def dispatch(self, request: ToolRequest) -> Outcome:
+        """Send `request` to a host of its session and wait for its outcome, at most its timeout."""
+        request_id = request.tool_request_id
+        if request_id in self._pending or request_id in self._ended:
+            raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"tool_request_id": request_id})
+        host = self._pick(request.session_id, request.tool_name)
+        if host is None:
+            return Outcome.runtime_error(
+                Code.TOOL_HOST_UNAVAILABLE, details={"sessionId": request.session_id}
+            )
+        pending = PendingRequest(request, host, asyncio.get_running_loop().create_future())
+        self._pending[request_id] = pending
+        host.in_flight[request_id] = pending
+        started = time.monotonic()
+        host.send(request)
+        try:
+            await asyncio.wait({pending.result}, timeout=request.timeout_ms / 1000)
+        except asyncio.CancelledError:
+            if not pending.result.done():
+                self._end(pending, EndReason.CANCELLED)
+                host.send(Cancellation(request_id, EndReason.CANCELLED))
+            raise
+        if pending.result.done():
+            return pending.result.result()
+        self._end(pending, EndReason.TIMED_OUT)
+        host.send(Cancellation(request_id, EndReason.TIMED_OUT))
+        waited_ms = round((time.monotonic() - started) * 1000)
+        return Outcome.runtime_error(
+            Code.TOOL_TIMEOUT,
+            f"No result within {request.timeout_ms} ms.",
+            {"timeoutMs": request.timeout_ms, "waitedMs": waited_ms},
+        )
+
+    def submit(self, host_session_id: str, tool_request_id: str, outcome: Outcome) -> None:
+        """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not."""
+        metadata = {"host_session_id": host_session_id, "tool_request_id": tool_request_id}
+        host = self._hosts.get(host_session_id)
+        if host is None:
+            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)
+        pending = self._pending.get(tool_request_id)
+        if pending is None:
+            ended = self._ended.get(tool_request_id)
+            if ended is None:
+                raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
+            if ended.host_session_id != host_session_id:
+                raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
+            raise ToolmeshError(
+                Code.REQUEST_ENDED,
+                f"It {ended.reason.value.replace('_', ' ')}.",
+                {**metadata, "ended": ended.reason.value},
+            )
+        if pending.host is not host:
+            raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
+        _check_result(outcome, metadata)
+        self._end(pending, EndReason.ANSWERED)
+        pending.result.set_result(outcome)
+
+
+def _check_result(outcome: Outcome, metadata: dict[str, str]) -> None:
+    if outcome.result_json is None:
+        return
+    size = len(outcome.result_json.encode())
+    if size > MAX_RESULT_BYTES:
+        raise ToolmeshError(
+            Code.RESULT_TOO_LARGE,
+            f"{size} bytes, the limit is {MAX_RESULT_BYTES}.",
+            {**metadata, "size": str(size), "limit": str(MAX_RESULT_BYTES)},
+        )
+    try:
+        jsontext.parse(outcome.result_json)
+    except jsontext.NotPlainJson:
+        raise ToolmeshError(Code.RESULT_NOT_JSON, "", metadata) from None

@@ -1,0 +1,140 @@
+"""The invocation service's domain: check a tool call, run it under its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+from toolmesh.core import jsontext
+from toolmesh.core.calls import ToolCall, ToolRequest
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
+from toolmesh.core.names import require_id, require_tool_name
+from toolmesh.core.outcome import Outcome
+from toolmesh.core.schemas import compile_schema, violations
+from toolmesh.core.tools import ToolSpec
+from toolmesh.invocation.ports import Dispatcher, ToolCatalog
+
+log = logging.getLogger("toolmesh.invocation")
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    tool_request_id: str
+    outcome: Outcome
+
+
+def new_tool_request_id() -> str:
+    return f"tr_{uuid.uuid4().hex}"
+
+
+def check_envelope(call: ToolCall) -> None:
+    """Raise ToolmeshError(INVALID_REQUEST) for a call that cannot even be looked up."""
+    require_id(call.session_id, "session_id")
+    require_id(call.turn_id, "turn_id")
+    require_tool_name(call.tool_name)
+
+
+def check_arguments(tool: ToolSpec, arguments_json: str) -> Outcome | None:
+    """A TOOL_ARGS_INVALID outcome when the arguments are not an object that fits the schema."""
+    if len(arguments_json.encode()) > MAX_ARGUMENTS_BYTES:
+        return Outcome.runtime_error(
+            Code.TOOL_ARGS_INVALID,
+            f"Arguments larger than {MAX_ARGUMENTS_BYTES} bytes.",
+            {"reason": "too_large"},
+        )
+    try:
+        arguments = jsontext.parse(arguments_json)
+    except jsontext.NotPlainJson:
+        return Outcome.runtime_error(
+            Code.TOOL_ARGS_INVALID, "Arguments are not JSON.", {"reason": "not_json"}
+        )
+    if not isinstance(arguments, dict):
+        return Outcome.runtime_error(
+            Code.TOOL_ARGS_INVALID,
+            f"Arguments must be a JSON object, not {_json_type(arguments)}.",
+            {"reason": "not_object"},
+        )
+    try:
+        validator = compile_schema(
+            tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True
+        )
+        found = violations(validator, arguments)
+    except ToolmeshError:
+        return Outcome.runtime_error(
+            Code.TOOL_ARGS_INVALID, "The tool's schema cannot be applied.", {"reason": "schema_unusable"}
+        )
+    except Exception as exc:  # e.g. a $ref that cannot be resolved
+        log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
+        return Outcome.runtime_error(
+            Code.TOOL_ARGS_INVALID, "The tool's schema cannot be applied.", {"reason": "schema_unusable"}
+        )
+    if found:
+        return Outcome.runtime_error(
+            Code.TOOL_ARGS_INVALID,
+            f"{len(found)} schema violation(s).",
+            {
+                "reason": "schema",
+                "violations": [{"path": v.path, "message": v.message} for v in found],
+            },
+        )
+    return None
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array"
+
+
+class Invoker:
+    def __init__(self, catalog: ToolCatalog, dispatcher: Dispatcher) -> None:
+        self._catalog = catalog
+        self._dispatcher = dispatcher
+        # Running calls go on when their caller leaves, so that a caller whose
+        # own deadline passed can come back for the outcome.
+        self._running: set[asyncio.Task[Invocation]] = set()
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    async def invoke(self, call: ToolCall) -> Invocation:
+        check_envelope(call)
+        task = asyncio.create_task(self._run(call, new_tool_request_id()))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def _run(self, call: ToolCall, tool_request_id: str) -> Invocation:
+        tool = await self._catalog.get_tool(call.session_id, call.tool_name)
+        if tool is None:
+            outcome = Outcome.runtime_error(
+                Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
+            )
+            return Invocation(tool_request_id, outcome)
+        invalid = check_arguments(tool, call.arguments_json)
+        if invalid is not None:
+            return Invocation(tool_request_id, invalid)
+        request = ToolRequest(
+            session_id=call.session_id,
+            turn_id=call.turn_id,
+            tool_request_id=tool_request_id,
+            tool_name=call.tool_name,
+            arguments_json=call.arguments_json,
+            timeout_ms=tool.effective_timeout_ms,
+        )
+        return Invocation(tool_request_id, await self._dispatcher.dispatch(request))
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Give running calls up to `timeout_s` to finish before the server stops."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout_s)

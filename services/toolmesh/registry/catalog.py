@@ -1,0 +1,126 @@
+"""The registry's domain: each session's tool list and its revision, kept in a Store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.limits import MAX_TOOLS_PER_SESSION
+from toolmesh.core.names import require_id, require_tool_name
+from toolmesh.core.schemas import compile_schema
+from toolmesh.core.tools import ToolAnnotations, ToolSet, ToolSpec, check_timeout
+from toolmesh.store.base import Store, VersionConflict, Versioned
+
+
+def _key(session_id: str) -> str:
+    return f"registry:tools:{session_id}"
+
+
+def _encode(tools: Sequence[ToolSpec]) -> bytes:
+    records = [
+        {
+            "name": tool.name,
+            "description": tool.description,
+            "input": tool.input_schema_json,
+            "output": tool.output_schema_json,
+            "timeoutMs": tool.timeout_ms,
+            "flags": [
+                tool.annotations.read_only,
+                tool.annotations.idempotent,
+                tool.annotations.requires_confirmation,
+            ],
+        }
+        for tool in tools
+    ]
+    return json.dumps(records, separators=(",", ":")).encode()
+
+
+def _decode(stored: Versioned | None) -> ToolSet:
+    if stored is None:
+        return ToolSet(0)
+    records = json.loads(stored.value)
+    return ToolSet(
+        stored.version,
+        tuple(
+            ToolSpec(
+                name=record["name"],
+                description=record["description"],
+                input_schema_json=record["input"],
+                output_schema_json=record["output"],
+                timeout_ms=record["timeoutMs"],
+                annotations=ToolAnnotations(*record["flags"]),
+            )
+            for record in records
+        ),
+    )
+
+
+def check_tools(tools: Sequence[ToolSpec]) -> None:
+    """Refuse the whole list if any tool is malformed: names, timeouts, schemas."""
+    if len(tools) > MAX_TOOLS_PER_SESSION:
+        raise ToolmeshError(Code.INVALID_REQUEST, f"A session holds at most {MAX_TOOLS_PER_SESSION} tools.")
+    seen: set[str] = set()
+    for tool in tools:
+        require_tool_name(tool.name)
+        if tool.name in seen:
+            raise ToolmeshError(
+                Code.INVALID_REQUEST, f"The tool name {tool.name} appears twice.", {"tool": tool.name}
+            )
+        seen.add(tool.name)
+        check_timeout(tool)
+        compile_schema(tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True)
+        if tool.output_schema_json:
+            compile_schema(
+                tool.output_schema_json, tool=tool.name, which="outputSchema", require_object=False
+            )
+
+
+class Registry:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def put_tools(
+        self, session_id: str, tools: Sequence[ToolSpec], expected_revision: int | None = None
+    ) -> int:
+        require_id(session_id, "session_id")
+        check_tools(tools)
+        encoded = _encode(tools)
+        current = await self._store.get(_key(session_id))
+        current_revision = 0 if current is None else current.version
+        if expected_revision is not None and expected_revision != current_revision:
+            raise _conflict(session_id, expected_revision, current_revision)
+        if current is not None and current.value == encoded:
+            return current.version  # nothing changed, so the revision stays
+        try:
+            return await self._store.put(_key(session_id), encoded, expected_version=current_revision)
+        except VersionConflict as conflict:
+            if expected_revision is not None:
+                raise _conflict(session_id, expected_revision, conflict.actual) from None
+            # A concurrent put won the race; ours replaces it (last writer wins).
+            return await self._store.put(_key(session_id), encoded)
+
+    async def list_tools(self, session_id: str) -> ToolSet:
+        require_id(session_id, "session_id")
+        return _decode(await self._store.get(_key(session_id)))
+
+    async def get_tool(self, session_id: str, name: str) -> tuple[int, ToolSpec]:
+        require_tool_name(name)
+        tools = await self.list_tools(session_id)
+        tool = tools.find(name)
+        if tool is None:
+            raise ToolmeshError(Code.TOOL_NOT_FOUND, "", {"session_id": session_id, "tool": name})
+        return tools.revision, tool
+
+    async def watch(self, session_id: str) -> AsyncIterator[ToolSet]:
+        require_id(session_id, "session_id")
+        async for stored in self._store.watch(_key(session_id)):
+            yield _decode(stored)
+
+
+def _conflict(session_id: str, expected: int, actual: int) -> ToolmeshError:
+    return ToolmeshError(
+        Code.REVISION_CONFLICT,
+        f"Expected revision {expected}, current is {actual}.",
+        {"session_id": session_id, "expected_revision": str(expected), "revision": str(actual)},
+    )

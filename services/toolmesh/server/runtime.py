@@ -1,0 +1,101 @@
+"""Running a toolmesh gRPC server: health, reflection, limits, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from toolmesh.core.limits import MAX_MESSAGE_BYTES
+from toolmesh.server.interceptors import ErrorMappingInterceptor
+
+log = logging.getLogger("toolmesh.server")
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Notice dead peers on long-lived host streams, and let clients ping.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+Registrar = Callable[[grpc.aio.Server], None]
+
+
+@dataclass
+class Service:
+    """One gRPC service to host: how to add it, its full name, and what to do before stopping."""
+
+    full_name: str
+    register: Registrar
+    on_shutdown: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health_aio.HealthServicer
+    services: Sequence[Service] = field(default_factory=list)
+    # Run after the server stopped, e.g. closing the channels it used.
+    after_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        for service in self.services:
+            if service.on_shutdown is not None:
+                await service.on_shutdown()
+        await self.server.stop(grace)
+        for step in self.after_stop:
+            await step()
+
+
+async def start_server(
+    services: Sequence[Service],
+    address: str = "127.0.0.1:0",
+    credentials: grpc.ServerCredentials | None = None,
+) -> RunningServer:
+    """Start a server on `address` (port 0 picks a free port) and return it with its port."""
+    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()], options=SERVER_OPTIONS)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    for service in services:
+        service.register(server)
+    names = [service.full_name for service in services]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    await server.start()
+    for name in ["", *names]:
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server, port, health, services)
+
+
+async def serve_until_signalled(servers: Sequence[RunningServer], grace: float = 5.0) -> None:
+    """Wait for SIGTERM or SIGINT, then stop every server gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    log.info("stopping", extra={"grace_s": grace})
+    await asyncio.gather(*(server.stop(grace) for server in servers))

@@ -1,0 +1,89 @@
+"""Assembling the three services, alone or together on the embedded default."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from toolmesh.bridge.router import Router
+from toolmesh.bridge.servicer import bridge_service
+from toolmesh.invocation.invoker import Invoker
+from toolmesh.invocation.remote import RemoteCatalog, RemoteDispatcher
+from toolmesh.invocation.servicer import invocation_service
+from toolmesh.registry.catalog import Registry
+from toolmesh.registry.servicer import registry_service
+from toolmesh.server.channels import open_channel
+from toolmesh.server.runtime import RunningServer, start_server
+from toolmesh.store.base import Store
+from toolmesh.store.memory import InMemoryStore
+
+
+async def start_registry(address: str = "127.0.0.1:0", store: Store | None = None) -> RunningServer:
+    registry = Registry(store if store is not None else InMemoryStore())
+    return await start_server([registry_service(registry)], address)
+
+
+async def start_bridge(
+    address: str = "127.0.0.1:0", heartbeat_s: float = 5.0
+) -> tuple[RunningServer, Router]:
+    router = Router(heartbeat_s=heartbeat_s)
+    return await start_server([bridge_service(router)], address), router
+
+
+async def start_invocation(
+    registry_target: str, bridge_target: str, address: str = "127.0.0.1:0"
+) -> RunningServer:
+    registry_channel = open_channel(registry_target)
+    bridge_channel = open_channel(bridge_target)
+    invoker = Invoker(RemoteCatalog(registry_channel), RemoteDispatcher(bridge_channel))
+    running = await start_server([invocation_service(invoker)], address)
+    running.after_stop += [registry_channel.close, bridge_channel.close]
+    return running
+
+
+@dataclass
+class LocalSystem:
+    """All three services in one process, each on its own port."""
+
+    registry: RunningServer
+    invocation: RunningServer
+    bridge: RunningServer
+    router: Router
+    host: str
+
+    @property
+    def registry_target(self) -> str:
+        return f"{self.host}:{self.registry.port}"
+
+    @property
+    def invocation_target(self) -> str:
+        return f"{self.host}:{self.invocation.port}"
+
+    @property
+    def bridge_target(self) -> str:
+        return f"{self.host}:{self.bridge.port}"
+
+    @property
+    def servers(self) -> list[RunningServer]:
+        return [self.invocation, self.bridge, self.registry]
+
+    async def stop(self, grace: float = 1.0) -> None:
+        # Callers first, so nothing new reaches the services behind them.
+        for server in self.servers:
+            await server.stop(grace)
+
+
+async def start_local_system(
+    host: str = "127.0.0.1",
+    registry_port: int = 0,
+    invocation_port: int = 0,
+    bridge_port: int = 0,
+    heartbeat_s: float = 5.0,
+) -> LocalSystem:
+    registry, (bridge, router) = await asyncio.gather(
+        start_registry(f"{host}:{registry_port}"), start_bridge(f"{host}:{bridge_port}", heartbeat_s)
+    )
+    invocation = await start_invocation(
+        f"{host}:{registry.port}", f"{host}:{bridge.port}", f"{host}:{invocation_port}"
+    )
+    return LocalSystem(registry, invocation, bridge, router, host)

@@ -1,0 +1,66 @@
+"""Shared fixtures: real servers on free ports, real host processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh_testing import HostProcess, start_host_process
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def system() -> AsyncIterator[LocalSystem]:
+    running = await start_local_system(heartbeat_s=0.5)
+    yield running
+    await running.stop(grace=0.5)
+
+
+@pytest.fixture(scope="module")
+def marker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("markers")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def e2e_host(system: LocalSystem, marker_dir: Path) -> AsyncIterator[HostProcess]:
+    """A `toolmesh host` process serving thread "e2e" with the handlers of e2e_handlers.py."""
+    host = await start_host_process(system.bridge_target, "e2e", "e2e_handlers:HANDLERS", marker_dir)
+    yield host
+    await host.stop()
+
+
+@pytest.fixture
+def cli_env(system: LocalSystem) -> Iterator[dict[str, str]]:
+    env = dict(os.environ)
+    env.update(
+        TOOLMESH_REGISTRY_ADDR=system.registry_target,
+        TOOLMESH_INVOCATION_ADDR=system.invocation_target,
+        TOOLMESH_BRIDGE_ADDR=system.bridge_target,
+    )
+    yield env
+
+
+def toolmesh_command() -> list[str]:
+    return [sys.executable, "-m", "toolmesh.cli.main"]
+
+
+async def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *toolmesh_command(),
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=TESTS,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
