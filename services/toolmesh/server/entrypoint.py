@@ -1,0 +1,42 @@
+"""Running one service as its own process: `python -m toolmesh.<service>`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from toolmesh.client.config import DEFAULT_PORTS, address
+from toolmesh.server.runtime import RunningServer, serve_until_signalled
+
+
+def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m toolmesh.{service}")
+    parser.add_argument(
+        "--listen",
+        default=f"127.0.0.1:{DEFAULT_PORTS[service]}",
+        help="address to listen on (default %(default)s; port 0 picks a free one)",
+    )
+    for dependency in dependencies:
+        parser.add_argument(
+            f"--{dependency}", help=f"{dependency} address (env TOOLMESH_{dependency.upper()}_ADDR)"
+        )
+    return parser.parse_args()
+
+
+def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
+    """Start the service, print its port (so a parent process can read it), serve until signalled."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        server = await start()
+        print(f"toolmesh {service} listening on port {server.port}", flush=True)
+        await serve_until_signalled([server])
+
+    asyncio.run(main())
+
+
+def dependency_address(args: argparse.Namespace, service: str) -> str:
+    flag: str | None = getattr(args, service)
+    return address(service, flag)
