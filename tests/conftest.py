@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,8 +11,6 @@ import pytest_asyncio
 
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh_testing import HostProcess, start_host_process
-
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -46,21 +42,3 @@ def cli_env(system: LocalSystem) -> Iterator[dict[str, str]]:
         TOOLMESH_BRIDGE_ADDR=system.bridge_target,
     )
     yield env
-
-
-def toolmesh_command() -> list[str]:
-    return [sys.executable, "-m", "toolmesh.cli.main"]
-
-
-async def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        *toolmesh_command(),
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=TESTS,
-    )
-    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
-    assert process.returncode is not None
-    return process.returncode, stdout.decode(), stderr.decode()

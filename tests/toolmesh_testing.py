@@ -54,9 +54,7 @@ async def start_host_process(
 ) -> HostProcess:
     env = dict(os.environ, TOOLMESH_TEST_MARKERS=str(marker_dir))
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolmesh.cli.main",
+        *toolmesh_command(),
         "host",
         "--thread-id",
         thread_id,
@@ -79,3 +77,21 @@ async def start_host_process(
     host._reader = asyncio.create_task(read())
     await host.wait_for_line("toolmesh host: connected", timeout=20)
     return host
+
+
+def toolmesh_command() -> list[str]:
+    return [sys.executable, "-m", "toolmesh.cli.main"]
+
+
+async def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *toolmesh_command(),
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=TESTS,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()

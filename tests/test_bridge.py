@@ -1,0 +1,209 @@
+"""BridgeService over a real server with raw stubs: the host path and every submit refusal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from toolmesh.core.errors import Code
+from toolmesh.core.limits import MAX_RESULT_BYTES
+from toolmesh.core.rpcstatus import error_code
+from toolmesh.server.system import start_bridge
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def bridge() -> AsyncIterator[bridge_pb2_grpc.BridgeServiceStub]:
+    server, _ = await start_bridge(heartbeat_s=0.2)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        yield bridge_pb2_grpc.BridgeServiceStub(channel)
+    await server.stop(0.1)
+
+
+class Host:
+    def __init__(self, stub: Any, session: str, handlers: list[str]) -> None:
+        self.stub = stub
+        self.stream = stub.OpenHostSession(
+            bridge_pb2.OpenHostSessionRequest(session_id=session, host_name="test", handler_names=handlers)
+        )
+        self.id = ""
+        # Reading in one task: cancelling a pending read would cancel the whole stream.
+        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.reader: asyncio.Task[None] | None = None
+
+    async def open(self) -> Host:
+        opened = await asyncio.wait_for(self.stream.read(), 5)
+        self.id = opened.opened.host_session_id
+        assert opened.opened.heartbeat_interval_ms == 200
+        self.reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        while (event := await self.stream.read()) is not grpc.aio.EOF:
+            await self.events.put(event)
+
+    async def next(self, kind: str, timeout: float = 5) -> Any:
+        async def first_of_kind() -> Any:
+            while True:
+                event = await self.events.get()
+                if event.WhichOneof("event") == kind:
+                    return getattr(event, kind)
+
+        return await asyncio.wait_for(first_of_kind(), timeout)
+
+    async def submit(self, request_id: str, outcome: tool_pb2.ToolOutcome) -> None:
+        await self.stub.SubmitToolResult(
+            bridge_pb2.SubmitToolResultRequest(
+                host_session_id=self.id, tool_request_id=request_id, outcome=outcome
+            )
+        )
+
+
+def request(session: str, request_id: str, tool: str = "t", timeout_ms: int = 5000) -> Any:
+    return bridge_pb2.DispatchToolRequestRequest(
+        request=bridge_pb2.ToolRequest(
+            session_id=session,
+            turn_id="turn",
+            tool_request_id=request_id,
+            tool_name=tool,
+            arguments_json="{}",
+            timeout_ms=timeout_ms,
+            trace_context={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        )
+    )
+
+
+async def refusal(coro: Any) -> Code | None:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await coro
+    return error_code(raised.value)
+
+
+OK = tool_pb2.ToolOutcome(result_json='{"done": true}')
+
+
+async def test_request_travels_to_the_host_and_back(bridge: Any) -> None:
+    host = await Host(bridge, "b1", ["t"]).open()
+    dispatch = asyncio.ensure_future(bridge.DispatchToolRequest(request("b1", "req-1")))
+    delivered = await host.next("tool_request")
+    assert (delivered.tool_request_id, delivered.tool_name, delivered.turn_id) == ("req-1", "t", "turn")
+    assert delivered.trace_context["traceparent"].startswith("00-0af7")
+    assert 0 < delivered.timeout_ms <= 5000
+    await host.submit("req-1", OK)
+    assert (await dispatch).outcome.result_json == '{"done": true}'
+    # Heartbeats keep flowing on an idle stream.
+    await host.next("heartbeat")
+    host.stream.cancel()
+
+
+async def test_submit_refusals_are_precise(bridge: Any) -> None:
+    host = await Host(bridge, "b2", ["t"]).open()
+    other = await Host(bridge, "b2", ["t"]).open()
+    dispatch = asyncio.ensure_future(bridge.DispatchToolRequest(request("b2", "req-2")))
+    delivered_to = None
+    for candidate in (host, other):
+        try:
+            await candidate.next("tool_request", timeout=0.5)
+            delivered_to = candidate
+            break
+        except TimeoutError:
+            continue
+    assert delivered_to is not None
+    foreigner = other if delivered_to is host else host
+
+    unknown_host = bridge_pb2.SubmitToolResultRequest(
+        host_session_id="hs_nope", tool_request_id="req-2", outcome=OK
+    )
+    assert await refusal(bridge.SubmitToolResult(unknown_host)) is Code.HOST_SESSION_UNKNOWN
+    assert await refusal(delivered_to.submit("req-unknown", OK)) is Code.REQUEST_UNKNOWN
+    assert await refusal(foreigner.submit("req-2", OK)) is Code.REQUEST_FOREIGN
+    not_json = tool_pb2.ToolOutcome(result_json="{oops")
+    assert await refusal(delivered_to.submit("req-2", not_json)) is Code.RESULT_NOT_JSON
+    too_big = tool_pb2.ToolOutcome(result_json='"' + "x" * MAX_RESULT_BYTES + '"')
+    assert await refusal(delivered_to.submit("req-2", too_big)) is Code.RESULT_TOO_LARGE
+    assert await refusal(delivered_to.submit("req-2", tool_pb2.ToolOutcome())) is Code.INVALID_REQUEST
+    no_kind = tool_pb2.ToolOutcome(error=tool_pb2.ToolError(code="X", message="m"))
+    assert await refusal(delivered_to.submit("req-2", no_kind)) is Code.INVALID_REQUEST
+    # None of those refusals ended the request: a good result is still accepted, once.
+    await delivered_to.submit("req-2", OK)
+    assert (await dispatch).outcome.result_json == '{"done": true}'
+    assert await refusal(delivered_to.submit("req-2", OK)) is Code.REQUEST_ENDED
+    host.stream.cancel()
+    other.stream.cancel()
+
+
+async def test_timeout_cancels_on_the_host_and_refuses_the_late_result(bridge: Any) -> None:
+    host = await Host(bridge, "b3", ["t"]).open()
+    response = await bridge.DispatchToolRequest(request("b3", "req-3", timeout_ms=150))
+    assert response.outcome.error.code == "TOOL_TIMEOUT"
+    assert response.outcome.error.kind == tool_pb2.ERROR_KIND_RUNTIME
+    cancelled = await host.next("cancelled")
+    assert cancelled.tool_request_id == "req-3"
+    assert cancelled.reason == bridge_pb2.CANCEL_REASON_TIMEOUT
+    assert await refusal(host.submit("req-3", OK)) is Code.REQUEST_ENDED
+    host.stream.cancel()
+
+
+async def test_host_leaving_mid_call_ends_it(bridge: Any) -> None:
+    host = await Host(bridge, "b4", ["t"]).open()
+    dispatch = asyncio.ensure_future(bridge.DispatchToolRequest(request("b4", "req-4")))
+    await host.next("tool_request")
+    host.stream.cancel()
+    outcome = (await asyncio.wait_for(dispatch, 5)).outcome
+    assert outcome.error.code == "TOOL_HOST_DISCONNECTED"
+    assert outcome.error.retryable is False
+    assert await refusal(host.submit("req-4", OK)) is Code.HOST_SESSION_UNKNOWN
+
+
+async def test_no_host_and_duplicate_ids(bridge: Any) -> None:
+    response = await bridge.DispatchToolRequest(request("b5-nobody", "req-5"))
+    assert response.outcome.error.code == "TOOL_HOST_UNAVAILABLE"
+    host = await Host(bridge, "b5", ["t"]).open()
+    first = asyncio.ensure_future(bridge.DispatchToolRequest(request("b5", "req-6")))
+    await host.next("tool_request")
+    assert await refusal(bridge.DispatchToolRequest(request("b5", "req-6"))) is Code.REQUEST_DUPLICATE
+    await host.submit("req-6", OK)
+    await first
+    host.stream.cancel()
+
+
+async def test_named_handler_host_is_preferred(bridge: Any) -> None:
+    generic = bridge.OpenHostSession(
+        bridge_pb2.OpenHostSessionRequest(session_id="b6", host_name="g", has_generic_handler=True)
+    )
+    await generic.read()
+    named = await Host(bridge, "b6", ["special"]).open()
+    for index in range(3):
+        dispatch = asyncio.ensure_future(
+            bridge.DispatchToolRequest(request("b6", f"req-7-{index}", tool="special"))
+        )
+        delivered = await named.next("tool_request")
+        await named.submit(delivered.tool_request_id, OK)
+        await dispatch
+    generic.cancel()
+    named.stream.cancel()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        bridge_pb2.OpenHostSessionRequest(session_id=""),
+        bridge_pb2.OpenHostSessionRequest(session_id="ok", handler_names=["bad name"]),
+    ],
+)
+async def test_bad_open_is_invalid_request(bridge: Any, bad: Any) -> None:
+    stream = bridge.OpenHostSession(bad)
+    assert await refusal(stream.read()) is Code.INVALID_REQUEST
+
+
+async def test_bad_dispatch_is_invalid_request(bridge: Any) -> None:
+    bad = request("b8", "req-8")
+    bad.request.timeout_ms = 0
+    assert await refusal(bridge.DispatchToolRequest(bad)) is Code.INVALID_REQUEST
