@@ -1,0 +1,184 @@
+"""Domain code without servers: JSON rules, the error table, handler results, wire forms."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import grpc
+import pytest
+
+from toolmesh.core import jsontext
+from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError
+from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
+from toolmesh.core.rpcstatus import to_grpc_status
+from toolmesh.core.tools import ToolSpec
+from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, tool_from_pb, tool_to_pb
+from toolmesh.host.results import convert_return
+
+
+def test_every_code_has_one_row_with_a_message() -> None:
+    assert set(ERROR_TABLE) == set(Code)
+    for code, spec in ERROR_TABLE.items():
+        assert spec.message.endswith(".") and len(spec.message) < 120, code
+        assert isinstance(spec.status, grpc.StatusCode)
+        assert spec.status is not grpc.StatusCode.OK
+    messages = [spec.message for spec in ERROR_TABLE.values()]
+    assert len(messages) == len(set(messages))
+
+
+def test_retryability_follows_what_may_have_run() -> None:
+    # Nothing ran: safe to retry. Something may have run: reconcile first.
+    assert ERROR_TABLE[Code.TOOL_HOST_UNAVAILABLE].retryable
+    assert ERROR_TABLE[Code.CALLER_DEADLINE_EXCEEDED].retryable
+    assert not ERROR_TABLE[Code.TOOL_TIMEOUT].retryable
+    assert not ERROR_TABLE[Code.TOOL_HOST_DISCONNECTED].retryable
+    assert not ERROR_TABLE[Code.SUBMIT_TOOL_RESULT_FAILED].retryable
+
+
+def test_toolmesh_error_becomes_a_status_with_error_info() -> None:
+    status = to_grpc_status(ToolmeshError(Code.TOOL_NOT_FOUND, "", {"tool": "x"}))
+    assert status.code is grpc.StatusCode.NOT_FOUND
+    assert status.details == ERROR_TABLE[Code.TOOL_NOT_FOUND].message
+    keys = [key for key, _ in status.trailing_metadata]
+    assert "grpc-status-details-bin" in keys
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        (b"x", "$"),
+        ({"a": {1, 2}}, "$.a"),
+        ({"a": [1, math.nan]}, "$.a[1]"),
+        ({"a": math.inf}, "$.a"),
+        ({1: "x"}, "$"),
+        ({"f": print}, "$.f"),
+        ({"o": object()}, "$.o"),
+    ],
+)
+def test_check_plain_names_the_first_problem(value: Any, path: str) -> None:
+    with pytest.raises(jsontext.NotPlainJson) as raised:
+        jsontext.check_plain(value)
+    assert raised.value.path == path
+
+
+def test_cycles_are_found_but_shared_values_are_fine() -> None:
+    shared = [1, 2]
+    jsontext.check_plain({"a": shared, "b": shared, "c": (1, 2)})
+    cycle: dict[str, Any] = {}
+    cycle["self"] = {"again": cycle}
+    with pytest.raises(jsontext.NotPlainJson, match="cycle"):
+        jsontext.check_plain(cycle)
+
+
+def test_deep_values_do_not_hit_the_recursion_limit() -> None:
+    deep: list[Any] = []
+    node = deep
+    for _ in range(50_000):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    jsontext.check_plain(deep)
+
+
+def test_parse_refuses_nan_and_infinity() -> None:
+    for text in ["NaN", '{"a": Infinity}', "-Infinity", "{", "[1,]"]:
+        with pytest.raises(jsontext.NotPlainJson):
+            jsontext.parse(text)
+    assert jsontext.parse('{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
+
+
+def test_canonical_form_ignores_key_order_whitespace_and_number_spelling() -> None:
+    one = jsontext.canonical(jsontext.parse('{"b": 1.0, "a": [1e2, "x"]}'))
+    two = jsontext.canonical(jsontext.parse('{ "a":[100,"x"],"b":1 }'))
+    assert one == two
+    assert one != jsontext.canonical(jsontext.parse('{"a": [100, "x"], "b": 2}'))
+
+
+def test_returned_error_object_is_a_domain_error() -> None:
+    converted = convert_return(
+        {"error": {"code": "E", "message": "m", "details": {"k": 1}, "retryable": True}}
+    )
+    assert converted.outcome.failure == ToolFailure(ErrorKind.DOMAIN, "E", "m", {"k": 1}, True)
+    assert converted.refused_because is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"code": "", "message": "m"},
+        {"code": "E"},
+        {"code": "E", "message": "m", "retryable": "yes"},
+        {"code": "E", "message": "m", "details": [1]},
+        {"code": "E", "message": "m", "extra": 1},
+    ],
+)
+def test_malformed_returned_error_is_tool_result_invalid(bad: dict[str, Any]) -> None:
+    failure = convert_return({"error": bad}).outcome.failure
+    assert failure is not None and failure.code == "TOOL_RESULT_INVALID"
+    assert failure.details == {"reason": "malformed_error"}
+
+
+def test_error_key_among_others_is_an_ordinary_result() -> None:
+    assert convert_return({"error": {"code": "E"}, "more": 1}).outcome.ok
+    assert convert_return({"error": "text"}).outcome.ok
+
+
+def test_non_json_and_oversized_results_are_refused_with_a_reason() -> None:
+    converted = convert_return({"x": b"bytes"})
+    assert converted.refused_because is Code.RESULT_NOT_JSON
+    assert converted.outcome.failure is not None and converted.outcome.failure.code == "TOOL_RESULT_INVALID"
+    assert convert_return("x" * (2 * 1024 * 1024)).refused_because is Code.RESULT_TOO_LARGE
+    assert convert_return(None).outcome.result_json == "null"
+
+
+def test_outcome_holds_exactly_one_side() -> None:
+    with pytest.raises(ValueError):
+        Outcome()
+    with pytest.raises(ValueError):
+        Outcome(result_json="1", failure=ToolFailure.runtime(Code.TOOL_TIMEOUT))
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Outcome.success('{"a":1}'),
+        Outcome.runtime_error(Code.TOOL_TIMEOUT, "after 5 ms", {"timeoutMs": 5}),
+        Outcome.error(ToolFailure(ErrorKind.DOMAIN, "E", "m", None, True)),
+    ],
+)
+def test_outcome_survives_the_wire(outcome: Outcome) -> None:
+    assert outcome_from_pb(outcome_to_pb(outcome)) == outcome
+
+
+def test_tool_definition_survives_the_wire_and_json_form() -> None:
+    spec = ToolSpec.from_json_dict(
+        {
+            "name": "t",
+            "description": "d",
+            "inputSchema": {"type": "object"},
+            "outputSchema": {"type": "string"},
+            "timeoutMs": 10,
+            "annotations": {"readOnly": True, "requiresConfirmation": True},
+        }
+    )
+    assert tool_from_pb(tool_to_pb(spec)) == spec
+    assert ToolSpec.from_json_dict(spec.to_json_dict()) == spec
+    assert spec.effective_timeout_ms == 10
+    assert ToolSpec("u").effective_timeout_ms == 60_000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [],
+        {"name": 1},
+        {"name": "t"},
+        {"name": "t", "inputSchema": {}, "timeoutMs": "5"},
+        {"name": "t", "inputSchema": {}, "annotations": {"readOnly": "yes"}},
+    ],
+)
+def test_malformed_tools_json_entries_are_invalid_schema(raw: Any) -> None:
+    with pytest.raises(ToolmeshError) as raised:
+        ToolSpec.from_json_dict(raw)
+    assert raised.value.code is Code.INVALID_SCHEMA

@@ -1,0 +1,62 @@
+"""Standard services on every server, and a graceful stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from toolmesh.server.system import LocalSystem
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SERVICES = {
+    "registry": "toolmesh.v1.RegistryService",
+    "invocation": "toolmesh.v1.InvocationService",
+    "bridge": "toolmesh.v1.BridgeService",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+async def test_health_and_reflection(system: LocalSystem, name: str) -> None:
+    target = getattr(system, f"{name}_target")
+    async with grpc.aio.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICES[name]):
+            response = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        async for response in responses:
+            names = {service.name for service in response.list_services_response.service}
+            assert SERVICES[name] in names and "grpc.health.v1.Health" in names
+            break
+
+
+@pytest.mark.parametrize("service", ["registry", "bridge"])
+async def test_service_process_stops_gracefully_on_sigterm(service: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        f"toolmesh.{service}",
+        "--listen",
+        "127.0.0.1:0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
+    port = int(line.rsplit(" ", 1)[1])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(process.wait(), 15) == 0
+    assert b"stopping" in await process.stderr.read()

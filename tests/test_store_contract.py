@@ -1,0 +1,80 @@
+"""The store contract: every backend behind the Store interface must pass these."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from toolmesh.store.base import Store, VersionConflict
+from toolmesh.store.memory import InMemoryStore
+
+
+@pytest_asyncio.fixture(params=["memory"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    backend = InMemoryStore()
+    yield backend
+    await backend.close()
+
+
+async def test_put_get_and_versions(store: Store) -> None:
+    assert await store.get("k") is None
+    assert await store.put("k", b"a") == 1
+    assert await store.put("k", b"b") == 2
+    got = await store.get("k")
+    assert got is not None and (got.value, got.version) == (b"b", 2)
+
+
+async def test_conditional_put(store: Store) -> None:
+    assert await store.put("c", b"a", expected_version=0) == 1
+    with pytest.raises(VersionConflict) as raised:
+        await store.put("c", b"b", expected_version=0)
+    assert raised.value.actual == 1
+    assert await store.put("c", b"b", expected_version=1) == 2
+
+
+async def test_create_only_if_absent(store: Store) -> None:
+    assert await store.create("n", b"first") is None
+    existing = await store.create("n", b"second")
+    assert existing is not None and existing.value == b"first"
+
+
+async def test_delete(store: Store) -> None:
+    await store.put("d", b"x")
+    await store.delete("d")
+    assert await store.get("d") is None
+    await store.delete("d")
+
+
+async def test_expiry(store: Store) -> None:
+    await store.put("e", b"x", ttl_s=0.05)
+    assert await store.get("e") is not None
+    await asyncio.sleep(0.1)
+    assert await store.get("e") is None
+    assert await store.create("e", b"y", ttl_s=10) is None
+
+
+async def test_watch_sees_current_then_changes(store: Store) -> None:
+    await store.put("w", b"1")
+    watcher = store.watch("w").__aiter__()
+    first = await asyncio.wait_for(watcher.__anext__(), 2)
+    assert first is not None and first.value == b"1"
+    await store.put("w", b"2")
+    second = await asyncio.wait_for(watcher.__anext__(), 2)
+    assert second is not None and second.value == b"2"
+    await store.delete("w")
+    assert await asyncio.wait_for(watcher.__anext__(), 2) is None
+    await watcher.aclose()  # type: ignore[attr-defined]
+
+
+async def test_memory_store_forgets_expired_keys_it_never_reads() -> None:
+    clock = [0.0]
+    store = InMemoryStore(clock=lambda: clock[0])
+    for index in range(1000):
+        await store.put(f"k{index}", b"x", ttl_s=1)
+    clock[0] = 5.0
+    for index in range(600):
+        await store.put(f"fresh{index}", b"y", ttl_s=100)
+    assert len(store) < 700
