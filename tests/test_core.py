@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -182,3 +185,11 @@ def test_malformed_tools_json_entries_are_invalid_schema(raw: Any) -> None:
     with pytest.raises(ToolmeshError) as raised:
         ToolSpec.from_json_dict(raw)
     assert raised.value.code is Code.INVALID_SCHEMA
+
+
+def test_readme_error_table_is_rendered_from_the_table() -> None:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "render_error_table.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check"], check=False, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr

@@ -89,7 +89,8 @@ class HostSession:
 @dataclass(eq=False)
 class PendingRequest:
     request: ToolRequest
-    host: HostSession
+    # None while a redeliverable request waits for a host of its session.
+    host: HostSession | None
     result: asyncio.Future[Outcome]
 
 
@@ -105,6 +106,8 @@ class Router:
         self._hosts: dict[str, HostSession] = {}
         self._by_session: dict[str, list[HostSession]] = {}
         self._pending: dict[str, PendingRequest] = {}
+        # Redeliverable requests whose host left, by session, waiting for another host.
+        self._waiting: dict[str, list[PendingRequest]] = {}
         # Recently ended requests, so a late submit learns why it is refused.
         self._ended: OrderedDict[str, _Ended] = OrderedDict()
         self._ended_memory = ended_memory
@@ -141,7 +144,14 @@ class Router:
             "host connected",
             extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
         )
+        for pending in self._waiting.pop(session_id, []):
+            self._deliver(pending, host)
         return host
+
+    def _deliver(self, pending: PendingRequest, host: HostSession) -> None:
+        pending.host = host
+        host.in_flight[pending.request.tool_request_id] = pending
+        host.send(pending.request)
 
     def close_host(self, host: HostSession) -> None:
         if host.closed:
@@ -154,10 +164,26 @@ class Router:
         if not peers:
             self._by_session.pop(host.session_id, None)
         for pending in list(host.in_flight.values()):
+            host.in_flight.pop(pending.request.tool_request_id, None)
+            if pending.request.redeliverable:
+                # Safe to run again: hand it to another host, now or when one connects.
+                other = self._pick(host.session_id, pending.request.tool_name)
+                log.info(
+                    "redelivering after host left",
+                    extra={"tool_request_id": pending.request.tool_request_id, "waiting": other is None},
+                )
+                if other is not None:
+                    self._deliver(pending, other)
+                else:
+                    pending.host = None
+                    self._waiting.setdefault(host.session_id, []).append(pending)
+                continue
             self._end(pending, EndReason.HOST_GONE)
             pending.result.set_result(
                 Outcome.runtime_error(
-                    Code.TOOL_HOST_DISCONNECTED, details={"toolRequestId": pending.request.tool_request_id}
+                    Code.TOOL_HOST_DISCONNECTED,
+                    "It is not read-only or idempotent, so it was not sent again.",
+                    {"toolRequestId": pending.request.tool_request_id},
                 )
             )
         log.info(
@@ -183,8 +209,16 @@ class Router:
     def _end(self, pending: PendingRequest, reason: EndReason) -> None:
         request_id = pending.request.tool_request_id
         self._pending.pop(request_id, None)
-        pending.host.in_flight.pop(request_id, None)
-        self._ended[request_id] = _Ended(pending.host.host_session_id, reason)
+        host = pending.host
+        if host is not None:
+            host.in_flight.pop(request_id, None)
+        else:
+            waiting = self._waiting.get(pending.request.session_id, [])
+            if pending in waiting:
+                waiting.remove(pending)
+            if not waiting:
+                self._waiting.pop(pending.request.session_id, None)
+        self._ended[request_id] = _Ended(host.host_session_id if host is not None else "", reason)
         while len(self._ended) > self._ended_memory:
             self._ended.popitem(last=False)
 
@@ -198,28 +232,32 @@ class Router:
             return Outcome.runtime_error(
                 Code.TOOL_HOST_UNAVAILABLE, details={"sessionId": request.session_id}
             )
-        pending = PendingRequest(request, host, asyncio.get_running_loop().create_future())
+        pending = PendingRequest(request, None, asyncio.get_running_loop().create_future())
         self._pending[request_id] = pending
-        host.in_flight[request_id] = pending
         started = time.monotonic()
-        host.send(request)
+        self._deliver(pending, host)
         try:
             await asyncio.wait({pending.result}, timeout=request.timeout_ms / 1000)
         except asyncio.CancelledError:
             if not pending.result.done():
-                self._end(pending, EndReason.CANCELLED)
-                host.send(Cancellation(request_id, EndReason.CANCELLED))
+                self._stop(pending, EndReason.CANCELLED)
             raise
         if pending.result.done():
             return pending.result.result()
-        self._end(pending, EndReason.TIMED_OUT)
-        host.send(Cancellation(request_id, EndReason.TIMED_OUT))
+        self._stop(pending, EndReason.TIMED_OUT)
         waited_ms = round((time.monotonic() - started) * 1000)
         return Outcome.runtime_error(
             Code.TOOL_TIMEOUT,
             f"No result within {request.timeout_ms} ms.",
             {"timeoutMs": request.timeout_ms, "waitedMs": waited_ms},
         )
+
+    def _stop(self, pending: PendingRequest, reason: EndReason) -> None:
+        """End a request the host has not answered, and tell the host to cancel it."""
+        host = pending.host
+        self._end(pending, reason)
+        if host is not None:
+            host.send(Cancellation(pending.request.tool_request_id, reason))
 
     def submit(self, host_session_id: str, tool_request_id: str, outcome: Outcome) -> None:
         """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not."""

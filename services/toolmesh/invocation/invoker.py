@@ -15,6 +15,7 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
+from toolmesh.invocation.ledger import InvocationRecord, Ledger
 from toolmesh.invocation.ports import Dispatcher, ToolCatalog
 
 log = logging.getLogger("toolmesh.invocation")
@@ -24,6 +25,9 @@ log = logging.getLogger("toolmesh.invocation")
 class Invocation:
     tool_request_id: str
     outcome: Outcome
+    # This call joined an identical running invocation, or replayed a finished one.
+    joined: bool = False
+    replayed: bool = False
 
 
 def new_tool_request_id() -> str:
@@ -96,25 +100,23 @@ def _json_type(value: object) -> str:
 
 
 class Invoker:
-    def __init__(self, catalog: ToolCatalog, dispatcher: Dispatcher) -> None:
+    def __init__(self, catalog: ToolCatalog, dispatcher: Dispatcher, ledger: Ledger) -> None:
         self._catalog = catalog
         self._dispatcher = dispatcher
-        # Running calls go on when their caller leaves, so that a caller whose
-        # own deadline passed can come back for the outcome.
-        self._running: set[asyncio.Task[Invocation]] = set()
+        self.ledger = ledger
+        # Invocations this process runs. They go on when their caller leaves, so
+        # that a caller whose own deadline passed can retry and join them.
+        self._running: dict[str, asyncio.Task[Outcome]] = {}
 
     @property
     def running_count(self) -> int:
         return len(self._running)
 
-    async def invoke(self, call: ToolCall) -> Invocation:
+    async def invoke(self, call: ToolCall, idempotency_key: str = "") -> Invocation:
         check_envelope(call)
-        task = asyncio.create_task(self._run(call, new_tool_request_id()))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-        return await asyncio.shield(task)
-
-    async def _run(self, call: ToolCall, tool_request_id: str) -> Invocation:
+        if idempotency_key:
+            require_id(idempotency_key, "idempotency_key")
+        tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
             outcome = Outcome.runtime_error(
@@ -124,17 +126,66 @@ class Invoker:
         invalid = check_arguments(tool, call.arguments_json)
         if invalid is not None:
             return Invocation(tool_request_id, invalid)
-        request = ToolRequest(
-            session_id=call.session_id,
-            turn_id=call.turn_id,
-            tool_request_id=tool_request_id,
-            tool_name=call.tool_name,
-            arguments_json=call.arguments_json,
-            timeout_ms=tool.effective_timeout_ms,
-        )
-        return Invocation(tool_request_id, await self._dispatcher.dispatch(request))
+        claim = await self.ledger.claim(call, tool_request_id, tool.effective_timeout_ms, idempotency_key)
+        record = claim.record
+        if claim.is_new:
+            request = ToolRequest(
+                session_id=call.session_id,
+                turn_id=call.turn_id,
+                tool_request_id=tool_request_id,
+                tool_name=call.tool_name,
+                arguments_json=call.arguments_json,
+                timeout_ms=tool.effective_timeout_ms,
+                redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
+            )
+            task = asyncio.create_task(self._run(request))
+            self._running[tool_request_id] = task
+            task.add_done_callback(lambda _: self._running.pop(tool_request_id, None))
+            return Invocation(tool_request_id, await asyncio.shield(task))
+        if record.outcome is not None:
+            log.info(
+                "replayed", extra={"tool_request_id": record.tool_request_id, "session_id": call.session_id}
+            )
+            return Invocation(record.tool_request_id, record.outcome, replayed=True)
+        log.info("joined", extra={"tool_request_id": record.tool_request_id, "session_id": call.session_id})
+        return Invocation(record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True)
+
+    async def _run(self, request: ToolRequest) -> Outcome:
+        try:
+            outcome = await self._dispatcher.dispatch(request)
+        except ToolmeshError as error:
+            # The bridge could not be reached: record why, but let an exact retry run anew.
+            await self.ledger.finish(
+                request.tool_request_id, Outcome.runtime_error(error.code), replayable=False
+            )
+            raise
+        await self.ledger.finish(request.tool_request_id, outcome)
+        return outcome
+
+    async def _outcome_of(self, tool_request_id: str) -> Outcome:
+        task = self._running.get(tool_request_id)
+        if task is not None:
+            return await asyncio.shield(task)
+        # Running in another process: wait for the ledger to say it ended.
+        record = await self.ledger.wait_finished(tool_request_id)
+        if record is None or record.outcome is None:
+            raise ToolmeshError(
+                Code.INVOCATION_NOT_FOUND, "It vanished while joined.", {"tool_request_id": tool_request_id}
+            )
+        return record.outcome
+
+    async def confirm_delivery(self, tool_request_id: str) -> None:
+        require_id(tool_request_id, "tool_request_id")
+        await self.ledger.confirm(tool_request_id)
+
+    async def get_invocation(self, tool_request_id: str) -> InvocationRecord:
+        require_id(tool_request_id, "tool_request_id")
+        record = await self.ledger.get(tool_request_id)
+        if record is None:
+            raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"tool_request_id": tool_request_id})
+        return record
 
     async def drain(self, timeout_s: float = 10.0) -> None:
         """Give running calls up to `timeout_s` to finish before the server stops."""
         if self._running:
-            await asyncio.wait(set(self._running), timeout=timeout_s)
+            await asyncio.wait(set(self._running.values()), timeout=timeout_s)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.invocation.invoker import Invoker
+from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.remote import RemoteCatalog, RemoteDispatcher
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.catalog import Registry
@@ -31,11 +32,16 @@ async def start_bridge(
 
 
 async def start_invocation(
-    registry_target: str, bridge_target: str, address: str = "127.0.0.1:0"
+    registry_target: str,
+    bridge_target: str,
+    address: str = "127.0.0.1:0",
+    store: Store | None = None,
+    policy: LedgerPolicy | None = None,
 ) -> RunningServer:
     registry_channel = open_channel(registry_target)
     bridge_channel = open_channel(bridge_target)
-    invoker = Invoker(RemoteCatalog(registry_channel), RemoteDispatcher(bridge_channel))
+    ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
+    invoker = Invoker(RemoteCatalog(registry_channel), RemoteDispatcher(bridge_channel), ledger)
     running = await start_server([invocation_service(invoker)], address)
     running.after_stop += [registry_channel.close, bridge_channel.close]
     return running
@@ -74,16 +80,18 @@ class LocalSystem:
 
 
 async def start_local_system(
+    *,
     host: str = "127.0.0.1",
     registry_port: int = 0,
     invocation_port: int = 0,
     bridge_port: int = 0,
     heartbeat_s: float = 5.0,
+    policy: LedgerPolicy | None = None,
 ) -> LocalSystem:
     registry, (bridge, router) = await asyncio.gather(
         start_registry(f"{host}:{registry_port}"), start_bridge(f"{host}:{bridge_port}", heartbeat_s)
     )
     invocation = await start_invocation(
-        f"{host}:{registry.port}", f"{host}:{bridge.port}", f"{host}:{invocation_port}"
+        f"{host}:{registry.port}", f"{host}:{bridge.port}", f"{host}:{invocation_port}", policy=policy
     )
     return LocalSystem(registry, invocation, bridge, router, host)

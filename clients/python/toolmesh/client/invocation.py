@@ -23,10 +23,16 @@ class CallResult:
     outcome: Outcome | None
     code: Code | None = None
     detail: str = ""
+    # The call joined an identical running invocation, or replayed a finished one.
+    joined: bool = False
+    replayed: bool = False
 
     @property
     def outcome_received(self) -> bool:
         return self.outcome is not None
+
+    def _attachment(self) -> dict[str, bool]:
+        return {"joined": self.joined, "replayed": self.replayed}
 
     def to_json(self) -> dict[str, Any]:
         """The structured response the CLI prints."""
@@ -49,6 +55,7 @@ class CallResult:
                 "ok": True,
                 "outcomeReceived": True,
                 "toolRequestId": self.tool_request_id,
+                **self._attachment(),
                 "result": jsontext.parse(self.outcome.result_json),
             }
         failure = self.outcome.failure
@@ -56,6 +63,7 @@ class CallResult:
             "ok": False,
             "outcomeReceived": True,
             "toolRequestId": self.tool_request_id,
+            **self._attachment(),
             "error": {
                 "code": failure.code,
                 "kind": "domain" if failure.kind is ErrorKind.DOMAIN else "runtime",
@@ -81,12 +89,17 @@ class InvocationClient:
         turn_id: str,
         arguments_json: str | None = None,
         timeout: float | None = None,
+        idempotency_key: str = "",
+        confirm_delivery: bool = True,
     ) -> CallResult:
         """Call a tool. Pass `arguments` as a value, or `arguments_json` as text sent as it is.
 
         `timeout` is the caller's own deadline. When it passes, or the
-        connection fails, the result has no outcome and an exact retry is safe.
-        A malformed request (INVALID_REQUEST) raises the gRPC error.
+        connection fails, the result has no outcome and an exact retry is safe:
+        it joins or replays the same invocation. Once an outcome arrived, its
+        delivery is confirmed (unless `confirm_delivery` is false), so a later
+        identical call runs anew. A malformed request (INVALID_REQUEST,
+        IDEMPOTENCY_KEY_REUSED) raises the gRPC error.
         """
         text = (
             arguments_json
@@ -94,18 +107,47 @@ class InvocationClient:
             else jsontext.dumps({} if arguments is None else arguments)
         )
         request = invocation_pb2.InvokeToolRequest(
-            session_id=session_id, turn_id=turn_id, tool_name=tool_name, arguments_json=text
+            session_id=session_id,
+            turn_id=turn_id,
+            tool_name=tool_name,
+            arguments_json=text,
+            idempotency_key=idempotency_key,
         )
         try:
             response = await self._stub.InvokeTool(request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
             code = error_code(error)
-            if code is Code.INVALID_REQUEST:
+            if code in (Code.INVALID_REQUEST, Code.IDEMPOTENCY_KEY_REUSED):
                 raise
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
             return CallResult(None, None, code or Code.TRANSPORT_FAILED, error.details() or "")
-        return CallResult(response.tool_request_id, outcome_from_pb(response.outcome))
+        if confirm_delivery:
+            await self.confirm_delivery(response.tool_request_id)
+        return CallResult(
+            response.tool_request_id,
+            outcome_from_pb(response.outcome),
+            joined=response.joined,
+            replayed=response.replayed,
+        )
+
+    async def confirm_delivery(self, tool_request_id: str) -> bool:
+        """Tell the runtime the outcome arrived. False when that could not be said (harmless:
+        the outcome is then replayed to an exact retry for a short while)."""
+        try:
+            await self._stub.ConfirmDelivery(
+                invocation_pb2.ConfirmDeliveryRequest(tool_request_id=tool_request_id), timeout=5.0
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    async def get_invocation(self, tool_request_id: str) -> invocation_pb2.Invocation:
+        """The ledger's view of one invocation; raises the gRPC error (NOT_FOUND when unknown)."""
+        response: invocation_pb2.GetInvocationResponse = await self._stub.GetInvocation(
+            invocation_pb2.GetInvocationRequest(tool_request_id=tool_request_id), timeout=10.0
+        )
+        return response.invocation
 
     async def close(self) -> None:
         if self._own_channel:

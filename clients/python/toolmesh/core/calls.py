@@ -23,3 +23,5 @@ class ToolRequest:
     arguments_json: str
     timeout_ms: int
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    # Read-only or idempotent: may be sent again to another host if its host leaves.
+    redeliverable: bool = False

@@ -45,6 +45,10 @@ class Code(enum.StrEnum):
     REQUEST_ENDED = "REQUEST_ENDED"
     REQUEST_DUPLICATE = "REQUEST_DUPLICATE"
     HOST_SESSION_UNKNOWN = "HOST_SESSION_UNKNOWN"
+    # The invocation ledger.
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    INVOCATION_NOT_FOUND = "INVOCATION_NOT_FOUND"
+    INVOCATION_RUNNING = "INVOCATION_RUNNING"
     RESULT_NOT_JSON = "RESULT_NOT_JSON"
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
     # Seen by a caller that received no outcome at all.
@@ -112,6 +116,15 @@ _TABLE: dict[Code, ErrorSpec] = {
     ),
     Code.REQUEST_DUPLICATE: ErrorSpec(
         S.ALREADY_EXISTS, False, False, "A tool request with that id is pending."
+    ),
+    Code.IDEMPOTENCY_KEY_REUSED: ErrorSpec(
+        S.INVALID_ARGUMENT, False, True, "That idempotency key was used with other arguments; nothing ran."
+    ),
+    Code.INVOCATION_NOT_FOUND: ErrorSpec(
+        S.NOT_FOUND, False, False, "No invocation has that id, or it is older than the ledger keeps."
+    ),
+    Code.INVOCATION_RUNNING: ErrorSpec(
+        S.FAILED_PRECONDITION, False, False, "The invocation has no outcome yet."
     ),
     Code.HOST_SESSION_UNKNOWN: ErrorSpec(
         S.NOT_FOUND, False, False, "The host session does not exist or has ended."

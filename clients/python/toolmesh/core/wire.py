@@ -103,6 +103,7 @@ def request_to_pb(request: ToolRequest) -> bridge_pb2.ToolRequest:
         arguments_json=request.arguments_json,
         timeout_ms=request.timeout_ms,
         trace_context=dict(request.trace_context),
+        redeliverable=request.redeliverable,
     )
 
 
@@ -122,4 +123,5 @@ def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
         arguments_json=message.arguments_json,
         timeout_ms=message.timeout_ms,
         trace_context=dict(message.trace_context),
+        redeliverable=message.redeliverable,
     )

@@ -163,6 +163,7 @@ class ToolRequest(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    REDELIVERABLE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     turn_id: _builtins.str
     tool_request_id: _builtins.str
@@ -170,6 +171,11 @@ class ToolRequest(_message.Message):
     arguments_json: _builtins.str
     timeout_ms: _builtins.int
     """Time left for the host to answer when the request was sent."""
+    redeliverable: _builtins.bool
+    """The tool is read-only or idempotent: if its host goes away mid-call, the
+    bridge may send the request again to a host of the session that connects
+    before the deadline. Otherwise the call ends with TOOL_HOST_DISCONNECTED.
+    """
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """W3C trace context (traceparent, tracestate) of the invocation, so the
@@ -187,10 +193,11 @@ class ToolRequest(_message.Message):
         arguments_json: _builtins.str = ...,
         timeout_ms: _builtins.int = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        redeliverable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "redeliverable", b"redeliverable", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

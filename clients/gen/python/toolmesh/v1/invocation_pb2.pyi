@@ -5,6 +5,8 @@ isort:skip_file
 
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from toolmesh.v1 import tool_pb2 as _tool_pb2
 import builtins as _builtins
 import sys
@@ -17,6 +19,36 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _InvocationState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _InvocationStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InvocationState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    INVOCATION_STATE_UNSPECIFIED: _InvocationState.ValueType  # 0
+    INVOCATION_STATE_RUNNING: _InvocationState.ValueType  # 1
+    """Waiting for the handler host."""
+    INVOCATION_STATE_COMPLETED: _InvocationState.ValueType  # 2
+    """The handler answered: a result or a domain error."""
+    INVOCATION_STATE_TIMED_OUT: _InvocationState.ValueType  # 3
+    """The tool's deadline passed: TOOL_TIMEOUT."""
+    INVOCATION_STATE_FAILED: _InvocationState.ValueType  # 4
+    """Any other runtime error (TOOL_NOT_FOUND, TOOL_HANDLER_ERROR, ...)."""
+
+class InvocationState(_InvocationState, metaclass=_InvocationStateEnumTypeWrapper):
+    """InvocationState is where an invocation is in its life."""
+
+INVOCATION_STATE_UNSPECIFIED: InvocationState.ValueType  # 0
+INVOCATION_STATE_RUNNING: InvocationState.ValueType  # 1
+"""Waiting for the handler host."""
+INVOCATION_STATE_COMPLETED: InvocationState.ValueType  # 2
+"""The handler answered: a result or a domain error."""
+INVOCATION_STATE_TIMED_OUT: InvocationState.ValueType  # 3
+"""The tool's deadline passed: TOOL_TIMEOUT."""
+INVOCATION_STATE_FAILED: InvocationState.ValueType  # 4
+"""Any other runtime error (TOOL_NOT_FOUND, TOOL_HANDLER_ERROR, ...)."""
+Global___InvocationState: _TypeAlias = InvocationState  # noqa: Y015
+
 @_typing.final
 class InvokeToolRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -25,12 +57,19 @@ class InvokeToolRequest(_message.Message):
     TURN_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     turn_id: _builtins.str
     tool_name: _builtins.str
     arguments_json: _builtins.str
     """The arguments as JSON text. Anything but a JSON object gives the outcome
     TOOL_ARGS_INVALID.
+    """
+    idempotency_key: _builtins.str
+    """Optional. For tools that support safe retries: the same key with the same
+    arguments returns the same invocation's outcome for the key's retention
+    (24 h by default), even after delivery was confirmed; the same key with
+    other arguments fails with IDEMPOTENCY_KEY_REUSED. Scoped to the session.
     """
     def __init__(
         self,
@@ -39,10 +78,11 @@ class InvokeToolRequest(_message.Message):
         turn_id: _builtins.str = ...,
         tool_name: _builtins.str = ...,
         arguments_json: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "idempotency_key", b"idempotency_key", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -54,8 +94,14 @@ class InvokeToolResponse(_message.Message):
 
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    JOINED_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
     """The id of this invocation, unique across sessions."""
+    joined: _builtins.bool
+    """This call joined an identical invocation that was already running."""
+    replayed: _builtins.bool
+    """This call replayed the outcome of an identical finished invocation."""
     @_builtins.property
     def outcome(self) -> _tool_pb2.ToolOutcome: ...
     def __init__(
@@ -63,11 +109,139 @@ class InvokeToolResponse(_message.Message):
         *,
         tool_request_id: _builtins.str = ...,
         outcome: _tool_pb2.ToolOutcome | None = ...,
+        joined: _builtins.bool = ...,
+        replayed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["joined", b"joined", "outcome", b"outcome", "replayed", b"replayed", "tool_request_id", b"tool_request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InvokeToolResponse: _TypeAlias = InvokeToolResponse  # noqa: Y015
+
+@_typing.final
+class ConfirmDeliveryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmDeliveryRequest: _TypeAlias = ConfirmDeliveryRequest  # noqa: Y015
+
+@_typing.final
+class ConfirmDeliveryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmDeliveryResponse: _TypeAlias = ConfirmDeliveryResponse  # noqa: Y015
+
+@_typing.final
+class GetInvocationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetInvocationRequest: _TypeAlias = GetInvocationRequest  # noqa: Y015
+
+@_typing.final
+class GetInvocationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def invocation(self) -> Global___Invocation: ...
+    def __init__(
+        self,
+        *,
+        invocation: Global___Invocation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["invocation", b"invocation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invocation", b"invocation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetInvocationResponse: _TypeAlias = GetInvocationResponse  # noqa: Y015
+
+@_typing.final
+class Invocation(_message.Message):
+    """Invocation is one logical tool call as the ledger keeps it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    DELIVERED_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    session_id: _builtins.str
+    turn_id: _builtins.str
+    tool_name: _builtins.str
+    state: Global___InvocationState.ValueType
+    delivered: _builtins.bool
+    """The caller confirmed it has the outcome."""
+    @_builtins.property
+    def outcome(self) -> _tool_pb2.ToolOutcome:
+        """Set once the invocation has ended."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset while running."""
+
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        state: Global___InvocationState.ValueType = ...,
+        outcome: _tool_pb2.ToolOutcome | None = ...,
+        delivered: _builtins.bool = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "finished_at", b"finished_at", "outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivered", b"delivered", "finished_at", b"finished_at", "outcome", b"outcome", "session_id", b"session_id", "state", b"state", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Invocation: _TypeAlias = Invocation  # noqa: Y015

@@ -37,6 +37,13 @@ class InvocationServiceStub:
     google.rpc.ErrorInfo (domain "toolmesh"). A caller whose own deadline
     expires gets DEADLINE_EXCEEDED from gRPC itself: that is an ambiguous
     failure, distinct from a received TOOL_TIMEOUT outcome.
+
+    Exact retries never run a tool twice. A call's logical identity is its
+    session, tool and arguments in canonical JSON (RFC 8785). A call identical to
+    one still running joins it (same tool_request_id, one execution). A call
+    identical to one that finished, whose delivery the caller has not confirmed
+    with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
+    outcome is dropped from this path: a later identical call runs anew.
     """
 
     def __init__(self, channel):
@@ -49,6 +56,16 @@ class InvocationServiceStub:
                 '/toolmesh.v1.InvocationService/InvokeTool',
                 request_serializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolResponse.FromString,
+                _registered_method=True)
+        self.ConfirmDelivery = channel.unary_unary(
+                '/toolmesh.v1.InvocationService/ConfirmDelivery',
+                request_serializer=toolmesh_dot_v1_dot_invocation__pb2.ConfirmDeliveryRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.ConfirmDeliveryResponse.FromString,
+                _registered_method=True)
+        self.GetInvocation = channel.unary_unary(
+                '/toolmesh.v1.InvocationService/GetInvocation',
+                request_serializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationResponse.FromString,
                 _registered_method=True)
 
 
@@ -64,16 +81,49 @@ class InvocationServiceServicer:
     google.rpc.ErrorInfo (domain "toolmesh"). A caller whose own deadline
     expires gets DEADLINE_EXCEEDED from gRPC itself: that is an ambiguous
     failure, distinct from a received TOOL_TIMEOUT outcome.
+
+    Exact retries never run a tool twice. A call's logical identity is its
+    session, tool and arguments in canonical JSON (RFC 8785). A call identical to
+    one still running joins it (same tool_request_id, one execution). A call
+    identical to one that finished, whose delivery the caller has not confirmed
+    with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
+    outcome is dropped from this path: a later identical call runs anew.
     """
 
     def InvokeTool(self, request, context):
-        """InvokeTool makes one tool call and waits for its outcome.
+        """InvokeTool makes one tool call (or joins or replays an identical one) and
+        waits for its outcome.
 
         Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
-        (missing or malformed session id, turn id or tool name); UNAVAILABLE with
-        reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a dependency could not
-        be reached, nothing ran) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason
-        OVERLOADED.
+        (missing or malformed session id, turn id, tool name or idempotency key)
+        or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
+        ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
+        dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
+        reason OVERLOADED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConfirmDelivery(self, request, context):
+        """ConfirmDelivery tells the runtime the caller has the outcome, so an
+        identical call after this one is a new invocation. Confirming twice, or
+        confirming an expired invocation, is not an error.
+
+        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
+        FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetInvocation(self, request, context):
+        """GetInvocation describes one invocation: its state, its outcome once known,
+        whether its delivery was confirmed, and when it started and ended. Use it
+        to reconcile after an ambiguous failure before deciding anything.
+
+        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
+        the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,6 +136,16 @@ def add_InvocationServiceServicer_to_server(servicer, server):
                     servicer.InvokeTool,
                     request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolResponse.SerializeToString,
+            ),
+            'ConfirmDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmDelivery,
+                    request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.ConfirmDeliveryRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_invocation__pb2.ConfirmDeliveryResponse.SerializeToString,
+            ),
+            'GetInvocation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInvocation,
+                    request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -107,6 +167,13 @@ class InvocationService:
     google.rpc.ErrorInfo (domain "toolmesh"). A caller whose own deadline
     expires gets DEADLINE_EXCEEDED from gRPC itself: that is an ambiguous
     failure, distinct from a received TOOL_TIMEOUT outcome.
+
+    Exact retries never run a tool twice. A call's logical identity is its
+    session, tool and arguments in canonical JSON (RFC 8785). A call identical to
+    one still running joins it (same tool_request_id, one execution). A call
+    identical to one that finished, whose delivery the caller has not confirmed
+    with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
+    outcome is dropped from this path: a later identical call runs anew.
     """
 
     @staticmethod
@@ -126,6 +193,60 @@ class InvocationService:
             '/toolmesh.v1.InvocationService/InvokeTool',
             toolmesh_dot_v1_dot_invocation__pb2.InvokeToolRequest.SerializeToString,
             toolmesh_dot_v1_dot_invocation__pb2.InvokeToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConfirmDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.InvocationService/ConfirmDelivery',
+            toolmesh_dot_v1_dot_invocation__pb2.ConfirmDeliveryRequest.SerializeToString,
+            toolmesh_dot_v1_dot_invocation__pb2.ConfirmDeliveryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetInvocation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.InvocationService/GetInvocation',
+            toolmesh_dot_v1_dot_invocation__pb2.GetInvocationRequest.SerializeToString,
+            toolmesh_dot_v1_dot_invocation__pb2.GetInvocationResponse.FromString,
             options,
             channel_credentials,
             insecure,

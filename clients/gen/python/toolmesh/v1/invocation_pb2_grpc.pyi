@@ -38,6 +38,13 @@ class InvocationServiceStub:
     google.rpc.ErrorInfo (domain "toolmesh"). A caller whose own deadline
     expires gets DEADLINE_EXCEEDED from gRPC itself: that is an ambiguous
     failure, distinct from a received TOOL_TIMEOUT outcome.
+
+    Exact retries never run a tool twice. A call's logical identity is its
+    session, tool and arguments in canonical JSON (RFC 8785). A call identical to
+    one still running joins it (same tool_request_id, one execution). A call
+    identical to one that finished, whose delivery the caller has not confirmed
+    with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
+    outcome is dropped from this path: a later identical call runs anew.
     """
 
     @_typing.overload
@@ -45,13 +52,31 @@ class InvocationServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> InvocationServiceAsyncStub: ...
     InvokeTool: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.InvokeToolRequest, _invocation_pb2.InvokeToolResponse]
-    """InvokeTool makes one tool call and waits for its outcome.
+    """InvokeTool makes one tool call (or joins or replays an identical one) and
+    waits for its outcome.
 
     Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
-    (missing or malformed session id, turn id or tool name); UNAVAILABLE with
-    reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a dependency could not
-    be reached, nothing ran) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason
-    OVERLOADED.
+    (missing or malformed session id, turn id, tool name or idempotency key)
+    or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
+    ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
+    dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
+    reason OVERLOADED.
+    """
+    ConfirmDelivery: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]
+    """ConfirmDelivery tells the runtime the caller has the outcome, so an
+    identical call after this one is a new invocation. Confirming twice, or
+    confirming an expired invocation, is not an error.
+
+    Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
+    FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+    """
+    GetInvocation: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]
+    """GetInvocation describes one invocation: its state, its outcome once known,
+    whether its delivery was confirmed, and when it started and ended. Use it
+    to reconcile after an ambiguous failure before deciding anything.
+
+    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
+    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
     """
 
 @_typing.type_check_only
@@ -67,17 +92,42 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     google.rpc.ErrorInfo (domain "toolmesh"). A caller whose own deadline
     expires gets DEADLINE_EXCEEDED from gRPC itself: that is an ambiguous
     failure, distinct from a received TOOL_TIMEOUT outcome.
+
+    Exact retries never run a tool twice. A call's logical identity is its
+    session, tool and arguments in canonical JSON (RFC 8785). A call identical to
+    one still running joins it (same tool_request_id, one execution). A call
+    identical to one that finished, whose delivery the caller has not confirmed
+    with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
+    outcome is dropped from this path: a later identical call runs anew.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     InvokeTool: _aio.UnaryUnaryMultiCallable[_invocation_pb2.InvokeToolRequest, _invocation_pb2.InvokeToolResponse]  # type: ignore[assignment]
-    """InvokeTool makes one tool call and waits for its outcome.
+    """InvokeTool makes one tool call (or joins or replays an identical one) and
+    waits for its outcome.
 
     Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
-    (missing or malformed session id, turn id or tool name); UNAVAILABLE with
-    reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a dependency could not
-    be reached, nothing ran) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason
-    OVERLOADED.
+    (missing or malformed session id, turn id, tool name or idempotency key)
+    or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
+    ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
+    dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
+    reason OVERLOADED.
+    """
+    ConfirmDelivery: _aio.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]  # type: ignore[assignment]
+    """ConfirmDelivery tells the runtime the caller has the outcome, so an
+    identical call after this one is a new invocation. Confirming twice, or
+    confirming an expired invocation, is not an error.
+
+    Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
+    FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+    """
+    GetInvocation: _aio.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]  # type: ignore[assignment]
+    """GetInvocation describes one invocation: its state, its outcome once known,
+    whether its delivery was confirmed, and when it started and ended. Use it
+    to reconcile after an ambiguous failure before deciding anything.
+
+    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
+    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
     """
 
 class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -92,6 +142,13 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
     google.rpc.ErrorInfo (domain "toolmesh"). A caller whose own deadline
     expires gets DEADLINE_EXCEEDED from gRPC itself: that is an ambiguous
     failure, distinct from a received TOOL_TIMEOUT outcome.
+
+    Exact retries never run a tool twice. A call's logical identity is its
+    session, tool and arguments in canonical JSON (RFC 8785). A call identical to
+    one still running joins it (same tool_request_id, one execution). A call
+    identical to one that finished, whose delivery the caller has not confirmed
+    with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
+    outcome is dropped from this path: a later identical call runs anew.
     """
 
     @_abc_1.abstractmethod
@@ -100,13 +157,43 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _invocation_pb2.InvokeToolRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_invocation_pb2.InvokeToolResponse, _abc.Awaitable[_invocation_pb2.InvokeToolResponse]]:
-        """InvokeTool makes one tool call and waits for its outcome.
+        """InvokeTool makes one tool call (or joins or replays an identical one) and
+        waits for its outcome.
 
         Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
-        (missing or malformed session id, turn id or tool name); UNAVAILABLE with
-        reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a dependency could not
-        be reached, nothing ran) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason
-        OVERLOADED.
+        (missing or malformed session id, turn id, tool name or idempotency key)
+        or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
+        ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
+        dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
+        reason OVERLOADED.
+        """
+
+    @_abc_1.abstractmethod
+    def ConfirmDelivery(
+        self,
+        request: _invocation_pb2.ConfirmDeliveryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_invocation_pb2.ConfirmDeliveryResponse, _abc.Awaitable[_invocation_pb2.ConfirmDeliveryResponse]]:
+        """ConfirmDelivery tells the runtime the caller has the outcome, so an
+        identical call after this one is a new invocation. Confirming twice, or
+        confirming an expired invocation, is not an error.
+
+        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
+        FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+        """
+
+    @_abc_1.abstractmethod
+    def GetInvocation(
+        self,
+        request: _invocation_pb2.GetInvocationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_invocation_pb2.GetInvocationResponse, _abc.Awaitable[_invocation_pb2.GetInvocationResponse]]:
+        """GetInvocation describes one invocation: its state, its outcome once known,
+        whether its delivery was confirmed, and when it started and ended. Use it
+        to reconcile after an ambiguous failure before deciding anything.
+
+        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
+        the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
         """
 
 def add_InvocationServiceServicer_to_server(servicer: InvocationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

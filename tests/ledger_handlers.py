@@ -1,0 +1,28 @@
+"""Handlers that count their side effects in files, for the ledger's tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from toolmesh.host import ToolContext
+
+MARKERS = Path(os.environ.get("TOOLMESH_TEST_MARKERS", "."))
+
+
+def runs(key: str) -> list[str]:
+    """The tool request ids of every execution that started for `key`."""
+    path = MARKERS / f"runs-{key}"
+    return path.read_text().split() if path.exists() else []
+
+
+async def count(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    with (MARKERS / f"runs-{args['key']}").open("a") as log:
+        log.write(ctx.tool_request_id + "\n")
+    await asyncio.sleep(float(args.get("sleep", 0)))
+    return {"key": args["key"], "runs": len(runs(args["key"])), "servedBy": os.getpid()}
+
+
+HANDLERS = {"count": count, "count_read_only": count}

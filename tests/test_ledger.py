@@ -1,0 +1,226 @@
+"""Exact retries never run a tool twice: join, replay, confirm, idempotency keys, host loss."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from toolmesh.client import CallResult, InvocationClient, RegistryClient
+from toolmesh.core.errors import Code
+from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.invocation.ledger import LedgerPolicy
+from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.v1 import invocation_pb2
+from toolmesh_testing import HostProcess, run_cli, start_host_process
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SESSION = "ledger"
+TOOLS = [
+    ToolSpec("count", "Counts its runs (a side effect)", '{"type": "object"}', timeout_ms=3000),
+    ToolSpec(
+        "count_read_only",
+        "Counts its runs, declared read-only",
+        '{"type": "object"}',
+        timeout_ms=3000,
+        annotations=ToolAnnotations(read_only=True),
+    ),
+]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def ledger_system(marker_dir: Path) -> AsyncIterator[LocalSystem]:
+    running = await start_local_system(heartbeat_s=0.5, policy=LedgerPolicy(replay_window_s=1.0))
+    async with RegistryClient(running.registry_target) as registry:
+        await registry.put_tools(SESSION, TOOLS)
+    yield running
+    await running.stop(grace=0.5)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def host(ledger_system: LocalSystem, marker_dir: Path) -> AsyncIterator[HostProcess]:
+    process = await start_host_process(
+        ledger_system.bridge_target, SESSION, "ledger_handlers:HANDLERS", marker_dir
+    )
+    yield process
+    await process.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(ledger_system: LocalSystem, host: HostProcess) -> AsyncIterator[InvocationClient]:
+    async with InvocationClient(ledger_system.invocation_target) as invocation:
+        yield invocation
+
+
+def runs(marker_dir: Path, key: str) -> list[str]:
+    path = marker_dir / f"runs-{key}"
+    return path.read_text().split() if path.exists() else []
+
+
+async def count(client: InvocationClient, key: str, sleep: float = 0.0, **kwargs: Any) -> CallResult:
+    return await client.invoke(SESSION, "count", {"key": key, "sleep": sleep}, turn_id="turn", **kwargs)
+
+
+def result_of(call: CallResult) -> Any:
+    assert call.outcome is not None and call.outcome.result_json is not None, call
+    return json.loads(call.outcome.result_json)
+
+
+async def test_fifty_concurrent_identical_calls_run_once(client: InvocationClient, marker_dir: Path) -> None:
+    calls = await asyncio.gather(*(count(client, "fifty", 0.5) for _ in range(50)))
+    assert runs(marker_dir, "fifty") == [calls[0].tool_request_id]
+    assert {call.tool_request_id for call in calls} == {calls[0].tool_request_id}
+    assert {call.outcome for call in calls} == {calls[0].outcome}
+    assert result_of(calls[0])["runs"] == 1
+    assert sum(call.joined for call in calls) == 49
+
+
+async def test_cli_gives_up_then_exact_retry_joins(
+    ledger_system: LocalSystem, host: HostProcess, marker_dir: Path, cli_env: dict[str, str]
+) -> None:
+    env = dict(cli_env, TOOLMESH_INVOCATION_ADDR=ledger_system.invocation_target)
+    args = '{"key": "cli-join", "sleep": 1.5}'
+    code, out, _ = await run_cli(
+        "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "0.3", env=env
+    )
+    assert code == 75 and json.loads(out)["outcomeReceived"] is False
+    # The same call, spelled differently: key order, spacing, number form.
+    retry = '{ "sleep": 15e-1,"key":"cli-join" }'
+    code, out, _ = await run_cli(
+        "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", retry, env=env
+    )
+    response = json.loads(out)
+    assert code == 0 and response["ok"] is True and response["joined"] is True
+    assert runs(marker_dir, "cli-join") == [response["toolRequestId"]]
+
+
+async def test_retry_after_finish_before_delivery_replays(client: InvocationClient, marker_dir: Path) -> None:
+    first = await count(client, "replay", 0.4, timeout=0.1)
+    assert first.outcome is None and first.code is Code.CALLER_DEADLINE_EXCEEDED
+    await asyncio.sleep(0.6)  # the handler has finished; nobody has the outcome
+    assert len(runs(marker_dir, "replay")) == 1
+    retry = await count(client, "replay", 0.4)
+    assert retry.replayed is True
+    assert result_of(retry)["runs"] == 1
+    assert runs(marker_dir, "replay") == [retry.tool_request_id]
+
+
+async def test_confirmed_result_is_not_a_dedupe_cache(client: InvocationClient, marker_dir: Path) -> None:
+    first = await count(client, "again")
+    second = await count(client, "again")
+    assert first.tool_request_id != second.tool_request_id
+    assert not second.joined and not second.replayed
+    assert result_of(second)["runs"] == 2
+
+
+async def test_unconfirmed_result_replays_only_within_the_window(
+    client: InvocationClient, marker_dir: Path
+) -> None:
+    first = await count(client, "window", confirm_delivery=False)
+    assert (await count(client, "window", confirm_delivery=False)).replayed is True
+    await asyncio.sleep(1.3)  # the replay window is 1 s in this suite
+    later = await count(client, "window")
+    assert later.tool_request_id != first.tool_request_id and not later.replayed
+    assert len(runs(marker_dir, "window")) == 2
+
+
+async def test_different_arguments_are_different_calls(client: InvocationClient, marker_dir: Path) -> None:
+    one, two = await asyncio.gather(count(client, "diff-a", 0.2), count(client, "diff-b", 0.2))
+    assert one.tool_request_id != two.tool_request_id
+
+
+async def test_idempotency_key_returns_the_same_outcome(client: InvocationClient, marker_dir: Path) -> None:
+    first = await count(client, "idem", idempotency_key="order-42")
+    again = await count(client, "idem", idempotency_key="order-42")  # after confirmed delivery
+    assert again.tool_request_id == first.tool_request_id and again.replayed
+    assert runs(marker_dir, "idem") == [first.tool_request_id]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await count(client, "idem-other", idempotency_key="order-42")
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error_code(raised.value) is Code.IDEMPOTENCY_KEY_REUSED
+    assert runs(marker_dir, "idem-other") == []
+
+
+async def test_received_timeout_ends_the_invocation(client: InvocationClient, marker_dir: Path) -> None:
+    first = await count(client, "timeout", 3.5)
+    assert first.outcome is not None and first.outcome.code == "TOOL_TIMEOUT"
+    record = await client.get_invocation(first.tool_request_id or "")
+    assert record.state == invocation_pb2.INVOCATION_STATE_TIMED_OUT and record.delivered
+    second = await count(client, "timeout", 0)
+    assert second.tool_request_id != first.tool_request_id
+    assert result_of(second)["runs"] == 2
+
+
+async def test_get_invocation_reconciles(client: InvocationClient, ledger_system: LocalSystem) -> None:
+    pending = asyncio.ensure_future(count(client, "lookup", 0.5, confirm_delivery=False))
+    await asyncio.sleep(0.2)
+    # The retry joins; its id names the running invocation.
+    joined = asyncio.ensure_future(count(client, "lookup", 0.5, confirm_delivery=False))
+    first = await pending
+    assert first.tool_request_id is not None
+    assert (await joined).joined
+    record = await client.get_invocation(first.tool_request_id)
+    assert record.state == invocation_pb2.INVOCATION_STATE_COMPLETED
+    assert record.delivered is False
+    assert record.outcome.result_json == first.outcome.result_json if first.outcome else False
+    assert record.finished_at.ToNanoseconds() >= record.created_at.ToNanoseconds() > 0
+    await client.confirm_delivery(first.tool_request_id)
+    assert (await client.get_invocation(first.tool_request_id)).delivered is True
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await client.get_invocation("tr_unknown")
+    assert error_code(raised.value) is Code.INVOCATION_NOT_FOUND
+
+
+async def test_cli_shows_an_invocation(
+    client: InvocationClient, ledger_system: LocalSystem, cli_env: dict[str, str]
+) -> None:
+    call = await count(client, "cli-show")
+    env = dict(cli_env, TOOLMESH_INVOCATION_ADDR=ledger_system.invocation_target)
+    code, out, _ = await run_cli("invocations", "show", call.tool_request_id or "", env=env)
+    shown = json.loads(out)
+    assert code == 0
+    assert shown["state"] == "completed" and shown["delivered"] is True and shown["toolName"] == "count"
+    code, _, err = await run_cli("invocations", "show", "tr_missing", env=env)
+    assert code == 2 and "INVOCATION_NOT_FOUND" in err
+
+
+@pytest.mark.parametrize(("tool", "redelivered"), [("count_read_only", True), ("count", False)])
+async def test_host_lost_mid_call(
+    ledger_system: LocalSystem, marker_dir: Path, tool: str, redelivered: bool
+) -> None:
+    session = f"lost-{tool}"
+    async with RegistryClient(ledger_system.registry_target) as registry:
+        await registry.put_tools(session, TOOLS)
+    first_host = await start_host_process(
+        ledger_system.bridge_target, session, "ledger_handlers:HANDLERS", marker_dir
+    )
+    key = f"lost-{tool}"
+    async with InvocationClient(ledger_system.invocation_target) as client:
+        call = asyncio.ensure_future(client.invoke(session, tool, {"key": key, "sleep": 1.0}, turn_id="turn"))
+        for _ in range(100):
+            if runs(marker_dir, key):
+                break
+            await asyncio.sleep(0.02)
+        first_host.kill()
+        await first_host.stop()
+        second_host = await start_host_process(
+            ledger_system.bridge_target, session, "ledger_handlers:HANDLERS", marker_dir
+        )
+        result = await asyncio.wait_for(call, 10)
+        await second_host.stop()
+    assert result.outcome is not None
+    if redelivered:
+        assert result_of(result)["runs"] == 2
+        assert result_of(result)["servedBy"] == second_host.process.pid
+    else:
+        assert result.outcome.code == "TOOL_HOST_DISCONNECTED"
+        assert result.outcome.failure is not None and result.outcome.failure.retryable is False
+        assert len(runs(marker_dir, key)) == 1
