@@ -7,7 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from toolmesh.cli import call, host, invocations, tools, up
+from toolmesh.cli import call, chat, host, invocations, tools, up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_parser(commands)
     host.add_parser(commands)
     call.add_parser(commands)
+    chat.add_parser(commands)
     invocations.add_parser(commands)
     return parser
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
@@ -30,7 +30,20 @@ class RegistryClient:
         response = await self._stub.ListTools(
             registry_pb2.ListToolsRequest(session_id=session_id), timeout=10.0
         )
-        return ToolSet(response.revision, tuple(tool_from_pb(t) for t in response.tools))
+        return _tool_set(response)
+
+    async def watch_tools(self, session_id: str) -> AsyncGenerator[ToolSet, None]:
+        """The current tools, then the tools again each time the revision moves.
+
+        Runs until the caller stops iterating (the stream is then cancelled) or
+        the stream fails (the gRPC error is raised).
+        """
+        call = self._stub.WatchTools(registry_pb2.WatchToolsRequest(session_id=session_id))
+        try:
+            async for response in call:
+                yield _tool_set(response)
+        finally:
+            call.cancel()
 
     async def close(self) -> None:
         if self._own_channel:
@@ -41,3 +54,7 @@ class RegistryClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _tool_set(response: registry_pb2.ListToolsResponse | registry_pb2.WatchToolsResponse) -> ToolSet:
+    return ToolSet(response.revision, tuple(tool_from_pb(t) for t in response.tools))

@@ -3,7 +3,9 @@
 Every code the runtime, the bridge, the host SDK or the CLI can produce is a
 row here: its gRPC status when it fails an RPC, whether the same call may be
 retried as it is, whether it ends an assistant turn, and the message shown to
-people. Nothing else decides these.
+people. Nothing else decides these. (A tool call's code reaches an assistant
+turn through toolmesh.assistant.mapping; its `ends_turn` is that of the turn code
+it maps to, and a test keeps the two in step.)
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ class Code(enum.StrEnum):
     # Seen by a caller that received no outcome at all.
     CALLER_DEADLINE_EXCEEDED = "CALLER_DEADLINE_EXCEEDED"
     TRANSPORT_FAILED = "TRANSPORT_FAILED"
+    # Turn codes of the assistant (toolmesh.assistant); INVALID_SCHEMA above is one too.
+    # How tool-call outcomes become these: toolmesh/assistant/mapping.py.
+    UNSUPPORTED_WEBMCP = "UNSUPPORTED_WEBMCP"
+    DISCOVERY_FAILED = "DISCOVERY_FAILED"
+    TOOL_UNAVAILABLE = "TOOL_UNAVAILABLE"
+    STALE_TOOLS = "STALE_TOOLS"
+    INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
+    EXECUTION_FAILED = "EXECUTION_FAILED"
+    CONFIRMATION_DENIED = "CONFIRMATION_DENIED"
+    ABORTED = "ABORTED"
+    TIMEOUT = "TIMEOUT"
+    MODEL_ERROR = "MODEL_ERROR"
+    TURN_LIMIT = "TURN_LIMIT"
+    BUSY = "BUSY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +106,7 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.SUBMIT_TOOL_RESULT_FAILED: ErrorSpec(
         S.FAILED_PRECONDITION, False, False, "The tool's result could not be handed back to the runtime."
     ),
-    Code.INVALID_REQUEST: ErrorSpec(S.INVALID_ARGUMENT, False, True, "The request is malformed."),
+    Code.INVALID_REQUEST: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The request is malformed."),
     Code.INVALID_SCHEMA: ErrorSpec(S.INVALID_ARGUMENT, False, True, "A tool definition is not valid."),
     Code.REVISION_CONFLICT: ErrorSpec(
         S.ABORTED, False, False, "The tool list changed since the revision the caller expected."
@@ -103,7 +119,7 @@ _TABLE: dict[Code, ErrorSpec] = {
     ),
     Code.OVERLOADED: ErrorSpec(S.RESOURCE_EXHAUSTED, True, False, "The service is overloaded; try again."),
     Code.SHUTTING_DOWN: ErrorSpec(S.UNAVAILABLE, True, False, "The service is shutting down; try again."),
-    Code.INTERNAL: ErrorSpec(S.INTERNAL, False, True, "An internal error occurred."),
+    Code.INTERNAL: ErrorSpec(S.INTERNAL, False, False, "An internal error occurred."),
     Code.REQUEST_UNKNOWN: ErrorSpec(S.NOT_FOUND, False, False, "No tool request has that id."),
     Code.REQUEST_FOREIGN: ErrorSpec(
         S.PERMISSION_DENIED, False, False, "The tool request was sent to another host session."
@@ -134,11 +150,48 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
         S.DEADLINE_EXCEEDED,
         True,
-        False,
+        True,
         "No outcome arrived before the caller's own deadline; an exact retry joins the same call.",
     ),
     Code.TRANSPORT_FAILED: ErrorSpec(
         S.UNAVAILABLE, True, False, "The connection failed before an outcome arrived; an exact retry is safe."
+    ),
+    # Turn codes. A code that does not end the turn reaches the model as a failed tool result.
+    Code.UNSUPPORTED_WEBMCP: ErrorSpec(
+        S.FAILED_PRECONDITION,
+        False,
+        True,
+        "The tool services this assistant needs are missing, incomplete or not secure.",
+    ),
+    Code.DISCOVERY_FAILED: ErrorSpec(
+        S.UNAVAILABLE, True, True, "The assistant could not read the tools of this session."
+    ),
+    Code.TOOL_UNAVAILABLE: ErrorSpec(S.NOT_FOUND, False, False, "That tool cannot be used right now."),
+    Code.STALE_TOOLS: ErrorSpec(
+        S.ABORTED, True, False, "The tools changed while the assistant was working; please ask again."
+    ),
+    Code.INVALID_ARGUMENTS: ErrorSpec(
+        S.INVALID_ARGUMENT, False, False, "The assistant gave the tool input that it does not accept."
+    ),
+    Code.EXECUTION_FAILED: ErrorSpec(S.UNKNOWN, False, False, "The tool ran into a problem."),
+    Code.CONFIRMATION_DENIED: ErrorSpec(
+        S.PERMISSION_DENIED, False, False, "The action was not confirmed, so it did not run."
+    ),
+    Code.ABORTED: ErrorSpec(S.CANCELLED, False, True, "The assistant stopped because it was cancelled."),
+    Code.TIMEOUT: ErrorSpec(
+        S.DEADLINE_EXCEEDED, False, True, "The assistant waited too long for an answer and stopped."
+    ),
+    Code.MODEL_ERROR: ErrorSpec(
+        S.UNAVAILABLE, True, True, "The assistant's model failed or gave an answer it could not use."
+    ),
+    Code.TURN_LIMIT: ErrorSpec(
+        S.RESOURCE_EXHAUSTED,
+        False,
+        True,
+        "The assistant stopped after taking too many steps for one message.",
+    ),
+    Code.BUSY: ErrorSpec(
+        S.FAILED_PRECONDITION, True, False, "The assistant is still working on the previous message."
     ),
 }
 

@@ -1,0 +1,26 @@
+"""An assistant that runs agent turns against a model endpoint over a session's toolmesh tools."""
+
+from toolmesh.assistant.assistant import Assistant
+from toolmesh.assistant.config import ModelEndpoint, ToolServices, TurnLimits
+from toolmesh.assistant.confirmation import Confirm, ConfirmationRequest
+from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.messages import Message, Role, ToolCallRequest
+from toolmesh.assistant.results import TEXT_LIMIT, ToolResult
+from toolmesh.assistant.state import AssistantState, Status
+
+__all__ = [
+    "TEXT_LIMIT",
+    "Assistant",
+    "AssistantError",
+    "AssistantState",
+    "Confirm",
+    "ConfirmationRequest",
+    "Message",
+    "ModelEndpoint",
+    "Role",
+    "Status",
+    "ToolCallRequest",
+    "ToolResult",
+    "ToolServices",
+    "TurnLimits",
+]

@@ -1,0 +1,131 @@
+"""ChatModel over an OpenAI-compatible chat-completions endpoint, through httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from toolmesh.assistant.config import ModelEndpoint
+from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.messages import Message, Role, ToolCallRequest
+from toolmesh.assistant.model import FunctionTool, ModelReply
+from toolmesh.core import jsontext
+from toolmesh.core.errors import Code
+
+# A reply larger than this is not a chat answer.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+
+
+class OpenAIChatModel:
+    def __init__(
+        self, endpoint: ModelEndpoint, *, system_prompt: str = "", client: httpx.AsyncClient | None = None
+    ) -> None:
+        self._endpoint = endpoint
+        self._system_prompt = system_prompt
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(endpoint.timeout_s))
+
+    async def complete(self, messages: Sequence[Message], tools: Sequence[FunctionTool]) -> ModelReply:
+        body = request_body(self._endpoint.model, messages, tools, self._system_prompt)
+        headers = {"Authorization": f"Bearer {self._endpoint.api_key}"} if self._endpoint.api_key else {}
+        timeout = self._endpoint.timeout_s
+        try:
+            # httpx's timeout bounds each phase; this bounds the whole call.
+            async with asyncio.timeout(timeout):
+                response = await self._client.post(self._endpoint.chat_url, json=body, headers=headers)
+        except (TimeoutError, httpx.TimeoutException):
+            raise AssistantError(Code.TIMEOUT, f"The model did not answer within {timeout:g} s.") from None
+        except httpx.HTTPError as exc:
+            raise AssistantError(
+                Code.MODEL_ERROR, f"The model endpoint could not be reached ({type(exc).__name__})."
+            ) from None
+        if response.status_code >= 400:
+            raise AssistantError(
+                Code.MODEL_ERROR, f"The model endpoint answered HTTP {response.status_code}."
+            )
+        return parse_reply(response.content)
+
+    async def close(self) -> None:
+        if self._own_client:
+            await self._client.aclose()
+
+
+def request_body(
+    model: str, messages: Sequence[Message], tools: Sequence[FunctionTool], system_prompt: str = ""
+) -> dict[str, Any]:
+    wire = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    wire += [_message(message) for message in messages]
+    body: dict[str, Any] = {"model": model, "messages": wire}
+    if tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+            }
+            for t in tools
+        ]
+    return body
+
+
+def _message(message: Message) -> dict[str, Any]:
+    if message.role is Role.TOOL:
+        assert message.call is not None
+        return {"role": "tool", "tool_call_id": message.call.id, "content": message.text}
+    if message.role is Role.USER or not message.tool_calls:
+        return {"role": message.role.value, "content": message.text}
+    return {
+        "role": "assistant",
+        "content": message.text or None,
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+            for c in message.tool_calls
+        ],
+    }
+
+
+def _unusable(detail: str) -> AssistantError:
+    return AssistantError(Code.MODEL_ERROR, f"The model's reply is unusable: {detail}.")
+
+
+def parse_reply(content: bytes) -> ModelReply:
+    """Read a chat-completions reply; raise AssistantError(MODEL_ERROR) for anything unusable."""
+    if len(content) > MAX_REPLY_BYTES:
+        raise _unusable(f"it is larger than {MAX_REPLY_BYTES} bytes")
+    try:
+        body = jsontext.parse(content.decode())
+    except (UnicodeDecodeError, jsontext.NotPlainJson):
+        raise _unusable("it is not JSON") from None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _unusable("it has no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise _unusable("its first choice has no message")
+    text = message.get("content")
+    if text is not None and not isinstance(text, str):
+        raise _unusable("its content is not text")
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise _unusable("its tool_calls is not a list")
+    calls = tuple(_tool_call(raw) for raw in raw_calls)
+    if text is None and not calls:
+        raise _unusable("it has neither text nor tool calls")
+    return ModelReply(text or "", calls)
+
+
+def _tool_call(raw: object) -> ToolCallRequest:
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(function, dict):
+        raise _unusable("a tool call has no function")
+    call_id, name, arguments = raw.get("id"), function.get("name"), function.get("arguments", "{}")
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+        raise _unusable("a tool call lacks an id or a name")
+    if isinstance(arguments, dict):  # some servers send an object rather than JSON text
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    if not isinstance(arguments, str):
+        raise _unusable("a tool call's arguments are not text")
+    return ToolCallRequest(call_id, name, arguments)

@@ -1,0 +1,95 @@
+"""Settings of an assistant: the model endpoint, the tool services, the limits of a turn."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from toolmesh.client.config import address
+
+ENV_MODEL_URL = "TOOLMESH_MODEL_URL"
+ENV_MODEL = "TOOLMESH_MODEL"
+ENV_MODEL_API_KEY = "TOOLMESH_MODEL_API_KEY"
+ENV_REQUIRE_TLS = "TOOLMESH_REQUIRE_TLS"
+CHAT_COMPLETIONS = "/chat/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEndpoint:
+    """An OpenAI-compatible chat-completions endpoint with tool calling.
+
+    `url` is the API base (`https://host/v1`) or the full `.../chat/completions` URL.
+    """
+
+    url: str
+    model: str
+    api_key: str = field(default="", repr=False)
+    timeout_s: float = 60.0
+
+    @property
+    def chat_url(self) -> str:
+        return self.url if self.url.endswith(CHAT_COMPLETIONS) else self.url.rstrip("/") + CHAT_COMPLETIONS
+
+    @classmethod
+    def from_env(
+        cls,
+        url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> ModelEndpoint:
+        """Arguments first, then TOOLMESH_MODEL_URL / TOOLMESH_MODEL / TOOLMESH_MODEL_API_KEY.
+
+        Raises ValueError when the URL or the model name is missing.
+        """
+        url = url or os.environ.get(ENV_MODEL_URL, "")
+        model = model or os.environ.get(ENV_MODEL, "")
+        if not url or not model:
+            raise ValueError(f"a model endpoint needs a URL and a model name ({ENV_MODEL_URL}, {ENV_MODEL})")
+        if timeout_s <= 0:
+            raise ValueError("the model timeout must be positive")
+        return cls(url, model, api_key or os.environ.get(ENV_MODEL_API_KEY, ""), timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolServices:
+    """Where the registry and invocation services are, and how the channel must be secured.
+
+    With `require_tls`, a plaintext channel is refused (UNSUPPORTED_WEBMCP).
+    """
+
+    registry: str
+    invocation: str
+    tls: bool = False
+    require_tls: bool = False
+    root_certificates: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_env(
+        cls,
+        registry: str | None = None,
+        invocation: str | None = None,
+        *,
+        tls: bool = False,
+        require_tls: bool | None = None,
+    ) -> ToolServices:
+        if require_tls is None:
+            require_tls = os.environ.get(ENV_REQUIRE_TLS, "").lower() in {"1", "true", "yes"}
+        return cls(address("registry", registry), address("invocation", invocation), tls, require_tls)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLimits:
+    # Rounds of tool calls one turn may take; the model asking for one more is TURN_LIMIT.
+    max_rounds: int = 8
+    # The assistant's own cap on one tool call, in seconds. None: the tool's
+    # deadline plus TOOL_GRACE_S, so that the runtime's TOOL_TIMEOUT arrives first.
+    tool_timeout_s: float | None = None
+    system_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 0:
+            raise ValueError("max_rounds cannot be negative")
+
+
+TOOL_GRACE_S = 2.0

@@ -1,0 +1,56 @@
+"""The conversation as plain values, independent of any model's wire format."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from toolmesh.assistant.results import ToolResult
+
+
+class Role(enum.StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    """One tool call the model asked for; the arguments as the model wrote them."""
+
+    id: str
+    name: str
+    arguments_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    text: str = ""
+    # The model's tool calls (assistant messages).
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    # The call this message answers (tool messages).
+    call: ToolCallRequest | None = None
+    result: ToolResult | None = None
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        return cls(Role.USER, text)
+
+    @classmethod
+    def assistant(cls, text: str, tool_calls: tuple[ToolCallRequest, ...] = ()) -> Message:
+        return cls(Role.ASSISTANT, text, tool_calls)
+
+    @classmethod
+    def tool(cls, call: ToolCallRequest, result: ToolResult) -> Message:
+        return cls(Role.TOOL, result.text, call=call, result=result)
+
+
+def unanswered_calls(messages: tuple[Message, ...]) -> list[ToolCallRequest]:
+    """Tool calls of the last assistant message that no tool message answers yet."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role is Role.ASSISTANT:
+            answered = {m.call.id for m in messages[index + 1 :] if m.call is not None}
+            return [call for call in message.tool_calls if call.id not in answered]
+    return []

@@ -1,0 +1,112 @@
+"""An assistant's observable state, and the one place that changes it.
+
+Every change makes a new AssistantState and tells the subscribers. Changes
+made on behalf of a turn carry the turn's generation: once cancel(), clear()
+or dispose() has moved the generation on, a turn that is still unwinding can
+no longer touch the state.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.messages import Message, unanswered_calls
+from toolmesh.assistant.results import ToolResult
+
+log = logging.getLogger("toolmesh.assistant")
+
+
+class Status(enum.StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+    DISPOSED = "disposed"
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantState:
+    status: Status = Status.IDLE
+    messages: tuple[Message, ...] = ()
+    # The error that ended the last turn; None after a turn that answered.
+    error: AssistantError | None = None
+    turn_id: str = ""
+
+
+Subscriber = Callable[[AssistantState], None]
+
+
+class StateStore:
+    def __init__(self) -> None:
+        self._state = AssistantState()
+        self._generation = 0
+        self._subscribers: list[Subscriber] = []
+
+    @property
+    def state(self) -> AssistantState:
+        return self._state
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def begin_turn(self, turn_id: str, message: Message) -> int:
+        self._generation += 1
+        self._set(
+            replace(
+                self._state,
+                status=Status.RUNNING,
+                messages=(*self._state.messages, message),
+                error=None,
+                turn_id=turn_id,
+            )
+        )
+        return self._generation
+
+    def append(self, generation: int, message: Message) -> None:
+        if generation == self._generation:
+            self._set(replace(self._state, messages=(*self._state.messages, message)))
+
+    def end_turn(self, generation: int, error: AssistantError | None) -> None:
+        if generation == self._generation:
+            self._end(error)
+
+    def abort(self, error: AssistantError) -> None:
+        """End the running turn now, whatever it is doing."""
+        self._generation += 1
+        self._end(error)
+
+    def reset(self) -> None:
+        self._generation += 1
+        self._set(AssistantState())
+
+    def dispose(self) -> None:
+        self._generation += 1
+        self._set(replace(self._state, status=Status.DISPOSED))
+        self._subscribers.clear()
+
+    def _end(self, error: AssistantError | None) -> None:
+        messages = self._state.messages
+        if error is not None:
+            # Every tool call the model asked for gets an answer, so that the
+            # conversation stays valid for the next turn.
+            messages += tuple(
+                Message.tool(call, ToolResult.failure(error.code, "The call was not run.", cause="not_run"))
+                for call in unanswered_calls(messages)
+            )
+        self._set(replace(self._state, status=Status.IDLE, messages=messages, error=error))
+
+    def _set(self, state: AssistantState) -> None:
+        self._state = state
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber(state)
+            except Exception:
+                log.exception("an assistant state subscriber failed")

@@ -1,0 +1,176 @@
+"""`toolmesh chat`: talk with an assistant that uses a thread's tools, in the terminal.
+
+Tool calls and the human messages of errors are shown as they happen.
+Arguments are shown only as a short preview, results only as ok or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import threading
+from typing import Any, TextIO
+
+from toolmesh.assistant import (
+    Assistant,
+    AssistantError,
+    AssistantState,
+    ConfirmationRequest,
+    ModelEndpoint,
+    Role,
+    ToolServices,
+    TurnLimits,
+)
+from toolmesh.cli.output import EXIT_USAGE
+from toolmesh.core import jsontext
+
+PREVIEW_CHARS = 60
+HELP = "Type a message. /clear forgets the conversation, /quit (or Ctrl-D) leaves, Ctrl-C stops a turn."
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "chat", help="talk with an assistant that uses a thread's tools"
+    )
+    parser.add_argument("--thread-id", required=True)
+    parser.add_argument("--model-url", help="chat-completions API base URL (env TOOLMESH_MODEL_URL)")
+    parser.add_argument("--model", help="model name (env TOOLMESH_MODEL)")
+    parser.add_argument(
+        "--model-api-key", help="API key (env TOOLMESH_MODEL_API_KEY, preferred: flags show in ps)"
+    )
+    parser.add_argument("--model-timeout", type=float, default=60.0, help="seconds (default %(default)s)")
+    parser.add_argument(
+        "--max-rounds", type=int, default=8, help="tool rounds per turn (default %(default)s)"
+    )
+    parser.add_argument("--system", default="", help="system prompt")
+    parser.add_argument("--registry", help="registry address (env TOOLMESH_REGISTRY_ADDR)")
+    parser.add_argument("--invocation", help="invocation address (env TOOLMESH_INVOCATION_ADDR)")
+    parser.add_argument("--tls", action="store_true", help="use TLS to the tool services")
+    parser.add_argument(
+        "--require-tls",
+        action="store_true",
+        default=None,
+        help="refuse a plaintext channel (env TOOLMESH_REQUIRE_TLS=1)",
+    )
+    parser.set_defaults(run=run)
+
+
+class Lines:
+    """Lines typed on stdin, read by a daemon thread so that waiting for one can be cancelled."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def read() -> None:
+            while line := stream.readline():
+                loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\r\n"))
+            loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
+        threading.Thread(target=read, name="toolmesh-chat-stdin", daemon=True).start()
+
+    def close(self) -> None:
+        self._queue.put_nowait(None)
+
+    async def read(self, prompt: str, *, fresh: bool = False) -> str | None:
+        """The next line, or None at the end of input. `fresh`: not one typed before the prompt."""
+        while fresh and not self._queue.empty():
+            if self._queue.get_nowait() is None:
+                self._queue.put_nowait(None)
+                break
+        say(prompt, end="")
+        line = await self._queue.get()
+        if line is None:
+            self._queue.put_nowait(None)  # stays at the end
+        return line
+
+
+def say(text: str, end: str = "\n") -> None:
+    print(text, end=end, flush=True)
+
+
+def preview(value: object) -> str:
+    text = jsontext.dumps(value)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def describe_error(error: AssistantError) -> str:
+    return f"{error.human_message} ({error.code.value})"
+
+
+class Transcript:
+    """Prints each new tool call and tool result of the state as it arrives."""
+
+    def __init__(self) -> None:
+        self._shown = 0
+
+    def __call__(self, state: AssistantState) -> None:
+        self._shown = min(self._shown, len(state.messages))
+        for message in state.messages[self._shown :]:
+            for call in message.tool_calls:
+                try:
+                    arguments = preview(jsontext.parse(call.arguments_json))
+                except jsontext.NotPlainJson:
+                    arguments = "(not JSON)"
+                say(f"  → {call.name} {arguments}")
+            if message.role is Role.TOOL and message.call is not None and message.result is not None:
+                result = message.result
+                if result.code is None:
+                    say(f"  ← {message.call.name}: ok")
+                else:
+                    say(f"  ← {message.call.name}: {describe_error(AssistantError(result.code))}")
+        self._shown = len(state.messages)
+
+
+async def run(args: argparse.Namespace) -> int:
+    try:
+        endpoint = ModelEndpoint.from_env(args.model_url, args.model, args.model_api_key, args.model_timeout)
+        limits = TurnLimits(max_rounds=args.max_rounds, system_prompt=args.system)
+    except ValueError as exc:
+        print(f"toolmesh chat: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    services = ToolServices.from_env(
+        args.registry, args.invocation, tls=args.tls, require_tls=args.require_tls
+    )
+    lines = Lines(sys.stdin)
+
+    async def confirm(request: ConfirmationRequest) -> bool:
+        answer = await lines.read(
+            f"  ? {request.tool.name} {preview(request.arguments)} needs your confirmation. Run it? [y/N] ",
+            fresh=True,
+        )
+        return answer is not None and answer.strip().lower() in {"y", "yes"}
+
+    assistant = Assistant.connect(
+        args.thread_id, model=endpoint, services=services, confirm=confirm, limits=limits
+    )
+    assistant.subscribe(Transcript())
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        # Ctrl-C stops the running turn; with none running, it leaves.
+        if not assistant.cancel():
+            lines.close()
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    say(f"toolmesh chat: thread {args.thread_id}, model {endpoint.model}. {HELP}")
+    try:
+        while (line := await lines.read("you> ")) is not None:
+            text = line.strip()
+            if text == "/quit":
+                break
+            if text == "/clear":
+                assistant.clear()
+                say("(conversation cleared)")
+            elif text:
+                try:
+                    say(f"assistant> {await assistant.send(text)}")
+                except AssistantError as error:
+                    say(f"! {describe_error(error)}")
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        await assistant.dispose()
+    say("")
+    return 0
