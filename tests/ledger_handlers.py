@@ -25,4 +25,4 @@ async def count(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"key": args["key"], "runs": len(runs(args["key"])), "servedBy": os.getpid()}
 
 
-HANDLERS = {"count": count, "count_read_only": count}
+HANDLERS = {"count": count, "count_short": count, "count_read_only": count}

@@ -202,7 +202,7 @@ async def test_up_starts_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         stderr=asyncio.subprocess.PIPE,
     )
     assert host.stderr is not None
-    while b"connected" not in await asyncio.wait_for(host.stderr.readline(), 20):
+    while b"host ready" not in await asyncio.wait_for(host.stderr.readline(), 20):
         pass
     code, out, _ = await run_cli(
         "tool-call", "--thread-id", "up-test", "--tool", "echo", "--args", "{}", env=env

@@ -126,8 +126,8 @@ async def test_raising_handler_is_compact_and_host_survives(
     assert failure.details == {"tool": "boom", "exception": "RuntimeError"}
     assert "hunter2" not in json.dumps(failure.details) + failure.message
     # Logged locally with correlation ids, and the host keeps serving.
-    line = await e2e_host.wait_for_line("TOOL_HANDLER_ERROR tool=boom")
-    assert "turn_id=turn-1" in line
+    record = await e2e_host.wait_for_log(msg="host error", code="TOOL_HANDLER_ERROR", tool_name="boom")
+    assert record["turn_id"] == "turn-1" and record["detail"] == "RuntimeError"
     assert (await call(client, "echo", {"n": 1})).outcome is not None
 
 
@@ -150,10 +150,10 @@ async def test_late_result_gets_submit_tool_result_failed(
 ) -> None:
     result = await call(client, "slow_sync", {"seconds": 0.8, "marker": "late1"})
     assert failure_of(result).code == "TOOL_TIMEOUT"
-    line = await e2e_host.wait_for_line(
-        f"SUBMIT_TOOL_RESULT_FAILED tool=slow_sync tool_request_id={result.tool_request_id}"
+    record = await e2e_host.wait_for_log(
+        msg="host error", code="SUBMIT_TOOL_RESULT_FAILED", tool_request_id=result.tool_request_id or ""
     )
-    assert "cause=REQUEST_ENDED" in line
+    assert record["cause"] == "REQUEST_ENDED" and record["tool_name"] == "slow_sync"
     # The handler learned it was cancelled while it ran.
     assert (marker_dir / "sync-finished-late1").read_text() == "True"
 
@@ -167,8 +167,8 @@ async def test_non_json_result_is_a_clear_error(
     assert failure.code == "TOOL_RESULT_INVALID"
     assert failure.details["reason"] == "not_json"
     assert failure.details["path"] in {"$.value", "$.value[0]"}
-    line = await e2e_host.wait_for_line(f"tool_request_id={result.tool_request_id}")
-    assert "SUBMIT_TOOL_RESULT_FAILED" in line and "cause=RESULT_NOT_JSON" in line
+    record = await e2e_host.wait_for_log(msg="host error", tool_request_id=result.tool_request_id or "")
+    assert record["code"] == "SUBMIT_TOOL_RESULT_FAILED" and record["cause"] == "RESULT_NOT_JSON"
     assert (await call(client, "echo")).outcome is not None  # the host is still alive
 
 

@@ -25,12 +25,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SESSION = "ledger"
 TOOLS = [
-    ToolSpec("count", "Counts its runs (a side effect)", '{"type": "object"}', timeout_ms=3000),
+    ToolSpec("count", "Counts its runs (a side effect)", '{"type": "object"}', timeout_ms=10_000),
+    ToolSpec("count_short", "Counts its runs, short deadline", '{"type": "object"}', timeout_ms=1000),
     ToolSpec(
         "count_read_only",
         "Counts its runs, declared read-only",
         '{"type": "object"}',
-        timeout_ms=3000,
+        timeout_ms=10_000,
         annotations=ToolAnnotations(read_only=True),
     ),
 ]
@@ -87,13 +88,13 @@ async def test_cli_gives_up_then_exact_retry_joins(
     ledger_system: LocalSystem, host: HostProcess, marker_dir: Path, cli_env: dict[str, str]
 ) -> None:
     env = dict(cli_env, TOOLMESH_INVOCATION_ADDR=ledger_system.invocation_target)
-    args = '{"key": "cli-join", "sleep": 1.5}'
+    args = '{"key": "cli-join", "sleep": 4}'
     code, out, _ = await run_cli(
         "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "0.3", env=env
     )
     assert code == 75 and json.loads(out)["outcomeReceived"] is False
     # The same call, spelled differently: key order, spacing, number form.
-    retry = '{ "sleep": 15e-1,"key":"cli-join" }'
+    retry = '{ "sleep": 4.0e0,"key":"cli-join" }'
     code, out, _ = await run_cli(
         "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", retry, env=env
     )
@@ -150,11 +151,11 @@ async def test_idempotency_key_returns_the_same_outcome(client: InvocationClient
 
 
 async def test_received_timeout_ends_the_invocation(client: InvocationClient, marker_dir: Path) -> None:
-    first = await count(client, "timeout", 3.5)
+    first = await client.invoke(SESSION, "count_short", {"key": "timeout", "sleep": 1.5}, turn_id="turn")
     assert first.outcome is not None and first.outcome.code == "TOOL_TIMEOUT"
     record = await client.get_invocation(first.tool_request_id or "")
     assert record.state == invocation_pb2.INVOCATION_STATE_TIMED_OUT and record.delivered
-    second = await count(client, "timeout", 0)
+    second = await client.invoke(SESSION, "count_short", {"key": "timeout", "sleep": 0}, turn_id="turn")
     assert second.tool_request_id != first.tool_request_id
     assert result_of(second)["runs"] == 2
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-import sys
+import os
 
 import grpc
 import pytest
@@ -12,6 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from toolmesh.server.system import LocalSystem
+from toolmesh_testing import start_service_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -42,21 +41,10 @@ async def test_health_and_reflection(system: LocalSystem, name: str) -> None:
 
 @pytest.mark.parametrize("service", ["registry", "bridge"])
 async def test_service_process_stops_gracefully_on_sigterm(service: str) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        f"toolmesh.{service}",
-        "--listen",
-        "127.0.0.1:0",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None and process.stderr is not None
-    line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
-    port = int(line.rsplit(" ", 1)[1])
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    running = await start_service_process(service, env=dict(os.environ))
+    async with grpc.aio.insecure_channel(running.target) as channel:
         response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert response.status == health_pb2.HealthCheckResponse.SERVING
-    process.send_signal(signal.SIGTERM)
-    assert await asyncio.wait_for(process.wait(), 15) == 0
-    assert b"stopping" in await process.stderr.read()
+    await running.stop()
+    assert running.process.returncode == 0
+    assert any('"msg": "stopping"' in line for line in running.output)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 TESTS = Path(__file__).resolve().parent
 
@@ -18,16 +21,24 @@ class HostProcess:
     stderr_lines: list[str] = field(default_factory=list)
     _reader: asyncio.Task[None] | None = None
 
-    async def wait_for_line(self, needle: str, timeout: float = 10.0) -> str:
-        async def scan() -> str:
-            seen = 0
+    def logs(self) -> list[dict[str, Any]]:
+        """The host's JSON log records so far."""
+        records = []
+        for line in self.stderr_lines:
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+        return records
+
+    async def wait_for_log(self, timeout: float = 10.0, **fields: str) -> dict[str, Any]:
+        """The first JSON log record whose fields include `fields`."""
+
+        async def scan() -> dict[str, Any]:
             while True:
-                for line in self.stderr_lines[seen:]:
-                    if needle in line:
-                        return line
-                seen = len(self.stderr_lines)
-                if self.process.returncode is not None and self._reader is not None and self._reader.done():
-                    raise AssertionError(f"host exited before printing {needle!r}: {self.stderr_lines}")
+                for record in self.logs():
+                    if all(record.get(key) == value for key, value in fields.items()):
+                        return record
+                if self._reader is not None and self._reader.done():
+                    raise AssertionError(f"host exited without logging {fields}: {self.stderr_lines}")
                 await asyncio.sleep(0.02)
 
         return await asyncio.wait_for(scan(), timeout)
@@ -50,9 +61,9 @@ class HostProcess:
 
 
 async def start_host_process(
-    bridge_target: str, thread_id: str, handlers: str, marker_dir: Path
+    bridge_target: str, thread_id: str, handlers: str, marker_dir: Path, env: dict[str, str] | None = None
 ) -> HostProcess:
-    env = dict(os.environ, TOOLMESH_TEST_MARKERS=str(marker_dir))
+    env = dict(env or os.environ, TOOLMESH_TEST_MARKERS=str(marker_dir))
     process = await asyncio.create_subprocess_exec(
         *toolmesh_command(),
         "host",
@@ -75,7 +86,7 @@ async def start_host_process(
             host.stderr_lines.append(line.decode(errors="replace"))
 
     host._reader = asyncio.create_task(read())
-    await host.wait_for_line("toolmesh host: connected", timeout=20)
+    await host.wait_for_log(msg="host ready", timeout=20)
     return host
 
 
@@ -95,3 +106,55 @@ async def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> tup
     stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
     assert process.returncode is not None
     return process.returncode, stdout.decode(), stderr.decode()
+
+
+@dataclass
+class ServiceProcess:
+    process: asyncio.subprocess.Process
+    port: int
+    output: list[str] = field(default_factory=list)
+    _reader: asyncio.Task[None] | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(self.process.wait(), 15)
+        if self._reader is not None:
+            await self._reader
+
+
+async def start_service_process(service: str, *args: str, env: dict[str, str]) -> ServiceProcess:
+    """`python -m toolmesh.<service> --listen 127.0.0.1:0 ...`, with its port and all it prints."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        f"toolmesh.{service}",
+        "--listen",
+        "127.0.0.1:0",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    output: list[str] = []
+    while True:
+        line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
+        if not line:
+            raise AssertionError(f"{service} exited: {output}")
+        output.append(line)
+        if "listening on port" in line:
+            break
+    running = ServiceProcess(process, int(line.rsplit(" ", 1)[1]), output)
+
+    async def read() -> None:
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            output.append(raw.decode(errors="replace"))
+
+    running._reader = asyncio.create_task(read())
+    return running

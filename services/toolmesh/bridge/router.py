@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from toolmesh.core import jsontext
+from toolmesh.core import jsontext, telemetry
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_RESULT_BYTES
@@ -26,6 +26,10 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 
 log = logging.getLogger("toolmesh.bridge")
+
+CONNECTED_HOSTS = telemetry.METER.create_up_down_counter(
+    "toolmesh.bridge.hosts", unit="{host}", description="Handler hosts connected to this bridge"
+)
 
 
 class EndReason(enum.Enum):
@@ -140,6 +144,7 @@ class Router:
         )
         self._hosts[host.host_session_id] = host
         self._by_session.setdefault(session_id, []).append(host)
+        CONNECTED_HOSTS.add(1)
         log.info(
             "host connected",
             extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
@@ -157,6 +162,7 @@ class Router:
         if host.closed:
             return
         host.closed = True
+        CONNECTED_HOSTS.add(-1)
         self._hosts.pop(host.host_session_id, None)
         peers = self._by_session.get(host.session_id, [])
         if host in peers:
@@ -235,6 +241,7 @@ class Router:
         pending = PendingRequest(request, None, asyncio.get_running_loop().create_future())
         self._pending[request_id] = pending
         started = time.monotonic()
+        log.debug("dispatching", extra={"host_session_id": host.host_session_id})
         self._deliver(pending, host)
         try:
             await asyncio.wait({pending.result}, timeout=request.timeout_ms / 1000)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from toolmesh.bridge.router import Cancellation, EndReason, Heartbeat, Router
+from toolmesh.core import telemetry
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import Service
@@ -53,13 +55,18 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
         outcome = outcome_from_pb(request.outcome)
+        telemetry.record_outcome(outcome)
         self._router.submit(request.host_session_id, request.tool_request_id, outcome)
         return bridge_pb2.SubmitToolResultResponse()
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext
     ) -> bridge_pb2.DispatchToolRequestResponse:
-        outcome = await self._router.dispatch(request_from_pb(request.request))
+        # The host's span becomes a child of this one: the stream carries no
+        # metadata, so the context travels inside the request.
+        tool_request = replace(request_from_pb(request.request), trace_context=telemetry.inject())
+        outcome = await self._router.dispatch(tool_request)
+        telemetry.record_outcome(outcome)
         return bridge_pb2.DispatchToolRequestResponse(outcome=outcome_to_pb(outcome))
 
 

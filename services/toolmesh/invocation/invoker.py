@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
-from toolmesh.core import jsontext
+from opentelemetry import trace
+
+from toolmesh.core import jsontext, telemetry
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
@@ -16,6 +19,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.ledger import InvocationRecord, Ledger
+from toolmesh.invocation.observability import attaching, observe, running
 from toolmesh.invocation.ports import Dispatcher, ToolCatalog
 
 log = logging.getLogger("toolmesh.invocation")
@@ -116,6 +120,16 @@ class Invoker:
         check_envelope(call)
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
+        started = time.monotonic()
+        with telemetry.correlation(
+            session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name
+        ):
+            invocation = await self._invoke(call, idempotency_key)
+            trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, invocation.tool_request_id)
+            observe(call.tool_name, invocation.tool_request_id, invocation.outcome, started)
+        return invocation
+
+    async def _invoke(self, call: ToolCall, idempotency_key: str) -> Invocation:
         tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
@@ -126,39 +140,45 @@ class Invoker:
         invalid = check_arguments(tool, call.arguments_json)
         if invalid is not None:
             return Invocation(tool_request_id, invalid)
-        claim = await self.ledger.claim(call, tool_request_id, tool.effective_timeout_ms, idempotency_key)
+        claim = await self.ledger.claim(
+            call, tool_request_id, tool.effective_timeout_ms, idempotency_key, telemetry.inject()
+        )
         record = claim.record
-        if claim.is_new:
-            request = ToolRequest(
-                session_id=call.session_id,
-                turn_id=call.turn_id,
-                tool_request_id=tool_request_id,
-                tool_name=call.tool_name,
-                arguments_json=call.arguments_json,
-                timeout_ms=tool.effective_timeout_ms,
-                redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
-            )
-            task = asyncio.create_task(self._run(request))
-            self._running[tool_request_id] = task
-            task.add_done_callback(lambda _: self._running.pop(tool_request_id, None))
-            return Invocation(tool_request_id, await asyncio.shield(task))
-        if record.outcome is not None:
-            log.info(
-                "replayed", extra={"tool_request_id": record.tool_request_id, "session_id": call.session_id}
-            )
-            return Invocation(record.tool_request_id, record.outcome, replayed=True)
-        log.info("joined", extra={"tool_request_id": record.tool_request_id, "session_id": call.session_id})
-        return Invocation(record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True)
+        with telemetry.correlation(tool_request_id=record.tool_request_id):
+            if claim.is_new:
+                request = ToolRequest(
+                    session_id=call.session_id,
+                    turn_id=call.turn_id,
+                    tool_request_id=tool_request_id,
+                    tool_name=call.tool_name,
+                    arguments_json=call.arguments_json,
+                    timeout_ms=tool.effective_timeout_ms,
+                    redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
+                )
+                task = asyncio.create_task(self._run(request))
+                self._running[tool_request_id] = task
+                task.add_done_callback(lambda _: self._running.pop(tool_request_id, None))
+                return Invocation(tool_request_id, await asyncio.shield(task))
+            if record.outcome is not None:
+                with attaching(record, "replayed"):
+                    log.info("replayed an unconfirmed outcome")
+                    return Invocation(record.tool_request_id, record.outcome, replayed=True)
+            with attaching(record, "joined"):
+                log.info("joined a running invocation")
+                return Invocation(
+                    record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
+                )
 
     async def _run(self, request: ToolRequest) -> Outcome:
-        try:
-            outcome = await self._dispatcher.dispatch(request)
-        except ToolmeshError as error:
-            # The bridge could not be reached: record why, but let an exact retry run anew.
-            await self.ledger.finish(
-                request.tool_request_id, Outcome.runtime_error(error.code), replayable=False
-            )
-            raise
+        with running():
+            try:
+                outcome = await self._dispatcher.dispatch(request)
+            except ToolmeshError as error:
+                # The bridge could not be reached: record why, but let an exact retry run anew.
+                await self.ledger.finish(
+                    request.tool_request_id, Outcome.runtime_error(error.code), replayable=False
+                )
+                raise
         await self.ledger.finish(request.tool_request_id, outcome)
         return outcome
 

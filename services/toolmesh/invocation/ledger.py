@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolmesh.core import jsontext
@@ -67,6 +67,8 @@ class InvocationRecord:
     delivered: bool = False
     finished_at: float | None = None
     idempotency_key: str = ""
+    # W3C trace context of the first call, so joined and replayed calls can link to it.
+    trace_context: dict[str, str] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -113,6 +115,7 @@ def _encode(record: InvocationRecord) -> bytes:
             "delivered": record.delivered,
             "finished": record.finished_at,
             "idem": record.idempotency_key,
+            "trace": record.trace_context,
         },
         separators=(",", ":"),
     ).encode()
@@ -132,6 +135,7 @@ def _decode(raw: bytes) -> InvocationRecord:
         delivered=data["delivered"],
         finished_at=data["finished"],
         idempotency_key=data["idem"],
+        trace_context=data["trace"],
     )
 
 
@@ -167,7 +171,14 @@ class Ledger:
         stored = await self._store.get(self._record_key(tool_request_id))
         return None if stored is None else _decode(stored.value)
 
-    async def claim(self, call: ToolCall, new_id: str, timeout_ms: int, idempotency_key: str = "") -> Claim:
+    async def claim(
+        self,
+        call: ToolCall,
+        new_id: str,
+        timeout_ms: int,
+        idempotency_key: str = "",
+        trace_context: dict[str, str] | None = None,
+    ) -> Claim:
         """Register `call` as invocation `new_id`, unless an identical one should be joined or replayed."""
         identity = identity_of(call) or f"{call.session_id}:{call.tool_name}:unique:{new_id}"
         if idempotency_key:
@@ -187,6 +198,7 @@ class Ledger:
             state=InvocationState.RUNNING,
             created_at=self._clock(),
             idempotency_key=idempotency_key,
+            trace_context=trace_context or {},
         )
         running_ttl = timeout_ms / 1000 + self.policy.running_grace_s
         await self._store.put(self._record_key(new_id), _encode(record), ttl_s=running_ttl)

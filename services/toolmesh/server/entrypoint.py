@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 
 from toolmesh.client.config import DEFAULT_PORTS, address
+from toolmesh.core import telemetry
+from toolmesh.core.logs import configure_logging
 from toolmesh.server.runtime import RunningServer, serve_until_signalled
 
 
@@ -27,14 +28,18 @@ def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Nam
 
 def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
     """Start the service, print its port (so a parent process can read it), serve until signalled."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(f"toolmesh-{service}")
+    telemetry.configure(f"toolmesh-{service}")
 
     async def main() -> None:
         server = await start()
         print(f"toolmesh {service} listening on port {server.port}", flush=True)
         await serve_until_signalled([server])
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        telemetry.shutdown()
 
 
 def dependency_address(args: argparse.Namespace, service: str) -> str:

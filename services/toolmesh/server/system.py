@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
+from toolmesh.core.channels import open_channel
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.remote import RemoteCatalog, RemoteDispatcher
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.catalog import Registry
 from toolmesh.registry.servicer import registry_service
-from toolmesh.server.channels import open_channel
 from toolmesh.server.runtime import RunningServer, start_server
 from toolmesh.store.base import Store
 from toolmesh.store.memory import InMemoryStore

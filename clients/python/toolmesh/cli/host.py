@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import logging
 import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from toolmesh.cli.logs import configure_logging
 from toolmesh.cli.output import EXIT_USAGE
 from toolmesh.client.config import address
 from toolmesh.host import HostError, ToolHost
 
 GENERIC_KEY = "*"
+log = logging.getLogger("toolmesh.cli.host")
 
 
 def add_parser(commands: Any) -> None:
@@ -44,18 +45,21 @@ def load_handlers(spec: str) -> Mapping[str, Any]:
     return handlers
 
 
-def _print_error(error: HostError) -> None:
-    cause = f" cause={error.cause}" if error.cause else ""
-    print(
-        f"toolmesh host: {error.code.value} tool={error.tool_name} tool_request_id={error.tool_request_id}"
-        f" turn_id={error.turn_id}{cause}: {error.message}",
-        file=sys.stderr,
-        flush=True,
+def _log_error(error: HostError) -> None:
+    log.error(
+        "host error",
+        extra={
+            "code": error.code.value,
+            "cause": error.cause,
+            "tool_name": error.tool_name,
+            "tool_request_id": error.tool_request_id,
+            "turn_id": error.turn_id,
+            "detail": error.message,
+        },
     )
 
 
 async def run(args: argparse.Namespace) -> int:
-    configure_logging()
     try:
         handlers = load_handlers(args.handlers)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -67,7 +71,7 @@ async def run(args: argparse.Namespace) -> int:
             host.on_any(handler)
         else:
             host.on_tool(name, handler)
-    host.on_error(_print_error)
+    host.on_error(_log_error)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -76,11 +80,13 @@ async def run(args: argparse.Namespace) -> int:
     waiter = asyncio.create_task(host.wait_connected())
     await asyncio.wait({waiter, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if host.connected:
-        print(
-            f"toolmesh host: connected thread={args.thread_id} host_session={host.host_session_id}"
-            f" tools={','.join(sorted(handlers))}",
-            file=sys.stderr,
-            flush=True,
+        log.info(
+            "host ready",
+            extra={
+                "thread_id": args.thread_id,
+                "host_session_id": host.host_session_id,
+                "tools": ",".join(sorted(handlers)),
+            },
         )
     await stop.wait()
     await host.stop()

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from toolmesh.cli import call, chat, host, invocations, tools, up
+from toolmesh.core import telemetry
+from toolmesh.core.logs import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,12 +26,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The service name each command reports in logs and traces.
+_SERVICE_NAMES = {"up": "toolmesh", "host": "toolmesh-host"}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    service = _SERVICE_NAMES.get(args.command, "toolmesh-cli")
+    configure_logging(service, None if args.command in _SERVICE_NAMES else "WARNING")
+    telemetry.configure(service)
     try:
         code = asyncio.run(args.run(args))
     except KeyboardInterrupt:
         code = 130
+    finally:
+        telemetry.shutdown()
     sys.exit(code)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from toolmesh.cli.logs import configure_logging
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.server.runtime import serve_until_signalled
 from toolmesh.server.system import start_local_system
@@ -24,7 +23,6 @@ def add_parser(commands: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    configure_logging()
     system = await start_local_system(
         host=args.host,
         registry_port=args.registry_port,

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from toolmesh.core import jsontext
+from toolmesh.core import jsontext, telemetry
+from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.core.rpcstatus import error_code
@@ -77,7 +79,7 @@ class CallResult:
 class InvocationClient:
     def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
         self._own_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(target)
+        self._channel = channel or open_channel(target)
         self._stub = invocation_pb2_grpc.InvocationServiceStub(self._channel)
 
     async def invoke(
@@ -113,6 +115,24 @@ class InvocationClient:
             arguments_json=text,
             idempotency_key=idempotency_key,
         )
+        with (
+            telemetry.TRACER.start_as_current_span("toolmesh.call_tool", kind=SpanKind.CLIENT) as span,
+            telemetry.correlation(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
+        ):
+            result = await self._call(request, timeout)
+            if result.tool_request_id:
+                span.set_attribute(telemetry.TOOL_REQUEST_ID, result.tool_request_id)
+            if result.outcome is None:
+                span.set_attribute(telemetry.OUTCOME_CODE, (result.code or Code.TRANSPORT_FAILED).value)
+                span.set_status(Status(StatusCode.ERROR, "no outcome"))
+                return result
+            telemetry.record_outcome(result.outcome)
+            if confirm_delivery and result.tool_request_id:
+                with telemetry.correlation(tool_request_id=result.tool_request_id):
+                    await self.confirm_delivery(result.tool_request_id)
+            return result
+
+    async def _call(self, request: invocation_pb2.InvokeToolRequest, timeout: float | None) -> CallResult:
         try:
             response = await self._stub.InvokeTool(request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
@@ -122,8 +142,6 @@ class InvocationClient:
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
             return CallResult(None, None, code or Code.TRANSPORT_FAILED, error.details() or "")
-        if confirm_delivery:
-            await self.confirm_delivery(response.tool_request_id)
         return CallResult(
             response.tool_request_id,
             outcome_from_pb(response.outcome),

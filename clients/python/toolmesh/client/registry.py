@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
+from toolmesh.core.channels import open_channel
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.core.wire import tool_from_pb, tool_to_pb
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
@@ -14,7 +15,7 @@ from toolmesh.v1 import registry_pb2, registry_pb2_grpc
 class RegistryClient:
     def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
         self._own_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(target)
+        self._channel = channel or open_channel(target)
         self._stub = registry_pb2_grpc.RegistryServiceStub(self._channel)
 
     async def put_tools(

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
+from toolmesh.core import telemetry
+from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import Code
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
@@ -54,11 +58,6 @@ class _ActiveCall:
     cancellable: bool
 
 
-_CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
 
@@ -75,7 +74,7 @@ class ToolHost:
         self.session_id = session_id
         self.host_name = host_name or f"{socket.gethostname()}:python"
         self._own_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(bridge_target, options=_CHANNEL_OPTIONS)
+        self._channel = channel or open_channel(bridge_target)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
         self._handlers: dict[str, Handler] = {}
         self._generic: Handler | None = None
@@ -198,7 +197,9 @@ class ToolHost:
             deadline=time.monotonic() + request.timeout_ms / 1000,
         )
         handler = self._handlers.get(ctx.tool_name) or self._generic
-        task = asyncio.create_task(self._serve(handler, request.arguments_json, ctx, host_session_id))
+        task = asyncio.create_task(
+            self._serve(handler, request.arguments_json, ctx, host_session_id, dict(request.trace_context))
+        )
         # Async handlers are cancelled on the runtime's word; a sync handler's
         # thread cannot be, so it finishes and its late result is refused.
         self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, inspect.iscoroutinefunction(handler))
@@ -215,10 +216,32 @@ class ToolHost:
             active.task.cancel()
 
     async def _serve(
-        self, handler: Handler | None, arguments_json: str, ctx: ToolContext, host_session_id: str
+        self,
+        handler: Handler | None,
+        arguments_json: str,
+        ctx: ToolContext,
+        host_session_id: str,
+        trace_context: dict[str, str],
     ) -> None:
-        outcome = await self._execute(handler, arguments_json, ctx)
-        if outcome is not None:
+        # The invocation's trace continues here: the request carried its context.
+        parent = telemetry.extract(trace_context)
+        with (
+            telemetry.TRACER.start_as_current_span(
+                "toolmesh.host.handle", context=parent, kind=SpanKind.SERVER
+            ),
+            telemetry.correlation(
+                session_id=ctx.session_id,
+                turn_id=ctx.turn_id,
+                tool_request_id=ctx.tool_request_id,
+                tool_name=ctx.tool_name,
+            ),
+        ):
+            log.debug("handling tool request")
+            outcome = await self._execute(handler, arguments_json, ctx)
+            if outcome is None:
+                trace.get_current_span().set_attribute("toolmesh.cancelled", True)
+                return
+            telemetry.record_outcome(outcome)
             await self._submit(outcome, ctx, host_session_id)
 
     async def _execute(

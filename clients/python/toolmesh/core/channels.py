@@ -1,14 +1,16 @@
-"""Client channels between toolmesh processes."""
+"""Client channels to toolmesh services, traced, with keepalive and message limits."""
 
 from __future__ import annotations
 
 import grpc
 
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
+from toolmesh.core.telemetry import client_interceptors
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Notice a dead peer on long-lived streams even when nothing is sent.
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -16,4 +18,4 @@ CHANNEL_OPTIONS = [
 
 
 def open_channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=client_interceptors())

@@ -1,0 +1,168 @@
+"""OpenTelemetry for every toolmesh process: traces, metrics, correlation ids.
+
+Correlation ids travel as W3C baggage entries named `toolmesh.*` (through gRPC
+metadata on unary calls, and inside ToolRequest.trace_context across the
+bridge stream). A span processor copies them onto every span as attributes,
+so each span of a call (caller, invocation, registry, bridge, handler host)
+carries the same `toolmesh.session_id`, `toolmesh.turn_id`,
+`toolmesh.tool_request_id` and `toolmesh.tool_name`; spans that see the
+outcome add `toolmesh.outcome_code`.
+
+Export follows the standard OTEL_* environment variables: OTLP over gRPC when
+OTEL_EXPORTER_OTLP_ENDPOINT (or the _TRACES_/_METRICS_ variant) is set, nothing
+exported otherwise. OTEL_SDK_DISABLED=true turns the SDK off entirely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import baggage, context, metrics, propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor, filters
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from toolmesh.core.outcome import ErrorKind, Outcome
+
+PREFIX = "toolmesh."
+SESSION_ID = "toolmesh.session_id"
+TURN_ID = "toolmesh.turn_id"
+TOOL_REQUEST_ID = "toolmesh.tool_request_id"
+TOOL_NAME = "toolmesh.tool_name"
+OUTCOME_CODE = "toolmesh.outcome_code"
+JOINED = "toolmesh.joined"
+REPLAYED = "toolmesh.replayed"
+
+TRACER = trace.get_tracer("toolmesh")
+METER = metrics.get_meter("toolmesh")
+
+# The standard health and reflection services are not part of any tool call.
+_TRACED = filters.negate(filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection")))
+
+
+class CorrelationSpanProcessor(SpanProcessor):
+    """Copies `toolmesh.*` baggage entries onto every span as it starts."""
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        for key, value in baggage.get_all(parent_context).items():
+            if key.startswith(PREFIX):
+                span.set_attribute(key, str(value))
+
+    def on_end(self, span: ReadableSpan) -> None:
+        pass
+
+
+def _exporting(signal: str) -> bool:
+    if os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp").lower() == "none":
+        return False
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    )
+
+
+def configure(
+    service_name: str,
+    *,
+    span_exporters: Sequence[SpanExporter] = (),
+    metric_readers: Sequence[MetricReader] = (),
+) -> None:
+    """Install the SDK for this process (once; later calls change nothing).
+
+    Spans are always created, so logs carry trace ids and context propagates;
+    they are exported only when an OTLP endpoint is configured (or exporters
+    are given, as tests do).
+    """
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return
+    if isinstance(trace.get_tracer_provider(), TracerProvider):
+        return
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(CorrelationSpanProcessor())
+    exporters = list(span_exporters)
+    if _exporting("TRACES"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+
+        exporters.append(OTLPSpanExporter())
+    for exporter in exporters:
+        tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(tracer_provider)
+    readers = list(metric_readers)
+    if _exporting("METRICS"):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    if readers:
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+
+
+def shutdown() -> None:
+    """Flush and stop exporters; call before a process exits."""
+    provider: Any = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.shutdown()
+    meter_provider: Any = metrics.get_meter_provider()
+    if isinstance(meter_provider, MeterProvider):
+        meter_provider.shutdown()
+
+
+def server_interceptors() -> list[Any]:
+    return [aio_server_interceptor(filter_=_TRACED)]  # type: ignore[no-untyped-call]
+
+
+def client_interceptors() -> list[Any]:
+    return list(aio_client_interceptors(filter_=_TRACED))  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def correlation(**ids: str) -> Iterator[None]:
+    """Make ids (session_id=..., turn_id=...) the current `toolmesh.*` baggage and current span attributes."""
+    ctx = context.get_current()
+    span = trace.get_current_span()
+    for name, value in ids.items():
+        if value:
+            ctx = baggage.set_baggage(PREFIX + name, value, ctx)
+            span.set_attribute(PREFIX + name, value)
+    token = context.attach(ctx)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def correlation_ids(ctx: Context | None = None) -> dict[str, str]:
+    """The current `toolmesh.*` baggage, without the prefix (for logs)."""
+    return {
+        key.removeprefix(PREFIX): str(value)
+        for key, value in baggage.get_all(ctx).items()
+        if key.startswith(PREFIX)
+    }
+
+
+def inject() -> dict[str, str]:
+    """The current trace context and baggage as a carrier for a message."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def extract(carrier: Mapping[str, str]) -> Context:
+    return propagate.extract(dict(carrier))
+
+
+def record_outcome(outcome: Outcome, span: trace.Span | None = None) -> None:
+    """Put the outcome code on the span; runtime errors (not domain errors) mark it as an error."""
+    target = span or trace.get_current_span()
+    target.set_attribute(OUTCOME_CODE, outcome.code)
+    failure = outcome.failure
+    if failure is not None and failure.kind is ErrorKind.RUNTIME:
+        target.set_status(Status(StatusCode.ERROR, failure.code))

@@ -1,0 +1,70 @@
+"""What the invocation service tells operators: span attributes, links and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+from opentelemetry import trace
+from opentelemetry.trace import Link
+
+from toolmesh.core import telemetry
+from toolmesh.core.outcome import ErrorKind, Outcome
+from toolmesh.invocation.ledger import InvocationRecord
+
+log = logging.getLogger("toolmesh.invocation")
+
+CALLS = telemetry.METER.create_counter(
+    "toolmesh.invocations", unit="{call}", description="Tool calls by tool and outcome code"
+)
+DURATION = telemetry.METER.create_histogram(
+    "toolmesh.invocation.duration", unit="s", description="Time from InvokeTool to its outcome"
+)
+IN_FLIGHT = telemetry.METER.create_up_down_counter(
+    "toolmesh.invocations.in_flight", unit="{invocation}", description="Invocations running in this process"
+)
+ATTACHED = telemetry.METER.create_counter(
+    "toolmesh.invocations.attached", unit="{call}", description="Calls that joined or replayed an invocation"
+)
+
+
+def observe(tool_name: str, tool_request_id: str, outcome: Outcome, started: float) -> None:
+    """Span, metrics and one log line per call; the log carries ids and the code, never data."""
+    elapsed = time.monotonic() - started
+    telemetry.record_outcome(outcome)
+    attributes = {"toolmesh.tool_name": tool_name, "toolmesh.outcome_code": outcome.code}
+    CALLS.add(1, attributes)
+    DURATION.record(elapsed, attributes)
+    failed_in_runtime = outcome.failure is not None and outcome.failure.kind is ErrorKind.RUNTIME
+    log.log(
+        logging.INFO if failed_in_runtime else logging.DEBUG,
+        "tool call ended",
+        extra={
+            "tool_request_id": tool_request_id,
+            "code": outcome.code,
+            "duration_ms": round(elapsed * 1000, 2),
+        },
+    )
+
+
+@contextlib.contextmanager
+def attaching(record: InvocationRecord, how: str) -> Iterator[None]:
+    """A span for a call that joined or replayed `record`, linked to the original invocation's span."""
+    original = trace.get_current_span(telemetry.extract(record.trace_context)).get_span_context()
+    links = [Link(original, {"toolmesh.link": "original_invocation"})] if original.is_valid else []
+    ATTACHED.add(1, {"toolmesh.tool_name": record.tool_name, "kind": how})
+    trace.get_current_span().set_attribute(f"toolmesh.{how}", True)
+    with telemetry.TRACER.start_as_current_span(f"toolmesh.{how}", links=links) as span:
+        span.set_attribute(f"toolmesh.{how}", True)
+        yield
+
+
+@contextlib.contextmanager
+def running() -> Iterator[None]:
+    IN_FLIGHT.add(1)
+    try:
+        yield
+    finally:
+        IN_FLIGHT.add(-1)

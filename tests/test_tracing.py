@@ -1,0 +1,216 @@
+"""One trace per tool call, across every hop, with correlation ids and outcome codes; and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from toolmesh.client import CallResult, InvocationClient, RegistryClient
+from toolmesh.core import telemetry
+from toolmesh.core.tools import ToolSpec
+from toolmesh.host import ToolContext, ToolHost
+from toolmesh.server.system import LocalSystem, start_local_system
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SESSION = "traced"
+EXPORTER = InMemorySpanExporter()
+METRICS = InMemoryMetricReader()
+
+
+async def ok(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    await asyncio.sleep(float(args.get("sleep", 0)))
+    return {"fine": True}
+
+
+def domain(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    return {"error": {"code": "OUT_OF_STOCK", "message": "Nothing left."}}
+
+
+def broken(args: dict[str, Any], ctx: ToolContext) -> None:
+    raise ValueError("no")
+
+
+async def slow(args: dict[str, Any], ctx: ToolContext) -> None:
+    await asyncio.sleep(10)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def traced() -> AsyncIterator[tuple[LocalSystem, InvocationClient]]:
+    telemetry.configure("toolmesh-test", metric_readers=[METRICS])
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider), "another test configured tracing first"
+    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+    system = await start_local_system(heartbeat_s=0.5)
+    async with RegistryClient(system.registry_target) as registry:
+        await registry.put_tools(
+            SESSION,
+            [
+                ToolSpec(name, "", '{"type": "object"}', timeout_ms=300)
+                for name in ("ok", "domain", "broken", "slow")
+            ],
+        )
+    host = ToolHost(system.bridge_target, SESSION)
+    for name, handler in {"ok": ok, "domain": domain, "broken": broken, "slow": slow}.items():
+        host.on_tool(name, handler)
+    await host.start()
+    async with InvocationClient(system.invocation_target) as client:
+        yield system, client
+    await host.stop()
+    await system.stop(0.5)
+
+
+def spans_of(trace_id: int) -> list[ReadableSpan]:
+    return [
+        span for span in EXPORTER.get_finished_spans() if span.context and span.context.trace_id == trace_id
+    ]
+
+
+async def traced_call(
+    client: InvocationClient, tool: str, args: Any = None
+) -> tuple[CallResult, list[ReadableSpan]]:
+    result = await client.invoke(SESSION, tool, args or {}, turn_id=f"turn-{tool}")
+    await asyncio.sleep(0.3)  # let the host's span and the submit finish
+    roots = [
+        span
+        for span in EXPORTER.get_finished_spans()
+        if span.name == "toolmesh.call_tool"
+        and span.attributes
+        and span.attributes.get(telemetry.TOOL_REQUEST_ID) == result.tool_request_id
+    ]
+    assert len(roots) == 1 and roots[0].context is not None
+    return result, spans_of(roots[0].context.trace_id)
+
+
+EXPECTED_HOPS = {
+    "toolmesh.call_tool",
+    "/toolmesh.v1.InvocationService/InvokeTool",
+    "/toolmesh.v1.RegistryService/GetTool",
+    "/toolmesh.v1.BridgeService/DispatchToolRequest",
+    "toolmesh.host.handle",
+    "/toolmesh.v1.BridgeService/SubmitToolResult",
+}
+# The tool request id exists once the ledger has the call: the registry lookup and
+# the caller's InvokeTool span come before it (the caller's own span gets it from the response).
+BEFORE_ID = {
+    ("/toolmesh.v1.RegistryService/GetTool", "CLIENT"),
+    ("/toolmesh.v1.RegistryService/GetTool", "SERVER"),
+    ("/toolmesh.v1.InvocationService/InvokeTool", "CLIENT"),
+}
+# Spans that see the outcome carry its code.
+WITH_OUTCOME = {
+    ("toolmesh.call_tool", "CLIENT"),
+    ("/toolmesh.v1.InvocationService/InvokeTool", "SERVER"),
+    ("/toolmesh.v1.BridgeService/DispatchToolRequest", "SERVER"),
+    ("toolmesh.host.handle", "SERVER"),
+    ("/toolmesh.v1.BridgeService/SubmitToolResult", "SERVER"),
+}
+
+
+def check_one_trace(result: CallResult, spans: list[ReadableSpan], tool: str, code: str) -> None:
+    names = {span.name for span in spans}
+    assert names >= EXPECTED_HOPS, names
+    # Client and server span of each gRPC hop: the trace is connected through every process boundary.
+    for hop in EXPECTED_HOPS - {"toolmesh.call_tool", "toolmesh.host.handle"}:
+        kinds = {span.kind.name for span in spans if span.name == hop}
+        assert kinds == {"CLIENT", "SERVER"}, (hop, kinds)
+    ids = {span.context.span_id for span in spans if span.context}
+    orphans = [span.name for span in spans if span.parent is not None and span.parent.span_id not in ids]
+    assert orphans == []
+    for span in spans:
+        attributes = dict(span.attributes or {})
+        assert attributes[telemetry.SESSION_ID] == SESSION, span.name
+        assert attributes[telemetry.TURN_ID] == f"turn-{tool}", span.name
+        assert attributes[telemetry.TOOL_NAME] == tool, span.name
+        if (span.name, span.kind.name) not in BEFORE_ID:
+            assert attributes.get(telemetry.TOOL_REQUEST_ID) == result.tool_request_id, span.name
+        if (span.name, span.kind.name) in WITH_OUTCOME:
+            assert attributes.get(telemetry.OUTCOME_CODE) == code, span.name
+
+
+async def test_success_is_one_connected_trace(traced: Any) -> None:
+    result, spans = await traced_call(traced[1], "ok")
+    check_one_trace(result, spans, "ok", "OK")
+    assert all(span.status.status_code is not StatusCode.ERROR for span in spans)
+
+
+async def test_domain_error_is_not_a_span_error(traced: Any) -> None:
+    result, spans = await traced_call(traced[1], "domain")
+    check_one_trace(result, spans, "domain", "OUT_OF_STOCK")
+    assert all(span.status.status_code is not StatusCode.ERROR for span in spans)
+
+
+async def test_handler_error_marks_spans_as_errors(traced: Any) -> None:
+    result, spans = await traced_call(traced[1], "broken")
+    check_one_trace(result, spans, "broken", "TOOL_HANDLER_ERROR")
+    errored = {span.name for span in spans if span.status.status_code is StatusCode.ERROR}
+    assert {
+        "toolmesh.call_tool",
+        "toolmesh.host.handle",
+        "/toolmesh.v1.InvocationService/InvokeTool",
+    } <= errored
+
+
+async def test_timeout_trace_includes_the_cancelled_handler(traced: Any) -> None:
+    result, spans = await traced_call(traced[1], "slow")
+    assert result.outcome is not None and result.outcome.code == "TOOL_TIMEOUT"
+    handle = [span for span in spans if span.name == "toolmesh.host.handle"]
+    assert len(handle) == 1 and (handle[0].attributes or {}).get("toolmesh.cancelled") is True
+    dispatch = [s for s in spans if s.name.endswith("DispatchToolRequest") and s.kind.name == "SERVER"]
+    assert (dispatch[0].attributes or {})[telemetry.OUTCOME_CODE] == "TOOL_TIMEOUT"
+    assert dispatch[0].status.status_code is StatusCode.ERROR
+
+
+async def test_joined_retry_links_to_the_original_invocation(traced: Any) -> None:
+    client: InvocationClient = traced[1]
+    first = asyncio.ensure_future(client.invoke(SESSION, "ok", {"sleep": 0.2}, turn_id="turn-ok"))
+    await asyncio.sleep(0.05)
+    second = await client.invoke(SESSION, "ok", {"sleep": 0.2}, turn_id="turn-ok")
+    original = await first
+    assert second.joined and second.tool_request_id == original.tool_request_id
+    await asyncio.sleep(0.2)
+    joined = [span for span in EXPORTER.get_finished_spans() if span.name == "toolmesh.joined"]
+    assert joined, "no span for the joined call"
+    span = joined[-1]
+    assert (span.attributes or {})[telemetry.TOOL_REQUEST_ID] == original.tool_request_id
+    originals = [
+        s
+        for s in EXPORTER.get_finished_spans()
+        if s.name == "/toolmesh.v1.InvocationService/InvokeTool"
+        and s.kind.name == "SERVER"
+        and (s.attributes or {}).get(telemetry.TOOL_REQUEST_ID) == original.tool_request_id
+        and not (s.attributes or {}).get(telemetry.JOINED)
+    ]
+    assert originals and originals[0].context is not None
+    assert [link.context.trace_id for link in span.links] == [originals[0].context.trace_id]
+
+
+async def test_metrics_count_calls_by_tool_and_outcome(traced: Any) -> None:
+    await traced_call(traced[1], "ok")
+    data = METRICS.get_metrics_data()
+    assert data is not None
+    points: dict[str, list[Any]] = {}
+    for resource_metrics in data.resource_metrics:
+        for scope in resource_metrics.scope_metrics:
+            for metric in scope.metrics:
+                points.setdefault(metric.name, []).extend(metric.data.data_points)
+    calls = {
+        (p.attributes["toolmesh.tool_name"], p.attributes["toolmesh.outcome_code"]): p.value
+        for p in points["toolmesh.invocations"]
+    }
+    assert calls[("ok", "OK")] >= 1
+    assert calls[("broken", "TOOL_HANDLER_ERROR")] >= 1
+    assert sum(p.count for p in points["toolmesh.invocation.duration"]) >= 4
+    assert [p.value for p in points["toolmesh.invocations.in_flight"]] == [0]
+    assert sum(p.value for p in points["toolmesh.invocations.attached"]) >= 1
+    assert [p.value for p in points["toolmesh.bridge.hosts"]] == [1]
