@@ -23,8 +23,8 @@ from toolmesh.assistant.config import ToolServices
 from toolmesh.assistant.errors import AssistantError
 from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
+from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSet
 from toolmesh.v1 import invocation_pb2, registry_pb2
@@ -32,14 +32,11 @@ from toolmesh.v1 import invocation_pb2, registry_pb2
 REGISTRY_SERVICE = registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name
 INVOCATION_SERVICE = invocation_pb2.DESCRIPTOR.services_by_name["InvocationService"].full_name
 PROBE_TIMEOUT_S = 5.0
-_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
 
 
-def open_channel(target: str, services: ToolServices) -> grpc.aio.Channel:
-    if services.tls:
-        credentials = grpc.ssl_channel_credentials(services.root_certificates)
-        return grpc.aio.secure_channel(target, credentials, options=_OPTIONS)
-    return grpc.aio.insecure_channel(target, options=_OPTIONS)
+def _channel(target: str, services: ToolServices) -> grpc.aio.Channel:
+    credentials = grpc.ssl_channel_credentials(services.root_certificates) if services.tls else None
+    return open_channel(target, credentials)
 
 
 class GrpcToolChannel:
@@ -47,8 +44,8 @@ class GrpcToolChannel:
         self._session_id = session_id
         self._services = services
         self._channels = {
-            REGISTRY_SERVICE: open_channel(services.registry, services),
-            INVOCATION_SERVICE: open_channel(services.invocation, services),
+            REGISTRY_SERVICE: _channel(services.registry, services),
+            INVOCATION_SERVICE: _channel(services.invocation, services),
         }
         self._registry = RegistryClient(services.registry, channel=self._channels[REGISTRY_SERVICE])
         self._invocation = InvocationClient(services.invocation, channel=self._channels[INVOCATION_SERVICE])

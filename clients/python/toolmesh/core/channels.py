@@ -17,5 +17,10 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(target: str) -> grpc.aio.Channel:
+def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
+    """A channel to `target`: TLS with `credentials`, plaintext without."""
+    if credentials is not None:
+        return grpc.aio.secure_channel(
+            target, credentials, options=CHANNEL_OPTIONS, interceptors=client_interceptors()
+        )
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
