@@ -104,10 +104,17 @@ def _json_type(value: object) -> str:
 
 
 class Invoker:
-    def __init__(self, catalog: ToolCatalog, dispatcher: Dispatcher, ledger: Ledger) -> None:
+    def __init__(
+        self, catalog: ToolCatalog, dispatcher: Dispatcher, ledger: Ledger, max_in_flight: int = 20_000
+    ) -> None:
         self._catalog = catalog
         self._dispatcher = dispatcher
         self.ledger = ledger
+        # Above this many calls waiting here, new ones are refused (OVERLOADED)
+        # rather than slowing every call down.
+        self._max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._stopping = False
         # Invocations this process runs. They go on when their caller leaves, so
         # that a caller whose own deadline passed can retry and join them.
         self._running: dict[str, asyncio.Task[Outcome]] = {}
@@ -120,7 +127,18 @@ class Invoker:
         check_envelope(call)
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
+        if self._stopping:
+            raise ToolmeshError(Code.SHUTTING_DOWN)
+        if self._in_flight >= self._max_in_flight:
+            raise ToolmeshError(Code.OVERLOADED, "", {"max_in_flight": str(self._max_in_flight)})
         started = time.monotonic()
+        self._in_flight += 1
+        try:
+            return await self._observed(call, idempotency_key, started)
+        finally:
+            self._in_flight -= 1
+
+    async def _observed(self, call: ToolCall, idempotency_key: str, started: float) -> Invocation:
         with telemetry.correlation(
             session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name
         ):
@@ -206,6 +224,7 @@ class Invoker:
         return record
 
     async def drain(self, timeout_s: float = 10.0) -> None:
-        """Give running calls up to `timeout_s` to finish before the server stops."""
+        """Refuse new calls (SHUTTING_DOWN); give running ones up to `timeout_s` to finish."""
+        self._stopping = True
         if self._running:
             await asyncio.wait(set(self._running.values()), timeout=timeout_s)

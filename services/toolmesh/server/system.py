@@ -35,13 +35,17 @@ async def start_invocation(
     registry_target: str,
     bridge_target: str,
     address: str = "127.0.0.1:0",
+    *,
     store: Store | None = None,
     policy: LedgerPolicy | None = None,
+    max_in_flight: int = 20_000,
 ) -> RunningServer:
     registry_channel = open_channel(registry_target)
     bridge_channel = open_channel(bridge_target)
     ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
-    invoker = Invoker(RemoteCatalog(registry_channel), RemoteDispatcher(bridge_channel), ledger)
+    invoker = Invoker(
+        RemoteCatalog(registry_channel), RemoteDispatcher(bridge_channel), ledger, max_in_flight
+    )
     running = await start_server([invocation_service(invoker)], address)
     running.after_stop += [registry_channel.close, bridge_channel.close]
     return running
@@ -87,11 +91,16 @@ async def start_local_system(
     bridge_port: int = 0,
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
+    max_in_flight: int = 20_000,
 ) -> LocalSystem:
     registry, (bridge, router) = await asyncio.gather(
         start_registry(f"{host}:{registry_port}"), start_bridge(f"{host}:{bridge_port}", heartbeat_s)
     )
     invocation = await start_invocation(
-        f"{host}:{registry.port}", f"{host}:{bridge.port}", f"{host}:{invocation_port}", policy=policy
+        f"{host}:{registry.port}",
+        f"{host}:{bridge.port}",
+        f"{host}:{invocation_port}",
+        policy=policy,
+        max_in_flight=max_in_flight,
     )
     return LocalSystem(registry, invocation, bridge, router, host)

@@ -1,0 +1,102 @@
+"""Overload and shutdown: no outcome is produced, and the caller is told so with a status."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.core.calls import ToolCall, ToolRequest
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.outcome import Outcome
+from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.tools import ToolSpec
+from toolmesh.invocation.invoker import Invoker
+from toolmesh.invocation.ledger import Ledger
+from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.store.memory import InMemoryStore
+from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
+from toolmesh_testing import HostProcess, start_host_process
+
+
+class OneTool:
+    async def get_tool(self, session_id: str, name: str) -> ToolSpec | None:
+        return ToolSpec(name, "", '{"type": "object"}', timeout_ms=5000)
+
+
+class SlowHost:
+    """Stands in for the bridge in a unit test of the invoker alone."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def dispatch(self, request: ToolRequest) -> Outcome:
+        await self.release.wait()
+        return Outcome.success("1")
+
+
+def call(n: int) -> ToolCall:
+    return ToolCall("s", "t", "tool", f'{{"n": {n}}}')
+
+
+async def test_invoker_refuses_above_its_limit_and_while_stopping() -> None:
+    host = SlowHost()
+    invoker = Invoker(OneTool(), host, Ledger(InMemoryStore()), max_in_flight=2)
+    running = [asyncio.ensure_future(invoker.invoke(call(n))) for n in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(ToolmeshError) as raised:
+        await invoker.invoke(call(3))
+    assert raised.value.code is Code.OVERLOADED and raised.value.retryable
+    host.release.set()
+    assert [(await task).outcome.ok for task in running] == [True, True]
+    assert (await invoker.invoke(call(4))).outcome.ok  # room again
+    await invoker.drain()
+    with pytest.raises(ToolmeshError) as raised:
+        await invoker.invoke(call(5))
+    assert raised.value.code is Code.SHUTTING_DOWN
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def tight(marker_dir: Path) -> AsyncIterator[tuple[LocalSystem, HostProcess]]:
+    system = await start_local_system(max_in_flight=1)
+    async with RegistryClient(system.registry_target) as registry:
+        await registry.put_tools("tight", [ToolSpec("slow_async", "", '{"type": "object"}', timeout_ms=2000)])
+    host = await start_host_process(system.bridge_target, "tight", "e2e_handlers:HANDLERS", marker_dir)
+    yield system, host
+    await host.stop()
+    await system.stop(0.5)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_overload_is_resource_exhausted_with_error_info(tight: tuple[LocalSystem, HostProcess]) -> None:
+    system, _ = tight
+    async with InvocationClient(system.invocation_target) as client:
+        first = asyncio.ensure_future(client.invoke("tight", "slow_async", {"marker": "a"}, turn_id="t"))
+        await asyncio.sleep(0.2)
+        refused = await client.invoke("tight", "slow_async", {"marker": "b"}, turn_id="t")
+        assert refused.outcome is None and refused.code is Code.OVERLOADED
+        first.cancel()
+    async with grpc.aio.insecure_channel(system.invocation_target) as channel:
+        stub = invocation_pb2_grpc.InvocationServiceStub(channel)
+        pending = asyncio.ensure_future(
+            stub.InvokeTool(
+                invocation_pb2.InvokeToolRequest(
+                    session_id="tight", turn_id="t", tool_name="slow_async", arguments_json='{"marker": "c"}'
+                )
+            )
+        )
+        await asyncio.sleep(0.2)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.InvokeTool(
+                invocation_pb2.InvokeToolRequest(
+                    session_id="tight", turn_id="t", tool_name="slow_async", arguments_json='{"marker": "d"}'
+                )
+            )
+        assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error_code(raised.value) is Code.OVERLOADED
+        pending.cancel()
