@@ -159,7 +159,7 @@ class Invoker:
         if invalid is not None:
             return Invocation(tool_request_id, invalid)
         claim = await self.ledger.claim(
-            call, tool_request_id, tool.effective_timeout_ms, idempotency_key, telemetry.inject()
+            call, tool_request_id, tool.effective_timeout_ms, idempotency_key, telemetry.trace_carrier()
         )
         record = claim.record
         with telemetry.correlation(tool_request_id=record.tool_request_id):
@@ -173,7 +173,7 @@ class Invoker:
                     timeout_ms=tool.effective_timeout_ms,
                     redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
                 )
-                task = asyncio.create_task(self._run(request))
+                task = asyncio.create_task(self._run(request, record))
                 self._running[tool_request_id] = task
                 task.add_done_callback(lambda _: self._running.pop(tool_request_id, None))
                 return Invocation(tool_request_id, await asyncio.shield(task))
@@ -187,17 +187,20 @@ class Invoker:
                     record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
                 )
 
-    async def _run(self, request: ToolRequest) -> Outcome:
+    async def _run(self, request: ToolRequest, claimed: InvocationRecord) -> Outcome:
         with running():
             try:
                 outcome = await self._dispatcher.dispatch(request)
             except ToolmeshError as error:
                 # The bridge could not be reached: record why, but let an exact retry run anew.
                 await self.ledger.finish(
-                    request.tool_request_id, Outcome.runtime_error(error.code), replayable=False
+                    request.tool_request_id,
+                    Outcome.runtime_error(error.code),
+                    replayable=False,
+                    claimed=claimed,
                 )
                 raise
-        await self.ledger.finish(request.tool_request_id, outcome)
+        await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
         return outcome
 
     async def _outcome_of(self, tool_request_id: str) -> Outcome:

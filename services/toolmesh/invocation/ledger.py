@@ -257,9 +257,20 @@ class Ledger:
             return self.policy.timeout_replay_window_s
         return self.policy.replay_window_s
 
-    async def finish(self, tool_request_id: str, outcome: Outcome, *, replayable: bool = True) -> None:
-        """Record the outcome. With `replayable`, an exact retry replays it until delivery is confirmed."""
-        record = await self.get(tool_request_id)
+    async def finish(
+        self,
+        tool_request_id: str,
+        outcome: Outcome,
+        *,
+        replayable: bool = True,
+        claimed: InvocationRecord | None = None,
+    ) -> None:
+        """Record the outcome. With `replayable`, an exact retry replays it until delivery is confirmed.
+
+        `claimed` is the record `claim` returned, when the caller has it: it
+        saves reading it back (only the claimant finishes an invocation).
+        """
+        record = claimed or await self.get(tool_request_id)
         if record is None:
             return
         finished = replace(record, state=state_of(outcome), outcome=outcome, finished_at=self._clock())

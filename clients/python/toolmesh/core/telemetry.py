@@ -29,6 +29,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from toolmesh.core.outcome import ErrorKind, Outcome
 
@@ -152,6 +153,17 @@ def inject() -> dict[str, str]:
     """The current trace context and baggage as a carrier for a message."""
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
+    return carrier
+
+
+_TRACE_CONTEXT = TraceContextTextMapPropagator()
+
+
+def trace_carrier() -> dict[str, str]:
+    """Only the current span's W3C traceparent (no baggage): cheap enough to keep for links."""
+    carrier: dict[str, str] = {}
+    if trace.get_current_span().get_span_context().is_valid:
+        _TRACE_CONTEXT.inject(carrier)
     return carrier
 
 
