@@ -1,0 +1,52 @@
+"""The benchmark's handler host: `python -m bench.host --bridge ADDR --session S`.
+
+A ToolHost serving bench.handlers, as `toolmesh host --handlers bench.handlers:HANDLERS`
+does, with a readiness line of its own on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from bench.handlers import HANDLERS
+from toolmesh.host import HostError, ToolHost
+
+READY = "bench host: connected"
+ERROR = "bench host: error"
+
+
+def _report(error: HostError) -> None:
+    print(f"{ERROR} {error.code.value} {error.cause}".rstrip(), file=sys.stderr, flush=True)
+
+
+async def serve(bridge: str, session: str) -> None:
+    host = ToolHost(bridge, session, host_name="bench")
+    for name, handler in HANDLERS.items():
+        host.on_tool(name, handler)
+    host.on_error(_report)
+    await host.start(timeout=30)
+    print(f"{READY} host_session={host.host_session_id}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await host.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.host")
+    parser.add_argument("--bridge", required=True)
+    parser.add_argument("--session", required=True)
+    args = parser.parse_args()
+    # As a real host would: its own log at INFO (the SDK logs nothing per successful call).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(args.bridge, args.session))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The two measurements every system gets: sequential latency and throughput under concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+# One call of the system under test; raises when the answer is wrong.
+Call = Callable[[], Awaitable[None]]
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, round(fraction * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+async def sequential(call: Call, calls: int, warmup: int) -> dict[str, Any]:
+    """One call at a time: latency percentiles in milliseconds."""
+    for _ in range(warmup):
+        await call()
+    samples: list[float] = []
+    clock = time.perf_counter
+    for _ in range(calls):
+        started = clock()
+        await call()
+        samples.append((clock() - started) * 1000)
+    samples.sort()
+    return {
+        "calls": calls,
+        "p50_ms": percentile(samples, 0.50),
+        "p90_ms": percentile(samples, 0.90),
+        "p99_ms": percentile(samples, 0.99),
+        "mean_ms": statistics.fmean(samples),
+        "max_ms": samples[-1],
+    }
+
+
+async def throughput(call: Call, concurrency: int, seconds: float, warmup_s: float) -> dict[str, Any]:
+    """`concurrency` calls always in flight; calls completed per second within a window of `seconds`.
+
+    The window opens after `warmup_s`; each worker stops at its first completion after it closes.
+    """
+    clock = time.perf_counter
+    window: list[float] = []  # [start, end] once the warmup is over
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        while True:
+            started = clock()
+            await call()
+            now = clock()
+            if window and now >= window[0]:
+                if now >= window[1]:
+                    return
+                latencies.append((now - started) * 1000)
+
+    workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        await asyncio.sleep(warmup_s)
+        opened = clock()
+        window.extend((opened, opened + seconds))
+        await asyncio.gather(*workers)
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    latencies.sort()
+    return {
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "calls": len(latencies),
+        "calls_per_s": len(latencies) / seconds,
+        "p50_ms": percentile(latencies, 0.50),
+        "p99_ms": percentile(latencies, 0.99),
+    }

@@ -1,0 +1,165 @@
+"""Ratios, targets and the printed table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LABELS = {
+    "floor": "floor: bare grpc.aio chain, 3 processes",
+    "floor+lookup": "floor + a lookup hop (as registry GetTool)",
+    "toolmesh": "toolmesh: 3 services + host, async no-op",
+    "toolmesh-sync": "toolmesh, sync no-op (worker thread)",
+    "mcp-stdio": "MCP SDK over stdio",
+    "mcp-http": "MCP SDK over streamable HTTP",
+}
+PEERS = {"floor": "floor", "mcp-http": "MCP streamable HTTP", "mcp-stdio": "MCP stdio"}
+# Issue 6's targets.
+MAX_P50_VS_FLOOR = 1.3
+MIN_THROUGHPUT_VS_FLOOR = 0.8
+MAX_KB_PER_HELD_CALL = 10.0
+
+
+def _figures(system: dict[str, Any]) -> dict[str, float]:
+    return {
+        "p50_ms": system["latency"]["p50_ms"],
+        "p99_ms": system["latency"]["p99_ms"],
+        "calls_per_s": system["throughput"]["calls_per_s"],
+    }
+
+
+def ratios(systems: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """toolmesh / each peer, for each figure."""
+    if "toolmesh" not in systems:
+        return {}
+    ours = _figures(systems["toolmesh"])
+    out: dict[str, dict[str, float]] = {}
+    for peer in PEERS:
+        if peer in systems:
+            theirs = _figures(systems[peer])
+            out[f"toolmesh/{peer}"] = {key: ours[key] / theirs[key] for key in ours}
+    return out
+
+
+def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Issue 6's targets that this run could check, each with its value and whether it was met."""
+    found: dict[str, dict[str, Any]] = {}
+    versus_floor = results.get("ratios", {}).get("toolmesh/floor")
+    if versus_floor is not None:
+        found["p50 <= 1.3x floor"] = {
+            "value": versus_floor["p50_ms"],
+            "met": versus_floor["p50_ms"] <= MAX_P50_VS_FLOOR,
+        }
+        found["calls/s >= 0.8x floor"] = {
+            "value": versus_floor["calls_per_s"],
+            "met": versus_floor["calls_per_s"] >= MIN_THROUGHPUT_VS_FLOOR,
+        }
+    versus_http = results.get("ratios", {}).get("toolmesh/mcp-http")
+    if versus_http is not None:
+        found["calls/s > MCP streamable HTTP"] = {
+            "value": versus_http["calls_per_s"],
+            "met": versus_http["calls_per_s"] > 1.0,
+        }
+    scale = results.get("scale")
+    if scale is not None:
+        found["all held calls correct"] = {
+            "value": scale["correct"],
+            "met": scale["correct"] == scale["calls"] and scale["held_together"] == scale["calls"],
+        }
+        for service in ("invocation", "bridge"):
+            per_call = scale["memory"][service]["per_call_kb"]
+            found[f"{service} < 10 KB per held call"] = {
+                "value": per_call,
+                "met": per_call < MAX_KB_PER_HELD_CALL,
+            }
+    join = results.get("join_storm")
+    if join is not None:
+        found["join storm: one execution"] = {
+            "value": join["handler_executions"],
+            "met": join["handler_executions"] == 1,
+        }
+    return found
+
+
+def table(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    sizes = meta["sizes"]
+    lines = [
+        f"toolmesh benchmark  commit {meta['commit']}  {meta['cpus']} CPUs  Python {meta['python']}"
+        f"  grpcio {meta['grpcio']}  mcp {meta['mcp'] or '-'}  load average {meta['load_before']}"
+        f" before, {meta.get('load_after', '-')} after",
+    ]
+    systems = results.get("systems")
+    if systems is not None:
+        lines += [
+            "",
+            f"One no-op tool call: latency over {sizes['calls']} sequential calls;"
+            f" throughput with {sizes['concurrency']} in flight for {sizes['seconds']:g} s",
+            f"  {'system':<44} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} {'CPU ms/call':>12}",
+        ]
+        for name, system in systems.items():
+            figures = _figures(system)
+            lines.append(
+                f"  {LABELS.get(name, name):<44} {figures['p50_ms']:>8.2f} {figures['p99_ms']:>8.2f}"
+                f" {figures['calls_per_s']:>9.0f} {system['latency']['cpu_ms_per_call']['total']:>12.2f}"
+            )
+        for name, reason in results.get("skipped", {}).items():
+            lines.append(f"  {name}: skipped, {reason}")
+        lines += ["", "  CPU ms per sequential call, by process (all processes of the system and the caller)"]
+        for name, system in systems.items():
+            parts = "  ".join(
+                f"{process} {ms:.2f}"
+                for process, ms in system["latency"]["cpu_ms_per_call"].items()
+                if process != "total"
+            )
+            lines.append(f"  {name:<16} {parts}")
+        lines += ["", f"  {'ratio':<44} {'p50':>8} {'p99':>8} {'calls/s':>9}"]
+        for name, ratio in results["ratios"].items():
+            p50, p99, rate = ratio["p50_ms"], ratio["p99_ms"], ratio["calls_per_s"]
+            lines.append(f"  {name:<44} {p50:>7.2f}x {p99:>7.2f}x {rate:>8.2f}x")
+    scale = results.get("scale")
+    if scale is not None:
+        lines += [
+            "",
+            f"Scale: {scale['calls']} slow calls held at once"
+            f" (released together, then {scale['hold_s']:g} s):"
+            f" {scale['correct']}/{scale['calls']} correct, {scale['held_together']} held together,"
+            f" all started in {scale['seconds_to_start_all']:.1f} s, answered in {scale['seconds']:.1f} s",
+        ]
+        if scale["failures"]:
+            lines.append(f"  failures: {scale['failures']}")
+        if scale["host_errors"]:
+            lines.append(f"  host errors: {scale['host_errors']}")
+        lines.append(f"  {'process':<12} {'baseline RSS':>14} {'peak RSS':>12} {'per held call':>15}")
+        for name, memory in scale["memory"].items():
+            baseline_mb, peak_mb = memory["baseline_rss_kb"] / 1024, memory["peak_rss_kb"] / 1024
+            lines.append(
+                f"  {name:<12} {baseline_mb:>11.1f} MB {peak_mb:>9.1f} MB {memory['per_call_kb']:>12.2f} KB"
+            )
+    join = results.get("join_storm")
+    if join is not None:
+        lines += [
+            "",
+            f"Join storm: {join['calls']} identical calls (handler takes {join['execution_s']:g} s):"
+            f" {join['handler_executions']} handler executions, {join['distinct_tool_request_ids']} distinct"
+            f" tool request ids, {join['answered_ok']} answered OK, all in {join['seconds']:.2f} s",
+        ]
+        if join["failures"]:
+            lines.append(f"  failures: {join['failures']}")
+    checks = results.get("validation")
+    if checks is not None:
+        lines += [
+            "",
+            f"Argument validation alone: {checks['fields']}-field nested schema,"
+            f" {checks['violations_in_invalid']} violations in the invalid arguments",
+            f"  {'validator':<44} {'calls/s':>9} {'us/call':>9}",
+        ]
+        for name, row in checks["rows"].items():
+            lines.append(f"  {name:<44} {row['calls_per_s']:>9.0f} {row['us_per_call']:>9.1f}")
+    found = results.get("targets", {})
+    if found:
+        lines += ["", "Targets (issue 6)"]
+        for name, target in found.items():
+            value = target["value"]
+            shown = f"{value:.2f}" if isinstance(value, float) else str(value)
+            lines.append(f"  {'met   ' if target['met'] else 'MISSED'} {name:<40} {shown}")
+    return "\n".join(lines)

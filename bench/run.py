@@ -1,0 +1,303 @@
+"""`python -m bench`: every benchmark in one run; prints a table and writes JSON to bench/results/."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench import floor, measure, procs, report, stack, stress, validation
+from toolmesh.client import InvocationClient
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SECTIONS = ("validation", "latency", "scale", "join")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    calls: int = 2000  # sequential calls per system
+    warmup: int = 200
+    seconds: float = 5.0  # throughput window
+    warmup_s: float = 1.0
+    concurrency: int = 64
+    scale_calls: int = 10_000
+    scale_hold_s: float = 2.0
+    join_calls: int = 1000
+    # Long enough for all the identical calls to arrive while the first still runs.
+    join_execution_s: float = 5.0
+    validation_iterations: int = 2000
+
+
+QUICK = Sizes(
+    calls=40,
+    warmup=5,
+    seconds=0.5,
+    warmup_s=0.2,
+    concurrency=8,
+    scale_calls=100,
+    scale_hold_s=0.2,
+    join_calls=20,
+    join_execution_s=0.1,
+    validation_iterations=20,
+)
+
+
+def mcp_available() -> bool:
+    return importlib.util.find_spec("mcp") is not None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _commit() -> str:
+    """The commit measured (BENCH_COMMIT when the code is not a git work tree); '+dirty' for local changes."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=procs.REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "status", "--porcelain", "--", "clients", "services"],
+            cwd=procs.REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}+dirty" if changes else head
+
+
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+class Profiler:
+    """py-spy attached to some processes while one system is measured (collapsed stacks, one file each)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self._running: list[subprocess.Popen[bytes]] = []
+
+    @contextlib.contextmanager
+    def attach(self, label: str, pids: dict[str, int]) -> Any:
+        if self.directory is None:
+            yield
+            return
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, pid in pids.items():
+            out = self.directory / f"{label}-{name}.txt"
+            args = [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--nonblocking"]
+            self._running.append(
+                subprocess.Popen(
+                    [*args, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
+        try:
+            yield
+        finally:
+            for spy_process in self._running:
+                spy_process.send_signal(signal.SIGINT)
+            for spy_process in self._running:
+                try:
+                    spy_process.wait(30)
+                except subprocess.TimeoutExpired:
+                    spy_process.kill()
+            self._running.clear()
+
+
+async def _measure(call: measure.Call, sizes: Sizes, pids: dict[str, int]) -> dict[str, Any]:
+    """Latency, then throughput; and the CPU time each process spent per sequential call."""
+    await measure.sequential(call, sizes.warmup, 0)
+    before = {name: procs.cpu_seconds(pid) for name, pid in pids.items()}
+    latency = await measure.sequential(call, sizes.calls, 0)
+    after = {name: procs.cpu_seconds(pid) for name, pid in pids.items()}
+    cpu = {name: (after[name] - before[name]) * 1000 / sizes.calls for name in pids}
+    latency["cpu_ms_per_call"] = cpu | {"total": sum(cpu.values())}
+    return {
+        "latency": latency,
+        "throughput": await measure.throughput(call, sizes.concurrency, sizes.seconds, sizes.warmup_s),
+    }
+
+
+def _pids(processes: list[procs.Proc]) -> dict[str, int]:
+    return {proc.name: proc.pid for proc in processes} | {"caller": os.getpid()}
+
+
+async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
+    system = await stack.start_floor(with_lookup)
+    channel = grpc.aio.insecure_channel(system.target)
+    invoke = channel.unary_unary(floor.INVOKE)
+    counter = itertools.count()
+
+    async def call() -> None:
+        if await invoke(b'{"n":%d}' % next(counter), timeout=60) != floor.RESULT:
+            raise RuntimeError("the floor answered something else")
+
+    try:
+        return await _measure(call, sizes, _pids(system.procs))
+    finally:
+        await channel.close()
+        await system.stop()
+
+
+async def measure_toolmesh(sizes: Sizes, profiler: Profiler) -> dict[str, dict[str, Any]]:
+    system = await stack.start_toolmesh()
+    client = InvocationClient(system.invocation.target)
+    # Distinct arguments: identical calls in flight together would join one invocation.
+    counter = itertools.count()
+
+    def caller(tool: str) -> Callable[[], Awaitable[None]]:
+        async def call() -> None:
+            result = await client.invoke(
+                stack.SESSION, tool, {"n": next(counter)}, turn_id="turn-1", timeout=60
+            )
+            if result.outcome is None or result.outcome.result_json != '{"ok":true}':
+                raise RuntimeError(f"toolmesh answered {result.to_json()}")
+
+        return call
+
+    pids = _pids(list(system.services.values()))
+    try:
+        with profiler.attach("toolmesh", pids):
+            measured = await _measure(caller("noop"), sizes, pids)
+        return {"toolmesh": measured, "toolmesh-sync": await _measure(caller("noop_sync"), sizes, pids)}
+    finally:
+        await client.close()
+        await system.stop()
+
+
+async def measure_mcp(sizes: Sizes) -> dict[str, dict[str, Any]]:
+    from bench import mcp_peer  # noqa: PLC0415 - mcp is an optional dependency
+
+    results: dict[str, dict[str, Any]] = {}
+
+    async def run_with(label: str, connect: contextlib.AbstractAsyncContextManager[Any]) -> None:
+        async with connect as client:
+            counter = itertools.count()
+
+            async def call() -> None:
+                await mcp_peer.call_noop(client, next(counter))
+
+            # The stdio server is the SDK's own child process.
+            servers = procs.children(os.getpid(), "bench.mcp_peer")
+            pids = {f"server{i or ''}": pid for i, pid in enumerate(servers)} | {"caller": os.getpid()}
+            results[label] = await _measure(call, sizes, pids)
+
+    await run_with("mcp-stdio", mcp_peer.connect_stdio())
+    server = await procs.start("mcp-http", ["-m", "bench.mcp_peer", "http"])
+    try:
+        await run_with("mcp-http", mcp_peer.connect_http(server.port))
+    finally:
+        await server.stop()
+    return results
+
+
+async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "meta": {
+            "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": _commit(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "grpcio": _version("grpcio"),
+            "mcp": _version("mcp"),
+            "sizes": asdict(sizes),
+            "sections": list(sections),
+            # Benchmarks share the machine: a high load average makes every figure worse.
+            "load_before": _load(),
+        }
+    }
+    if "validation" in sections:
+        print("... validation", file=sys.stderr, flush=True)
+        results["validation"] = validation.run(sizes.validation_iterations)
+    if "latency" in sections:
+        systems: dict[str, Any] = {}
+        print("... floor", file=sys.stderr, flush=True)
+        systems["floor"] = await measure_floor(sizes, with_lookup=False)
+        print("... floor with a lookup hop", file=sys.stderr, flush=True)
+        systems["floor+lookup"] = await measure_floor(sizes, with_lookup=True)
+        print("... toolmesh", file=sys.stderr, flush=True)
+        systems.update(await measure_toolmesh(sizes, Profiler(profile)))
+        if mcp_available():
+            print("... MCP SDK", file=sys.stderr, flush=True)
+            systems.update(await measure_mcp(sizes))
+        else:
+            results["skipped"] = {"mcp": "the mcp package is not installed (pip install -e '.[bench]')"}
+        results["systems"] = systems
+        results["ratios"] = report.ratios(systems)
+    if "scale" in sections:
+        print(f"... scale: {sizes.scale_calls} held calls", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as work_dir:
+            results["scale"] = await stress.scale(sizes.scale_calls, sizes.scale_hold_s, Path(work_dir))
+    if "join" in sections:
+        print(f"... join storm: {sizes.join_calls} identical calls", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as counter_dir:
+            results["join_storm"] = await stress.join_storm(
+                sizes.join_calls, sizes.join_execution_s, Path(counter_dir)
+            )
+    results["meta"]["load_after"] = _load()
+    results["targets"] = report.targets(results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that everything runs")
+    parser.add_argument("--only", help=f"comma-separated sections of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON (%(default)s)")
+    parser.add_argument("--calls", type=int, help="sequential calls per system")
+    parser.add_argument("--seconds", type=float, help="throughput window per system")
+    parser.add_argument("--scale-calls", type=int, help="calls held at once in the scale test")
+    parser.add_argument("--join-calls", type=int, help="identical calls in the join storm")
+    parser.add_argument(
+        "--profile", type=Path, help="record py-spy profiles of the toolmesh processes into this directory"
+    )
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else Sizes()
+    overrides = {
+        "calls": args.calls,
+        "seconds": args.seconds,
+        "scale_calls": args.scale_calls,
+        "join_calls": args.join_calls,
+    }
+    sizes = Sizes(**(asdict(sizes) | {key: value for key, value in overrides.items() if value is not None}))
+    sections = tuple(args.only.split(",")) if args.only else SECTIONS
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    results = asyncio.run(run(sizes, sections, args.profile))
+    print(report.table(results))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = args.out / f"bench-{'quick-' if args.quick else ''}{stamp}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nJSON: {path}")

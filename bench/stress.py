@@ -1,0 +1,167 @@
+"""Scale (many slow calls held at once) and the join storm (many identical calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench import procs, stack
+from toolmesh.client import CallResult, InvocationClient
+
+# gRPC multiplexes calls on one connection; several connections spread the
+# caller's side of the load.
+CHANNELS = 8
+# How many calls the scale test starts ahead of those its host has seen arrive.
+ADMISSION_WINDOW = 500
+
+
+def _clients(target: str) -> tuple[list[grpc.aio.Channel], list[InvocationClient]]:
+    options = [("grpc.max_concurrent_streams", 1 << 20)]
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(CHANNELS)]
+    return channels, [InvocationClient(target, channel=channel) for channel in channels]
+
+
+async def scale(calls: int, hold_s: float, work_dir: Path, baseline_calls: int = 200) -> dict[str, Any]:
+    """`calls` concurrent slow calls held at once by one invocation and one bridge process.
+
+    Calls are started as fast as the host sees them arrive, at most ADMISSION_WINDOW
+    ahead: a burst of thousands at once overflows gRPC's queue of calls the server
+    has not yet picked up (grpc.server.max_pending_requests), which cancels them.
+    """
+    # A held call waits for the others at most this long: long enough for all to arrive.
+    hold_limit_s = min(100, 30 + calls / 50)
+    arrivals = work_dir / "arrivals.txt"
+    arrivals.write_text("0")
+    system = await stack.start_toolmesh(
+        {
+            "BENCH_HOLD_TARGET": str(calls),
+            "BENCH_HOLD_S": str(hold_s),
+            "BENCH_HOLD_LIMIT_S": str(hold_limit_s),
+            "BENCH_ARRIVALS_FILE": str(arrivals),
+        }
+    )
+    channels, clients = _clients(system.invocation.target)
+    try:
+        for i in range(baseline_calls):  # warm every path before the baseline
+            _expect_ok(await clients[i % CHANNELS].invoke(stack.SESSION, "noop", {"n": i}, turn_id="warm"))
+        baseline = {name: procs.memory_kb(p.pid)["VmRSS"] for name, p in system.services.items()}
+        sampled = dict.fromkeys(system.services, 0)
+        sampling = True
+
+        async def sample() -> None:
+            while sampling:
+                for name, proc in system.services.items():
+                    sampled[name] = max(sampled[name], procs.memory_kb(proc.pid)["VmRSS"])
+                await asyncio.sleep(0.1)
+
+        sampler = asyncio.create_task(sample())
+        started = time.perf_counter()
+        tasks: list[asyncio.Task[CallResult]] = []
+        for i in range(calls):
+            # The count lives in another process's file: polling is the way to wait for it.
+            while i - _arrived(arrivals) >= ADMISSION_WINDOW:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            call = clients[i % CHANNELS].invoke(stack.SESSION, "hold", {"i": i}, turn_id=f"t{i}", timeout=600)
+            tasks.append(asyncio.create_task(call))
+        admitted = time.perf_counter() - started
+        results = await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - started
+        sampling = False
+        await sampler
+        peak = {name: procs.memory_kb(p.pid)["VmHWM"] for name, p in system.services.items()}
+        host_errors = dict(system.host.counted)
+    finally:
+        for channel in channels:
+            await channel.close()
+        await system.stop()
+    correct = 0
+    held_together = 0
+    failures: collections.Counter[str] = collections.Counter()
+    for i, result in enumerate(results):
+        if result.outcome is not None and result.outcome.ok and result.outcome.result_json is not None:
+            value = json.loads(result.outcome.result_json)
+            held_together = max(held_together, value["heldTogether"])
+            correct += value["i"] == i
+        else:
+            failures[_failure(result)] += 1
+    memory = {
+        name: {
+            "baseline_rss_kb": baseline[name],
+            "peak_rss_kb": max(peak[name], sampled[name]),
+            "per_call_kb": (max(peak[name], sampled[name]) - baseline[name]) / calls,
+        }
+        for name in system.services
+    }
+    return {
+        "calls": calls,
+        "hold_s": hold_s,
+        "correct": correct,
+        "held_together": held_together,
+        "failures": dict(failures),
+        "host_errors": host_errors,
+        "seconds_to_start_all": admitted,
+        "seconds": elapsed,
+        "memory": memory,
+    }
+
+
+async def join_storm(calls: int, execution_s: float, counter_dir: Path) -> dict[str, Any]:
+    """`calls` concurrent identical calls (same session, tool, arguments): how many executions?"""
+    counter = counter_dir / "join-executions.txt"
+    counter.write_text("")
+    system = await stack.start_toolmesh(
+        {"BENCH_COUNTER_FILE": str(counter), "BENCH_COUNTED_S": str(execution_s)}
+    )
+    channels, clients = _clients(system.invocation.target)
+    try:
+        _expect_ok(await clients[0].invoke(stack.SESSION, "noop", {}, turn_id="warm"))
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(
+                clients[i % CHANNELS].invoke(
+                    stack.SESSION, "counted", {"order": "ord_1", "qty": 2}, turn_id="storm", timeout=300
+                )
+                for i in range(calls)
+            )
+        )
+        elapsed = time.perf_counter() - started
+    finally:
+        for channel in channels:
+            await channel.close()
+        await system.stop()
+    executions = counter.read_text().count("\n")
+    ok = sum(1 for r in results if r.outcome is not None and r.outcome.ok)
+    failures = collections.Counter(_failure(r) for r in results if r.outcome is None or not r.outcome.ok)
+    return {
+        "calls": calls,
+        "execution_s": execution_s,
+        "answered_ok": ok,
+        "failures": dict(failures),
+        "handler_executions": executions,
+        "distinct_tool_request_ids": len({r.tool_request_id for r in results}),
+        "seconds": elapsed,
+    }
+
+
+def _arrived(path: Path) -> int:
+    text = path.read_text()
+    return int(text) if text.isdigit() else 0
+
+
+def _failure(result: CallResult) -> str:
+    if result.outcome is not None and result.outcome.failure is not None:
+        return result.outcome.failure.code
+    return (result.code.value if result.code else "NO_OUTCOME") + (
+        f": {result.detail}" if result.detail else ""
+    )
+
+
+def _expect_ok(result: CallResult) -> None:
+    if result.outcome is None or not result.outcome.ok:
+        raise RuntimeError(f"toolmesh call failed: {result.to_json()}")

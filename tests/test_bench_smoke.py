@@ -1,0 +1,58 @@
+"""The benchmark command on a tiny size, so that it cannot rot. Benchmarks themselves are not tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TABLE_HEADINGS = [
+    "One no-op tool call",
+    "CPU ms per sequential call",
+    "Scale:",
+    "Join storm:",
+    "Argument validation alone",
+    "Targets (issue 6)",
+]
+
+
+@pytest.mark.timeout(240)
+def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for heading in TABLE_HEADINGS:
+        assert heading in completed.stdout
+    [written] = tmp_path.glob("bench-quick-*.json")
+    results = json.loads(written.read_text())
+
+    systems = {"floor", "floor+lookup", "toolmesh", "toolmesh-sync"}
+    if importlib.util.find_spec("mcp") is not None:
+        systems |= {"mcp-stdio", "mcp-http"}
+    else:
+        assert "mcp" in results["skipped"]
+    assert set(results["systems"]) == systems
+    for system in results["systems"].values():
+        assert system["latency"]["p50_ms"] > 0
+        assert system["throughput"]["calls"] > 0
+    assert "toolmesh/floor" in results["ratios"]
+
+    scale = results["scale"]
+    assert scale["correct"] == scale["calls"] == scale["held_together"]
+    assert set(scale["memory"]) == {"invocation", "bridge", "registry", "host"}
+    join = results["join_storm"]
+    assert join["answered_ok"] == join["calls"]
+    assert join["handler_executions"] >= 1
+    assert len(results["validation"]["rows"]) >= 4
+    assert results["targets"]
