@@ -184,6 +184,7 @@ async def test_cli_shows_an_invocation(
     client: InvocationClient, ledger_system: LocalSystem, cli_env: dict[str, str]
 ) -> None:
     call = await count(client, "cli-show")
+    await client.flush_confirmations()
     env = dict(cli_env, TOOLMESH_INVOCATION_ADDR=ledger_system.invocation_target)
     code, out, _ = await run_cli("invocations", "show", call.tool_request_id or "", env=env)
     shown = json.loads(out)

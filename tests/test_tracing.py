@@ -94,26 +94,25 @@ async def traced_call(
 
 EXPECTED_HOPS = {
     "toolmesh.call_tool",
-    "/toolmesh.v1.InvocationService/InvokeTool",
-    "/toolmesh.v1.RegistryService/GetTool",
-    "/toolmesh.v1.BridgeService/DispatchToolRequest",
+    "toolmesh.v1.InvocationService/InvokeTool",
+    "toolmesh.v1.BridgeService/DispatchToolRequest",
     "toolmesh.host.handle",
-    "/toolmesh.v1.BridgeService/SubmitToolResult",
+    "toolmesh.v1.BridgeService/SubmitToolResult",
 }
 # The tool request id exists once the ledger has the call: the registry lookup and
 # the caller's InvokeTool span come before it (the caller's own span gets it from the response).
 BEFORE_ID = {
-    ("/toolmesh.v1.RegistryService/GetTool", "CLIENT"),
-    ("/toolmesh.v1.RegistryService/GetTool", "SERVER"),
-    ("/toolmesh.v1.InvocationService/InvokeTool", "CLIENT"),
+    ("toolmesh.v1.RegistryService/GetTool", "CLIENT"),
+    ("toolmesh.v1.RegistryService/GetTool", "SERVER"),
+    ("toolmesh.v1.InvocationService/InvokeTool", "CLIENT"),
 }
 # Spans that see the outcome carry its code.
 WITH_OUTCOME = {
     ("toolmesh.call_tool", "CLIENT"),
-    ("/toolmesh.v1.InvocationService/InvokeTool", "SERVER"),
-    ("/toolmesh.v1.BridgeService/DispatchToolRequest", "SERVER"),
+    ("toolmesh.v1.InvocationService/InvokeTool", "SERVER"),
+    ("toolmesh.v1.BridgeService/DispatchToolRequest", "SERVER"),
     ("toolmesh.host.handle", "SERVER"),
-    ("/toolmesh.v1.BridgeService/SubmitToolResult", "SERVER"),
+    ("toolmesh.v1.BridgeService/SubmitToolResult", "SERVER"),
 }
 
 
@@ -157,7 +156,7 @@ async def test_handler_error_marks_spans_as_errors(traced: Any) -> None:
     assert {
         "toolmesh.call_tool",
         "toolmesh.host.handle",
-        "/toolmesh.v1.InvocationService/InvokeTool",
+        "toolmesh.v1.InvocationService/InvokeTool",
     } <= errored
 
 
@@ -186,7 +185,7 @@ async def test_joined_retry_links_to_the_original_invocation(traced: Any) -> Non
     originals = [
         s
         for s in EXPORTER.get_finished_spans()
-        if s.name == "/toolmesh.v1.InvocationService/InvokeTool"
+        if s.name == "toolmesh.v1.InvocationService/InvokeTool"
         and s.kind.name == "SERVER"
         and (s.attributes or {}).get(telemetry.TOOL_REQUEST_ID) == original.tool_request_id
         and not (s.attributes or {}).get(telemetry.JOINED)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -23,6 +25,8 @@ from toolmesh.invocation.observability import attaching, observe, running
 from toolmesh.invocation.ports import Dispatcher, ToolCatalog
 
 log = logging.getLogger("toolmesh.invocation")
+
+MAX_CONFIRMATIONS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +127,15 @@ class Invoker:
     def running_count(self) -> int:
         return len(self._running)
 
-    async def invoke(self, call: ToolCall, idempotency_key: str = "") -> Invocation:
+    async def invoke(
+        self, call: ToolCall, idempotency_key: str = "", confirmed: Sequence[str] = ()
+    ) -> Invocation:
+        """Run, join or replay `call`, after applying the caller's `confirmed` deliveries."""
         check_envelope(call)
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
+        if confirmed:
+            await self.confirm_delivery(confirmed)
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
@@ -215,9 +224,15 @@ class Invoker:
             )
         return record.outcome
 
-    async def confirm_delivery(self, tool_request_id: str) -> None:
-        require_id(tool_request_id, "tool_request_id")
-        await self.ledger.confirm(tool_request_id)
+    async def confirm_delivery(self, tool_request_ids: Sequence[str]) -> None:
+        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are."""
+        if len(tool_request_ids) > MAX_CONFIRMATIONS:
+            raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
+        for tool_request_id in tool_request_ids:
+            require_id(tool_request_id, "tool_request_id")
+        for tool_request_id in tool_request_ids:
+            with contextlib.suppress(ToolmeshError):  # INVOCATION_RUNNING: nothing to confirm yet
+                await self.ledger.confirm(tool_request_id)
 
     async def get_invocation(self, tool_request_id: str) -> InvocationRecord:
         require_id(tool_request_id, "tool_request_id")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
@@ -25,9 +26,12 @@ class RemoteCatalog:
 
     async def get_tool(self, session_id: str, name: str) -> ToolSpec | None:
         try:
-            response = await self._stub.GetTool(
-                registry_pb2.GetToolRequest(session_id=session_id, name=name), timeout=REGISTRY_TIMEOUT_S
-            )
+            with telemetry.client_call("toolmesh.v1.RegistryService/GetTool") as metadata:
+                response = await self._stub.GetTool(
+                    registry_pb2.GetToolRequest(session_id=session_id, name=name),
+                    timeout=REGISTRY_TIMEOUT_S,
+                    metadata=metadata,
+                )
         except grpc.aio.AioRpcError as error:
             if error_code(error) is Code.TOOL_NOT_FOUND:
                 return None
@@ -42,9 +46,10 @@ class RemoteDispatcher:
     async def dispatch(self, request: ToolRequest) -> Outcome:
         message = bridge_pb2.DispatchToolRequestRequest(request=request_to_pb(request))
         try:
-            response = await self._stub.DispatchToolRequest(
-                message, timeout=request.timeout_ms / 1000 + BRIDGE_GRACE_S
-            )
+            with telemetry.client_call("toolmesh.v1.BridgeService/DispatchToolRequest") as metadata:
+                response = await self._stub.DispatchToolRequest(
+                    message, timeout=request.timeout_ms / 1000 + BRIDGE_GRACE_S, metadata=metadata
+                )
         except grpc.aio.AioRpcError as error:
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
                 return Outcome.runtime_error(

@@ -56,7 +56,9 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
             tool_name=request.tool_name,
             arguments_json=request.arguments_json,
         )
-        invocation = await self._invoker.invoke(call, request.idempotency_key)
+        invocation = await self._invoker.invoke(
+            call, request.idempotency_key, request.confirmed_tool_request_ids
+        )
         return invocation_pb2.InvokeToolResponse(
             tool_request_id=invocation.tool_request_id,
             outcome=outcome_to_pb(invocation.outcome),
@@ -67,7 +69,7 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def ConfirmDelivery(
         self, request: invocation_pb2.ConfirmDeliveryRequest, context: ServicerContext
     ) -> invocation_pb2.ConfirmDeliveryResponse:
-        await self._invoker.confirm_delivery(request.tool_request_id)
+        await self._invoker.confirm_delivery(request.tool_request_ids)
         return invocation_pb2.ConfirmDeliveryResponse()
 
     async def GetInvocation(

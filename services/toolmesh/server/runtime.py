@@ -14,8 +14,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
-from toolmesh.core.telemetry import server_interceptors
-from toolmesh.server.interceptors import ErrorMappingInterceptor
+from toolmesh.server.interceptors import ServiceInterceptor
 
 log = logging.getLogger("toolmesh.server")
 
@@ -66,9 +65,7 @@ async def start_server(
     credentials: grpc.ServerCredentials | None = None,
 ) -> RunningServer:
     """Start a server on `address` (port 0 picks a free port) and return it with its port."""
-    # Tracing outermost, so spans see the status the error interceptor sets.
-    interceptors = [*server_interceptors(), ErrorMappingInterceptor()]
-    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+    server = grpc.aio.server(interceptors=[ServiceInterceptor()], options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for service in services:

@@ -100,6 +100,8 @@ class GrpcToolChannel:
             return CallResult(None, None, Code.INTERNAL, error.message)
 
     async def close(self) -> None:
+        # The client first: it sends the delivery confirmations it still holds.
+        await self._invocation.close()
         for channel in self._channels.values():
             await channel.close()
 

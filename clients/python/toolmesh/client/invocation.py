@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh.core import jsontext, telemetry
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code
@@ -76,11 +77,15 @@ class CallResult:
         }
 
 
+LOOKUP_TIMEOUT_S = 10.0
+
+
 class InvocationClient:
     def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
         self._own_channel = channel is None
         self._channel = channel or open_channel(target)
         self._stub = invocation_pb2_grpc.InvocationServiceStub(self._channel)
+        self._confirmations = PendingConfirmations(self._send_confirmations)
 
     async def invoke(
         self,
@@ -99,8 +104,9 @@ class InvocationClient:
         `timeout` is the caller's own deadline. When it passes, or the
         connection fails, the result has no outcome and an exact retry is safe:
         it joins or replays the same invocation. Once an outcome arrived, its
-        delivery is confirmed (unless `confirm_delivery` is false), so a later
-        identical call runs anew. A malformed request (INVALID_REQUEST,
+        delivery is confirmed (unless `confirm_delivery` is false): on the next
+        call, or alone within a fraction of a second, or at `close()`; a later
+        identical call then runs anew. A malformed request (INVALID_REQUEST,
         IDEMPOTENCY_KEY_REUSED) raises the gRPC error.
         """
         text = (
@@ -114,6 +120,7 @@ class InvocationClient:
             tool_name=tool_name,
             arguments_json=text,
             idempotency_key=idempotency_key,
+            confirmed_tool_request_ids=self._confirmations.take(),
         )
         with (
             telemetry.TRACER.start_as_current_span("toolmesh.call_tool", kind=SpanKind.CLIENT) as span,
@@ -127,15 +134,16 @@ class InvocationClient:
                 span.set_status(Status(StatusCode.ERROR, "no outcome"))
                 return result
             telemetry.record_outcome(result.outcome)
-            if confirm_delivery and result.tool_request_id:
-                with telemetry.correlation(tool_request_id=result.tool_request_id):
-                    await self.confirm_delivery(result.tool_request_id)
-            return result
+        if confirm_delivery and result.tool_request_id:
+            self._confirmations.add(result.tool_request_id)
+        return result
 
     async def _call(self, request: invocation_pb2.InvokeToolRequest, timeout: float | None) -> CallResult:
         try:
-            response = await self._stub.InvokeTool(request, timeout=timeout)
+            with telemetry.client_call("toolmesh.v1.InvocationService/InvokeTool") as metadata:
+                response = await self._stub.InvokeTool(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as error:
+            self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             code = error_code(error)
             if code in (Code.INVALID_REQUEST, Code.IDEMPOTENCY_KEY_REUSED):
                 raise
@@ -149,25 +157,44 @@ class InvocationClient:
             replayed=response.replayed,
         )
 
-    async def confirm_delivery(self, tool_request_id: str) -> bool:
-        """Tell the runtime the outcome arrived. False when that could not be said (harmless:
-        the outcome is then replayed to an exact retry for a short while)."""
+    async def confirm_delivery(self, *tool_request_ids: str) -> bool:
+        """Confirm now (with any confirmations still pending). False when the service could not be told:
+        harmless, the outcomes are then replayed to an exact retry for a short while."""
+        for tool_request_id in tool_request_ids:
+            self._confirmations.add(tool_request_id)
+        return await self._send_confirmations(self._confirmations.take())
+
+    async def flush_confirmations(self) -> None:
+        await self._confirmations.flush()
+
+    async def _send_confirmations(self, tool_request_ids: list[str]) -> bool:
+        if not tool_request_ids:
+            return True
         try:
-            await self._stub.ConfirmDelivery(
-                invocation_pb2.ConfirmDeliveryRequest(tool_request_id=tool_request_id), timeout=5.0
-            )
+            with telemetry.client_call("toolmesh.v1.InvocationService/ConfirmDelivery") as metadata:
+                await self._stub.ConfirmDelivery(
+                    invocation_pb2.ConfirmDeliveryRequest(tool_request_ids=tool_request_ids),
+                    timeout=5.0,
+                    metadata=metadata,
+                )
         except grpc.aio.AioRpcError:
             return False
         return True
 
     async def get_invocation(self, tool_request_id: str) -> invocation_pb2.Invocation:
-        """The ledger's view of one invocation; raises the gRPC error (NOT_FOUND when unknown)."""
-        response: invocation_pb2.GetInvocationResponse = await self._stub.GetInvocation(
-            invocation_pb2.GetInvocationRequest(tool_request_id=tool_request_id), timeout=10.0
-        )
+        """The ledger's view of one invocation (after this client's pending confirmations are applied);
+        raises the gRPC error (NOT_FOUND when unknown)."""
+        await self._confirmations.flush()
+        with telemetry.client_call("toolmesh.v1.InvocationService/GetInvocation") as metadata:
+            response: invocation_pb2.GetInvocationResponse = await self._stub.GetInvocation(
+                invocation_pb2.GetInvocationRequest(tool_request_id=tool_request_id),
+                timeout=LOOKUP_TIMEOUT_S,
+                metadata=metadata,
+            )
         return response.invocation
 
     async def close(self) -> None:
+        await self._confirmations.close()
         if self._own_channel:
             await self._channel.close()
 

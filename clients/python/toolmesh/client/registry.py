@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
+from toolmesh.core import telemetry
 from toolmesh.core.channels import open_channel
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.core.wire import tool_from_pb, tool_to_pb
@@ -24,13 +25,17 @@ class RegistryClient:
         request = registry_pb2.PutToolsRequest(session_id=session_id, tools=[tool_to_pb(t) for t in tools])
         if expected_revision is not None:
             request.expected_revision = expected_revision
-        response: registry_pb2.PutToolsResponse = await self._stub.PutTools(request, timeout=10.0)
+        with telemetry.client_call("toolmesh.v1.RegistryService/PutTools") as metadata:
+            response: registry_pb2.PutToolsResponse = await self._stub.PutTools(
+                request, timeout=10.0, metadata=metadata
+            )
         return response.revision
 
     async def list_tools(self, session_id: str) -> ToolSet:
-        response = await self._stub.ListTools(
-            registry_pb2.ListToolsRequest(session_id=session_id), timeout=10.0
-        )
+        with telemetry.client_call("toolmesh.v1.RegistryService/ListTools") as metadata:
+            response = await self._stub.ListTools(
+                registry_pb2.ListToolsRequest(session_id=session_id), timeout=10.0, metadata=metadata
+            )
         return _tool_set(response)
 
     async def watch_tools(self, session_id: str) -> AsyncGenerator[ToolSet, None]:

@@ -1,11 +1,13 @@
-"""Client channels to toolmesh services, traced, with keepalive and message limits."""
+"""Client channels to toolmesh services, with keepalive and message limits.
+
+Calls on them are traced where they are made (telemetry.client_call).
+"""
 
 from __future__ import annotations
 
 import grpc
 
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
-from toolmesh.core.telemetry import client_interceptors
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -20,7 +22,5 @@ CHANNEL_OPTIONS = [
 def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
     """A channel to `target`: TLS with `credentials`, plaintext without."""
     if credentials is not None:
-        return grpc.aio.secure_channel(
-            target, credentials, options=CHANNEL_OPTIONS, interceptors=client_interceptors()
-        )
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+        return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)

@@ -286,14 +286,16 @@ class ToolHost:
 
     async def _submit(self, outcome: Outcome, ctx: ToolContext, host_session_id: str) -> None:
         try:
-            await self._stub.SubmitToolResult(
-                bridge_pb2.SubmitToolResultRequest(
-                    host_session_id=host_session_id,
-                    tool_request_id=ctx.tool_request_id,
-                    outcome=outcome_to_pb(outcome),
-                ),
-                timeout=10.0,
-            )
+            with telemetry.client_call("toolmesh.v1.BridgeService/SubmitToolResult") as metadata:
+                await self._stub.SubmitToolResult(
+                    bridge_pb2.SubmitToolResultRequest(
+                        host_session_id=host_session_id,
+                        tool_request_id=ctx.tool_request_id,
+                        outcome=outcome_to_pb(outcome),
+                    ),
+                    timeout=10.0,
+                    metadata=metadata,
+                )
         except grpc.aio.AioRpcError as error:
             reason = error_code(error)
             cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value

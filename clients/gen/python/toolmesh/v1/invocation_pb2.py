@@ -26,29 +26,29 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from toolmesh.v1 import tool_pb2 as toolmesh_dot_v1_dot_tool__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolmesh/v1/invocation.proto\x12\x0btoolmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16toolmesh/v1/tool.proto\"|\n\x11InvokeToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\"z\n\x12InvokeToolResponse\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12)\n\x07outcome\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x0e\n\x06joined\x18\x03 \x01(\x08\x12\x10\n\x08replayed\x18\x04 \x01(\x08\"1\n\x16\x43onfirmDeliveryRequest\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\"\x19\n\x17\x43onfirmDeliveryResponse\"/\n\x14GetInvocationRequest\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\"D\n\x15GetInvocationResponse\x12+\n\ninvocation\x18\x01 \x01(\x0b\x32\x17.toolmesh.v1.Invocation\"\xa9\x02\n\nInvocation\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12+\n\x05state\x18\x05 \x01(\x0e\x32\x1c.toolmesh.v1.InvocationState\x12)\n\x07outcome\x18\x06 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x11\n\tdelivered\x18\x07 \x01(\x08\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xae\x01\n\x0fInvocationState\x12 \n\x1cINVOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18INVOCATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aINVOCATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aINVOCATION_STATE_TIMED_OUT\x10\x03\x12\x1b\n\x17INVOCATION_STATE_FAILED\x10\x04\x32\x98\x02\n\x11InvocationService\x12M\n\nInvokeTool\x12\x1e.toolmesh.v1.InvokeToolRequest\x1a\x1f.toolmesh.v1.InvokeToolResponse\x12\\\n\x0f\x43onfirmDelivery\x12#.toolmesh.v1.ConfirmDeliveryRequest\x1a$.toolmesh.v1.ConfirmDeliveryResponse\x12V\n\rGetInvocation\x12!.toolmesh.v1.GetInvocationRequest\x1a\".toolmesh.v1.GetInvocationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolmesh/v1/invocation.proto\x12\x0btoolmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16toolmesh/v1/tool.proto\"\xa0\x01\n\x11InvokeToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\"\n\x1a\x63onfirmed_tool_request_ids\x18\x06 \x03(\t\"z\n\x12InvokeToolResponse\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12)\n\x07outcome\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x0e\n\x06joined\x18\x03 \x01(\x08\x12\x10\n\x08replayed\x18\x04 \x01(\x08\"2\n\x16\x43onfirmDeliveryRequest\x12\x18\n\x10tool_request_ids\x18\x01 \x03(\t\"\x19\n\x17\x43onfirmDeliveryResponse\"/\n\x14GetInvocationRequest\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\"D\n\x15GetInvocationResponse\x12+\n\ninvocation\x18\x01 \x01(\x0b\x32\x17.toolmesh.v1.Invocation\"\xa9\x02\n\nInvocation\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12+\n\x05state\x18\x05 \x01(\x0e\x32\x1c.toolmesh.v1.InvocationState\x12)\n\x07outcome\x18\x06 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x11\n\tdelivered\x18\x07 \x01(\x08\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xae\x01\n\x0fInvocationState\x12 \n\x1cINVOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18INVOCATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aINVOCATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aINVOCATION_STATE_TIMED_OUT\x10\x03\x12\x1b\n\x17INVOCATION_STATE_FAILED\x10\x04\x32\x98\x02\n\x11InvocationService\x12M\n\nInvokeTool\x12\x1e.toolmesh.v1.InvokeToolRequest\x1a\x1f.toolmesh.v1.InvokeToolResponse\x12\\\n\x0f\x43onfirmDelivery\x12#.toolmesh.v1.ConfirmDeliveryRequest\x1a$.toolmesh.v1.ConfirmDeliveryResponse\x12V\n\rGetInvocation\x12!.toolmesh.v1.GetInvocationRequest\x1a\".toolmesh.v1.GetInvocationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolmesh.v1.invocation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INVOCATIONSTATE']._serialized_start=850
-  _globals['_INVOCATIONSTATE']._serialized_end=1024
-  _globals['_INVOKETOOLREQUEST']._serialized_start=102
-  _globals['_INVOKETOOLREQUEST']._serialized_end=226
-  _globals['_INVOKETOOLRESPONSE']._serialized_start=228
-  _globals['_INVOKETOOLRESPONSE']._serialized_end=350
-  _globals['_CONFIRMDELIVERYREQUEST']._serialized_start=352
-  _globals['_CONFIRMDELIVERYREQUEST']._serialized_end=401
-  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_start=403
-  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_end=428
-  _globals['_GETINVOCATIONREQUEST']._serialized_start=430
-  _globals['_GETINVOCATIONREQUEST']._serialized_end=477
-  _globals['_GETINVOCATIONRESPONSE']._serialized_start=479
-  _globals['_GETINVOCATIONRESPONSE']._serialized_end=547
-  _globals['_INVOCATION']._serialized_start=550
-  _globals['_INVOCATION']._serialized_end=847
-  _globals['_INVOCATIONSERVICE']._serialized_start=1027
-  _globals['_INVOCATIONSERVICE']._serialized_end=1307
+  _globals['_INVOCATIONSTATE']._serialized_start=888
+  _globals['_INVOCATIONSTATE']._serialized_end=1062
+  _globals['_INVOKETOOLREQUEST']._serialized_start=103
+  _globals['_INVOKETOOLREQUEST']._serialized_end=263
+  _globals['_INVOKETOOLRESPONSE']._serialized_start=265
+  _globals['_INVOKETOOLRESPONSE']._serialized_end=387
+  _globals['_CONFIRMDELIVERYREQUEST']._serialized_start=389
+  _globals['_CONFIRMDELIVERYREQUEST']._serialized_end=439
+  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_start=441
+  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_end=466
+  _globals['_GETINVOCATIONREQUEST']._serialized_start=468
+  _globals['_GETINVOCATIONREQUEST']._serialized_end=515
+  _globals['_GETINVOCATIONRESPONSE']._serialized_start=517
+  _globals['_GETINVOCATIONRESPONSE']._serialized_end=585
+  _globals['_INVOCATION']._serialized_start=588
+  _globals['_INVOCATION']._serialized_end=885
+  _globals['_INVOCATIONSERVICE']._serialized_start=1065
+  _globals['_INVOCATIONSERVICE']._serialized_end=1345
 # @@protoc_insertion_point(module_scope)

@@ -3,9 +3,11 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from toolmesh.v1 import tool_pb2 as _tool_pb2
 import builtins as _builtins
@@ -58,6 +60,7 @@ class InvokeToolRequest(_message.Message):
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    CONFIRMED_TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     turn_id: _builtins.str
     tool_name: _builtins.str
@@ -71,6 +74,12 @@ class InvokeToolRequest(_message.Message):
     (24 h by default), even after delivery was confirmed; the same key with
     other arguments fails with IDEMPOTENCY_KEY_REUSED. Scoped to the session.
     """
+    @_builtins.property
+    def confirmed_tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Delivery confirmations for earlier calls' outcomes (see ConfirmDelivery),
+        applied before this call is looked at. At most 1,000.
+        """
+
     def __init__(
         self,
         *,
@@ -79,10 +88,11 @@ class InvokeToolRequest(_message.Message):
         tool_name: _builtins.str = ...,
         arguments_json: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
+        confirmed_tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "idempotency_key", b"idempotency_key", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "confirmed_tool_request_ids", b"confirmed_tool_request_ids", "idempotency_key", b"idempotency_key", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -124,16 +134,17 @@ Global___InvokeToolResponse: _TypeAlias = InvokeToolResponse  # noqa: Y015
 class ConfirmDeliveryRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
-    tool_request_id: _builtins.str
+    TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
-        tool_request_id: _builtins.str = ...,
+        tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_id", b"tool_request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_ids", b"tool_request_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

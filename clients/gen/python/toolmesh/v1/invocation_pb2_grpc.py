@@ -106,12 +106,14 @@ class InvocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ConfirmDelivery(self, request, context):
-        """ConfirmDelivery tells the runtime the caller has the outcome, so an
+        """ConfirmDelivery tells the runtime the caller has these outcomes, so an
         identical call after this one is a new invocation. Confirming twice, or
-        confirming an expired invocation, is not an error.
+        confirming an expired or still running invocation, changes nothing.
+        Callers that make further calls can instead carry their confirmations on
+        the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
-        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
-        FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
+        more than 1,000 ids).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

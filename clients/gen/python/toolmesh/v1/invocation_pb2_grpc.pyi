@@ -63,12 +63,14 @@ class InvocationServiceStub:
     reason OVERLOADED.
     """
     ConfirmDelivery: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]
-    """ConfirmDelivery tells the runtime the caller has the outcome, so an
+    """ConfirmDelivery tells the runtime the caller has these outcomes, so an
     identical call after this one is a new invocation. Confirming twice, or
-    confirming an expired invocation, is not an error.
+    confirming an expired or still running invocation, changes nothing.
+    Callers that make further calls can instead carry their confirmations on
+    the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
-    Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
-    FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+    Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
+    more than 1,000 ids).
     """
     GetInvocation: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]
     """GetInvocation describes one invocation: its state, its outcome once known,
@@ -114,12 +116,14 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     reason OVERLOADED.
     """
     ConfirmDelivery: _aio.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]  # type: ignore[assignment]
-    """ConfirmDelivery tells the runtime the caller has the outcome, so an
+    """ConfirmDelivery tells the runtime the caller has these outcomes, so an
     identical call after this one is a new invocation. Confirming twice, or
-    confirming an expired invocation, is not an error.
+    confirming an expired or still running invocation, changes nothing.
+    Callers that make further calls can instead carry their confirmations on
+    the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
-    Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
-    FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+    Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
+    more than 1,000 ids).
     """
     GetInvocation: _aio.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]  # type: ignore[assignment]
     """GetInvocation describes one invocation: its state, its outcome once known,
@@ -174,12 +178,14 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _invocation_pb2.ConfirmDeliveryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_invocation_pb2.ConfirmDeliveryResponse, _abc.Awaitable[_invocation_pb2.ConfirmDeliveryResponse]]:
-        """ConfirmDelivery tells the runtime the caller has the outcome, so an
+        """ConfirmDelivery tells the runtime the caller has these outcomes, so an
         identical call after this one is a new invocation. Confirming twice, or
-        confirming an expired invocation, is not an error.
+        confirming an expired or still running invocation, changes nothing.
+        Callers that make further calls can instead carry their confirmations on
+        the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
-        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (malformed id);
-        FAILED_PRECONDITION with reason INVOCATION_RUNNING (no outcome yet).
+        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
+        more than 1,000 ids).
         """
 
     @_abc_1.abstractmethod

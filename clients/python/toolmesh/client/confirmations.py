@@ -1,0 +1,63 @@
+"""Delivery confirmations that ride on the next call, or go alone after a short pause."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+# A confirmation goes out as soon as the event loop is free, unless a call
+# made before then carries it (busy callers batch them onto their calls).
+CONFIRM_DELAY_S = 0.0
+MAX_PER_CALL = 1000
+
+Sender = Callable[[list[str]], Awaitable[bool]]
+
+
+class PendingConfirmations:
+    """Tool request ids whose outcome arrived but whose delivery is not yet confirmed.
+
+    Until confirmed, an outcome stays replayable for an exact retry; so a
+    confirmation that is late costs little, and one that is lost (the process
+    died) is harmless: the replay window ends it.
+    """
+
+    def __init__(self, send: Sender, delay_s: float = CONFIRM_DELAY_S) -> None:
+        self._send = send
+        self._delay_s = delay_s
+        self._ids: list[str] = []
+        self._timer: asyncio.Task[None] | None = None
+
+    def add(self, tool_request_id: str) -> None:
+        self._ids.append(tool_request_id)
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.create_task(self._flush_later())
+
+    def take(self) -> list[str]:
+        """The ids for the next call to carry (at most MAX_PER_CALL)."""
+        taken, self._ids = self._ids[:MAX_PER_CALL], self._ids[MAX_PER_CALL:]
+        return taken
+
+    def give_back(self, tool_request_ids: list[str]) -> None:
+        """The call that carried these failed before the service saw them, maybe: send them again."""
+        if tool_request_ids:
+            self._ids[:0] = tool_request_ids
+            if self._timer is None or self._timer.done():
+                self._timer = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self._delay_s)
+        await self.flush()
+
+    async def flush(self) -> None:
+        while self._ids:
+            batch = self.take()
+            if not await self._send(batch):
+                return  # unreachable now; the replay window covers what is left
+
+    async def close(self) -> None:
+        """Send what is still pending; a send already under way is let finish, not cut off."""
+        if self._timer is not None and self._timer is not asyncio.current_task():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+        await self.flush()
