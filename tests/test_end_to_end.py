@@ -101,7 +101,7 @@ async def test_schema_violations_are_listed(client: InvocationClient) -> None:
     assert failure.code == "TOOL_ARGS_INVALID"
     assert failure.details["reason"] == "schema"
     messages = " | ".join(v["message"] for v in failure.details["violations"])
-    assert "'name' is a required property" in messages
+    assert '"name" is a required property' in messages
     assert "minimum of 1" in messages
     assert "Additional properties are not allowed" in messages
     paths = {v["path"] for v in failure.details["violations"]}

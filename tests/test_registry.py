@@ -147,3 +147,10 @@ async def test_watch_streams_each_revision(registry: Any) -> None:
     third = await asyncio.wait_for(stream.read(), 5)
     assert third.revision == revision and len(third.tools) == 2
     stream.cancel()
+
+
+async def test_schema_with_a_remote_ref_is_refused_not_fetched(registry: Any) -> None:
+    schema = {"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:1/never-fetched.json"}}}
+    error = await refused(registry, "r10", tool("t", schema))
+    assert error_code(error) is Code.INVALID_SCHEMA
+    assert "cannot be used" in (error.details() or "")
