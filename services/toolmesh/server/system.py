@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.core.channels import open_channel
+from toolmesh.invocation.catalog_cache import cached_registry_catalog
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
-from toolmesh.invocation.remote import RemoteCatalog, RemoteDispatcher
+from toolmesh.invocation.remote import RemoteDispatcher
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.catalog import Registry
 from toolmesh.registry.servicer import registry_service
@@ -43,11 +44,11 @@ async def start_invocation(
     registry_channel = open_channel(registry_target)
     bridge_channel = open_channel(bridge_target)
     ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
-    invoker = Invoker(
-        RemoteCatalog(registry_channel), RemoteDispatcher(bridge_channel), ledger, max_in_flight
-    )
+    # Each session's tools from a registry watch, GetTool only for names not in it.
+    catalog = cached_registry_catalog(registry_target, registry_channel)
+    invoker = Invoker(catalog, RemoteDispatcher(bridge_channel), ledger, max_in_flight)
     running = await start_server([invocation_service(invoker)], address)
-    running.after_stop += [registry_channel.close, bridge_channel.close]
+    running.after_stop += [catalog.aclose, registry_channel.close, bridge_channel.close]
     return running
 
 
