@@ -47,10 +47,10 @@ async def slow(args: dict[str, Any], ctx: ToolContext) -> None:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def traced() -> AsyncIterator[tuple[LocalSystem, InvocationClient]]:
-    telemetry.configure("toolmesh-test", metric_readers=[METRICS])
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider), "another test configured tracing first"
-    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+    telemetry.configure(
+        "toolmesh-test", span_processors=[SimpleSpanProcessor(EXPORTER)], metric_readers=[METRICS]
+    )
+    assert isinstance(trace.get_tracer_provider(), TracerProvider), "another test configured tracing first"
     system = await start_local_system(heartbeat_s=0.5)
     async with RegistryClient(system.registry_target) as registry:
         await registry.put_tools(

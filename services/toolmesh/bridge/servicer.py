@@ -62,11 +62,17 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext
     ) -> bridge_pb2.DispatchToolRequestResponse:
-        # The host's span becomes a child of this one: the stream carries no
-        # metadata, so the context travels inside the request.
-        tool_request = replace(request_from_pb(request.request), trace_context=telemetry.inject())
-        outcome = await self._router.dispatch(tool_request)
-        telemetry.record_outcome(outcome)
+        tool_request = request_from_pb(request.request)
+        with telemetry.correlation(
+            session_id=tool_request.session_id,
+            turn_id=tool_request.turn_id,
+            tool_request_id=tool_request.tool_request_id,
+            tool_name=tool_request.tool_name,
+        ):
+            # The host's span becomes a child of this one: the stream carries no
+            # metadata, so the context travels inside the request.
+            outcome = await self._router.dispatch(replace(tool_request, trace_context=telemetry.inject()))
+            telemetry.record_outcome(outcome)
         return bridge_pb2.DispatchToolRequestResponse(outcome=outcome_to_pb(outcome))
 
 

@@ -12,6 +12,7 @@ are not traced.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
@@ -84,7 +85,7 @@ def _wrap(method: str, handler: Handler) -> Handler:
 
 def _span(method: str, context: ServicerContext, traced: bool) -> Any:
     if not traced or not telemetry.enabled():
-        return trace.use_span(trace.INVALID_SPAN)
+        return contextlib.nullcontext(trace.INVALID_SPAN)
     service, _, name = method[1:].rpartition("/")
     return telemetry.TRACER.start_as_current_span(
         method[1:],

@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -70,30 +70,30 @@ def _exporting(signal: str) -> bool:
 def configure(
     service_name: str,
     *,
-    span_exporters: Sequence[SpanExporter] = (),
+    span_processors: Sequence[SpanProcessor] = (),
     metric_readers: Sequence[MetricReader] = (),
 ) -> None:
-    """Install the SDK for this process (once; later calls change nothing).
+    """Install the SDK for this process when something will receive its data (once).
 
-    Spans are always created, so logs carry trace ids and context propagates;
-    they are exported only when an OTLP endpoint is configured (or exporters
-    are given, as tests do).
+    With an OTLP endpoint configured, spans and metrics are exported; tests
+    pass their own processors and readers. Otherwise the SDK is not installed:
+    no span is made and the OpenTelemetry API stays a no-op, so telemetry
+    costs nothing (logs still carry the correlation ids, set in each process).
     """
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return
-    if isinstance(trace.get_tracer_provider(), TracerProvider):
-        return
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(CorrelationSpanProcessor())
-    exporters = list(span_exporters)
+    processors = list(span_processors)
     if _exporting("TRACES"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
 
-        exporters.append(OTLPSpanExporter())
-    for exporter in exporters:
-        tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(tracer_provider)
+        processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+    if processors and not enabled():
+        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(CorrelationSpanProcessor())
+        for processor in processors:
+            tracer_provider.add_span_processor(processor)
+        trace.set_tracer_provider(tracer_provider)
     readers = list(metric_readers)
     if _exporting("METRICS"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
@@ -182,9 +182,10 @@ def correlation_ids(ctx: Context | None = None) -> dict[str, str]:
 
 
 def inject() -> dict[str, str]:
-    """The current trace context and baggage as a carrier for a message."""
+    """The current trace context and baggage as a carrier for a message (empty when not tracing)."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    if enabled():
+        propagate.inject(carrier)
     return carrier
 
 
