@@ -109,8 +109,9 @@ async def registry() -> AsyncIterator[Registered]:
     server = await start_server(
         [
             Service(
-                full_name=registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name,
-                register=lambda s: registry_pb2_grpc.add_RegistryServiceServicer_to_server(servicer, s),
+                descriptor=registry_pb2.DESCRIPTOR.services_by_name["RegistryService"],
+                servicer=servicer,
+                add_to_server=registry_pb2_grpc.add_RegistryServiceServicer_to_server,
             )
         ]
     )

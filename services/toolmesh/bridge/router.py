@@ -238,25 +238,34 @@ class Router:
             return Outcome.runtime_error(
                 Code.TOOL_HOST_UNAVAILABLE, details={"sessionId": request.session_id}
             )
-        pending = PendingRequest(request, None, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        pending = PendingRequest(request, None, loop.create_future())
         self._pending[request_id] = pending
-        started = time.monotonic()
         log.debug("dispatching", extra={"host_session_id": host.host_session_id})
         self._deliver(pending, host)
+        # A plain timer rather than asyncio.wait: whichever of the timer and the
+        # host's submit comes first settles the future, on this one loop.
+        deadline = loop.call_later(request.timeout_ms / 1000, self._expire, pending, time.monotonic())
         try:
-            await asyncio.wait({pending.result}, timeout=request.timeout_ms / 1000)
+            return await pending.result
         except asyncio.CancelledError:
-            if not pending.result.done():
+            if request_id in self._pending:
                 self._stop(pending, EndReason.CANCELLED)
             raise
+        finally:
+            deadline.cancel()
+
+    def _expire(self, pending: PendingRequest, started: float) -> None:
         if pending.result.done():
-            return pending.result.result()
+            return
         self._stop(pending, EndReason.TIMED_OUT)
-        waited_ms = round((time.monotonic() - started) * 1000)
-        return Outcome.runtime_error(
-            Code.TOOL_TIMEOUT,
-            f"No result within {request.timeout_ms} ms.",
-            {"timeoutMs": request.timeout_ms, "waitedMs": waited_ms},
+        timeout_ms = pending.request.timeout_ms
+        pending.result.set_result(
+            Outcome.runtime_error(
+                Code.TOOL_TIMEOUT,
+                f"No result within {timeout_ms} ms.",
+                {"timeoutMs": timeout_ms, "waitedMs": round((time.monotonic() - started) * 1000)},
+            )
         )
 
     def _stop(self, pending: PendingRequest, reason: EndReason) -> None:

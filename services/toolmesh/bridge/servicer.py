@@ -83,7 +83,8 @@ def bridge_service(router: Router) -> Service:
         router.shutdown()
 
     return Service(
-        full_name=bridge_pb2.DESCRIPTOR.services_by_name["BridgeService"].full_name,
-        register=lambda server: bridge_pb2_grpc.add_BridgeServiceServicer_to_server(servicer, server),
+        descriptor=bridge_pb2.DESCRIPTOR.services_by_name["BridgeService"],
+        servicer=servicer,
+        add_to_server=bridge_pb2_grpc.add_BridgeServiceServicer_to_server,
         on_shutdown=on_shutdown,
     )

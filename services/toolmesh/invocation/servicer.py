@@ -82,7 +82,8 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
 def invocation_service(invoker: Invoker) -> Service:
     servicer = InvocationServicer(invoker)
     return Service(
-        full_name=invocation_pb2.DESCRIPTOR.services_by_name["InvocationService"].full_name,
-        register=lambda server: invocation_pb2_grpc.add_InvocationServiceServicer_to_server(servicer, server),
+        descriptor=invocation_pb2.DESCRIPTOR.services_by_name["InvocationService"],
+        servicer=servicer,
+        add_to_server=invocation_pb2_grpc.add_InvocationServiceServicer_to_server,
         on_shutdown=invoker.drain,
     )

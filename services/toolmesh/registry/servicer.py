@@ -50,6 +50,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
 def registry_service(registry: Registry) -> Service:
     servicer = RegistryServicer(registry)
     return Service(
-        full_name=registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name,
-        register=lambda server: registry_pb2_grpc.add_RegistryServiceServicer_to_server(servicer, server),
+        descriptor=registry_pb2.DESCRIPTOR.services_by_name["RegistryService"],
+        servicer=servicer,
+        add_to_server=registry_pb2_grpc.add_RegistryServiceServicer_to_server,
     )

@@ -7,14 +7,16 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
-from toolmesh.server.interceptors import ServiceInterceptor
+from toolmesh.server.instrument import instrumented
 
 log = logging.getLogger("toolmesh.server")
 
@@ -28,16 +30,20 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
 ]
 
-Registrar = Callable[[grpc.aio.Server], None]
-
 
 @dataclass
 class Service:
-    """One gRPC service to host: how to add it, its full name, and what to do before stopping."""
+    """One gRPC service to host: its servicer, how to add it, and what to do before stopping."""
 
-    full_name: str
-    register: Registrar
+    descriptor: ServiceDescriptor
+    servicer: object
+    # The generated add_XServicer_to_server.
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
     on_shutdown: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def full_name(self) -> str:
+        return self.descriptor.full_name
 
 
 @dataclass
@@ -65,11 +71,11 @@ async def start_server(
     credentials: grpc.ServerCredentials | None = None,
 ) -> RunningServer:
     """Start a server on `address` (port 0 picks a free port) and return it with its port."""
-    server = grpc.aio.server(interceptors=[ServiceInterceptor()], options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for service in services:
-        service.register(server)
+        service.add_to_server(instrumented(service.servicer, service.descriptor), server)
     names = [service.full_name for service in services]
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
