@@ -63,28 +63,39 @@ async def services(
         OTEL_METRICS_EXPORTER="none",
         TOOLMESH_LOG_LEVEL="DEBUG",
     )
-    registry = await start_service_process("registry", env=env)
-    bridge = await start_service_process("bridge", env=env)
-    invocation = await start_service_process(
-        "invocation", "--registry", registry.target, "--bridge", bridge.target, env=env
-    )
-    env.update(
-        TOOLMESH_REGISTRY_ADDR=registry.target,
-        TOOLMESH_INVOCATION_ADDR=invocation.target,
-        TOOLMESH_BRIDGE_ADDR=bridge.target,
-    )
-    async with RegistryClient(registry.target) as client:
-        await client.put_tools(
-            "exported",
-            [ToolSpec("echo", "", '{"type": "object"}'), ToolSpec("domain_fail", "", '{"type": "object"}')],
+    processes: list[ServiceProcess] = []
+    host = None
+    try:
+        registry = await start_service_process("registry", env=env)
+        processes.append(registry)
+        bridge = await start_service_process("bridge", env=env)
+        processes.append(bridge)
+        invocation = await start_service_process(
+            "invocation", "--registry", registry.target, "--bridge", bridge.target, env=env
         )
-    markers = tmp_path_factory.mktemp("export-markers")
-    host = await start_host_process(bridge.target, "exported", "e2e_handlers:HANDLERS", markers, env=env)
-    processes: list[ServiceProcess] = [registry, bridge, invocation]
-    yield {"env": env, "processes": processes, "host": host}
-    await host.stop()
-    for process in processes:
-        await process.stop()
+        processes.append(invocation)
+        env.update(
+            TOOLMESH_REGISTRY_ADDR=registry.target,
+            TOOLMESH_INVOCATION_ADDR=invocation.target,
+            TOOLMESH_BRIDGE_ADDR=bridge.target,
+        )
+        async with RegistryClient(registry.target) as client:
+            await client.put_tools(
+                "exported",
+                [
+                    ToolSpec("echo", "", '{"type": "object"}'),
+                    ToolSpec("domain_fail", "", '{"type": "object"}'),
+                ],
+            )
+        markers = tmp_path_factory.mktemp("export-markers")
+        host = await start_host_process(bridge.target, "exported", "e2e_handlers:HANDLERS", markers, env=env)
+        yield {"env": env, "processes": processes, "host": host}
+    finally:
+        # Stop whatever started, even when the setup failed half way.
+        if host is not None:
+            await host.stop()
+        for process in processes:
+            await process.stop()
 
 
 async def test_spans_of_a_call_reach_an_otlp_receiver(
