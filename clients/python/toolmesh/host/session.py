@@ -20,9 +20,9 @@ from opentelemetry.trace import SpanKind
 
 from toolmesh.core import telemetry
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import Code
+from toolmesh.core.errors import Code, code_for_reason
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.rpcstatus import error_info
 from toolmesh.core.wire import outcome_to_pb
 from toolmesh.host.context import ToolContext
 from toolmesh.host.results import convert_return
@@ -58,6 +58,14 @@ class _ActiveCall:
     cancellable: bool
 
 
+# Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
+MAX_CONCURRENT_SUBMITS = 256
+SUBMIT_GRACE_S = 5.0
+_TRANSIENT = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
 
@@ -82,6 +90,7 @@ class ToolHost:
         self._active: dict[str, _ActiveCall] = {}
         self._connected = asyncio.Event()
         self._stopping = False
+        self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
         self._runner: asyncio.Task[None] | None = None
         self.host_session_id = ""
@@ -285,24 +294,50 @@ class ToolHost:
         return converted.outcome
 
     async def _submit(self, outcome: Outcome, ctx: ToolContext, host_session_id: str) -> None:
-        try:
-            with telemetry.client_call("toolmesh.v1.BridgeService/SubmitToolResult") as metadata:
-                await self._stub.SubmitToolResult(
-                    bridge_pb2.SubmitToolResultRequest(
-                        host_session_id=host_session_id,
-                        tool_request_id=ctx.tool_request_id,
-                        outcome=outcome_to_pb(outcome),
-                    ),
-                    timeout=10.0,
-                    metadata=metadata,
+        """Hand the outcome to the bridge, retrying transport failures until the call's deadline.
+
+        Sending the same outcome again is safe: the bridge accepts one outcome
+        per request and says whether it was this one (REQUEST_ENDED, ended=answered).
+        """
+        request = bridge_pb2.SubmitToolResultRequest(
+            host_session_id=host_session_id,
+            tool_request_id=ctx.tool_request_id,
+            outcome=outcome_to_pb(outcome),
+        )
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self._submit_slots:
+                    with telemetry.client_call("toolmesh.v1.BridgeService/SubmitToolResult") as metadata:
+                        await self._stub.SubmitToolResult(
+                            request,
+                            timeout=max(ctx.time_remaining(), 1.0) + SUBMIT_GRACE_S,
+                            metadata=metadata,
+                        )
+                return
+            except grpc.aio.AioRpcError as error:
+                info = error_info(error)
+                reason = code_for_reason(info.reason) if info is not None else None
+                if (
+                    attempt > 1
+                    and reason is Code.REQUEST_ENDED
+                    and info
+                    and info.metadata.get("ended") == "answered"
+                ):
+                    return  # an earlier attempt got through; its answer was lost on the way back
+                retry = reason is None and error.code() in _TRANSIENT and ctx.time_remaining() > 0
+                if retry and not self._stopping:
+                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+                    continue
+                cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
+                log.warning(
+                    "submit failed", extra=_ids(ctx) | {"cause": cause, "grpc_status": error.code().name}
                 )
-        except grpc.aio.AioRpcError as error:
-            reason = error_code(error)
-            cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
-            log.warning("submit failed", extra=_ids(ctx) | {"cause": cause})
-            self._report(
-                HostError(Code.SUBMIT_TOOL_RESULT_FAILED, error.details() or "", cause=cause, **_ids(ctx))
-            )
+                self._report(
+                    HostError(Code.SUBMIT_TOOL_RESULT_FAILED, error.details() or "", cause=cause, **_ids(ctx))
+                )
+                return
 
     def _report(self, error: HostError) -> None:
         for callback in self._error_callbacks:
