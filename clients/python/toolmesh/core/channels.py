@@ -16,6 +16,9 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # toolmesh decides what may be retried (the ledger, the host SDK); gRPC's
+    # transparent retries would also hold a copy of every request in flight.
+    ("grpc.enable_retries", 0),
 ]
 
 
