@@ -116,6 +116,25 @@ def table(results: dict[str, Any]) -> str:
         for name, ratio in results["ratios"].items():
             p50, p99, rate = ratio["p50_ms"], ratio["p99_ms"], ratio["calls_per_s"]
             lines.append(f"  {name:<44} {p50:>7.2f}x {p99:>7.2f}x {rate:>8.2f}x")
+    traced = results.get("tracing")
+    if traced is not None:
+        lines += [
+            "",
+            "Tracing overhead on a no-op toolmesh call (every service and the host exporting over OTLP)",
+            f"  {'tracing':<44} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} {'CPU ms/call':>12}",
+        ]
+        for label in ("off", "on"):
+            figures = _figures(traced[label])
+            cpu = traced[label]["latency"]["cpu_ms_per_call"]["total"]
+            lines.append(
+                f"  {label:<44} {figures['p50_ms']:>8.2f} {figures['p99_ms']:>8.2f}"
+                f" {figures['calls_per_s']:>9.0f} {cpu:>12.2f}"
+            )
+        ratio = traced["on/off"]
+        lines.append(
+            f"  {'on/off':<44} {ratio['p50']:>7.2f}x {ratio['p99']:>7.2f}x {ratio['calls_per_s']:>8.2f}x"
+            f" {ratio['cpu_per_call']:>11.2f}x   ({traced['spans_exported']} spans exported)"
+        )
     scale = results.get("scale")
     if scale is not None:
         lines += [

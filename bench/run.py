@@ -24,11 +24,11 @@ from typing import Any
 
 import grpc
 
-from bench import floor, measure, procs, report, stack, stress, validation
+from bench import floor, measure, procs, report, stack, stress, tracing, validation
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("validation", "latency", "scale", "join")
+SECTIONS = ("validation", "latency", "tracing", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,10 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
         await system.stop()
 
 
-async def measure_toolmesh(sizes: Sizes, profiler: Profiler) -> dict[str, dict[str, Any]]:
-    system = await stack.start_toolmesh()
+async def measure_toolmesh(
+    sizes: Sizes, profiler: Profiler, env: dict[str, str] | None = None, sync: bool = True
+) -> dict[str, dict[str, Any]]:
+    system = await stack.start_toolmesh(env=env)
     client = InvocationClient(system.invocation.target)
     # Distinct arguments: identical calls in flight together would join one invocation.
     counter = itertools.count()
@@ -189,6 +191,8 @@ async def measure_toolmesh(sizes: Sizes, profiler: Profiler) -> dict[str, dict[s
     try:
         with profiler.attach("toolmesh", pids):
             measured = await _measure(caller("noop"), sizes, pids)
+        if not sync:
+            return {"toolmesh": measured}
         return {"toolmesh": measured, "toolmesh-sync": await _measure(caller("noop_sync"), sizes, pids)}
     finally:
         await client.close()
@@ -254,6 +258,19 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
             results["skipped"] = {"mcp": "the mcp package is not installed (pip install -e '.[bench]')"}
         results["systems"] = systems
         results["ratios"] = report.ratios(systems)
+    if "tracing" in sections:
+        print("... tracing off, then on (exporting over OTLP)", file=sys.stderr, flush=True)
+        off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, sync=False))[
+            "toolmesh"
+        ]
+        async with tracing.otlp_receiver() as (sink, env):
+            on = (await measure_toolmesh(sizes, Profiler(None), env, sync=False))["toolmesh"]
+        results["tracing"] = {
+            "off": off,
+            "on": on,
+            "spans_exported": sink.spans,
+            "on/off": tracing.ratios(off, on),
+        }
     if "scale" in sections:
         print(f"... scale: {sizes.scale_calls} held calls", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as work_dir:

@@ -80,13 +80,19 @@ class Toolmesh:
         await procs.stop_all([self.registry, self.bridge, self.invocation, self.host])
 
 
-async def start_toolmesh(host_env: dict[str, str] | None = None) -> Toolmesh:
-    """registry, bridge, invocation and a host process serving bench.handlers."""
+async def start_toolmesh(
+    host_env: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> Toolmesh:
+    """registry, bridge, invocation and a host process serving bench.handlers.
+
+    `env` is added to every process's environment (e.g. OTEL_* variables).
+    """
     started: list[Proc] = []
+    host_env = {**(env or {}), **(host_env or {})} or None
     try:
         registry, bridge = await asyncio.gather(
-            procs.start("registry", ["-m", "toolmesh.registry", "--listen", "127.0.0.1:0"]),
-            procs.start("bridge", ["-m", "toolmesh.bridge", "--listen", "127.0.0.1:0"]),
+            procs.start("registry", ["-m", "toolmesh.registry", "--listen", "127.0.0.1:0"], env=env),
+            procs.start("bridge", ["-m", "toolmesh.bridge", "--listen", "127.0.0.1:0"], env=env),
         )
         started += [registry, bridge]
         invocation_args = [
@@ -97,7 +103,7 @@ async def start_toolmesh(host_env: dict[str, str] | None = None) -> Toolmesh:
             "--bridge",
             bridge.target,
         ]
-        invocation = await procs.start("invocation", ["-m", "toolmesh.invocation", *invocation_args])
+        invocation = await procs.start("invocation", ["-m", "toolmesh.invocation", *invocation_args], env=env)
         started.append(invocation)
         host_args = ["--bridge", bridge.target, "--session", SESSION]
         host = await procs.start(

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 TABLE_HEADINGS = [
     "One no-op tool call",
+    "Tracing overhead on a no-op toolmesh call",
     "CPU ms per sequential call",
     "Scale:",
     "Join storm:",
@@ -55,4 +56,7 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     assert join["answered_ok"] == join["calls"]
     assert join["handler_executions"] >= 1
     assert len(results["validation"]["rows"]) >= 4
+    traced = results["tracing"]
+    assert traced["spans_exported"] > 0  # tracing on really exported, off really did not
+    assert set(traced["on/off"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}
     assert results["targets"]
