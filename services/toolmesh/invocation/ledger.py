@@ -23,6 +23,8 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.store.base import Store
 
+DECODED_CACHE_SIZE = 4096
+
 
 class InvocationState(enum.Enum):
     RUNNING = "running"
@@ -154,6 +156,26 @@ class Ledger:
         self._store = store
         self.policy = policy or LedgerPolicy()
         self._clock = clock
+        # Records this process wrote or read recently, by their stored bytes: skips decoding.
+        self._decoded: dict[bytes, InvocationRecord] = {}
+
+    def _encode(self, record: InvocationRecord) -> bytes:
+        raw = _encode(record)
+        self._remember(raw, record)
+        return raw
+
+    def _decode(self, raw: bytes) -> InvocationRecord:
+        record = self._decoded.get(raw)
+        if record is None:
+            record = _decode(raw)
+            self._remember(raw, record)
+        return record
+
+    def _remember(self, raw: bytes, record: InvocationRecord) -> None:
+        # Records are immutable: the same bytes always decode to an equal record.
+        if len(self._decoded) >= DECODED_CACHE_SIZE:
+            self._decoded.clear()
+        self._decoded[raw] = record
 
     @staticmethod
     def _record_key(tool_request_id: str) -> str:
@@ -169,7 +191,7 @@ class Ledger:
 
     async def get(self, tool_request_id: str) -> InvocationRecord | None:
         stored = await self._store.get(self._record_key(tool_request_id))
-        return None if stored is None else _decode(stored.value)
+        return None if stored is None else self._decode(stored.value)
 
     async def claim(
         self,
@@ -201,7 +223,7 @@ class Ledger:
             trace_context=trace_context or {},
         )
         running_ttl = timeout_ms / 1000 + self.policy.running_grace_s
-        await self._store.put(self._record_key(new_id), _encode(record), ttl_s=running_ttl)
+        await self._store.put(self._record_key(new_id), self._encode(record), ttl_s=running_ttl)
         if idempotency_key:
             return Claim(record, True)
         # Another call may have claimed the identity meanwhile (another replica): theirs wins.
@@ -274,7 +296,9 @@ class Ledger:
         if record is None:
             return
         finished = replace(record, state=state_of(outcome), outcome=outcome, finished_at=self._clock())
-        await self._store.put(self._record_key(tool_request_id), _encode(finished), ttl_s=self._ttl(finished))
+        await self._store.put(
+            self._record_key(tool_request_id), self._encode(finished), ttl_s=self._ttl(finished)
+        )
         if finished.idempotency_key:
             return
         if replayable:
@@ -299,7 +323,7 @@ class Ledger:
             raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"tool_request_id": tool_request_id})
         await self._store.put(
             self._record_key(tool_request_id),
-            _encode(replace(record, delivered=True)),
+            self._encode(replace(record, delivered=True)),
             ttl_s=self._ttl(record),
         )
         await self._drop_pointer(record)
@@ -309,7 +333,7 @@ class Ledger:
         async for stored in self._store.watch(self._record_key(tool_request_id)):
             if stored is None:
                 return None
-            record = _decode(stored.value)
+            record = self._decode(stored.value)
             if record.finished:
                 return record
         return None

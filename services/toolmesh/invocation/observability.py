@@ -38,8 +38,11 @@ def observe(tool_name: str, tool_request_id: str, outcome: Outcome, started: flo
     CALLS.add(1, attributes)
     DURATION.record(elapsed, attributes)
     failed_in_runtime = outcome.failure is not None and outcome.failure.kind is ErrorKind.RUNTIME
+    level = logging.INFO if failed_in_runtime else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
     log.log(
-        logging.INFO if failed_in_runtime else logging.DEBUG,
+        level,
         "tool call ended",
         extra={
             "tool_request_id": tool_request_id,

@@ -17,13 +17,18 @@ class Cancellation:
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self._async_event = asyncio.Event()
+        # Made on first use, on the loop: most calls are never waited on.
+        self._async_event: asyncio.Event | None = None
         self.reason: str | None = None
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self.reason is not None
 
     async def wait(self) -> None:
+        if self.reason is not None:
+            return
+        if self._async_event is None:
+            self._async_event = asyncio.Event()
         await self._async_event.wait()
 
     def wait_blocking(self, timeout: float | None = None) -> bool:
@@ -31,10 +36,11 @@ class Cancellation:
 
     def set(self, reason: str) -> None:
         """Called on the event loop by the SDK."""
-        if not self._event.is_set():
+        if self.reason is None:
             self.reason = reason
             self._event.set()
-            self._async_event.set()
+            if self._async_event is not None:
+                self._async_event.set()
 
 
 @dataclass(frozen=True)
