@@ -68,6 +68,7 @@ class HostSession:
     _events: asyncio.Queue[HostEvent | _Close] = field(default_factory=asyncio.Queue)
     in_flight: dict[str, PendingRequest] = field(default_factory=dict)
     closed: bool = False
+    _beat: asyncio.TimerHandle | None = None
 
     def preference(self, tool_name: str) -> int:
         """2: a named handler, 1: a generic one, 0: none (the host SDK will say so)."""
@@ -79,12 +80,27 @@ class HostSession:
         if not self.closed:
             self._events.put_nowait(event)
 
-    async def next_event(self, heartbeat_s: float) -> HostEvent:
-        """The next event for the host; a Heartbeat when none came within `heartbeat_s`."""
-        try:
-            event = await asyncio.wait_for(self._events.get(), heartbeat_s)
-        except TimeoutError:
-            return Heartbeat()
+    def start_heartbeats(self, interval_s: float) -> None:
+        """Queue a Heartbeat every `interval_s` until the session closes.
+
+        A timer, not a timeout around each wait: that would cost a task per event.
+        """
+        loop = asyncio.get_running_loop()
+
+        def beat() -> None:
+            if not self.closed:
+                self._events.put_nowait(Heartbeat())
+                self._beat = loop.call_later(interval_s, beat)
+
+        self._beat = loop.call_later(interval_s, beat)
+
+    def stop_heartbeats(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+
+    async def next_event(self) -> HostEvent:
+        """The next event for the host: a request, a cancellation or a heartbeat."""
+        event = await self._events.get()
         if isinstance(event, _Close):
             raise ToolmeshError(Code.SHUTTING_DOWN)
         return event
@@ -144,6 +160,7 @@ class Router:
         )
         self._hosts[host.host_session_id] = host
         self._by_session.setdefault(session_id, []).append(host)
+        host.start_heartbeats(self.heartbeat_s)
         CONNECTED_HOSTS.add(1)
         log.info(
             "host connected",
@@ -162,6 +179,7 @@ class Router:
         if host.closed:
             return
         host.closed = True
+        host.stop_heartbeats()
         CONNECTED_HOSTS.add(-1)
         self._hosts.pop(host.host_session_id, None)
         peers = self._by_session.get(host.session_id, [])

@@ -37,7 +37,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
                 )
             )
             while True:
-                event = await host.next_event(router.heartbeat_s)
+                event = await host.next_event()
                 if isinstance(event, Heartbeat):
                     yield bridge_pb2.OpenHostSessionResponse(heartbeat=bridge_pb2.Heartbeat())
                 elif isinstance(event, Cancellation):

@@ -51,6 +51,31 @@ class HostError:
 ErrorCallback = Callable[[HostError], None]
 
 
+class _Silence:
+    """Notices a bridge that stopped talking: no event (not even a heartbeat) for `limit_s`.
+
+    One watchdog per stream, not a timeout around each read (a task per event).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit_s: float) -> None:
+        self._loop = loop
+        self.limit_s = limit_s
+        self._last = loop.time()
+        self.expired = False
+
+    def heard(self) -> None:
+        self._last = self._loop.time()
+
+    async def watch(self, call: Any) -> None:
+        while True:
+            # Re-read each time: the limit shrinks once the bridge says how often it beats.
+            await asyncio.sleep(min(self.limit_s / 3, 1.0))
+            if self._loop.time() - self._last > self.limit_s:
+                self.expired = True
+                call.cancel()
+                return
+
+
 @dataclass(frozen=True, slots=True)
 class _ActiveCall:
     task: asyncio.Task[None]
@@ -178,15 +203,27 @@ class ToolHost:
         )
         self._call = call
         # Until the bridge says how often it beats, allow a generous first wait.
-        silence_limit = 30.0
+        silence = _Silence(asyncio.get_running_loop(), limit_s=30.0)
+        watchdog = asyncio.create_task(silence.watch(call))
+        try:
+            await self._read_events(call, silence)
+        except asyncio.CancelledError:
+            if silence.expired:
+                raise TimeoutError from None
+            raise
+        finally:
+            watchdog.cancel()
+
+    async def _read_events(self, call: Any, silence: _Silence) -> None:
         while True:
-            event = await asyncio.wait_for(call.read(), silence_limit)
+            event = await call.read()
+            silence.heard()
             if event is grpc.aio.EOF:
                 return
             kind = event.WhichOneof("event")
             if kind == "opened":
                 self.host_session_id = event.opened.host_session_id
-                silence_limit = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
+                silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
                 self._connected.set()
                 log.info(
                     "host connected",
