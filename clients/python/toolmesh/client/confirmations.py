@@ -27,11 +27,23 @@ class PendingConfirmations:
         self._delay_s = delay_s
         self._ids: list[str] = []
         self._timer: asyncio.Task[None] | None = None
+        self._check: asyncio.Handle | None = None
 
     def add(self, tool_request_id: str) -> None:
         self._ids.append(tool_request_id)
-        if self._timer is None or self._timer.done():
-            self._timer = asyncio.create_task(self._flush_later())
+        self._schedule()
+
+    def _schedule(self) -> None:
+        # A plain callback first: usually the caller's next call has taken the
+        # ids by the time it runs, and no task is needed at all.
+        if self._check is None:
+            loop = asyncio.get_running_loop()
+            self._check = loop.call_later(self._delay_s, self._start_flush)
+
+    def _start_flush(self) -> None:
+        self._check = None
+        if self._ids and (self._timer is None or self._timer.done()):
+            self._timer = asyncio.create_task(self.flush())
 
     def take(self) -> list[str]:
         """The ids for the next call to carry (at most MAX_PER_CALL)."""
@@ -42,12 +54,7 @@ class PendingConfirmations:
         """The call that carried these failed before the service saw them, maybe: send them again."""
         if tool_request_ids:
             self._ids[:0] = tool_request_ids
-            if self._timer is None or self._timer.done():
-                self._timer = asyncio.create_task(self._flush_later())
-
-    async def _flush_later(self) -> None:
-        await asyncio.sleep(self._delay_s)
-        await self.flush()
+            self._schedule()
 
     async def flush(self) -> None:
         while self._ids:
@@ -57,6 +64,9 @@ class PendingConfirmations:
 
     async def close(self) -> None:
         """Send what is still pending; a send already under way is let finish, not cut off."""
+        if self._check is not None:
+            self._check.cancel()
+            self._check = None
         if self._timer is not None and self._timer is not asyncio.current_task():
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
