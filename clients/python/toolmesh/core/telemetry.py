@@ -16,8 +16,10 @@ exported otherwise. OTEL_SDK_DISABLED=true turns the SDK off entirely.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import grpc
@@ -43,6 +45,11 @@ JOINED = "toolmesh.joined"
 REPLAYED = "toolmesh.replayed"
 
 TRACER = trace.get_tracer("toolmesh")
+# The correlation ids of the work in hand, for logs; a plain context variable
+# so that it costs next to nothing when nothing is traced.
+_IDS: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "toolmesh_ids", default=MappingProxyType({})
+)
 METER = metrics.get_meter("toolmesh")
 
 
@@ -158,27 +165,29 @@ def client_call(full_method: str) -> Iterator[list[tuple[str, str]]]:
 
 @contextlib.contextmanager
 def correlation(**ids: str) -> Iterator[None]:
-    """Make ids (session_id=..., turn_id=...) the current `toolmesh.*` baggage and current span attributes."""
-    ctx = context.get_current()
-    span = trace.get_current_span()
-    for name, value in ids.items():
-        if value:
+    """Make ids (session_id=..., turn_id=...) current: for logs always; when tracing, also as
+    `toolmesh.*` baggage (so they travel with the next call) and on the current span."""
+    given = {name: value for name, value in ids.items() if value}
+    ids_token = _IDS.set({**_IDS.get(), **given})
+    context_token = None
+    if enabled():
+        ctx = context.get_current()
+        span = trace.get_current_span()
+        for name, value in given.items():
             ctx = baggage.set_baggage(PREFIX + name, value, ctx)
             span.set_attribute(PREFIX + name, value)
-    token = context.attach(ctx)
+        context_token = context.attach(ctx)
     try:
         yield
     finally:
-        context.detach(token)
+        if context_token is not None:
+            context.detach(context_token)
+        _IDS.reset(ids_token)
 
 
-def correlation_ids(ctx: Context | None = None) -> dict[str, str]:
-    """The current `toolmesh.*` baggage, without the prefix (for logs)."""
-    return {
-        key.removeprefix(PREFIX): str(value)
-        for key, value in baggage.get_all(ctx).items()
-        if key.startswith(PREFIX)
-    }
+def correlation_ids() -> dict[str, str]:
+    """The ids made current by `correlation` (for logs)."""
+    return dict(_IDS.get())
 
 
 def inject() -> dict[str, str]:
