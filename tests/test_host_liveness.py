@@ -1,4 +1,4 @@
-"""The host SDK notices a bridge that stopped talking, and reconnects.
+"""The host SDK against misbehaving bridges: silence, and submits lost in transport.
 
 The peer here is a deliberately broken bridge (it opens the stream, then never
 sends a heartbeat), which the real bridge cannot be made to be.
@@ -11,8 +11,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import pytest
 
-from toolmesh.host import ToolHost
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.rpcstatus import to_grpc_status
+from toolmesh.host import HostError, ToolHost
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
 
@@ -53,6 +56,69 @@ async def test_host_reconnects_when_heartbeats_stop() -> None:
             await asyncio.sleep(0.05)
         assert bridge.opened >= 2
         await host.wait_connected(5)
+    finally:
+        await host.stop()
+        await server.stop(0)
+
+
+class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
+    """Sends one tool request; the first submit fails in transport, later ones answer as told."""
+
+    def __init__(self, second_answer: str) -> None:
+        self.submits = 0
+        self.second_answer = second_answer
+
+    async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        opened = bridge_pb2.HostSessionOpened(host_session_id="hs_1", heartbeat_interval_ms=1000)
+        yield bridge_pb2.OpenHostSessionResponse(opened=opened)
+        yield bridge_pb2.OpenHostSessionResponse(
+            tool_request=bridge_pb2.ToolRequest(
+                session_id="flaky",
+                turn_id="t",
+                tool_request_id="tr_1",
+                tool_name="echo",
+                arguments_json="{}",
+                timeout_ms=5000,
+            )
+        )
+        await asyncio.sleep(60)
+
+    async def SubmitToolResult(self, request: Any, context: Any) -> Any:
+        self.submits += 1
+        if self.submits == 1:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        if self.second_answer == "ended":
+            status = to_grpc_status(
+                ToolmeshError(Code.REQUEST_ENDED, "", {"tool_request_id": "tr_1", "ended": "answered"})
+            )
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        return bridge_pb2.SubmitToolResultResponse()
+
+    async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+
+@pytest.mark.parametrize("second_answer", ["ok", "ended"])
+async def test_submit_retries_a_transport_failure_and_reports_nothing(second_answer: str) -> None:
+    server = grpc.aio.server()
+    bridge = FlakyBridge(second_answer)
+    bridge_pb2_grpc.add_BridgeServiceServicer_to_server(bridge, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    host = ToolHost(f"127.0.0.1:{port}", "flaky")
+    host.on_tool("echo", lambda args, ctx: {"ok": True})
+    errors: list[HostError] = []
+    host.on_error(errors.append)
+    try:
+        await host.start(timeout=5)
+        for _ in range(100):
+            if bridge.submits >= 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+        # Retried once; "ended: answered" after a lost reply means the first one got through.
+        assert bridge.submits == 2
+        assert errors == []
     finally:
         await host.stop()
         await server.stop(0)
