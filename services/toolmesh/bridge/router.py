@@ -133,17 +133,6 @@ class Router:
         self._ended_memory = ended_memory
         self._turn = itertools.count()
 
-    @property
-    def host_count(self) -> int:
-        return len(self._hosts)
-
-    @property
-    def pending_count(self) -> int:
-        return len(self._pending)
-
-    def hosts_for(self, session_id: str) -> list[HostSession]:
-        return list(self._by_session.get(session_id, ()))
-
     def open_host(
         self, session_id: str, host_name: str, handler_names: Iterable[str], has_generic_handler: bool
     ) -> HostSession:

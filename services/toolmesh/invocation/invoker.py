@@ -74,11 +74,7 @@ def check_arguments(tool: ToolSpec, arguments_json: str) -> Outcome | None:
             tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True
         )
         found = violations(validator, arguments)
-    except ToolmeshError:
-        return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID, "The tool's schema cannot be applied.", {"reason": "schema_unusable"}
-        )
-    except Exception as exc:  # e.g. a $ref that cannot be resolved
+    except Exception as exc:  # a schema the registry took but this validator cannot use
         log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
         return Outcome.runtime_error(
             Code.TOOL_ARGS_INVALID, "The tool's schema cannot be applied.", {"reason": "schema_unusable"}
@@ -122,10 +118,6 @@ class Invoker:
         # Invocations this process runs. They go on when their caller leaves, so
         # that a caller whose own deadline passed can retry and join them.
         self._running: dict[str, asyncio.Task[Outcome]] = {}
-
-    @property
-    def running_count(self) -> int:
-        return len(self._running)
 
     async def invoke(
         self, call: ToolCall, idempotency_key: str = "", confirmed: Sequence[str] = ()

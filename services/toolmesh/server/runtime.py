@@ -15,19 +15,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from toolmesh.core.limits import MAX_MESSAGE_BYTES
+from toolmesh.core.channels import TRANSPORT_OPTIONS
 from toolmesh.server.instrument import instrumented
 
 log = logging.getLogger("toolmesh.server")
 
 SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # Notice dead peers on long-lived host streams, and let clients ping.
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    *TRANSPORT_OPTIONS,
+    # Let clients ping this often on idle connections.
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
 ]
 
 

@@ -9,13 +9,17 @@ import grpc
 
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 
-CHANNEL_OPTIONS = [
+# Shared by servers and clients: message limits, and keepalive pings so that
+# either end of a long-lived stream notices a dead peer even when nothing is sent.
+TRANSPORT_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # Notice a dead peer on long-lived streams even when nothing is sent.
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+]
+CHANNEL_OPTIONS = [
+    *TRANSPORT_OPTIONS,
     # toolmesh decides what may be retried (the ledger, the host SDK); gRPC's
     # transparent retries would also hold a copy of every request in flight.
     ("grpc.enable_retries", 0),

@@ -213,9 +213,9 @@ def extract(carrier: Mapping[str, str]) -> Context:
     return propagate.extract(dict(carrier))
 
 
-def record_outcome(outcome: Outcome, span: trace.Span | None = None) -> None:
-    """Put the outcome code on the span; runtime errors (not domain errors) mark it as an error."""
-    target = span or trace.get_current_span()
+def record_outcome(outcome: Outcome) -> None:
+    """Put the outcome code on the current span; runtime errors (not domain errors) mark it as an error."""
+    target = trace.get_current_span()
     target.set_attribute(OUTCOME_CODE, outcome.code)
     failure = outcome.failure
     if failure is not None and failure.kind is ErrorKind.RUNTIME:
