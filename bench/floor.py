@@ -4,6 +4,7 @@ caller -> front (unary) -> back (unary, held until the host answers)
 back -> host (server stream) ; host -> back (unary submit) ; back -> front -> caller.
 
 Each part runs as its own process: `python -m bench.floor front|back|lookup|host ...`.
+`host --hold N` holds requests starting with HELD until N have arrived (the scale test's floor).
 Messages are raw bytes (no serializers); the back server prefixes each request it
 streams to a host with an 8-byte id, which the host's submit carries back.
 `--lookup` makes the front also call a lookup server first, as the invocation
@@ -19,6 +20,8 @@ import signal
 import struct
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,6 +32,11 @@ DISPATCH = "/floor.Back/Dispatch"
 OPEN = "/floor.Back/Open"
 SUBMIT = "/floor.Back/Submit"
 RESULT = b'{"ok":true}'
+# With `host --hold`, requests starting with this are held; others are answered at once.
+HELD = b"hold:"
+SUBMIT_TIMEOUT_S = 30
+# As toolmesh's host SDK: thousands of submits at once on one channel stall it.
+MAX_SUBMITS_IN_FLIGHT = 256
 _ID = struct.Struct("!Q")
 
 
@@ -62,7 +70,7 @@ async def front(listen: str, back: str, lookup: str | None) -> None:
     async def invoke(request: bytes, context: Any) -> bytes:
         if get is not None:
             await get(request)
-        response: bytes = await dispatch(request, timeout=60)
+        response: bytes = await dispatch(request, timeout=context.time_remaining())
         return response
 
     await _serve(listen, [grpc.method_handlers_generic_handler("floor.Front", {"Invoke": _unary(invoke)})])
@@ -118,13 +126,33 @@ async def back(listen: str) -> None:
     await _serve(listen, [grpc.method_handlers_generic_handler("floor.Back", handlers)])
 
 
-async def host(back_target: str) -> None:
+@dataclass
+class Hold:
+    """Hold requests until `target` have arrived, then `seconds` more (the scale test)."""
+
+    target: int
+    seconds: float
+    arrivals_file: Path
+    arrived: int = 0
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        if self.arrived >= self.target:
+            self.released.set()
+        if self.arrived % 50 == 0 or self.released.is_set():
+            self.arrivals_file.write_text(str(self.arrived))
+        await self.released.wait()
+        await asyncio.sleep(self.seconds)
+
+
+async def host(back_target: str, hold: Hold | None) -> None:
     """Receive requests on a server stream; answer each from its own task with a unary submit."""
     channel = grpc.aio.insecure_channel(back_target)
     submit = channel.unary_unary(SUBMIT)
     call = channel.unary_stream(OPEN)(b"")
     tasks: set[asyncio.Task[Any]] = set()
-    reader = asyncio.create_task(_read(call, submit, tasks))
+    reader = asyncio.create_task(_read(call, submit, tasks, hold))
     stopper = asyncio.create_task(_until_signalled())
     await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
     call.cancel()
@@ -132,18 +160,23 @@ async def host(back_target: str) -> None:
     await channel.close()
 
 
-async def _read(call: Any, submit: Any, tasks: set[asyncio.Task[Any]]) -> None:
+async def _read(call: Any, submit: Any, tasks: set[asyncio.Task[Any]], hold: Hold | None) -> None:
+    submitting = asyncio.Semaphore(MAX_SUBMITS_IN_FLIGHT)
     async for message in call:
         if not message:
             print("floor host: connected", file=sys.stderr, flush=True)
             continue
-        task = asyncio.create_task(_answer(submit, message[: _ID.size]))
+        held = hold if hold is not None and message[_ID.size :].startswith(HELD) else None
+        task = asyncio.create_task(_answer(submit, message[: _ID.size], held, submitting))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
 
-async def _answer(submit: Any, request_id: bytes) -> None:
-    await submit(request_id + RESULT, timeout=30)
+async def _answer(submit: Any, request_id: bytes, hold: Hold | None, submitting: asyncio.Semaphore) -> None:
+    if hold is not None:
+        await hold.wait()
+    async with submitting:
+        await submit(request_id + RESULT, timeout=SUBMIT_TIMEOUT_S)
 
 
 def main() -> None:
@@ -152,6 +185,9 @@ def main() -> None:
     parser.add_argument("--listen", default="127.0.0.1:0")
     parser.add_argument("--back")
     parser.add_argument("--lookup")
+    parser.add_argument("--hold", type=int, help="host: hold requests until this many arrived")
+    parser.add_argument("--hold-s", type=float, default=1.0, help="host: then hold them this long more")
+    parser.add_argument("--arrivals", type=Path, help="host: where to keep the count of held requests")
     args = parser.parse_args()
     if args.role == "front":
         asyncio.run(front(args.listen, args.back, args.lookup))
@@ -160,7 +196,8 @@ def main() -> None:
     elif args.role == "lookup":
         asyncio.run(lookup_server(args.listen))
     else:
-        asyncio.run(host(args.back))
+        hold = Hold(args.hold, args.hold_s, args.arrivals) if args.hold else None
+        asyncio.run(host(args.back, hold))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ PEERS = {"floor": "floor", "mcp-http": "MCP streamable HTTP", "mcp-stdio": "MCP 
 MAX_P50_VS_FLOOR = 1.3
 MIN_THROUGHPUT_VS_FLOOR = 0.8
 MAX_KB_PER_HELD_CALL = 10.0
+# The floor process that holds a held call the way each toolmesh service does.
+FLOOR_COUNTERPARTS = {"invocation": "front", "bridge": "back", "host": "host"}
 
 
 def _figures(system: dict[str, Any]) -> dict[str, float]:
@@ -137,23 +139,7 @@ def table(results: dict[str, Any]) -> str:
         )
     scale = results.get("scale")
     if scale is not None:
-        lines += [
-            "",
-            f"Scale: {scale['calls']} slow calls held at once"
-            f" (released together, then {scale['hold_s']:g} s):"
-            f" {scale['correct']}/{scale['calls']} correct, {scale['held_together']} held together,"
-            f" all started in {scale['seconds_to_start_all']:.1f} s, answered in {scale['seconds']:.1f} s",
-        ]
-        if scale["failures"]:
-            lines.append(f"  failures: {scale['failures']}")
-        if scale["host_errors"]:
-            lines.append(f"  host errors: {scale['host_errors']}")
-        lines.append(f"  {'process':<12} {'baseline RSS':>14} {'peak RSS':>12} {'per held call':>15}")
-        for name, memory in scale["memory"].items():
-            baseline_mb, peak_mb = memory["baseline_rss_kb"] / 1024, memory["peak_rss_kb"] / 1024
-            lines.append(
-                f"  {name:<12} {baseline_mb:>11.1f} MB {peak_mb:>9.1f} MB {memory['per_call_kb']:>12.2f} KB"
-            )
+        lines += _scale_lines(scale, results.get("scale_floor"))
     join = results.get("join_storm")
     if join is not None:
         lines += [
@@ -182,3 +168,36 @@ def table(results: dict[str, Any]) -> str:
             shown = f"{value:.2f}" if isinstance(value, float) else str(value)
             lines.append(f"  {'met   ' if target['met'] else 'MISSED'} {name:<40} {shown}")
     return "\n".join(lines)
+
+
+def _scale_lines(scale: dict[str, Any], floor: dict[str, Any] | None) -> list[str]:
+    lines = [
+        "",
+        f"Scale: {scale['calls']} slow calls held at once"
+        f" (released together, then {scale['hold_s']:g} s):"
+        f" {scale['correct']}/{scale['calls']} correct, {scale['held_together']} held together,"
+        f" all started in {scale['seconds_to_start_all']:.1f} s, answered in {scale['seconds']:.1f} s",
+    ]
+    if scale["failures"]:
+        lines.append(f"  failures: {scale['failures']}")
+    if scale["host_errors"]:
+        lines.append(f"  host errors: {scale['host_errors']}")
+    lines.append(
+        f"  {'process':<12} {'baseline RSS':>14} {'peak RSS':>12} {'per held call':>15}"
+        + (f" {'floor':>26} {'vs floor':>9}" if floor else "")
+    )
+    for name, memory in scale["memory"].items():
+        baseline_mb, peak_mb = memory["baseline_rss_kb"] / 1024, memory["peak_rss_kb"] / 1024
+        per_call = memory["per_call_kb"]
+        line = f"  {name:<12} {baseline_mb:>11.1f} MB {peak_mb:>9.1f} MB {per_call:>12.2f} KB"
+        counterpart = FLOOR_COUNTERPARTS.get(name)
+        if floor and counterpart:
+            floor_kb = floor["memory"][counterpart]["per_call_kb"]
+            line += f" {counterpart:>14} {floor_kb:>8.2f} KB {per_call / floor_kb:>8.2f}x"
+        lines.append(line)
+    if floor:
+        lines.append(
+            f"  floor: {floor['correct']}/{floor['calls']} correct, answered in {floor['seconds']:.1f} s"
+            + (f"; failures: {floor['failures']}" if floor["failures"] else "")
+        )
+    return lines

@@ -275,6 +275,9 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
         print(f"... scale: {sizes.scale_calls} held calls", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as work_dir:
             results["scale"] = await stress.scale(sizes.scale_calls, sizes.scale_hold_s, Path(work_dir))
+            results["scale_floor"] = await stress.floor_scale(
+                sizes.scale_calls, sizes.scale_hold_s, Path(work_dir)
+            )
     if "join" in sections:
         print(f"... join storm: {sizes.join_calls} identical calls", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as counter_dir:

@@ -36,7 +36,8 @@ class Floor:
         await procs.stop_all(self.procs)
 
 
-async def start_floor(with_lookup: bool = False) -> Floor:
+async def start_floor(with_lookup: bool = False, host_args: list[str] | None = None) -> Floor:
+    """back, front (and lookup) servers and a host, each its own process; `host_args` go to the host."""
     floor = Floor()
     try:
         back = await procs.start("floor-back", ["-m", "bench.floor", "back"])
@@ -47,7 +48,9 @@ async def start_floor(with_lookup: bool = False) -> Floor:
             floor.procs.append(lookup)
             front_args += ["--lookup", lookup.target]
         host = await procs.start(
-            "floor-host", ["-m", "bench.floor", "host", "--back", back.target], port_line=False
+            "floor-host",
+            ["-m", "bench.floor", "host", "--back", back.target, *(host_args or [])],
+            port_line=False,
         )
         floor.procs.append(host)
         await host.wait_for("floor host: connected")

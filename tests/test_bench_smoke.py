@@ -52,6 +52,9 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     scale = results["scale"]
     assert scale["correct"] == scale["calls"] == scale["held_together"]
     assert set(scale["memory"]) == {"invocation", "bridge", "registry", "host"}
+    scale_floor = results["scale_floor"]
+    assert scale_floor["correct"] == scale_floor["calls"], scale_floor["failures"]
+    assert set(scale_floor["memory"]) == {"front", "back", "host"}
     join = results["join_storm"]
     assert join["answered_ok"] == join["calls"]
     assert join["handler_executions"] >= 1
