@@ -205,3 +205,106 @@ async def test_bad_dispatch_is_invalid_request(bridge: Any) -> None:
     bad = request("b8", "req-8")
     bad.request.timeout_ms = 0
     assert await refusal(bridge.DispatchToolRequest(bad)) is Code.INVALID_REQUEST
+
+
+class DispatchStream:
+    """The invocation service's side of a DispatchToolRequests stream, driven by hand."""
+
+    def __init__(self, stub: Any) -> None:
+        self.call = stub.DispatchToolRequests()
+        self.responses: asyncio.Queue[Any] = asyncio.Queue()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while (response := await self.call.read()) is not grpc.aio.EOF:
+            await self.responses.put(response)
+        await self.responses.put(None)
+
+    async def send(self, session: str, request_id: str, timeout_ms: int = 5000) -> None:
+        tool_request = request(session, request_id, timeout_ms=timeout_ms).request
+        await self.call.write(bridge_pb2.DispatchToolRequestsRequest(request=tool_request))
+
+    async def cancel(self, request_id: str) -> None:
+        await self.call.write(bridge_pb2.DispatchToolRequestsRequest(cancel_tool_request_id=request_id))
+
+    async def next(self, timeout: float = 5) -> Any:
+        return await asyncio.wait_for(self.responses.get(), timeout)
+
+
+async def test_one_stream_carries_many_requests_answered_as_they_end(bridge: Any) -> None:
+    host = await Host(bridge, "s1", ["t"]).open()
+    stream = DispatchStream(bridge)
+    for index in range(3):
+        await stream.send("s1", f"s1-req-{index}")
+    delivered = [(await host.next("tool_request")).tool_request_id for _ in range(3)]
+    assert sorted(delivered) == ["s1-req-0", "s1-req-1", "s1-req-2"]
+    for index in (2, 0, 1):
+        await host.submit(f"s1-req-{index}", tool_pb2.ToolOutcome(result_json=str(index)))
+        response = await stream.next()
+        assert (response.tool_request_id, response.outcome.result_json) == (f"s1-req-{index}", str(index))
+    await stream.send("s1-nobody", "s1-req-3")
+    unavailable = await stream.next()
+    assert unavailable.tool_request_id == "s1-req-3"
+    assert unavailable.outcome.error.code == "TOOL_HOST_UNAVAILABLE"
+    # Once the caller stops sending and nothing is held, the stream ends.
+    await stream.call.done_writing()
+    assert await stream.next() is None
+    host.stream.cancel()
+
+
+async def test_stream_refuses_bad_requests_one_by_one_and_goes_on(bridge: Any) -> None:
+    host = await Host(bridge, "s2", ["t"]).open()
+    stream = DispatchStream(bridge)
+    await stream.send("s2", "s2-req-1")
+    await host.next("tool_request")
+    await stream.send("s2", "s2-req-1")  # the same id again, on the same stream
+    duplicate = await stream.next()
+    assert (duplicate.tool_request_id, duplicate.refusal.reason) == ("s2-req-1", "REQUEST_DUPLICATE")
+    await stream.send("s2", "s2-req-2", timeout_ms=0)
+    invalid = await stream.next()
+    assert (invalid.tool_request_id, invalid.refusal.reason) == ("s2-req-2", "INVALID_REQUEST")
+    assert "timeout_ms" in invalid.refusal.message
+    # The refusals ended nothing: the first request still gets its outcome.
+    await host.submit("s2-req-1", OK)
+    answered = await stream.next()
+    assert (answered.tool_request_id, answered.outcome.result_json) == ("s2-req-1", '{"done": true}')
+    stream.call.cancel()
+    host.stream.cancel()
+
+
+async def test_cancel_on_the_stream_tells_the_host_and_sends_no_outcome(bridge: Any) -> None:
+    host = await Host(bridge, "s3", ["t"]).open()
+    stream = DispatchStream(bridge)
+    await stream.send("s3", "s3-req-1")
+    await host.next("tool_request")
+    await stream.cancel("s3-req-1")
+    cancelled = await host.next("cancelled")
+    assert (cancelled.tool_request_id, cancelled.reason) == ("s3-req-1", bridge_pb2.CANCEL_REASON_CANCELLED)
+    assert await refusal(host.submit("s3-req-1", OK)) is Code.REQUEST_ENDED
+    await stream.cancel("s3-req-unknown")  # nothing to cancel: ignored
+    await stream.call.done_writing()
+    assert await stream.next() is None  # the stream ended without an outcome for it
+    host.stream.cancel()
+
+
+async def test_a_broken_stream_cancels_the_requests_it_held(bridge: Any) -> None:
+    host = await Host(bridge, "s4", ["t"]).open()
+    stream = DispatchStream(bridge)
+    await stream.send("s4", "s4-req-1")
+    await host.next("tool_request")
+    stream.call.cancel()
+    cancelled = await host.next("cancelled")
+    assert (cancelled.tool_request_id, cancelled.reason) == ("s4-req-1", bridge_pb2.CANCEL_REASON_CANCELLED)
+    host.stream.cancel()
+
+
+async def test_stream_times_out_requests_like_the_unary_call(bridge: Any) -> None:
+    host = await Host(bridge, "s5", ["t"]).open()
+    stream = DispatchStream(bridge)
+    await stream.send("s5", "s5-req-1", timeout_ms=150)
+    await host.next("tool_request")
+    timed_out = await stream.next()
+    assert timed_out.outcome.error.code == "TOOL_TIMEOUT"
+    assert (await host.next("cancelled")).reason == bridge_pb2.CANCEL_REASON_TIMEOUT
+    stream.call.cancel()
+    host.stream.cancel()

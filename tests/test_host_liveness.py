@@ -38,6 +38,10 @@ class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
+    async def DispatchToolRequests(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+        yield  # never reached: a stream method is an async generator
+
 
 async def test_host_reconnects_when_heartbeats_stop() -> None:
     server = grpc.aio.server()
@@ -96,6 +100,10 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
 
     async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def DispatchToolRequests(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+        yield  # never reached: a stream method is an async generator
 
 
 @pytest.mark.parametrize("second_answer", ["ok", "ended"])

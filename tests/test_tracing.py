@@ -95,7 +95,7 @@ async def traced_call(
 EXPECTED_HOPS = {
     "toolmesh.call_tool",
     "toolmesh.v1.InvocationService/InvokeTool",
-    "toolmesh.v1.BridgeService/DispatchToolRequest",
+    "toolmesh.v1.BridgeService/DispatchToolRequests",
     "toolmesh.host.handle",
     "toolmesh.v1.BridgeService/SubmitToolResult",
 }
@@ -110,7 +110,7 @@ BEFORE_ID = {
 WITH_OUTCOME = {
     ("toolmesh.call_tool", "CLIENT"),
     ("toolmesh.v1.InvocationService/InvokeTool", "SERVER"),
-    ("toolmesh.v1.BridgeService/DispatchToolRequest", "SERVER"),
+    ("toolmesh.v1.BridgeService/DispatchToolRequests", "SERVER"),
     ("toolmesh.host.handle", "SERVER"),
     ("toolmesh.v1.BridgeService/SubmitToolResult", "SERVER"),
 }
@@ -165,7 +165,7 @@ async def test_timeout_trace_includes_the_cancelled_handler(traced: Any) -> None
     assert result.outcome is not None and result.outcome.code == "TOOL_TIMEOUT"
     handle = [span for span in spans if span.name == "toolmesh.host.handle"]
     assert len(handle) == 1 and (handle[0].attributes or {}).get("toolmesh.cancelled") is True
-    dispatch = [s for s in spans if s.name.endswith("DispatchToolRequest") and s.kind.name == "SERVER"]
+    dispatch = [s for s in spans if s.name.endswith("DispatchToolRequests") and s.kind.name == "SERVER"]
     assert (dispatch[0].attributes or {})[telemetry.OUTCOME_CODE] == "TOOL_TIMEOUT"
     assert dispatch[0].status.status_code is StatusCode.ERROR
 

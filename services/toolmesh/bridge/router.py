@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from toolmesh.core import jsontext, telemetry
@@ -106,12 +106,18 @@ class HostSession:
         return event
 
 
-@dataclass(eq=False)
+Settle = Callable[[Outcome], None]
+
+
+@dataclass(eq=False, slots=True)
 class PendingRequest:
     request: ToolRequest
     # None while a redeliverable request waits for a host of its session.
     host: HostSession | None
-    result: asyncio.Future[Outcome]
+    # Called once with the outcome; never for a request that was cancelled.
+    settle: Settle
+    started: float
+    deadline: asyncio.TimerHandle | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +198,7 @@ class Router:
                     self._waiting.setdefault(host.session_id, []).append(pending)
                 continue
             self._end(pending, EndReason.HOST_GONE)
-            pending.result.set_result(
+            pending.settle(
                 Outcome.runtime_error(
                     Code.TOOL_HOST_DISCONNECTED,
                     "It is not read-only or idempotent, so it was not sent again.",
@@ -222,6 +228,8 @@ class Router:
     def _end(self, pending: PendingRequest, reason: EndReason) -> None:
         request_id = pending.request.tool_request_id
         self._pending.pop(request_id, None)
+        if pending.deadline is not None:
+            pending.deadline.cancel()
         host = pending.host
         if host is not None:
             host.in_flight.pop(request_id, None)
@@ -235,43 +243,59 @@ class Router:
         while len(self._ended) > self._ended_memory:
             self._ended.popitem(last=False)
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
-        """Send `request` to a host of its session and wait for its outcome, at most its timeout."""
+    def start(self, request: ToolRequest, settle: Settle) -> None:
+        """Send `request` to a host of its session; `settle` gets its outcome, within its timeout.
+
+        `settle` runs on this loop, exactly once, unless the request is cancelled
+        first. Raises ToolmeshError(REQUEST_DUPLICATE) for an id seen before.
+        """
         request_id = request.tool_request_id
         if request_id in self._pending or request_id in self._ended:
             raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"tool_request_id": request_id})
         host = self._pick(request.session_id, request.tool_name)
         if host is None:
-            return Outcome.runtime_error(
-                Code.TOOL_HOST_UNAVAILABLE, details={"sessionId": request.session_id}
-            )
-        loop = asyncio.get_running_loop()
-        pending = PendingRequest(request, None, loop.create_future())
+            details = {"sessionId": request.session_id}
+            settle(Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE, details=details))
+            return
+        pending = PendingRequest(request, None, settle, time.monotonic())
         self._pending[request_id] = pending
         log.debug("dispatching", extra={"host_session_id": host.host_session_id})
         self._deliver(pending, host)
-        # A plain timer rather than asyncio.wait: whichever of the timer and the
-        # host's submit comes first settles the future, on this one loop.
-        deadline = loop.call_later(request.timeout_ms / 1000, self._expire, pending, time.monotonic())
-        try:
-            return await pending.result
-        except asyncio.CancelledError:
-            if request_id in self._pending:
-                self._stop(pending, EndReason.CANCELLED)
-            raise
-        finally:
-            deadline.cancel()
+        # A plain timer rather than a task waiting on the outcome: whichever of
+        # the timer and the host's submit comes first settles it, on this one loop.
+        pending.deadline = asyncio.get_running_loop().call_later(
+            request.timeout_ms / 1000, self._expire, pending
+        )
 
-    def _expire(self, pending: PendingRequest, started: float) -> None:
-        if pending.result.done():
-            return
+    def cancel(self, tool_request_id: str) -> None:
+        """Give up on a pending request (its caller left): the host is told to stop it."""
+        pending = self._pending.get(tool_request_id)
+        if pending is not None:
+            self._stop(pending, EndReason.CANCELLED)
+
+    async def dispatch(self, request: ToolRequest) -> Outcome:
+        """`start`, awaited: the outcome; cancelling the wait cancels the request."""
+        result: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+        def settle(outcome: Outcome) -> None:
+            if not result.done():  # the wait may be cancelled, not yet unwound
+                result.set_result(outcome)
+
+        self.start(request, settle)
+        try:
+            return await result
+        except asyncio.CancelledError:
+            self.cancel(request.tool_request_id)
+            raise
+
+    def _expire(self, pending: PendingRequest) -> None:
         self._stop(pending, EndReason.TIMED_OUT)
         timeout_ms = pending.request.timeout_ms
-        pending.result.set_result(
+        pending.settle(
             Outcome.runtime_error(
                 Code.TOOL_TIMEOUT,
                 f"No result within {timeout_ms} ms.",
-                {"timeoutMs": timeout_ms, "waitedMs": round((time.monotonic() - started) * 1000)},
+                {"timeoutMs": timeout_ms, "waitedMs": round((time.monotonic() - pending.started) * 1000)},
             )
         )
 
@@ -304,7 +328,7 @@ class Router:
             raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
         _check_result(outcome, metadata)
         self._end(pending, EndReason.ANSWERED)
-        pending.result.set_result(outcome)
+        pending.settle(outcome)
 
 
 def _check_result(outcome: Outcome, metadata: dict[str, str]) -> None:

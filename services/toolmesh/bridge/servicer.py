@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.router import Cancellation, EndReason, Heartbeat, Router
 from toolmesh.core import telemetry
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb
@@ -74,6 +76,20 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
             outcome = await self._router.dispatch(replace(tool_request, trace_context=telemetry.inject()))
             telemetry.record_outcome(outcome)
         return bridge_pb2.DispatchToolRequestResponse(outcome=outcome_to_pb(outcome))
+
+    async def DispatchToolRequests(
+        self,
+        request_iterator: AsyncIterator[bridge_pb2.DispatchToolRequestsRequest],
+        context: ServicerContext,
+    ) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
+        stream = DispatchStream(self._router)
+        reader = asyncio.create_task(stream.read(request_iterator))
+        try:
+            while (response := await stream.responses.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            stream.close()
 
 
 def bridge_service(router: Router) -> Service:

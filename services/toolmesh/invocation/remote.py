@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
 import grpc
 
 from toolmesh.core import telemetry
@@ -13,11 +19,14 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_from_pb, request_to_pb, tool_from_pb
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
+log = logging.getLogger("toolmesh.invocation")
+
 # How long a registry lookup may take before the call fails as REGISTRY_UNAVAILABLE.
 REGISTRY_TIMEOUT_S = 5.0
 # The bridge enforces the tool's deadline itself; this margin only catches a
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
+DISPATCH_METHOD = "toolmesh.v1.BridgeService/DispatchToolRequests"
 
 
 class RemoteCatalog:
@@ -40,22 +49,104 @@ class RemoteCatalog:
 
 
 class RemoteDispatcher:
+    """Tool requests to the bridge, all on one DispatchToolRequests stream.
+
+    One stream rather than a call per request: a call held for as long as a
+    tool runs costs each side about 20 KB, which is most of what a held
+    invocation costs. When the stream breaks, the requests on it fail with
+    BRIDGE_UNAVAILABLE and the next request opens a new one.
+    """
+
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = bridge_pb2_grpc.BridgeServiceStub(channel)
+        self._link: _DispatchLink | None = None
 
     async def dispatch(self, request: ToolRequest) -> Outcome:
-        message = bridge_pb2.DispatchToolRequestRequest(request=request_to_pb(request))
+        link = self._link
+        if link is None or link.closed:
+            link = self._link = _DispatchLink(self._stub)
+        tool_request_id = request.tool_request_id
+        with telemetry.client_span(DISPATCH_METHOD) as carrier:
+            result = link.send(request_to_pb(replace(request, trace_context=carrier)))
+
+            def give_up() -> None:  # the bridge enforces the deadline; this catches one that went quiet
+                if not result.done():
+                    link.cancel(tool_request_id)
+                    result.set_result(
+                        Outcome.runtime_error(
+                            Code.TOOL_TIMEOUT,
+                            f"No result within {request.timeout_ms} ms.",
+                            {"timeoutMs": request.timeout_ms},
+                        )
+                    )
+
+            guard = asyncio.get_running_loop().call_later(request.timeout_ms / 1000 + BRIDGE_GRACE_S, give_up)
+            try:
+                return await result
+            except asyncio.CancelledError:
+                link.cancel(tool_request_id)
+                raise
+            finally:
+                guard.cancel()
+
+    async def aclose(self) -> None:
+        if self._link is not None:
+            await self._link.aclose()
+
+
+class _DispatchLink:
+    """One open DispatchToolRequests stream and the requests waiting on it."""
+
+    def __init__(self, stub: bridge_pb2_grpc.BridgeServiceStub) -> None:
+        self._outgoing: asyncio.Queue[bridge_pb2.DispatchToolRequestsRequest] = asyncio.Queue()
+        self._waiting: dict[str, asyncio.Future[Outcome]] = {}
+        self.closed = False
+        self._call = stub.DispatchToolRequests(self._messages())
+        self._reader = asyncio.create_task(self._read())
+
+    def send(self, request: bridge_pb2.ToolRequest) -> asyncio.Future[Outcome]:
+        result: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._waiting[request.tool_request_id] = result
+        self._outgoing.put_nowait(bridge_pb2.DispatchToolRequestsRequest(request=request))
+        return result
+
+    def cancel(self, tool_request_id: str) -> None:
+        if self._waiting.pop(tool_request_id, None) is not None and not self.closed:
+            message = bridge_pb2.DispatchToolRequestsRequest(cancel_tool_request_id=tool_request_id)
+            self._outgoing.put_nowait(message)
+
+    async def aclose(self) -> None:
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    async def _messages(self) -> AsyncIterator[bridge_pb2.DispatchToolRequestsRequest]:
+        while True:
+            yield await self._outgoing.get()
+
+    async def _read(self) -> None:
+        ended = "OK"
         try:
-            with telemetry.client_call("toolmesh.v1.BridgeService/DispatchToolRequest") as metadata:
-                response = await self._stub.DispatchToolRequest(
-                    message, timeout=request.timeout_ms / 1000 + BRIDGE_GRACE_S, metadata=metadata
-                )
+            async for response in self._call:
+                result = self._waiting.pop(response.tool_request_id, None)
+                if result is None or result.done():
+                    continue  # given up on already
+                if response.HasField("outcome"):
+                    result.set_result(outcome_from_pb(response.outcome))
+                else:
+                    # Malformed or duplicate: this service sent what it should not have.
+                    refusal = response.refusal
+                    log.error("the bridge refused a tool request", extra={"reason": refusal.reason})
+                    detail = "The bridge refused the request."
+                    result.set_exception(ToolmeshError(Code.INTERNAL, detail, {"reason": refusal.reason}))
         except grpc.aio.AioRpcError as error:
-            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
-                return Outcome.runtime_error(
-                    Code.TOOL_TIMEOUT,
-                    f"No result within {request.timeout_ms} ms.",
-                    {"timeoutMs": request.timeout_ms},
-                )
-            raise ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": error.code().name}) from None
-        return outcome_from_pb(response.outcome)
+            ended = error.code().name
+        except asyncio.CancelledError:
+            ended = "CANCELLED"
+            raise
+        finally:
+            self.closed = True
+            waiting, self._waiting = self._waiting, {}
+            for result in waiting.values():
+                if not result.done():
+                    result.set_exception(ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": ended}))

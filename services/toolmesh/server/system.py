@@ -46,9 +46,10 @@ async def start_invocation(
     ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
-    invoker = Invoker(catalog, RemoteDispatcher(bridge_channel), ledger, max_in_flight)
+    dispatcher = RemoteDispatcher(bridge_channel)
+    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight)
     running = await start_server([invocation_service(invoker)], address)
-    running.after_stop += [catalog.aclose, registry_channel.close, bridge_channel.close]
+    running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
     return running
 
 

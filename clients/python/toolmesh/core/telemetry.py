@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from toolmesh.core.errors import ToolmeshError
 from toolmesh.core.outcome import ErrorKind, Outcome
 
 PREFIX = "toolmesh."
@@ -141,8 +142,18 @@ def client_call(full_method: str) -> Iterator[list[tuple[str, str]]]:
     Our own, instead of generic aio client interceptors: those cost an extra
     task and several protocol checks on every call.
     """
+    with client_span(full_method) as carrier:
+        yield list(carrier.items())
+
+
+@contextlib.contextmanager
+def client_span(full_method: str) -> Iterator[dict[str, str]]:
+    """A CLIENT span for one request to `package.Service/Method`; yields the carrier of its context.
+
+    For a request sent as a stream message, the carrier travels in the message.
+    """
     if not enabled():
-        yield []
+        yield {}
         return
     service, _, name = full_method.rpartition("/")
     with TRACER.start_as_current_span(
@@ -155,10 +166,13 @@ def client_call(full_method: str) -> Iterator[list[tuple[str, str]]]:
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         try:
-            yield list(carrier.items())
+            yield carrier
         except grpc.aio.AioRpcError as error:
             span.set_attribute("rpc.grpc.status_code", error.code().value[0])
             span.set_status(Status(StatusCode.ERROR, error.code().name))
+            raise
+        except ToolmeshError as error:
+            span.set_status(Status(StatusCode.ERROR, error.code.value))
             raise
         span.set_attribute("rpc.grpc.status_code", 0)
 

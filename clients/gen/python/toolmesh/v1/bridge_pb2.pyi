@@ -327,3 +327,89 @@ class DispatchToolRequestResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DispatchToolRequestResponse: _TypeAlias = DispatchToolRequestResponse  # noqa: Y015
+
+@_typing.final
+class DispatchToolRequestsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    CANCEL_TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    cancel_tool_request_id: _builtins.str
+    """Stop a request sent earlier on this stream: the caller gave up on it.
+    The host is told to cancel; the stream answers it with no outcome.
+    """
+    @_builtins.property
+    def request(self) -> Global___ToolRequest:
+        """Run this request; its tool_request_id must not be pending already."""
+
+    def __init__(
+        self,
+        *,
+        request: Global___ToolRequest | None = ...,
+        cancel_tool_request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_tool_request_id", b"cancel_tool_request_id", "event", b"event", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_tool_request_id", b"cancel_tool_request_id", "event", b"event", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["request", "cancel_tool_request_id"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___DispatchToolRequestsRequest: _TypeAlias = DispatchToolRequestsRequest  # noqa: Y015
+
+@_typing.final
+class DispatchToolRequestsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    @_builtins.property
+    def outcome(self) -> _tool_pb2.ToolOutcome: ...
+    @_builtins.property
+    def refusal(self) -> Global___DispatchRefusal: ...
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        outcome: _tool_pb2.ToolOutcome | None = ...,
+        refusal: Global___DispatchRefusal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "refusal", b"refusal", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "refusal", b"refusal", "result", b"result", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["outcome", "refusal"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___DispatchToolRequestsResponse: _TypeAlias = DispatchToolRequestsResponse  # noqa: Y015
+
+@_typing.final
+class DispatchRefusal(_message.Message):
+    """DispatchRefusal says why the bridge did not take a request: nothing ran."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """A code of toolmesh's error table: INVALID_REQUEST (a malformed request)
+    or REQUEST_DUPLICATE (its tool request id was seen before).
+    """
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchRefusal: _TypeAlias = DispatchRefusal  # noqa: Y015

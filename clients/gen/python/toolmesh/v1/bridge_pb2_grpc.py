@@ -57,6 +57,11 @@ class BridgeServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestResponse.FromString,
                 _registered_method=True)
+        self.DispatchToolRequests = channel.stream_stream(
+                '/toolmesh.v1.BridgeService/DispatchToolRequests',
+                request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestsResponse.FromString,
+                _registered_method=True)
 
 
 class BridgeServiceServicer:
@@ -99,15 +104,30 @@ class BridgeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DispatchToolRequest(self, request, context):
-        """DispatchToolRequest is called by the invocation service. It sends a tool
-        request to a host that serves the session and waits for the host's
-        outcome, at most timeout_ms. Outcomes produced by the bridge itself:
-        TOOL_TIMEOUT (the deadline passed; the host is told to cancel) and
-        TOOL_HOST_UNAVAILABLE (no host serves the session; nothing ran).
+        """DispatchToolRequest sends one tool request to a host that serves the
+        session and waits for the host's outcome, at most timeout_ms. Outcomes
+        produced by the bridge itself: TOOL_TIMEOUT (the deadline passed; the host
+        is told to cancel) and TOOL_HOST_UNAVAILABLE (no host serves the session;
+        nothing ran). Cancelling the call cancels the request.
+
+        The invocation service uses DispatchToolRequests instead: one call per
+        tool request costs both sides a gRPC call for as long as the tool runs.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
         UNAVAILABLE with reason SHUTTING_DOWN.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DispatchToolRequests(self, request_iterator, context):
+        """DispatchToolRequests carries many tool requests on one long-lived stream:
+        the invocation service keeps one open per bridge and sends each request
+        (or its cancellation) as a message; the bridge answers each request once,
+        in the order outcomes arrive, with its outcome or the reason it was
+        refused. Outcomes are as for DispatchToolRequest. When the stream ends,
+        the bridge cancels the requests it still holds for it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -130,6 +150,11 @@ def add_BridgeServiceServicer_to_server(servicer, server):
                     servicer.DispatchToolRequest,
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestResponse.SerializeToString,
+            ),
+            'DispatchToolRequests': grpc.stream_stream_rpc_method_handler(
+                    servicer.DispatchToolRequests,
+                    request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestsRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +246,33 @@ class BridgeService:
             '/toolmesh.v1.BridgeService/DispatchToolRequest',
             toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.SerializeToString,
             toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DispatchToolRequests(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/toolmesh.v1.BridgeService/DispatchToolRequests',
+            toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestsRequest.SerializeToString,
+            toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestsResponse.FromString,
             options,
             channel_credentials,
             insecure,

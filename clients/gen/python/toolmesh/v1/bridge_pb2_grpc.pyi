@@ -62,15 +62,26 @@ class BridgeServiceStub:
     INVALID_REQUEST (no outcome, malformed error).
     """
     DispatchToolRequest: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]
-    """DispatchToolRequest is called by the invocation service. It sends a tool
-    request to a host that serves the session and waits for the host's
-    outcome, at most timeout_ms. Outcomes produced by the bridge itself:
-    TOOL_TIMEOUT (the deadline passed; the host is told to cancel) and
-    TOOL_HOST_UNAVAILABLE (no host serves the session; nothing ran).
+    """DispatchToolRequest sends one tool request to a host that serves the
+    session and waits for the host's outcome, at most timeout_ms. Outcomes
+    produced by the bridge itself: TOOL_TIMEOUT (the deadline passed; the host
+    is told to cancel) and TOOL_HOST_UNAVAILABLE (no host serves the session;
+    nothing ran). Cancelling the call cancels the request.
+
+    The invocation service uses DispatchToolRequests instead: one call per
+    tool request costs both sides a gRPC call for as long as the tool runs.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
     reason REQUEST_DUPLICATE (the tool request id is already pending);
     UNAVAILABLE with reason SHUTTING_DOWN.
+    """
+    DispatchToolRequests: _grpc.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]
+    """DispatchToolRequests carries many tool requests on one long-lived stream:
+    the invocation service keeps one open per bridge and sends each request
+    (or its cancellation) as a message; the bridge answers each request once,
+    in the order outcomes arrive, with its outcome or the reason it was
+    refused. Outcomes are as for DispatchToolRequest. When the stream ends,
+    the bridge cancels the requests it still holds for it.
     """
 
 @_typing.type_check_only
@@ -107,15 +118,26 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     INVALID_REQUEST (no outcome, malformed error).
     """
     DispatchToolRequest: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]  # type: ignore[assignment]
-    """DispatchToolRequest is called by the invocation service. It sends a tool
-    request to a host that serves the session and waits for the host's
-    outcome, at most timeout_ms. Outcomes produced by the bridge itself:
-    TOOL_TIMEOUT (the deadline passed; the host is told to cancel) and
-    TOOL_HOST_UNAVAILABLE (no host serves the session; nothing ran).
+    """DispatchToolRequest sends one tool request to a host that serves the
+    session and waits for the host's outcome, at most timeout_ms. Outcomes
+    produced by the bridge itself: TOOL_TIMEOUT (the deadline passed; the host
+    is told to cancel) and TOOL_HOST_UNAVAILABLE (no host serves the session;
+    nothing ran). Cancelling the call cancels the request.
+
+    The invocation service uses DispatchToolRequests instead: one call per
+    tool request costs both sides a gRPC call for as long as the tool runs.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
     reason REQUEST_DUPLICATE (the tool request id is already pending);
     UNAVAILABLE with reason SHUTTING_DOWN.
+    """
+    DispatchToolRequests: _aio.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]  # type: ignore[assignment]
+    """DispatchToolRequests carries many tool requests on one long-lived stream:
+    the invocation service keeps one open per bridge and sends each request
+    (or its cancellation) as a message; the bridge answers each request once,
+    in the order outcomes arrive, with its outcome or the reason it was
+    refused. Outcomes are as for DispatchToolRequest. When the stream ends,
+    the bridge cancels the requests it still holds for it.
     """
 
 class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -167,15 +189,32 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _bridge_pb2.DispatchToolRequestRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_bridge_pb2.DispatchToolRequestResponse, _abc.Awaitable[_bridge_pb2.DispatchToolRequestResponse]]:
-        """DispatchToolRequest is called by the invocation service. It sends a tool
-        request to a host that serves the session and waits for the host's
-        outcome, at most timeout_ms. Outcomes produced by the bridge itself:
-        TOOL_TIMEOUT (the deadline passed; the host is told to cancel) and
-        TOOL_HOST_UNAVAILABLE (no host serves the session; nothing ran).
+        """DispatchToolRequest sends one tool request to a host that serves the
+        session and waits for the host's outcome, at most timeout_ms. Outcomes
+        produced by the bridge itself: TOOL_TIMEOUT (the deadline passed; the host
+        is told to cancel) and TOOL_HOST_UNAVAILABLE (no host serves the session;
+        nothing ran). Cancelling the call cancels the request.
+
+        The invocation service uses DispatchToolRequests instead: one call per
+        tool request costs both sides a gRPC call for as long as the tool runs.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
         UNAVAILABLE with reason SHUTTING_DOWN.
+        """
+
+    @_abc_1.abstractmethod
+    def DispatchToolRequests(
+        self,
+        request_iterator: _MaybeAsyncIterator[_bridge_pb2.DispatchToolRequestsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_bridge_pb2.DispatchToolRequestsResponse], _abc.AsyncIterator[_bridge_pb2.DispatchToolRequestsResponse]]:
+        """DispatchToolRequests carries many tool requests on one long-lived stream:
+        the invocation service keeps one open per bridge and sends each request
+        (or its cancellation) as a message; the bridge answers each request once,
+        in the order outcomes arrive, with its outcome or the reason it was
+        refused. Outcomes are as for DispatchToolRequest. When the stream ends,
+        the bridge cancels the requests it still holds for it.
         """
 
 def add_BridgeServiceServicer_to_server(servicer: BridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,136 @@
+"""One DispatchToolRequests stream on the bridge: tool requests in, their outcomes out.
+
+The invocation service keeps one such stream open instead of one call per tool
+request, so a request the host is still working on costs the bridge a pending
+entry and a timer, not a gRPC call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from toolmesh.bridge.router import Router
+from toolmesh.core import telemetry
+from toolmesh.core.calls import ToolRequest
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.outcome import Outcome
+from toolmesh.core.wire import outcome_to_pb, request_from_pb
+from toolmesh.v1 import bridge_pb2
+
+SPAN_NAME = "toolmesh.v1.BridgeService/DispatchToolRequests"
+_SPAN_ATTRIBUTES = {
+    "rpc.system": "grpc",
+    "rpc.service": "toolmesh.v1.BridgeService",
+    "rpc.method": "DispatchToolRequests",
+}
+
+
+class DispatchStream:
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        # What to send back, in the order it happened; None ends the stream.
+        self.responses: asyncio.Queue[bridge_pb2.DispatchToolRequestsResponse | None] = asyncio.Queue()
+        # Requests taken from this stream that have no outcome yet, with their spans.
+        self._held: dict[str, Any] = {}
+        self._reading = True
+
+    async def read(self, messages: AsyncIterator[bridge_pb2.DispatchToolRequestsRequest]) -> None:
+        """Take every message of the stream; when the caller stops sending, end once all are answered."""
+        try:
+            async for message in messages:
+                event = message.WhichOneof("event")
+                if event == "request":
+                    self._start(message.request)
+                elif event == "cancel_tool_request_id":
+                    self._cancel(message.cancel_tool_request_id)
+        finally:
+            self._reading = False
+            self._end_when_answered()
+
+    def close(self) -> None:
+        """The stream ended: give up on every request it still holds."""
+        for tool_request_id in list(self._held):
+            self._cancel(tool_request_id)
+
+    def _start(self, message: bridge_pb2.ToolRequest) -> None:
+        tool_request_id = message.tool_request_id
+        if tool_request_id in self._held:
+            self._refuse(tool_request_id, ToolmeshError(Code.REQUEST_DUPLICATE))
+            return
+        try:
+            request = request_from_pb(message)
+        except ToolmeshError as error:
+            self._refuse(tool_request_id, error)
+            return
+        with (
+            _span(request) as span,
+            telemetry.correlation(
+                session_id=request.session_id,
+                turn_id=request.turn_id,
+                tool_request_id=tool_request_id,
+                tool_name=request.tool_name,
+            ),
+        ):
+            self._held[tool_request_id] = span
+
+            def settle(outcome: Outcome) -> None:
+                self._held.pop(tool_request_id, None)
+                with trace.use_span(span, end_on_exit=True):
+                    telemetry.record_outcome(outcome)
+                self.responses.put_nowait(
+                    bridge_pb2.DispatchToolRequestsResponse(
+                        tool_request_id=tool_request_id, outcome=outcome_to_pb(outcome)
+                    )
+                )
+                self._end_when_answered()
+
+            try:
+                # The host's span becomes a child of this one.
+                self._router.start(replace(request, trace_context=telemetry.inject()), settle)
+            except ToolmeshError as error:
+                self._held.pop(tool_request_id, None)
+                span.end()
+                self._refuse(tool_request_id, error)
+
+    def _cancel(self, tool_request_id: str) -> None:
+        span = self._held.pop(tool_request_id, None)
+        if span is not None:
+            self._router.cancel(tool_request_id)
+            span.set_attribute(telemetry.OUTCOME_CODE, "CANCELLED")
+            span.end()
+            self._end_when_answered()
+
+    def _refuse(self, tool_request_id: str, error: ToolmeshError) -> None:
+        self.responses.put_nowait(
+            bridge_pb2.DispatchToolRequestsResponse(
+                tool_request_id=tool_request_id,
+                refusal=bridge_pb2.DispatchRefusal(reason=error.code.value, message=error.message),
+            )
+        )
+
+    def _end_when_answered(self) -> None:
+        if not self._reading and not self._held:
+            self.responses.put_nowait(None)
+
+
+@contextlib.contextmanager
+def _span(request: ToolRequest) -> Iterator[Any]:
+    """A SERVER span for one request of the stream, current while it is started; ended by its outcome."""
+    if not telemetry.enabled():
+        yield trace.INVALID_SPAN
+        return
+    span = telemetry.TRACER.start_span(
+        SPAN_NAME,
+        context=telemetry.extract(request.trace_context),
+        kind=SpanKind.SERVER,
+        attributes=_SPAN_ATTRIBUTES,
+    )
+    with trace.use_span(span, end_on_exit=False):
+        yield span

@@ -1,0 +1,203 @@
+"""The invocation service's one stream to the bridge: breaks, refusals, silence, cancellation.
+
+Real registry, bridge and invocation servers on their own ports; the one
+deliberately broken peer (a bridge that takes requests and never answers)
+cannot be made from the real bridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from typing import Any
+
+import grpc
+import pytest
+
+from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.core.calls import ToolRequest
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.tools import ToolSpec
+from toolmesh.host import ToolContext, ToolHost
+from toolmesh.invocation import remote
+from toolmesh.invocation.remote import RemoteDispatcher
+from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.v1 import bridge_pb2
+
+OBJECT = '{"type":"object"}'
+
+
+def tool_request(request_id: str, session: str = "link", timeout_ms: int = 5000) -> ToolRequest:
+    return ToolRequest(
+        session_id=session,
+        turn_id="turn",
+        tool_request_id=request_id,
+        tool_name="wait",
+        arguments_json="{}",
+        timeout_ms=timeout_ms,
+    )
+
+
+async def start_bridge_process(port: int) -> asyncio.subprocess.Process:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "toolmesh.bridge",
+        "--listen",
+        f"127.0.0.1:{port}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 30)
+    assert b"listening" in line, line
+    return process
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconnects() -> None:
+    registry = await start_registry()
+    bridge_port = free_port()
+    bridge = await start_bridge_process(bridge_port)
+    invocation = await start_invocation(f"127.0.0.1:{registry.port}", f"127.0.0.1:{bridge_port}")
+    started = asyncio.Event()
+
+    async def wait(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(30)
+        return {}
+
+    host = ToolHost(f"127.0.0.1:{bridge_port}", "restart")
+    host.on_tool("wait", wait)
+    host.on_tool("echo", lambda args, ctx: args)
+    client = InvocationClient(f"127.0.0.1:{invocation.port}")
+    try:
+        async with RegistryClient(f"127.0.0.1:{registry.port}") as registry_client:
+            await registry_client.put_tools(
+                "restart", [ToolSpec("wait", "", OBJECT), ToolSpec("echo", "", OBJECT)]
+            )
+        await host.start(timeout=5)
+        held = asyncio.ensure_future(client.invoke("restart", "wait", {}, turn_id="t1"))
+        await asyncio.wait_for(started.wait(), 5)
+        bridge.kill()  # gone without a word: the stream breaks under the held call
+        await bridge.wait()
+        broken = await asyncio.wait_for(held, 10)
+        assert broken.outcome is None and broken.code is Code.BRIDGE_UNAVAILABLE
+        bridge = await start_bridge_process(bridge_port)
+        await host.wait_connected(20)
+        answered = await client.invoke("restart", "echo", {"again": True}, turn_id="t2")
+        assert answered.outcome is not None and answered.outcome.result_json == '{"again":true}'
+    finally:
+        await client.close()
+        await host.stop()
+        await invocation.stop(0)
+        if bridge.returncode is None:
+            bridge.terminate()
+        await bridge.wait()
+        await registry.stop(0)
+
+
+async def test_a_refused_request_fails_alone_and_the_stream_goes_on() -> None:
+    bridge, _ = await start_bridge()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.port}")
+    dispatcher = RemoteDispatcher(channel)
+    try:
+        with pytest.raises(ToolmeshError) as refused:
+            await dispatcher.dispatch(tool_request("tr_bad", timeout_ms=0))
+        assert refused.value.code is Code.INTERNAL
+        assert refused.value.metadata["reason"] == "INVALID_REQUEST"
+        outcome = await dispatcher.dispatch(tool_request("tr_good", session="nobody-serves-this"))
+        assert outcome.code == "TOOL_HOST_UNAVAILABLE"
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+        await bridge.stop(0)
+
+
+async def test_giving_up_on_a_dispatch_cancels_it_on_the_host() -> None:
+    bridge, _ = await start_bridge()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.port}")
+    dispatcher = RemoteDispatcher(channel)
+    started = asyncio.Event()
+    reasons: list[str | None] = []
+
+    async def wait(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:  # the SDK cancels an async handler when the runtime says so
+            reasons.append(ctx.cancellation.reason)
+        return {}
+
+    host = ToolHost(f"127.0.0.1:{bridge.port}", "link")
+    host.on_tool("wait", wait)
+    try:
+        await host.start(timeout=5)
+        dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_left")))
+        await asyncio.wait_for(started.wait(), 5)
+        dispatch.cancel()
+        for _ in range(100):
+            if reasons:
+                break
+            await asyncio.sleep(0.02)
+        assert reasons == ["cancelled"]
+    finally:
+        await host.stop()
+        await dispatcher.aclose()
+        await channel.close()
+        await bridge.stop(0)
+
+
+class QuietBridge:
+    """Serves only DispatchToolRequests: takes every message and never answers."""
+
+    def __init__(self) -> None:
+        self.received: list[bridge_pb2.DispatchToolRequestsRequest] = []
+
+    async def take(self, request_iterator: Any, context: Any) -> None:
+        async for message in request_iterator:
+            self.received.append(message)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        take = grpc.stream_stream_rpc_method_handler(
+            self.take,
+            request_deserializer=bridge_pb2.DispatchToolRequestsRequest.FromString,
+            response_serializer=bridge_pb2.DispatchToolRequestsResponse.SerializeToString,
+        )
+        methods = {"DispatchToolRequests": take}
+        return grpc.method_handlers_generic_handler("toolmesh.v1.BridgeService", methods)
+
+
+async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatch: Any) -> None:
+    monkeypatch.setattr(remote, "BRIDGE_GRACE_S", 0.2)
+    server = grpc.aio.server()
+    quiet = QuietBridge()
+    server.add_generic_rpc_handlers((quiet.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    dispatcher = RemoteDispatcher(channel)
+    try:
+        outcome = await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_quiet", timeout_ms=100)), 5)
+        assert outcome.code == "TOOL_TIMEOUT"
+        for _ in range(100):
+            if len(quiet.received) == 2:
+                break
+            await asyncio.sleep(0.02)
+        # The request, then its cancellation: the bridge is told the caller gave up.
+        assert [message.WhichOneof("event") for message in quiet.received] == [
+            "request",
+            "cancel_tool_request_id",
+        ]
+        assert quiet.received[1].cancel_tool_request_id == "tr_quiet"
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+        await server.stop(0)
