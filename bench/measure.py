@@ -41,41 +41,63 @@ async def sequential(call: Call, calls: int, warmup: int) -> dict[str, Any]:
     }
 
 
-async def throughput(call: Call, concurrency: int, seconds: float, warmup_s: float) -> dict[str, Any]:
+async def throughput(
+    call: Call,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float,
+    cpu_seconds: Callable[[], dict[str, float]] | None = None,
+) -> dict[str, Any]:
     """`concurrency` calls always in flight; calls completed per second within a window of `seconds`.
 
     The window opens after `warmup_s`; each worker stops at its first completion after it closes.
+    With `cpu_seconds` (CPU time used so far, by process), also the CPU each
+    process spent per call from the window's opening until the last worker stopped.
     """
     clock = time.perf_counter
     window: list[float] = []  # [start, end] once the warmup is over
     latencies: list[float] = []
+    completed_since_open = 0
 
     async def worker() -> None:
+        nonlocal completed_since_open
         while True:
             started = clock()
             await call()
             now = clock()
             if window and now >= window[0]:
+                completed_since_open += 1
                 if now >= window[1]:
                     return
                 latencies.append((now - started) * 1000)
 
     workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    cpu_at_open: dict[str, float] = {}
+    cpu_at_end: dict[str, float] = {}
     try:
         await asyncio.sleep(warmup_s)
+        if cpu_seconds is not None:
+            cpu_at_open = cpu_seconds()
         opened = clock()
         window.extend((opened, opened + seconds))
         await asyncio.gather(*workers)
+        if cpu_seconds is not None:
+            cpu_at_end = cpu_seconds()
     finally:
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     latencies.sort()
+    cpu = {
+        name: (cpu_at_end[name] - cpu_at_open[name]) * 1000 / max(1, completed_since_open)
+        for name in cpu_at_end
+    }
     return {
         "concurrency": concurrency,
         "seconds": seconds,
         "calls": len(latencies),
         "calls_per_s": len(latencies) / seconds,
+        **({"cpu_ms_per_call": cpu | {"total": sum(cpu.values())}} if cpu else {}),
         "p50_ms": percentile(latencies, 0.50),
         "p99_ms": percentile(latencies, 0.99),
     }

@@ -106,14 +106,13 @@ def table(results: dict[str, Any]) -> str:
             )
         for name, reason in results.get("skipped", {}).items():
             lines.append(f"  {name}: skipped, {reason}")
-        lines += ["", "  CPU ms per sequential call, by process (all processes of the system and the caller)"]
-        for name, system in systems.items():
-            parts = "  ".join(
-                f"{process} {ms:.2f}"
-                for process, ms in system["latency"]["cpu_ms_per_call"].items()
-                if process != "total"
-            )
-            lines.append(f"  {name:<16} {parts}")
+        in_flight = f"call, {sizes['concurrency']} in flight"
+        for phase, title in (("latency", "sequential call"), ("throughput", in_flight)):
+            lines += ["", f"  CPU ms per {title}, by process (all processes of the system and the caller)"]
+            for name, system in systems.items():
+                cpu = system[phase].get("cpu_ms_per_call", {})
+                parts = "  ".join(f"{process} {ms:.2f}" for process, ms in cpu.items())
+                lines.append(f"  {name:<16} {parts}")
         lines += ["", f"  {'ratio':<44} {'p50':>8} {'p99':>8} {'calls/s':>9}"]
         for name, ratio in results["ratios"].items():
             p50, p99, rate = ratio["p50_ms"], ratio["p99_ms"], ratio["calls_per_s"]

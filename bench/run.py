@@ -135,16 +135,22 @@ class Profiler:
 
 
 async def _measure(call: measure.Call, sizes: Sizes, pids: dict[str, int]) -> dict[str, Any]:
-    """Latency, then throughput; and the CPU time each process spent per sequential call."""
+    """Latency, then throughput; and the CPU time each process spent per call in each."""
+
+    def cpu_seconds() -> dict[str, float]:
+        return {name: procs.cpu_seconds(pid) for name, pid in pids.items()}
+
     await measure.sequential(call, sizes.warmup, 0)
-    before = {name: procs.cpu_seconds(pid) for name, pid in pids.items()}
+    before = cpu_seconds()
     latency = await measure.sequential(call, sizes.calls, 0)
-    after = {name: procs.cpu_seconds(pid) for name, pid in pids.items()}
+    after = cpu_seconds()
     cpu = {name: (after[name] - before[name]) * 1000 / sizes.calls for name in pids}
     latency["cpu_ms_per_call"] = cpu | {"total": sum(cpu.values())}
     return {
         "latency": latency,
-        "throughput": await measure.throughput(call, sizes.concurrency, sizes.seconds, sizes.warmup_s),
+        "throughput": await measure.throughput(
+            call, sizes.concurrency, sizes.seconds, sizes.warmup_s, cpu_seconds
+        ),
     }
 
 

@@ -217,15 +217,16 @@ class DispatchStream:
 
     async def _read(self) -> None:
         while (response := await self.call.read()) is not grpc.aio.EOF:
-            await self.responses.put(response)
+            for result in response.results:
+                await self.responses.put(result)
         await self.responses.put(None)
 
-    async def send(self, session: str, request_id: str, timeout_ms: int = 5000) -> None:
-        tool_request = request(session, request_id, timeout_ms=timeout_ms).request
-        await self.call.write(bridge_pb2.DispatchToolRequestsRequest(request=tool_request))
+    async def send(self, session: str, *request_ids: str, timeout_ms: int = 5000) -> None:
+        requests = [request(session, request_id, timeout_ms=timeout_ms).request for request_id in request_ids]
+        await self.call.write(bridge_pb2.DispatchToolRequestsRequest(requests=requests))
 
-    async def cancel(self, request_id: str) -> None:
-        await self.call.write(bridge_pb2.DispatchToolRequestsRequest(cancel_tool_request_id=request_id))
+    async def cancel(self, *request_ids: str) -> None:
+        await self.call.write(bridge_pb2.DispatchToolRequestsRequest(cancel_tool_request_ids=request_ids))
 
     async def next(self, timeout: float = 5) -> Any:
         return await asyncio.wait_for(self.responses.get(), timeout)
@@ -234,8 +235,8 @@ class DispatchStream:
 async def test_one_stream_carries_many_requests_answered_as_they_end(bridge: Any) -> None:
     host = await Host(bridge, "s1", ["t"]).open()
     stream = DispatchStream(bridge)
-    for index in range(3):
-        await stream.send("s1", f"s1-req-{index}")
+    await stream.send("s1", "s1-req-0", "s1-req-1")  # two in one message
+    await stream.send("s1", "s1-req-2")
     delivered = [(await host.next("tool_request")).tool_request_id for _ in range(3)]
     assert sorted(delivered) == ["s1-req-0", "s1-req-1", "s1-req-2"]
     for index in (2, 0, 1):

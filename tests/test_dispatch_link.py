@@ -192,12 +192,35 @@ async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatc
                 break
             await asyncio.sleep(0.02)
         # The request, then its cancellation: the bridge is told the caller gave up.
-        assert [message.WhichOneof("event") for message in quiet.received] == [
-            "request",
-            "cancel_tool_request_id",
-        ]
-        assert quiet.received[1].cancel_tool_request_id == "tr_quiet"
+        sent, cancelled = quiet.received
+        assert [r.tool_request_id for r in sent.requests] == ["tr_quiet"] and not sent.cancel_tool_request_ids
+        assert list(cancelled.cancel_tool_request_ids) == ["tr_quiet"] and not cancelled.requests
     finally:
+        await dispatcher.aclose()
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_requests_ready_together_go_out_in_one_message() -> None:
+    server = grpc.aio.server()
+    quiet = QuietBridge()
+    server.add_generic_rpc_handlers((quiet.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    dispatcher = RemoteDispatcher(channel)
+    dispatches = [asyncio.ensure_future(dispatcher.dispatch(tool_request(f"tr_{n}"))) for n in range(50)]
+    try:
+        for _ in range(100):
+            if sum(len(message.requests) for message in quiet.received) == 50:
+                break
+            await asyncio.sleep(0.02)
+        sent = [r.tool_request_id for message in quiet.received for r in message.requests]
+        assert sorted(sent) == sorted(f"tr_{n}" for n in range(50))
+        assert len(quiet.received) <= 5  # batched, not one message per request
+    finally:
+        for dispatch in dispatches:
+            dispatch.cancel()
         await dispatcher.aclose()
         await channel.close()
         await server.stop(0)

@@ -7,7 +7,6 @@ entry and a timer, not a gRPC call.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -22,6 +21,7 @@ from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.wire import outcome_to_pb, request_from_pb
+from toolmesh.server.outbox import Outbox
 from toolmesh.v1 import bridge_pb2
 
 SPAN_NAME = "toolmesh.v1.BridgeService/DispatchToolRequests"
@@ -35,8 +35,8 @@ _SPAN_ATTRIBUTES = {
 class DispatchStream:
     def __init__(self, router: Router) -> None:
         self._router = router
-        # What to send back, in the order it happened; None ends the stream.
-        self.responses: asyncio.Queue[bridge_pb2.DispatchToolRequestsResponse | None] = asyncio.Queue()
+        # Results to send back, in the order requests ended; closed when the stream may end.
+        self._results: Outbox[bridge_pb2.DispatchResult] = Outbox(_result_size)
         # Requests taken from this stream that have no outcome yet, with their spans.
         self._held: dict[str, Any] = {}
         self._reading = True
@@ -45,14 +45,18 @@ class DispatchStream:
         """Take every message of the stream; when the caller stops sending, end once all are answered."""
         try:
             async for message in messages:
-                event = message.WhichOneof("event")
-                if event == "request":
-                    self._start(message.request)
-                elif event == "cancel_tool_request_id":
-                    self._cancel(message.cancel_tool_request_id)
+                for request in message.requests:
+                    self._start(request)
+                for tool_request_id in message.cancel_tool_request_ids:
+                    self._cancel(tool_request_id)
         finally:
             self._reading = False
             self._end_when_answered()
+
+    async def responses(self) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
+        """What to send: every result ready at once in one message, until the stream may end."""
+        while results := await self._results.take():
+            yield bridge_pb2.DispatchToolRequestsResponse(results=results)
 
     def close(self) -> None:
         """The stream ended: give up on every request it still holds."""
@@ -84,16 +88,15 @@ class DispatchStream:
                 self._held.pop(tool_request_id, None)
                 with trace.use_span(span, end_on_exit=True):
                     telemetry.record_outcome(outcome)
-                self.responses.put_nowait(
-                    bridge_pb2.DispatchToolRequestsResponse(
-                        tool_request_id=tool_request_id, outcome=outcome_to_pb(outcome)
-                    )
+                self._results.put(
+                    bridge_pb2.DispatchResult(tool_request_id=tool_request_id, outcome=outcome_to_pb(outcome))
                 )
                 self._end_when_answered()
 
+            if telemetry.enabled():  # the host's span becomes a child of this one
+                request = replace(request, trace_context=telemetry.inject())
             try:
-                # The host's span becomes a child of this one.
-                self._router.start(replace(request, trace_context=telemetry.inject()), settle)
+                self._router.start(request, settle)
             except ToolmeshError as error:
                 self._held.pop(tool_request_id, None)
                 span.end()
@@ -108,16 +111,12 @@ class DispatchStream:
             self._end_when_answered()
 
     def _refuse(self, tool_request_id: str, error: ToolmeshError) -> None:
-        self.responses.put_nowait(
-            bridge_pb2.DispatchToolRequestsResponse(
-                tool_request_id=tool_request_id,
-                refusal=bridge_pb2.DispatchRefusal(reason=error.code.value, message=error.message),
-            )
-        )
+        refusal = bridge_pb2.DispatchRefusal(reason=error.code.value, message=error.message)
+        self._results.put(bridge_pb2.DispatchResult(tool_request_id=tool_request_id, refusal=refusal))
 
     def _end_when_answered(self) -> None:
         if not self._reading and not self._held:
-            self.responses.put_nowait(None)
+            self._results.close()
 
 
 @contextlib.contextmanager
@@ -134,3 +133,7 @@ def _span(request: ToolRequest) -> Iterator[Any]:
     )
     with trace.use_span(span, end_on_exit=False):
         yield span
+
+
+def _result_size(result: bridge_pb2.DispatchResult) -> int:
+    return result.ByteSize()

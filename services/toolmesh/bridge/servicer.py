@@ -85,7 +85,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         stream = DispatchStream(self._router)
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
-            while (response := await stream.responses.get()) is not None:
+            async for response in stream.responses():
                 yield response
         finally:
             reader.cancel()

@@ -103,8 +103,12 @@ def _outcome_from(record: dict[str, Any]) -> Outcome:
     return Outcome.error(ToolFailure(ErrorKind(kind), code, message, details, retryable))
 
 
+# Built once: json.dumps with options builds a new encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def _encode(record: InvocationRecord) -> bytes:
-    return json.dumps(
+    return _COMPACT.encode(
         {
             "id": record.tool_request_id,
             "session": record.session_id,
@@ -119,7 +123,6 @@ def _encode(record: InvocationRecord) -> bytes:
             "idem": record.idempotency_key,
             "trace": record.trace_context,
         },
-        separators=(",", ":"),
     ).encode()
 
 

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 import grpc
 
@@ -17,6 +16,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_from_pb, request_to_pb, tool_from_pb
+from toolmesh.server.outbox import Outbox
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger("toolmesh.invocation")
@@ -67,7 +67,9 @@ class RemoteDispatcher:
             link = self._link = _DispatchLink(self._stub)
         tool_request_id = request.tool_request_id
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
-            result = link.send(request_to_pb(replace(request, trace_context=carrier)))
+            message = request_to_pb(request)
+            message.trace_context.update(carrier)
+            result = link.send(message)
 
             def give_up() -> None:  # the bridge enforces the deadline; this catches one that went quiet
                 if not result.done():
@@ -98,7 +100,8 @@ class _DispatchLink:
     """One open DispatchToolRequests stream and the requests waiting on it."""
 
     def __init__(self, stub: bridge_pb2_grpc.BridgeServiceStub) -> None:
-        self._outgoing: asyncio.Queue[bridge_pb2.DispatchToolRequestsRequest] = asyncio.Queue()
+        # Requests to send, and the ids of requests to cancel (str).
+        self._outbox: Outbox[bridge_pb2.ToolRequest | str] = Outbox(_size)
         self._waiting: dict[str, asyncio.Future[Outcome]] = {}
         self.closed = False
         self._call = stub.DispatchToolRequests(self._messages())
@@ -107,13 +110,12 @@ class _DispatchLink:
     def send(self, request: bridge_pb2.ToolRequest) -> asyncio.Future[Outcome]:
         result: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._waiting[request.tool_request_id] = result
-        self._outgoing.put_nowait(bridge_pb2.DispatchToolRequestsRequest(request=request))
+        self._outbox.put(request)
         return result
 
     def cancel(self, tool_request_id: str) -> None:
         if self._waiting.pop(tool_request_id, None) is not None and not self.closed:
-            message = bridge_pb2.DispatchToolRequestsRequest(cancel_tool_request_id=tool_request_id)
-            self._outgoing.put_nowait(message)
+            self._outbox.put(tool_request_id)
 
     async def aclose(self) -> None:
         self._call.cancel()
@@ -122,23 +124,20 @@ class _DispatchLink:
 
     async def _messages(self) -> AsyncIterator[bridge_pb2.DispatchToolRequestsRequest]:
         while True:
-            yield await self._outgoing.get()
+            message = bridge_pb2.DispatchToolRequestsRequest()
+            for item in await self._outbox.take():
+                if isinstance(item, str):
+                    message.cancel_tool_request_ids.append(item)
+                else:
+                    message.requests.append(item)
+            yield message
 
     async def _read(self) -> None:
         ended = "OK"
         try:
             async for response in self._call:
-                result = self._waiting.pop(response.tool_request_id, None)
-                if result is None or result.done():
-                    continue  # given up on already
-                if response.HasField("outcome"):
-                    result.set_result(outcome_from_pb(response.outcome))
-                else:
-                    # Malformed or duplicate: this service sent what it should not have.
-                    refusal = response.refusal
-                    log.error("the bridge refused a tool request", extra={"reason": refusal.reason})
-                    detail = "The bridge refused the request."
-                    result.set_exception(ToolmeshError(Code.INTERNAL, detail, {"reason": refusal.reason}))
+                for result in response.results:
+                    self._settle(result)
         except grpc.aio.AioRpcError as error:
             ended = error.code().name
         except asyncio.CancelledError:
@@ -147,6 +146,23 @@ class _DispatchLink:
         finally:
             self.closed = True
             waiting, self._waiting = self._waiting, {}
-            for result in waiting.values():
-                if not result.done():
-                    result.set_exception(ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": ended}))
+            for future in waiting.values():
+                if not future.done():
+                    future.set_exception(ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": ended}))
+
+    def _settle(self, result: bridge_pb2.DispatchResult) -> None:
+        future = self._waiting.pop(result.tool_request_id, None)
+        if future is None or future.done():
+            return  # given up on already
+        if result.HasField("outcome"):
+            future.set_result(outcome_from_pb(result.outcome))
+            return
+        # Malformed or duplicate: this service sent what it should not have.
+        refusal = result.refusal
+        log.error("the bridge refused a tool request", extra={"reason": refusal.reason})
+        detail = "The bridge refused the request."
+        future.set_exception(ToolmeshError(Code.INTERNAL, detail, {"reason": refusal.reason}))
+
+
+def _size(item: bridge_pb2.ToolRequest | str) -> int:
+    return len(item) if isinstance(item, str) else item.ByteSize()

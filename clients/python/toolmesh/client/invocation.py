@@ -123,7 +123,7 @@ class InvocationClient:
             confirmed_tool_request_ids=self._confirmations.take(),
         )
         with (
-            telemetry.TRACER.start_as_current_span("toolmesh.call_tool", kind=SpanKind.CLIENT) as span,
+            telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
             telemetry.correlation(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
         ):
             result = await self._call(request, timeout)

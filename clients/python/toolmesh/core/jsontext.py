@@ -73,10 +73,14 @@ def check_plain(value: object) -> None:
         open_containers.discard(exits.pop()[0])
 
 
+# Built once: json.dumps with any option builds a new encoder on every call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: object) -> str:
     """Encode a plain JSON value compactly; raise NotPlainJson for anything else."""
     check_plain(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _COMPACT.encode(value)
 
 
 def canonical(value: JsonValue) -> bytes:

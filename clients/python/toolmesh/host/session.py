@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from toolmesh.core import telemetry
@@ -77,6 +76,17 @@ class _Silence:
 
 
 @dataclass(frozen=True, slots=True)
+class _Registered:
+    handler: Handler
+    # Decided once: an async handler runs on the loop, a plain one in a worker thread.
+    is_async: bool
+
+    @classmethod
+    def of(cls, handler: Handler) -> _Registered:
+        return cls(handler, inspect.iscoroutinefunction(handler))
+
+
+@dataclass(frozen=True, slots=True)
 class _ActiveCall:
     task: asyncio.Task[None]
     ctx: ToolContext
@@ -109,8 +119,8 @@ class ToolHost:
         self._own_channel = channel is None
         self._channel = channel or open_channel(bridge_target)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
-        self._handlers: dict[str, Handler] = {}
-        self._generic: Handler | None = None
+        self._handlers: dict[str, _Registered] = {}
+        self._generic: _Registered | None = None
         self._error_callbacks: list[ErrorCallback] = []
         self._active: dict[str, _ActiveCall] = {}
         self._connected = asyncio.Event()
@@ -123,11 +133,11 @@ class ToolHost:
     # -- registration -----------------------------------------------------
     def on_tool(self, name: str, handler: Handler) -> None:
         """Serve `name` with `handler(args, ctx)`, sync or async. Register before `start()`."""
-        self._handlers[name] = handler
+        self._handlers[name] = _Registered.of(handler)
 
     def on_any(self, handler: Handler) -> None:
         """Serve every tool without a named handler; `ctx.tool_name` says which."""
-        self._generic = handler
+        self._generic = _Registered.of(handler)
 
     def on_error(self, callback: ErrorCallback) -> None:
         self._error_callbacks.append(callback)
@@ -248,7 +258,7 @@ class ToolHost:
         )
         # Async handlers are cancelled on the runtime's word; a sync handler's
         # thread cannot be, so it finishes and its late result is refused.
-        self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, inspect.iscoroutinefunction(handler))
+        self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, handler is not None and handler.is_async)
         task.add_done_callback(lambda _: self._active.pop(ctx.tool_request_id, None))
 
     def _cancel(self, cancelled: bridge_pb2.ToolRequestCancelled) -> None:
@@ -263,18 +273,15 @@ class ToolHost:
 
     async def _serve(
         self,
-        handler: Handler | None,
+        handler: _Registered | None,
         arguments_json: str,
         ctx: ToolContext,
         host_session_id: str,
         trace_context: dict[str, str],
     ) -> None:
         # The invocation's trace continues here: the request carried its context.
-        parent = telemetry.extract(trace_context)
         with (
-            telemetry.TRACER.start_as_current_span(
-                "toolmesh.host.handle", context=parent, kind=SpanKind.SERVER
-            ),
+            telemetry.span("toolmesh.host.handle", SpanKind.SERVER, trace_context) as span,
             telemetry.correlation(
                 session_id=ctx.session_id,
                 turn_id=ctx.turn_id,
@@ -285,23 +292,24 @@ class ToolHost:
             log.debug("handling tool request")
             outcome = await self._execute(handler, arguments_json, ctx)
             if outcome is None:
-                trace.get_current_span().set_attribute("toolmesh.cancelled", True)
+                span.set_attribute("toolmesh.cancelled", True)
                 return
             telemetry.record_outcome(outcome)
             await self._submit(outcome, ctx, host_session_id)
 
     async def _execute(
-        self, handler: Handler | None, arguments_json: str, ctx: ToolContext
+        self, registered: _Registered | None, arguments_json: str, ctx: ToolContext
     ) -> Outcome | None:
         """Run the handler; None when it was cancelled and produced nothing."""
-        if handler is None:
+        if registered is None:
             log.warning("no handler for tool", extra=_ids(ctx))
             return Outcome.runtime_error(
                 Code.TOOL_HANDLER_NOT_FOUND, f"No handler for {ctx.tool_name}.", {"tool": ctx.tool_name}
             )
         try:
             arguments = json.loads(arguments_json)
-            if inspect.iscoroutinefunction(handler):
+            handler = registered.handler
+            if registered.is_async:
                 value = await handler(arguments, ctx)
             else:
                 value = await asyncio.to_thread(handler, arguments, ctx)

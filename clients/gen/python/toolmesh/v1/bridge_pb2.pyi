@@ -330,36 +330,62 @@ Global___DispatchToolRequestResponse: _TypeAlias = DispatchToolRequestResponse  
 
 @_typing.final
 class DispatchToolRequestsRequest(_message.Message):
+    """One message may carry many requests and cancellations: a sender that has
+    several ready sends them together.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    REQUEST_FIELD_NUMBER: _builtins.int
-    CANCEL_TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
-    cancel_tool_request_id: _builtins.str
-    """Stop a request sent earlier on this stream: the caller gave up on it.
-    The host is told to cancel; the stream answers it with no outcome.
-    """
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    CANCEL_TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def request(self) -> Global___ToolRequest:
-        """Run this request; its tool_request_id must not be pending already."""
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolRequest]:
+        """Run these requests; no tool_request_id may be pending already."""
+
+    @_builtins.property
+    def cancel_tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Stop requests sent earlier on this stream: the caller gave up on them.
+        Their hosts are told to cancel; the stream sends no result for them.
+        """
 
     def __init__(
         self,
         *,
-        request: Global___ToolRequest | None = ...,
-        cancel_tool_request_id: _builtins.str = ...,
+        requests: _abc.Iterable[Global___ToolRequest] | None = ...,
+        cancel_tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_tool_request_id", b"cancel_tool_request_id", "event", b"event", "request", b"request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_tool_request_id", b"cancel_tool_request_id", "event", b"event", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_tool_request_ids", b"cancel_tool_request_ids", "requests", b"requests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["request", "cancel_tool_request_id"]  # noqa: Y015
-    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DispatchToolRequestsRequest: _TypeAlias = DispatchToolRequestsRequest  # noqa: Y015
 
 @_typing.final
 class DispatchToolRequestsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___DispatchResult]:
+        """One per request, each sent once, in the order the requests ended."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___DispatchResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DispatchToolRequestsResponse: _TypeAlias = DispatchToolRequestsResponse  # noqa: Y015
+
+@_typing.final
+class DispatchResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
@@ -385,7 +411,7 @@ class DispatchToolRequestsResponse(_message.Message):
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
-Global___DispatchToolRequestsResponse: _TypeAlias = DispatchToolRequestsResponse  # noqa: Y015
+Global___DispatchResult: _TypeAlias = DispatchResult  # noqa: Y015
 
 @_typing.final
 class DispatchRefusal(_message.Message):

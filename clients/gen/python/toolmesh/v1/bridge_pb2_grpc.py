@@ -123,11 +123,12 @@ class BridgeServiceServicer:
 
     def DispatchToolRequests(self, request_iterator, context):
         """DispatchToolRequests carries many tool requests on one long-lived stream:
-        the invocation service keeps one open per bridge and sends each request
-        (or its cancellation) as a message; the bridge answers each request once,
-        in the order outcomes arrive, with its outcome or the reason it was
-        refused. Outcomes are as for DispatchToolRequest. When the stream ends,
-        the bridge cancels the requests it still holds for it.
+        the invocation service keeps one open per bridge and sends requests and
+        cancellations on it; the bridge answers each request once, with its
+        outcome or the reason it was refused. Outcomes are as for
+        DispatchToolRequest. When the caller stops sending, the stream ends once
+        every request is answered; when the stream breaks, the bridge cancels the
+        requests it still holds for it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

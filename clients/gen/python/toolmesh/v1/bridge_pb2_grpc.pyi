@@ -77,11 +77,12 @@ class BridgeServiceStub:
     """
     DispatchToolRequests: _grpc.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]
     """DispatchToolRequests carries many tool requests on one long-lived stream:
-    the invocation service keeps one open per bridge and sends each request
-    (or its cancellation) as a message; the bridge answers each request once,
-    in the order outcomes arrive, with its outcome or the reason it was
-    refused. Outcomes are as for DispatchToolRequest. When the stream ends,
-    the bridge cancels the requests it still holds for it.
+    the invocation service keeps one open per bridge and sends requests and
+    cancellations on it; the bridge answers each request once, with its
+    outcome or the reason it was refused. Outcomes are as for
+    DispatchToolRequest. When the caller stops sending, the stream ends once
+    every request is answered; when the stream breaks, the bridge cancels the
+    requests it still holds for it.
     """
 
 @_typing.type_check_only
@@ -133,11 +134,12 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     """
     DispatchToolRequests: _aio.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]  # type: ignore[assignment]
     """DispatchToolRequests carries many tool requests on one long-lived stream:
-    the invocation service keeps one open per bridge and sends each request
-    (or its cancellation) as a message; the bridge answers each request once,
-    in the order outcomes arrive, with its outcome or the reason it was
-    refused. Outcomes are as for DispatchToolRequest. When the stream ends,
-    the bridge cancels the requests it still holds for it.
+    the invocation service keeps one open per bridge and sends requests and
+    cancellations on it; the bridge answers each request once, with its
+    outcome or the reason it was refused. Outcomes are as for
+    DispatchToolRequest. When the caller stops sending, the stream ends once
+    every request is answered; when the stream breaks, the bridge cancels the
+    requests it still holds for it.
     """
 
 class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -210,11 +212,12 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_bridge_pb2.DispatchToolRequestsResponse], _abc.AsyncIterator[_bridge_pb2.DispatchToolRequestsResponse]]:
         """DispatchToolRequests carries many tool requests on one long-lived stream:
-        the invocation service keeps one open per bridge and sends each request
-        (or its cancellation) as a message; the bridge answers each request once,
-        in the order outcomes arrive, with its outcome or the reason it was
-        refused. Outcomes are as for DispatchToolRequest. When the stream ends,
-        the bridge cancels the requests it still holds for it.
+        the invocation service keeps one open per bridge and sends requests and
+        cancellations on it; the bridge answers each request once, with its
+        outcome or the reason it was refused. Outcomes are as for
+        DispatchToolRequest. When the caller stops sending, the stream ends once
+        every request is answered; when the stream breaks, the bridge cancels the
+        requests it still holds for it.
         """
 
 def add_BridgeServiceServicer_to_server(servicer: BridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

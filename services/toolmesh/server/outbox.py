@@ -1,0 +1,59 @@
+"""Messages waiting to go out on a stream, taken in batches.
+
+A stream writer sends one message at a time and waits for each; whatever
+became ready meanwhile goes out together in the next message. Under load that
+turns many small messages (each a gRPC operation and a wake-up on both ends)
+into a few larger ones, at no cost to a lone message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# Well under the transport's message limit (core.limits.MAX_MESSAGE_BYTES),
+# which a single item always fits.
+BATCH_BYTES = 1024 * 1024
+
+
+class Outbox(Generic[T]):
+    def __init__(self, size_of: Callable[[T], int], batch_bytes: int = BATCH_BYTES) -> None:
+        self._size_of = size_of
+        self._batch_bytes = batch_bytes
+        self._items: deque[T] = deque()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: T) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    def close(self) -> None:
+        """No more items: `take` returns what is left, then an empty batch."""
+        self._closed = True
+        self._ready.set()
+
+    async def take(self) -> list[T]:
+        """The items ready now, oldest first, up to the byte budget (at least one).
+
+        Waits while there are none; [] once closed and empty.
+        """
+        await self._ready.wait()
+        batch: list[T] = []
+        total = 0
+        while self._items:
+            size = self._size_of(self._items[0])
+            if batch and total + size > self._batch_bytes:
+                break
+            batch.append(self._items.popleft())
+            total += size
+        if not self._items and not self._closed:
+            self._ready.clear()
+        return batch

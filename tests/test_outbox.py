@@ -1,0 +1,42 @@
+"""The stream outbox: whatever is ready goes out together, within a byte budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+from toolmesh.server.outbox import Outbox
+
+
+async def test_takes_everything_ready_at_once_in_order() -> None:
+    outbox: Outbox[str] = Outbox(len)
+    for item in ("a", "b", "c"):
+        outbox.put(item)
+    assert await outbox.take() == ["a", "b", "c"]
+    assert len(outbox) == 0
+
+
+async def test_waits_for_the_next_item() -> None:
+    outbox: Outbox[str] = Outbox(len)
+    taking = asyncio.ensure_future(outbox.take())
+    await asyncio.sleep(0.01)
+    assert not taking.done()
+    outbox.put("late")
+    assert await asyncio.wait_for(taking, 1) == ["late"]
+
+
+async def test_splits_at_the_byte_budget_and_never_holds_back_a_big_item() -> None:
+    outbox: Outbox[str] = Outbox(len, batch_bytes=10)
+    for item in ("aaaa", "bbbb", "cccc", "x" * 25, "d"):
+        outbox.put(item)
+    assert await outbox.take() == ["aaaa", "bbbb"]
+    assert await outbox.take() == ["cccc"]
+    assert await outbox.take() == ["x" * 25]  # larger than the budget: alone
+    assert await outbox.take() == ["d"]
+
+
+async def test_close_hands_out_what_is_left_then_an_empty_batch() -> None:
+    outbox: Outbox[str] = Outbox(len)
+    outbox.put("last")
+    outbox.close()
+    assert await outbox.take() == ["last"]
+    assert await asyncio.wait_for(outbox.take(), 1) == []
