@@ -8,8 +8,10 @@ cannot be made from the real bridge.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -175,8 +177,8 @@ class QuietBridge:
         return grpc.method_handlers_generic_handler("toolmesh.v1.BridgeService", methods)
 
 
-async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatch: Any) -> None:
-    monkeypatch.setattr(remote, "BRIDGE_GRACE_S", 0.2)
+@contextlib.asynccontextmanager
+async def dispatcher_to_quiet_bridge() -> AsyncIterator[tuple[RemoteDispatcher, QuietBridge]]:
     server = grpc.aio.server()
     quiet = QuietBridge()
     server.add_generic_rpc_handlers((quiet.handler(),))
@@ -185,42 +187,39 @@ async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatc
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     dispatcher = RemoteDispatcher(channel)
     try:
+        yield dispatcher, quiet
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+        await server.stop(0)
+
+
+async def received(quiet: QuietBridge, messages: int) -> None:
+    for _ in range(100):
+        if len(quiet.received) >= messages:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatch: Any) -> None:
+    monkeypatch.setattr(remote, "BRIDGE_GRACE_S", 0.2)
+    async with dispatcher_to_quiet_bridge() as (dispatcher, quiet):
         outcome = await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_quiet", timeout_ms=100)), 5)
         assert outcome.code == "TOOL_TIMEOUT"
-        for _ in range(100):
-            if len(quiet.received) == 2:
-                break
-            await asyncio.sleep(0.02)
+        await received(quiet, 2)
         # The request, then its cancellation: the bridge is told the caller gave up.
         sent, cancelled = quiet.received
         assert [r.tool_request_id for r in sent.requests] == ["tr_quiet"] and not sent.cancel_tool_request_ids
         assert list(cancelled.cancel_tool_request_ids) == ["tr_quiet"] and not cancelled.requests
-    finally:
-        await dispatcher.aclose()
-        await channel.close()
-        await server.stop(0)
 
 
 async def test_requests_ready_together_go_out_in_one_message() -> None:
-    server = grpc.aio.server()
-    quiet = QuietBridge()
-    server.add_generic_rpc_handlers((quiet.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    dispatcher = RemoteDispatcher(channel)
-    dispatches = [asyncio.ensure_future(dispatcher.dispatch(tool_request(f"tr_{n}"))) for n in range(50)]
-    try:
-        for _ in range(100):
-            if sum(len(message.requests) for message in quiet.received) == 50:
-                break
-            await asyncio.sleep(0.02)
+    async with dispatcher_to_quiet_bridge() as (dispatcher, quiet):
+        dispatches = [asyncio.ensure_future(dispatcher.dispatch(tool_request(f"tr_{n}"))) for n in range(50)]
+        await received(quiet, 1)
+        await asyncio.sleep(0.1)
         sent = [r.tool_request_id for message in quiet.received for r in message.requests]
         assert sorted(sent) == sorted(f"tr_{n}" for n in range(50))
         assert len(quiet.received) <= 5  # batched, not one message per request
-    finally:
         for dispatch in dispatches:
             dispatch.cancel()
-        await dispatcher.aclose()
-        await channel.close()
-        await server.stop(0)
