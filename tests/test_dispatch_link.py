@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +24,7 @@ from toolmesh.invocation import remote
 from toolmesh.invocation.remote import RemoteDispatcher
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
 from toolmesh.v1 import bridge_pb2
+from toolmesh_testing import free_port, start_service_process
 
 OBJECT = '{"type":"object"}'
 
@@ -41,33 +40,10 @@ def tool_request(request_id: str, session: str = "link", timeout_ms: int = 5000)
     )
 
 
-async def start_bridge_process(port: int) -> asyncio.subprocess.Process:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolmesh.bridge",
-        "--listen",
-        f"127.0.0.1:{port}",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    assert process.stdout is not None
-    line = await asyncio.wait_for(process.stdout.readline(), 30)
-    assert b"listening" in line, line
-    return process
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconnects() -> None:
     registry = await start_registry()
     bridge_port = free_port()
-    bridge = await start_bridge_process(bridge_port)
+    bridge = await start_service_process("bridge", listen=f"127.0.0.1:{bridge_port}")
     invocation = await start_invocation(f"127.0.0.1:{registry.port}", f"127.0.0.1:{bridge_port}")
     started = asyncio.Event()
 
@@ -88,11 +64,11 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await host.start(timeout=5)
         held = asyncio.ensure_future(client.invoke("restart", "wait", {}, turn_id="t1"))
         await asyncio.wait_for(started.wait(), 5)
-        bridge.kill()  # gone without a word: the stream breaks under the held call
-        await bridge.wait()
+        bridge.process.kill()  # gone without a word: the stream breaks under the held call
+        await bridge.stop()
         broken = await asyncio.wait_for(held, 10)
         assert broken.outcome is None and broken.code is Code.BRIDGE_UNAVAILABLE
-        bridge = await start_bridge_process(bridge_port)
+        bridge = await start_service_process("bridge", listen=f"127.0.0.1:{bridge_port}")
         await host.wait_connected(20)
         answered = await client.invoke("restart", "echo", {"again": True}, turn_id="t2")
         assert answered.outcome is not None and answered.outcome.result_json == '{"again":true}'
@@ -100,9 +76,7 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await client.close()
         await host.stop()
         await invocation.stop(0)
-        if bridge.returncode is None:
-            bridge.terminate()
-        await bridge.wait()
+        await bridge.stop()
         await registry.stop(0)
 
 

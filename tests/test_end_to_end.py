@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,14 @@ TOOLS = [
 ]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def client(system: LocalSystem, e2e_host: HostProcess) -> AsyncIterator[InvocationClient]:
+# Every test runs with unary InvokeTool calls and with calls on one InvokeTools stream.
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["unary", "stream"])
+async def client(
+    system: LocalSystem, e2e_host: HostProcess, request: pytest.FixtureRequest
+) -> AsyncIterator[InvocationClient]:
     async with RegistryClient(system.registry_target) as registry:
         await registry.put_tools("e2e", TOOLS)
-    async with InvocationClient(system.invocation_target) as invocation:
+    async with InvocationClient(system.invocation_target, multiplex=request.param == "stream") as invocation:
         yield invocation
 
 
@@ -186,7 +190,8 @@ async def test_malformed_envelope_is_a_failed_rpc_with_error_info(client: Invoca
 
 
 async def test_callers_own_deadline_is_distinct_from_tool_timeout(client: InvocationClient) -> None:
-    result = await call(client, "slow_async", {"marker": "own-deadline"}, timeout=0.1)
+    # Arguments of their own: an earlier identical call's unconfirmed outcome would replay.
+    result = await call(client, "slow_async", {"marker": f"own-deadline-{uuid.uuid4().hex}"}, timeout=0.1)
     assert result.outcome is None
     assert result.code is Code.CALLER_DEADLINE_EXCEEDED
     assert result.to_json()["error"]["retryable"] is True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from toolmesh.server.outbox import Outbox
+from toolmesh.core.outbox import Outbox
 
 
 async def test_takes_everything_ready_at_once_in_order() -> None:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,14 +128,16 @@ class ServiceProcess:
             await self._reader
 
 
-async def start_service_process(service: str, *args: str, env: dict[str, str]) -> ServiceProcess:
-    """`python -m toolmesh.<service> --listen 127.0.0.1:0 ...`, with its port and all it prints."""
+async def start_service_process(
+    service: str, *args: str, env: dict[str, str] | None = None, listen: str = "127.0.0.1:0"
+) -> ServiceProcess:
+    """`python -m toolmesh.<service> --listen LISTEN ...`, with its port and all it prints."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         f"toolmesh.{service}",
         "--listen",
-        "127.0.0.1:0",
+        listen,
         *args,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -158,3 +161,10 @@ async def start_service_process(service: str, *args: str, env: dict[str, str]) -
 
     running._reader = asyncio.create_task(read())
     return running
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -19,9 +19,9 @@ from toolmesh.bridge.router import Router
 from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.outbox import Outbox
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.wire import outcome_to_pb, request_from_pb
-from toolmesh.server.outbox import Outbox
 from toolmesh.v1 import bridge_pb2
 
 SPAN_NAME = "toolmesh.v1.BridgeService/DispatchToolRequests"

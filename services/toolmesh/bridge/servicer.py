@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -10,6 +9,7 @@ from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.router import Cancellation, EndReason, Heartbeat, Router
 from toolmesh.core import telemetry
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb
+from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import Service
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
@@ -82,14 +82,8 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         request_iterator: AsyncIterator[bridge_pb2.DispatchToolRequestsRequest],
         context: ServicerContext,
     ) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
-        stream = DispatchStream(self._router)
-        reader = asyncio.create_task(stream.read(request_iterator))
-        try:
-            async for response in stream.responses():
-                yield response
-        finally:
-            reader.cancel()
-            stream.close()
+        async for response in relay(DispatchStream(self._router), request_iterator):
+            yield response
 
 
 def bridge_service(router: Router) -> Service:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import grpc
 
@@ -14,9 +12,9 @@ from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.stream_link import StreamBroken, StreamLink
 from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_from_pb, request_to_pb, tool_from_pb
-from toolmesh.server.outbox import Outbox
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger("toolmesh.invocation")
@@ -59,109 +57,76 @@ class RemoteDispatcher:
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = bridge_pb2_grpc.BridgeServiceStub(channel)
-        self._link: _DispatchLink | None = None
+        self._link: DispatchLink | None = None
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    def _open_link(self) -> DispatchLink:
         link = self._link
         if link is None or link.closed:
-            link = self._link = _DispatchLink(self._stub)
+            link = self._link = StreamLink(
+                self._stub.DispatchToolRequests,
+                batch=_dispatch_message,
+                size_of=_size,
+                results_of=lambda response: response.results,
+                key_of=lambda result: result.tool_request_id,
+            )
+        return link
+
+    async def dispatch(self, request: ToolRequest) -> Outcome:
+        link = self._open_link()
         tool_request_id = request.tool_request_id
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
             message = request_to_pb(request)
             message.trace_context.update(carrier)
-            result = link.send(message)
-
-            def give_up() -> None:  # the bridge enforces the deadline; this catches one that went quiet
-                if not result.done():
-                    link.cancel(tool_request_id)
-                    result.set_result(
-                        Outcome.runtime_error(
-                            Code.TOOL_TIMEOUT,
-                            f"No result within {request.timeout_ms} ms.",
-                            {"timeoutMs": request.timeout_ms},
-                        )
-                    )
-
-            guard = asyncio.get_running_loop().call_later(request.timeout_ms / 1000 + BRIDGE_GRACE_S, give_up)
+            result = link.expect(tool_request_id)
+            link.send(message)
+            # The bridge enforces the deadline; this only catches a bridge that went quiet.
+            guard = request.timeout_ms / 1000 + BRIDGE_GRACE_S
             try:
-                return await result
-            except asyncio.CancelledError:
-                link.cancel(tool_request_id)
-                raise
+                return _outcome_of(await asyncio.wait_for(result, guard))
+            except StreamBroken as broken:
+                raise ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": broken.status}) from None
+            except TimeoutError:
+                return Outcome.runtime_error(
+                    Code.TOOL_TIMEOUT,
+                    f"No result within {request.timeout_ms} ms.",
+                    {"timeoutMs": request.timeout_ms},
+                )
             finally:
-                guard.cancel()
+                # Not answered (gave up, or this wait was cancelled): tell the bridge to stop it.
+                if link.forget(tool_request_id) and not link.closed:
+                    link.send(tool_request_id)
 
     async def aclose(self) -> None:
         if self._link is not None:
             await self._link.aclose()
 
 
-class _DispatchLink:
-    """One open DispatchToolRequests stream and the requests waiting on it."""
+DispatchLink = StreamLink[
+    bridge_pb2.ToolRequest | str,
+    bridge_pb2.DispatchToolRequestsRequest,
+    bridge_pb2.DispatchToolRequestsResponse,
+    bridge_pb2.DispatchResult,
+]
 
-    def __init__(self, stub: bridge_pb2_grpc.BridgeServiceStub) -> None:
-        # Requests to send, and the ids of requests to cancel (str).
-        self._outbox: Outbox[bridge_pb2.ToolRequest | str] = Outbox(_size)
-        self._waiting: dict[str, asyncio.Future[Outcome]] = {}
-        self.closed = False
-        self._call = stub.DispatchToolRequests(self._messages())
-        self._reader = asyncio.create_task(self._read())
 
-    def send(self, request: bridge_pb2.ToolRequest) -> asyncio.Future[Outcome]:
-        result: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._waiting[request.tool_request_id] = result
-        self._outbox.put(request)
-        return result
+def _dispatch_message(batch: list[bridge_pb2.ToolRequest | str]) -> bridge_pb2.DispatchToolRequestsRequest:
+    """Requests, and the ids (str) of requests to cancel, in one message."""
+    message = bridge_pb2.DispatchToolRequestsRequest()
+    for item in batch:
+        if isinstance(item, str):
+            message.cancel_tool_request_ids.append(item)
+        else:
+            message.requests.append(item)
+    return message
 
-    def cancel(self, tool_request_id: str) -> None:
-        if self._waiting.pop(tool_request_id, None) is not None and not self.closed:
-            self._outbox.put(tool_request_id)
 
-    async def aclose(self) -> None:
-        self._call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-
-    async def _messages(self) -> AsyncIterator[bridge_pb2.DispatchToolRequestsRequest]:
-        while True:
-            message = bridge_pb2.DispatchToolRequestsRequest()
-            for item in await self._outbox.take():
-                if isinstance(item, str):
-                    message.cancel_tool_request_ids.append(item)
-                else:
-                    message.requests.append(item)
-            yield message
-
-    async def _read(self) -> None:
-        ended = "OK"
-        try:
-            async for response in self._call:
-                for result in response.results:
-                    self._settle(result)
-        except grpc.aio.AioRpcError as error:
-            ended = error.code().name
-        except asyncio.CancelledError:
-            ended = "CANCELLED"
-            raise
-        finally:
-            self.closed = True
-            waiting, self._waiting = self._waiting, {}
-            for future in waiting.values():
-                if not future.done():
-                    future.set_exception(ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": ended}))
-
-    def _settle(self, result: bridge_pb2.DispatchResult) -> None:
-        future = self._waiting.pop(result.tool_request_id, None)
-        if future is None or future.done():
-            return  # given up on already
-        if result.HasField("outcome"):
-            future.set_result(outcome_from_pb(result.outcome))
-            return
-        # Malformed or duplicate: this service sent what it should not have.
-        refusal = result.refusal
-        log.error("the bridge refused a tool request", extra={"reason": refusal.reason})
-        detail = "The bridge refused the request."
-        future.set_exception(ToolmeshError(Code.INTERNAL, detail, {"reason": refusal.reason}))
+def _outcome_of(result: bridge_pb2.DispatchResult) -> Outcome:
+    if result.HasField("outcome"):
+        return outcome_from_pb(result.outcome)
+    # Malformed or duplicate: this service sent what it should not have.
+    refusal = result.refusal
+    log.error("the bridge refused a tool request", extra={"reason": refusal.reason})
+    raise ToolmeshError(Code.INTERNAL, "The bridge refused the request.", {"reason": refusal.reason})
 
 
 def _size(item: bridge_pb2.ToolRequest | str) -> int:

@@ -8,12 +8,14 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from toolmesh.client.call_stream import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh.core import jsontext, telemetry
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import ERROR_TABLE, Code
+from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.outcome import ErrorKind, Outcome
-from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.rpcstatus import error_code, grpc_status
+from toolmesh.core.stream_link import StreamBroken
 from toolmesh.core.wire import outcome_from_pb
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 
@@ -81,11 +83,23 @@ LOOKUP_TIMEOUT_S = 10.0
 
 
 class InvocationClient:
-    def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
+    """Calls tools on an invocation service.
+
+    With `multiplex`, all calls share one InvokeTools stream instead of each
+    being its own InvokeTool call: for callers that keep many calls open at
+    once (the service then holds no gRPC call per waiting call). Results and
+    errors are the same either way.
+    """
+
+    def __init__(
+        self, target: str, *, channel: grpc.aio.Channel | None = None, multiplex: bool = False
+    ) -> None:
         self._own_channel = channel is None
         self._channel = channel or open_channel(target)
         self._stub = invocation_pb2_grpc.InvocationServiceStub(self._channel)
         self._confirmations = PendingConfirmations(self._send_confirmations)
+        self._multiplex = multiplex
+        self._link: CallLink | None = None
 
     async def invoke(
         self,
@@ -126,7 +140,8 @@ class InvocationClient:
             telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
             telemetry.correlation(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
         ):
-            result = await self._call(request, timeout)
+            call = self._call_on_stream if self._multiplex else self._call
+            result = await call(request, timeout)
             if result.tool_request_id:
                 span.set_attribute(telemetry.TOOL_REQUEST_ID, result.tool_request_id)
             if result.outcome is None:
@@ -156,6 +171,38 @@ class InvocationClient:
             joined=response.joined,
             replayed=response.replayed,
         )
+
+    async def _call_on_stream(
+        self, request: invocation_pb2.InvokeToolRequest, timeout: float | None
+    ) -> CallResult:
+        link = self._link
+        if link is None or link.closed:
+            link = self._link = CallLink(self._stub)
+        try:
+            with telemetry.client_span("toolmesh.v1.InvocationService/InvokeTools") as carrier:
+                streamed = await link.call(request, carrier, timeout)
+        except (TimeoutError, StreamBroken) as failure:
+            self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+            if isinstance(failure, TimeoutError):
+                return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
+            return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
+        if streamed.HasField("response"):
+            response = streamed.response
+            return CallResult(
+                response.tool_request_id,
+                outcome_from_pb(response.outcome),
+                joined=response.joined,
+                replayed=response.replayed,
+            )
+        self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+        error = streamed.error
+        code = code_for_reason(error.reason)
+        if code in (Code.INVALID_REQUEST, Code.IDEMPOTENCY_KEY_REUSED):
+            # As InvokeTool would: a malformed request is the caller's bug, raised as the gRPC error.
+            status = grpc_status(code, error.message, error.metadata)
+            trailing = grpc.aio.Metadata(*status.trailing_metadata)
+            raise grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailing, status.details)
+        return CallResult(None, None, code or Code.TRANSPORT_FAILED, error.message)
 
     async def confirm_delivery(self, *tool_request_ids: str) -> bool:
         """Confirm now (with any confirmations still pending). False when the service could not be told:
@@ -195,6 +242,8 @@ class InvocationClient:
 
     async def close(self) -> None:
         await self._confirmations.close()
+        if self._link is not None:
+            await self._link.aclose()
         if self._own_channel:
             await self._channel.close()
 

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from toolmesh.core.errors import DOMAIN, Code, ToolmeshError, code_for_reason
+from toolmesh.core.errors import DOMAIN, ERROR_TABLE, Code, ToolmeshError, code_for_reason
 
 
 def to_grpc_status(error: ToolmeshError) -> grpc.Status:
-    info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN, metadata=error.metadata)
+    return grpc_status(error.code, error.message, error.metadata)
+
+
+def grpc_status(code: Code, message: str, metadata: Mapping[str, str]) -> grpc.Status:
+    """The status (with ErrorInfo) a call failing with `code` carries."""
+    info = error_details_pb2.ErrorInfo(reason=code.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=error.status.value[0], message=error.message, details=[detail])
+    status = status_pb2.Status(code=ERROR_TABLE[code].status.value[0], message=message, details=[detail])
     status_for_grpc: grpc.Status = rpc_status.to_status(status)
     return status_for_grpc
 

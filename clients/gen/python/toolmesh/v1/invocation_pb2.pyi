@@ -131,6 +131,182 @@ class InvokeToolResponse(_message.Message):
 Global___InvokeToolResponse: _TypeAlias = InvokeToolResponse  # noqa: Y015
 
 @_typing.final
+class InvokeToolsRequest(_message.Message):
+    """A sender that has several calls ready sends them in one message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedToolCall]: ...
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___StreamedToolCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvokeToolsRequest: _TypeAlias = InvokeToolsRequest  # noqa: Y015
+
+@_typing.final
+class StreamedToolCall(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    """Chosen by the caller, unique among its calls open on the stream; the
+    result carries it back.
+    """
+    @_builtins.property
+    def request(self) -> Global___InvokeToolRequest: ...
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """W3C trace context (traceparent, tracestate, baggage) of the caller's span
+        for this call: stream messages carry no metadata of their own.
+        """
+
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        request: Global___InvokeToolRequest | None = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "request", b"request", "trace_context", b"trace_context"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamedToolCall: _TypeAlias = StreamedToolCall  # noqa: Y015
+
+@_typing.final
+class InvokeToolsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedToolResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___StreamedToolResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvokeToolsResponse: _TypeAlias = InvokeToolsResponse  # noqa: Y015
+
+@_typing.final
+class StreamedToolResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___InvokeToolResponse: ...
+    @_builtins.property
+    def error(self) -> Global___CallError:
+        """No outcome was produced: what InvokeTool's status would have said."""
+
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        response: Global___InvokeToolResponse | None = ...,
+        error: Global___CallError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "response", b"response", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___StreamedToolResult: _TypeAlias = StreamedToolResult  # noqa: Y015
+
+@_typing.final
+class CallError(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """A code of toolmesh's error table, as the ErrorInfo reason of InvokeTool."""
+    message: _builtins.str
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The message's variables, as the ErrorInfo metadata of InvokeTool."""
+
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "metadata", b"metadata", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallError: _TypeAlias = CallError  # noqa: Y015
+
+@_typing.final
 class ConfirmDeliveryRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -57,6 +57,11 @@ class InvocationServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolResponse.FromString,
                 _registered_method=True)
+        self.InvokeTools = channel.stream_stream(
+                '/toolmesh.v1.InvocationService/InvokeTools',
+                request_serializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolsResponse.FromString,
+                _registered_method=True)
         self.ConfirmDelivery = channel.unary_unary(
                 '/toolmesh.v1.InvocationService/ConfirmDelivery',
                 request_serializer=toolmesh_dot_v1_dot_invocation__pb2.ConfirmDeliveryRequest.SerializeToString,
@@ -105,6 +110,21 @@ class InvocationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InvokeTools(self, request_iterator, context):
+        """InvokeTools makes many calls on one long-lived stream, for callers that
+        keep many calls open at once: a call waiting on InvokeTool holds a gRPC
+        call in this service for as long as the tool runs (about 20 KB), a call
+        on this stream holds none. Each call is an InvokeToolRequest tagged with a
+        call id of the caller's choosing; each gets one result, as soon as it
+        ends: the InvokeToolResponse, or the error InvokeTool would have failed
+        with (same reasons). A caller that stops waiting simply ignores the
+        result. Calls still open when the stream ends go on, as when a unary
+        caller leaves: an exact retry joins them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ConfirmDelivery(self, request, context):
         """ConfirmDelivery tells the runtime the caller has these outcomes, so an
         identical call after this one is a new invocation. Confirming twice, or
@@ -138,6 +158,11 @@ def add_InvocationServiceServicer_to_server(servicer, server):
                     servicer.InvokeTool,
                     request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolResponse.SerializeToString,
+            ),
+            'InvokeTools': grpc.stream_stream_rpc_method_handler(
+                    servicer.InvokeTools,
+                    request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolsRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_invocation__pb2.InvokeToolsResponse.SerializeToString,
             ),
             'ConfirmDelivery': grpc.unary_unary_rpc_method_handler(
                     servicer.ConfirmDelivery,
@@ -195,6 +220,33 @@ class InvocationService:
             '/toolmesh.v1.InvocationService/InvokeTool',
             toolmesh_dot_v1_dot_invocation__pb2.InvokeToolRequest.SerializeToString,
             toolmesh_dot_v1_dot_invocation__pb2.InvokeToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InvokeTools(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/toolmesh.v1.InvocationService/InvokeTools',
+            toolmesh_dot_v1_dot_invocation__pb2.InvokeToolsRequest.SerializeToString,
+            toolmesh_dot_v1_dot_invocation__pb2.InvokeToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,17 @@ class InvocationServiceStub:
     dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
     reason OVERLOADED.
     """
+    InvokeTools: _grpc.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]
+    """InvokeTools makes many calls on one long-lived stream, for callers that
+    keep many calls open at once: a call waiting on InvokeTool holds a gRPC
+    call in this service for as long as the tool runs (about 20 KB), a call
+    on this stream holds none. Each call is an InvokeToolRequest tagged with a
+    call id of the caller's choosing; each gets one result, as soon as it
+    ends: the InvokeToolResponse, or the error InvokeTool would have failed
+    with (same reasons). A caller that stops waiting simply ignores the
+    result. Calls still open when the stream ends go on, as when a unary
+    caller leaves: an exact retry joins them.
+    """
     ConfirmDelivery: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
     identical call after this one is a new invocation. Confirming twice, or
@@ -114,6 +125,17 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
     dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
     reason OVERLOADED.
+    """
+    InvokeTools: _aio.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]  # type: ignore[assignment]
+    """InvokeTools makes many calls on one long-lived stream, for callers that
+    keep many calls open at once: a call waiting on InvokeTool holds a gRPC
+    call in this service for as long as the tool runs (about 20 KB), a call
+    on this stream holds none. Each call is an InvokeToolRequest tagged with a
+    call id of the caller's choosing; each gets one result, as soon as it
+    ends: the InvokeToolResponse, or the error InvokeTool would have failed
+    with (same reasons). A caller that stops waiting simply ignores the
+    result. Calls still open when the stream ends go on, as when a unary
+    caller leaves: an exact retry joins them.
     """
     ConfirmDelivery: _aio.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]  # type: ignore[assignment]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
@@ -170,6 +192,23 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
         dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
         reason OVERLOADED.
+        """
+
+    @_abc_1.abstractmethod
+    def InvokeTools(
+        self,
+        request_iterator: _MaybeAsyncIterator[_invocation_pb2.InvokeToolsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_invocation_pb2.InvokeToolsResponse], _abc.AsyncIterator[_invocation_pb2.InvokeToolsResponse]]:
+        """InvokeTools makes many calls on one long-lived stream, for callers that
+        keep many calls open at once: a call waiting on InvokeTool holds a gRPC
+        call in this service for as long as the tool runs (about 20 KB), a call
+        on this stream holds none. Each call is an InvokeToolRequest tagged with a
+        call id of the caller's choosing; each gets one result, as soon as it
+        ends: the InvokeToolResponse, or the error InvokeTool would have failed
+        with (same reasons). A caller that stops waiting simply ignores the
+        result. Calls still open when the stream ends go on, as when a unary
+        caller leaves: an exact retry joins them.
         """
 
     @_abc_1.abstractmethod

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-# Well under the transport's message limit (core.limits.MAX_MESSAGE_BYTES),
+# Well under the transport's message limit (limits.MAX_MESSAGE_BYTES),
 # which a single item always fits.
 BATCH_BYTES = 1024 * 1024
 

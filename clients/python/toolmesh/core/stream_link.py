@@ -1,0 +1,94 @@
+"""A long-lived bidi stream carrying many requests, each answered once by a result with its key.
+
+Both of toolmesh's multiplexed streams (calls to the invocation service,
+dispatches to the bridge) work this way: whatever is ready goes out together
+(an Outbox), results settle the futures waiting on them, and when the stream
+ends every waiter still open fails with StreamBroken. A link that has ended
+stays ended: open a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from toolmesh.core.outbox import Outbox
+
+Item = TypeVar("Item")
+Message = TypeVar("Message")
+Response = TypeVar("Response")
+Result = TypeVar("Result")
+
+
+class StreamBroken(Exception):
+    """The stream ended before the result arrived; `status` is the gRPC status name."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class StreamLink(Generic[Item, Message, Response, Result]):
+    def __init__(
+        self,
+        open_stream: Callable[[AsyncIterator[Message]], Any],
+        *,
+        batch: Callable[[list[Item]], Message],
+        size_of: Callable[[Item], int],
+        results_of: Callable[[Response], Iterable[Result]],
+        key_of: Callable[[Result], Hashable],
+    ) -> None:
+        self._outbox: Outbox[Item] = Outbox(size_of)
+        self._batch = batch
+        self._results_of = results_of
+        self._key_of = key_of
+        self._waiting: dict[Hashable, asyncio.Future[Result]] = {}
+        self.closed = False
+        self._call = open_stream(self._messages())
+        self._reader = asyncio.create_task(self._read())
+
+    def send(self, item: Item) -> None:
+        self._outbox.put(item)
+
+    def expect(self, key: Hashable) -> asyncio.Future[Result]:
+        """A future for the result with `key`; StreamBroken if the stream ends first."""
+        result: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = result
+        return result
+
+    def forget(self, key: Hashable) -> bool:
+        """Stop waiting for `key` (a late result is dropped); whether it was still awaited."""
+        return self._waiting.pop(key, None) is not None
+
+    async def aclose(self) -> None:
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    async def _messages(self) -> AsyncIterator[Message]:
+        while True:
+            yield self._batch(await self._outbox.take())
+
+    async def _read(self) -> None:
+        ended = "OK"
+        try:
+            async for response in self._call:
+                for result in self._results_of(response):
+                    waiting = self._waiting.pop(self._key_of(result), None)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(result)
+        except grpc.aio.AioRpcError as error:
+            ended = error.code().name
+        except asyncio.CancelledError:
+            ended = "CANCELLED"
+            raise
+        finally:
+            self.closed = True
+            waiting_ones, self._waiting = self._waiting, {}
+            for waiting in waiting_ones.values():
+                if not waiting.done():
+                    waiting.set_exception(StreamBroken(ended))

@@ -1,0 +1,100 @@
+"""One InvokeTools stream: many callers' tool calls in, each result out as soon as it ends.
+
+A call on the stream costs this service a task and the invocation's own state,
+not a gRPC call held for as long as the tool runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from toolmesh.core import telemetry
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.outbox import Outbox
+from toolmesh.invocation.invoker import Invoker
+from toolmesh.invocation.messages import invoke_tool
+from toolmesh.v1 import invocation_pb2
+
+log = logging.getLogger("toolmesh.invocation")
+
+SPAN_NAME = "toolmesh.v1.InvocationService/InvokeTools"
+
+
+class CallStream:
+    def __init__(self, invoker: Invoker) -> None:
+        self._invoker = invoker
+        self._results: Outbox[invocation_pb2.StreamedToolResult] = Outbox(_result_size)
+        # Calls taken from this stream that have no result yet.
+        self._open: dict[int, asyncio.Task[None]] = {}
+        self._reading = True
+
+    async def read(self, messages: AsyncIterator[invocation_pb2.InvokeToolsRequest]) -> None:
+        """Take every call of the stream; when the caller stops sending, end once all are answered."""
+        try:
+            async for message in messages:
+                for call in message.calls:
+                    self._start(call)
+        finally:
+            self._reading = False
+            self._end_when_answered()
+
+    async def responses(self) -> AsyncIterator[invocation_pb2.InvokeToolsResponse]:
+        """What to send: every result ready at once in one message, until the stream may end."""
+        while results := await self._results.take():
+            yield invocation_pb2.InvokeToolsResponse(results=results)
+
+    def close(self) -> None:
+        """The stream ended: stop waiting for its calls. Their invocations go on (a retry joins them)."""
+        for task in list(self._open.values()):
+            task.cancel()
+
+    def _start(self, call: invocation_pb2.StreamedToolCall) -> None:
+        call_id = call.call_id
+        if call_id in self._open:
+            duplicate = ToolmeshError(
+                Code.INVALID_REQUEST, "The call id is already open.", {"call_id": str(call_id)}
+            )
+            self._results.put(_error_result(call_id, duplicate))
+            return
+        task = asyncio.create_task(self._run(call))
+        self._open[call_id] = task
+
+        def ended(_: asyncio.Task[None]) -> None:
+            self._open.pop(call_id, None)
+            self._end_when_answered()
+
+        task.add_done_callback(ended)
+
+    async def _run(self, call: invocation_pb2.StreamedToolCall) -> None:
+        with telemetry.span(SPAN_NAME, SpanKind.SERVER, call.trace_context) as span:
+            try:
+                response = await invoke_tool(self._invoker, call.request)
+            except ToolmeshError as error:
+                span.set_status(Status(StatusCode.ERROR, error.code.value))
+                self._results.put(_error_result(call.call_id, error))
+                return
+            except Exception as exc:
+                # The exception text may quote request data: log only its type.
+                log.error("unexpected error in %s: %s", SPAN_NAME, type(exc).__name__, exc_info=exc)
+                self._results.put(_error_result(call.call_id, ToolmeshError(Code.INTERNAL)))
+                return
+            self._results.put(invocation_pb2.StreamedToolResult(call_id=call.call_id, response=response))
+
+    def _end_when_answered(self) -> None:
+        if not self._reading and not self._open:
+            self._results.close()
+
+
+def _error_result(call_id: int, error: ToolmeshError) -> invocation_pb2.StreamedToolResult:
+    failure = invocation_pb2.CallError(
+        reason=error.code.value, message=error.message, metadata=error.metadata
+    )
+    return invocation_pb2.StreamedToolResult(call_id=call_id, error=failure)
+
+
+def _result_size(result: invocation_pb2.StreamedToolResult) -> int:
+    return result.ByteSize()

@@ -1,0 +1,64 @@
+"""InvocationService messages to and from the invoker's types."""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from toolmesh.core.calls import ToolCall
+from toolmesh.core.wire import outcome_to_pb
+from toolmesh.invocation.invoker import Invocation, Invoker
+from toolmesh.invocation.ledger import InvocationRecord, InvocationState
+from toolmesh.v1 import invocation_pb2
+
+_STATES = {
+    InvocationState.RUNNING: invocation_pb2.INVOCATION_STATE_RUNNING,
+    InvocationState.COMPLETED: invocation_pb2.INVOCATION_STATE_COMPLETED,
+    InvocationState.TIMED_OUT: invocation_pb2.INVOCATION_STATE_TIMED_OUT,
+    InvocationState.FAILED: invocation_pb2.INVOCATION_STATE_FAILED,
+}
+
+
+async def invoke_tool(
+    invoker: Invoker, request: invocation_pb2.InvokeToolRequest
+) -> invocation_pb2.InvokeToolResponse:
+    """One InvokeTool request through the invoker; raises ToolmeshError when no outcome was produced."""
+    call = ToolCall(
+        session_id=request.session_id,
+        turn_id=request.turn_id,
+        tool_name=request.tool_name,
+        arguments_json=request.arguments_json,
+    )
+    invocation = await invoker.invoke(call, request.idempotency_key, request.confirmed_tool_request_ids)
+    return response_to_pb(invocation)
+
+
+def response_to_pb(invocation: Invocation) -> invocation_pb2.InvokeToolResponse:
+    return invocation_pb2.InvokeToolResponse(
+        tool_request_id=invocation.tool_request_id,
+        outcome=outcome_to_pb(invocation.outcome),
+        joined=invocation.joined,
+        replayed=invocation.replayed,
+    )
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(round(seconds * 1e9))
+    return stamp
+
+
+def record_to_pb(record: InvocationRecord) -> invocation_pb2.Invocation:
+    message = invocation_pb2.Invocation(
+        tool_request_id=record.tool_request_id,
+        session_id=record.session_id,
+        turn_id=record.turn_id,
+        tool_name=record.tool_name,
+        state=_STATES[record.state],
+        delivered=record.delivered,
+        created_at=_timestamp(record.created_at),
+    )
+    if record.outcome is not None:
+        message.outcome.CopyFrom(outcome_to_pb(record.outcome))
+    if record.finished_at is not None:
+        message.finished_at.CopyFrom(_timestamp(record.finished_at))
+    return message
