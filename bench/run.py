@@ -176,14 +176,17 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
 
 
 async def measure_toolmesh(
-    sizes: Sizes, profiler: Profiler, env: dict[str, str] | None = None, sync: bool = True
+    sizes: Sizes, profiler: Profiler, env: dict[str, str] | None = None, variants: bool = True
 ) -> dict[str, dict[str, Any]]:
+    """`toolmesh`: unary InvokeTool calls to an async no-op. With `variants`, also
+    `toolmesh-stream` (calls on one InvokeTools stream) and `toolmesh-sync` (a plain def handler)."""
     system = await stack.start_toolmesh(env=env)
-    client = InvocationClient(system.invocation.target)
+    unary = InvocationClient(system.invocation.target)
+    streamed = InvocationClient(system.invocation.target, multiplex=True)
     # Distinct arguments: identical calls in flight together would join one invocation.
     counter = itertools.count()
 
-    def caller(tool: str) -> Callable[[], Awaitable[None]]:
+    def caller(client: InvocationClient, tool: str) -> Callable[[], Awaitable[None]]:
         async def call() -> None:
             result = await client.invoke(
                 stack.SESSION, tool, {"n": next(counter)}, turn_id="turn-1", timeout=60
@@ -196,12 +199,14 @@ async def measure_toolmesh(
     pids = _pids(list(system.services.values()))
     try:
         with profiler.attach("toolmesh", pids):
-            measured = await _measure(caller("noop"), sizes, pids)
-        if not sync:
-            return {"toolmesh": measured}
-        return {"toolmesh": measured, "toolmesh-sync": await _measure(caller("noop_sync"), sizes, pids)}
+            measured = {"toolmesh": await _measure(caller(unary, "noop"), sizes, pids)}
+        if variants:
+            measured["toolmesh-stream"] = await _measure(caller(streamed, "noop"), sizes, pids)
+            measured["toolmesh-sync"] = await _measure(caller(unary, "noop_sync"), sizes, pids)
+        return measured
     finally:
-        await client.close()
+        await unary.close()
+        await streamed.close()
         await system.stop()
 
 
@@ -266,11 +271,11 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
         results["ratios"] = report.ratios(systems)
     if "tracing" in sections:
         print("... tracing off, then on (exporting over OTLP)", file=sys.stderr, flush=True)
-        off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, sync=False))[
+        off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=False))[
             "toolmesh"
         ]
         async with tracing.otlp_receiver() as (sink, env):
-            on = (await measure_toolmesh(sizes, Profiler(None), env, sync=False))["toolmesh"]
+            on = (await measure_toolmesh(sizes, Profiler(None), env, variants=False))["toolmesh"]
         results["tracing"] = {
             "off": off,
             "on": on,
@@ -280,7 +285,12 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
     if "scale" in sections:
         print(f"... scale: {sizes.scale_calls} held calls", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as work_dir:
-            results["scale"] = await stress.scale(sizes.scale_calls, sizes.scale_hold_s, Path(work_dir))
+            results["scale"] = await stress.scale(
+                sizes.scale_calls, sizes.scale_hold_s, Path(work_dir), multiplex=True
+            )
+            results["scale_unary"] = await stress.scale(
+                sizes.scale_calls, sizes.scale_hold_s, Path(work_dir), multiplex=False
+            )
             results["scale_floor"] = await stress.floor_scale(
                 sizes.scale_calls, sizes.scale_hold_s, Path(work_dir)
             )

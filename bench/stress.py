@@ -26,10 +26,11 @@ ADMISSION_WINDOW = 500
 T = TypeVar("T")
 
 
-def _clients(target: str) -> tuple[list[grpc.aio.Channel], list[InvocationClient]]:
+def _clients(target: str, multiplex: bool = False) -> tuple[list[grpc.aio.Channel], list[InvocationClient]]:
     options = [("grpc.max_concurrent_streams", 1 << 20)]
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(CHANNELS)]
-    return channels, [InvocationClient(target, channel=channel) for channel in channels]
+    clients = [InvocationClient(target, channel=channel, multiplex=multiplex) for channel in channels]
+    return channels, clients
 
 
 @dataclass
@@ -88,8 +89,14 @@ async def _hold_all(
     return Held(admitted, elapsed, memory), results
 
 
-async def scale(calls: int, hold_s: float, work_dir: Path, baseline_calls: int = 200) -> dict[str, Any]:
-    """`calls` concurrent slow calls held at once by one invocation and one bridge process."""
+async def scale(
+    calls: int, hold_s: float, work_dir: Path, *, multiplex: bool, baseline_calls: int = 200
+) -> dict[str, Any]:
+    """`calls` concurrent slow calls held at once by one invocation and one bridge process.
+
+    With `multiplex`, the callers' calls travel on InvokeTools streams (one per
+    client); without, each is its own InvokeTool call.
+    """
     # A held call waits for the others at most this long: long enough for all to arrive.
     hold_limit_s = min(100, 30 + calls / 50)
     arrivals = work_dir / "arrivals.txt"
@@ -102,7 +109,7 @@ async def scale(calls: int, hold_s: float, work_dir: Path, baseline_calls: int =
             "BENCH_ARRIVALS_FILE": str(arrivals),
         }
     )
-    channels, clients = _clients(system.invocation.target)
+    channels, clients = _clients(system.invocation.target, multiplex)
 
     async def call(i: int) -> CallResult:
         client = clients[i % CHANNELS]
@@ -129,6 +136,7 @@ async def scale(calls: int, hold_s: float, work_dir: Path, baseline_calls: int =
             failures[_failure(result)] += 1
     return {
         "calls": calls,
+        "calls_travel_on": "InvokeTools streams" if multiplex else "InvokeTool calls",
         "hold_s": hold_s,
         "correct": correct,
         "held_together": held_together,

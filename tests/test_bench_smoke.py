@@ -38,7 +38,7 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     [written] = tmp_path.glob("bench-quick-*.json")
     results = json.loads(written.read_text())
 
-    systems = {"floor", "floor+lookup", "toolmesh", "toolmesh-sync"}
+    systems = {"floor", "floor+lookup", "toolmesh", "toolmesh-stream", "toolmesh-sync"}
     if importlib.util.find_spec("mcp") is not None:
         systems |= {"mcp-stdio", "mcp-http"}
     else:
@@ -47,11 +47,12 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     for system in results["systems"].values():
         assert system["latency"]["p50_ms"] > 0
         assert system["throughput"]["calls"] > 0
-    assert "toolmesh/floor" in results["ratios"]
+    assert {"toolmesh/floor", "toolmesh-stream/floor"} <= set(results["ratios"])
 
-    scale = results["scale"]
-    assert scale["correct"] == scale["calls"] == scale["held_together"]
-    assert set(scale["memory"]) == {"invocation", "bridge", "registry", "host"}
+    for way in ("scale", "scale_unary"):
+        scale = results[way]
+        assert scale["correct"] == scale["calls"] == scale["held_together"]
+        assert set(scale["memory"]) == {"invocation", "bridge", "registry", "host"}
     scale_floor = results["scale_floor"]
     assert scale_floor["correct"] == scale_floor["calls"], scale_floor["failures"]
     assert set(scale_floor["memory"]) == {"front", "back", "host"}

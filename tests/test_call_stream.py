@@ -161,3 +161,26 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reconnects(
         counted.release.set()
         await invocation.stop()
         counted.release.clear()
+
+
+async def test_calls_go_on_when_their_stream_ends_and_a_retry_joins(
+    system: tuple[LocalSystem, Counted],
+) -> None:
+    local, counted = system
+    before = counted.runs
+    async with grpc.aio.insecure_channel(local.invocation_target) as channel:
+        stream = invocation_pb2_grpc.InvocationServiceStub(channel).InvokeTools()
+        await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(1, "counted", key="orphan")]))
+        for _ in range(100):
+            if counted.runs > before:
+                break
+            await asyncio.sleep(0.02)
+        stream.cancel()
+    async with InvocationClient(local.invocation_target) as client:
+        retry = asyncio.ensure_future(client.invoke(SESSION, "counted", {"key": "orphan"}, turn_id="turn"))
+        await asyncio.sleep(0.2)
+        counted.release.set()
+        joined = await retry
+        counted.release.clear()
+    assert joined.joined and joined.outcome is not None and joined.outcome.ok
+    assert counted.runs == before + 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -31,6 +32,7 @@ class CallStream:
         # Calls taken from this stream that have no result yet.
         self._open: dict[int, asyncio.Task[None]] = {}
         self._reading = True
+        self._closed = False
 
     async def read(self, messages: AsyncIterator[invocation_pb2.InvokeToolsRequest]) -> None:
         """Take every call of the stream; when the caller stops sending, end once all are answered."""
@@ -48,9 +50,8 @@ class CallStream:
             yield invocation_pb2.InvokeToolsResponse(results=results)
 
     def close(self) -> None:
-        """The stream ended: stop waiting for its calls. Their invocations go on (a retry joins them)."""
-        for task in list(self._open.values()):
-            task.cancel()
+        """The stream ended: its calls go on to their outcomes (a retry joins them), sent nowhere."""
+        self._closed = True
 
     def _start(self, call: invocation_pb2.StreamedToolCall) -> None:
         call_id = call.call_id
@@ -58,34 +59,38 @@ class CallStream:
             duplicate = ToolmeshError(
                 Code.INVALID_REQUEST, "The call id is already open.", {"call_id": str(call_id)}
             )
-            self._results.put(_error_result(call_id, duplicate))
+            self._send(_error_result(call_id, duplicate))
             return
         task = asyncio.create_task(self._run(call))
         self._open[call_id] = task
+        task.add_done_callback(partial(self._ended, call_id))
 
-        def ended(_: asyncio.Task[None]) -> None:
-            self._open.pop(call_id, None)
-            self._end_when_answered()
-
-        task.add_done_callback(ended)
+    def _ended(self, call_id: int, _: object) -> None:
+        self._open.pop(call_id, None)
+        self._end_when_answered()
 
     async def _run(self, call: invocation_pb2.StreamedToolCall) -> None:
         with telemetry.span(SPAN_NAME, SpanKind.SERVER, call.trace_context) as span:
             try:
-                response = await invoke_tool(self._invoker, call.request)
+                # This task waits for the outcome whatever the caller does: no task of its own needed.
+                response = await invoke_tool(self._invoker, call.request, leaves_early=False)
             except ToolmeshError as error:
                 span.set_status(Status(StatusCode.ERROR, error.code.value))
-                self._results.put(_error_result(call.call_id, error))
+                self._send(_error_result(call.call_id, error))
                 return
             except Exception as exc:
                 # The exception text may quote request data: log only its type.
                 log.error("unexpected error in %s: %s", SPAN_NAME, type(exc).__name__, exc_info=exc)
-                self._results.put(_error_result(call.call_id, ToolmeshError(Code.INTERNAL)))
+                self._send(_error_result(call.call_id, ToolmeshError(Code.INTERNAL)))
                 return
-            self._results.put(invocation_pb2.StreamedToolResult(call_id=call.call_id, response=response))
+            self._send(invocation_pb2.StreamedToolResult(call_id=call.call_id, response=response))
+
+    def _send(self, result: invocation_pb2.StreamedToolResult) -> None:
+        if not self._closed:
+            self._results.put(result)
 
     def _end_when_answered(self) -> None:
-        if not self._reading and not self._open:
+        if not self._reading and not self._open and not self._closed:
             self._results.close()
 
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from opentelemetry import trace
 
@@ -21,7 +22,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.ledger import InvocationRecord, Ledger
-from toolmesh.invocation.observability import attaching, observe, running
+from toolmesh.invocation.observability import IN_FLIGHT, attaching, observe
 from toolmesh.invocation.ports import Dispatcher, ToolCatalog
 
 log = logging.getLogger("toolmesh.invocation")
@@ -115,14 +116,26 @@ class Invoker:
         self._max_in_flight = max_in_flight
         self._in_flight = 0
         self._stopping = False
-        # Invocations this process runs. They go on when their caller leaves, so
-        # that a caller whose own deadline passed can retry and join them.
-        self._running: dict[str, asyncio.Task[Outcome]] = {}
+        # Outcomes of the invocations this process runs, for identical calls to
+        # join. They go on when their caller leaves, so that a caller whose own
+        # deadline passed can retry and join them.
+        self._running: dict[str, asyncio.Future[Outcome]] = {}
 
     async def invoke(
-        self, call: ToolCall, idempotency_key: str = "", confirmed: Sequence[str] = ()
+        self,
+        call: ToolCall,
+        idempotency_key: str = "",
+        confirmed: Sequence[str] = (),
+        *,
+        leaves_early: bool = True,
     ) -> Invocation:
-        """Run, join or replay `call`, after applying the caller's `confirmed` deliveries."""
+        """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
+
+        A caller that may be cancelled before the outcome (`leaves_early`, a
+        unary RPC whose client gives up) gets the invocation run in a task of
+        its own, which goes on without it. One that always waits for the
+        outcome (a call on an InvokeTools stream) runs it itself and saves the task.
+        """
         check_envelope(call)
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
@@ -135,20 +148,17 @@ class Invoker:
         started = time.monotonic()
         self._in_flight += 1
         try:
-            return await self._observed(call, idempotency_key, started)
+            with telemetry.correlation(
+                session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name
+            ):
+                invocation = await self._invoke(call, idempotency_key, leaves_early)
+                trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, invocation.tool_request_id)
+                observe(call.tool_name, invocation.tool_request_id, invocation.outcome, started)
+            return invocation
         finally:
             self._in_flight -= 1
 
-    async def _observed(self, call: ToolCall, idempotency_key: str, started: float) -> Invocation:
-        with telemetry.correlation(
-            session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name
-        ):
-            invocation = await self._invoke(call, idempotency_key)
-            trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, invocation.tool_request_id)
-            observe(call.tool_name, invocation.tool_request_id, invocation.outcome, started)
-        return invocation
-
-    async def _invoke(self, call: ToolCall, idempotency_key: str) -> Invocation:
+    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> Invocation:
         tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
@@ -174,10 +184,7 @@ class Invoker:
                     timeout_ms=tool.effective_timeout_ms,
                     redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
                 )
-                task = asyncio.create_task(self._run(request, record))
-                self._running[tool_request_id] = task
-                task.add_done_callback(lambda _: self._running.pop(tool_request_id, None))
-                return Invocation(tool_request_id, await asyncio.shield(task))
+                return Invocation(tool_request_id, await self._start(request, record, leaves_early))
             if record.outcome is not None:
                 with attaching(record, "replayed"):
                     log.info("replayed an unconfirmed outcome")
@@ -188,19 +195,49 @@ class Invoker:
                     record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
                 )
 
+    async def _start(self, request: ToolRequest, claimed: InvocationRecord, leaves_early: bool) -> Outcome:
+        """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
+        tool_request_id = request.tool_request_id
+        if leaves_early:
+            task = asyncio.create_task(self._run(request, claimed))
+            self._running[tool_request_id] = task
+            task.add_done_callback(partial(self._ended, tool_request_id))
+            return await asyncio.shield(task)
+        ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._running[tool_request_id] = ran
+        try:
+            outcome = await self._run(request, claimed)
+        except asyncio.CancelledError:
+            ran.cancel()
+            raise
+        except Exception as error:
+            ran.set_exception(error)
+            ran.exception()  # marked as seen: its joiners, if any, get it too
+            raise
+        else:
+            ran.set_result(outcome)
+            return outcome
+        finally:
+            self._running.pop(tool_request_id, None)
+
+    def _ended(self, tool_request_id: str, _: object) -> None:
+        self._running.pop(tool_request_id, None)
+
     async def _run(self, request: ToolRequest, claimed: InvocationRecord) -> Outcome:
-        with running():
-            try:
-                outcome = await self._dispatcher.dispatch(request)
-            except ToolmeshError as error:
-                # The bridge could not be reached: record why, but let an exact retry run anew.
-                await self.ledger.finish(
-                    request.tool_request_id,
-                    Outcome.runtime_error(error.code),
-                    replayable=False,
-                    claimed=claimed,
-                )
-                raise
+        IN_FLIGHT.add(1)
+        try:
+            outcome = await self._dispatcher.dispatch(request)
+        except ToolmeshError as error:
+            # The bridge could not be reached: record why, but let an exact retry run anew.
+            await self.ledger.finish(
+                request.tool_request_id,
+                Outcome.runtime_error(error.code),
+                replayable=False,
+                claimed=claimed,
+            )
+            raise
+        finally:
+            IN_FLIGHT.add(-1)
         await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
         return outcome
 

@@ -19,16 +19,21 @@ _STATES = {
 
 
 async def invoke_tool(
-    invoker: Invoker, request: invocation_pb2.InvokeToolRequest
+    invoker: Invoker, request: invocation_pb2.InvokeToolRequest, *, leaves_early: bool = True
 ) -> invocation_pb2.InvokeToolResponse:
-    """One InvokeTool request through the invoker; raises ToolmeshError when no outcome was produced."""
+    """One InvokeTool request through the invoker; raises ToolmeshError when no outcome was produced.
+
+    `leaves_early`: see Invoker.invoke.
+    """
     call = ToolCall(
         session_id=request.session_id,
         turn_id=request.turn_id,
         tool_name=request.tool_name,
         arguments_json=request.arguments_json,
     )
-    invocation = await invoker.invoke(call, request.idempotency_key, request.confirmed_tool_request_ids)
+    invocation = await invoker.invoke(
+        call, request.idempotency_key, request.confirmed_tool_request_ids, leaves_early=leaves_early
+    )
     return response_to_pb(invocation)
 
 

@@ -62,12 +62,3 @@ def attaching(record: InvocationRecord, how: str) -> Iterator[None]:
     with telemetry.TRACER.start_as_current_span(f"toolmesh.{how}", links=links) as span:
         span.set_attribute(f"toolmesh.{how}", True)
         yield
-
-
-@contextlib.contextmanager
-def running() -> Iterator[None]:
-    IN_FLIGHT.add(1)
-    try:
-        yield
-    finally:
-        IN_FLIGHT.add(-1)

@@ -80,18 +80,18 @@ class RemoteDispatcher:
             result = link.expect(tool_request_id)
             link.send(message)
             # The bridge enforces the deadline; this only catches a bridge that went quiet.
-            guard = request.timeout_ms / 1000 + BRIDGE_GRACE_S
+            guard = asyncio.get_running_loop().call_later(
+                request.timeout_ms / 1000 + BRIDGE_GRACE_S, _give_up, result
+            )
             try:
-                return _outcome_of(await asyncio.wait_for(result, guard))
+                return _outcome_of(await result)
             except StreamBroken as broken:
                 raise ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": broken.status}) from None
             except TimeoutError:
-                return Outcome.runtime_error(
-                    Code.TOOL_TIMEOUT,
-                    f"No result within {request.timeout_ms} ms.",
-                    {"timeoutMs": request.timeout_ms},
-                )
+                detail = f"No result within {request.timeout_ms} ms."
+                return Outcome.runtime_error(Code.TOOL_TIMEOUT, detail, {"timeoutMs": request.timeout_ms})
             finally:
+                guard.cancel()
                 # Not answered (gave up, or this wait was cancelled): tell the bridge to stop it.
                 if link.forget(tool_request_id) and not link.closed:
                     link.send(tool_request_id)
@@ -118,6 +118,11 @@ def _dispatch_message(batch: list[bridge_pb2.ToolRequest | str]) -> bridge_pb2.D
         else:
             message.requests.append(item)
     return message
+
+
+def _give_up(result: asyncio.Future[bridge_pb2.DispatchResult]) -> None:
+    if not result.done():
+        result.set_exception(TimeoutError())
 
 
 def _outcome_of(result: bridge_pb2.DispatchResult) -> Outcome:

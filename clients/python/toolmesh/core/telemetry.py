@@ -135,26 +135,42 @@ def extract_metadata(metadata: Any) -> Context:
     return propagate.extract(carrier)
 
 
-@contextlib.contextmanager
-def client_call(full_method: str) -> Iterator[list[tuple[str, str]]]:
-    """A CLIENT span for one outgoing RPC (`package.Service/Method`); yields the metadata carrying it.
+# Returned while not tracing: shared, immutable, nothing allocated per call.
+_NO_CARRIER: Mapping[str, str] = MappingProxyType({})
+_NO_METADATA: contextlib.nullcontext[list[tuple[str, str]]] = contextlib.nullcontext([])
+_NO_CLIENT_SPAN: contextlib.nullcontext[Mapping[str, str]] = contextlib.nullcontext(_NO_CARRIER)
+_NO_SPAN: contextlib.nullcontext[Any] = contextlib.nullcontext(trace.INVALID_SPAN)
+
+
+def client_call(full_method: str) -> contextlib.AbstractContextManager[list[tuple[str, str]]]:
+    """A CLIENT span for one outgoing RPC (`package.Service/Method`); gives the metadata carrying it.
 
     Our own, instead of generic aio client interceptors: those cost an extra
     task and several protocol checks on every call.
     """
-    with client_span(full_method) as carrier:
-        yield list(carrier.items())
+    if not enabled():
+        return _NO_METADATA
+    return _client_call(full_method)
 
 
 @contextlib.contextmanager
-def client_span(full_method: str) -> Iterator[dict[str, str]]:
-    """A CLIENT span for one request to `package.Service/Method`; yields the carrier of its context.
+def _client_call(full_method: str) -> Iterator[list[tuple[str, str]]]:
+    with _client_span(full_method) as carrier:
+        yield list(carrier.items())
+
+
+def client_span(full_method: str) -> contextlib.AbstractContextManager[Mapping[str, str]]:
+    """A CLIENT span for one request to `package.Service/Method`; gives the carrier of its context.
 
     For a request sent as a stream message, the carrier travels in the message.
     """
     if not enabled():
-        yield {}
-        return
+        return _NO_CLIENT_SPAN
+    return _client_span(full_method)
+
+
+@contextlib.contextmanager
+def _client_span(full_method: str) -> Iterator[Mapping[str, str]]:
     service, _, name = full_method.rpartition("/")
     with TRACER.start_as_current_span(
         full_method,
@@ -162,55 +178,62 @@ def client_span(full_method: str) -> Iterator[dict[str, str]]:
         attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
+    ) as current:
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         try:
             yield carrier
         except grpc.aio.AioRpcError as error:
-            span.set_attribute("rpc.grpc.status_code", error.code().value[0])
-            span.set_status(Status(StatusCode.ERROR, error.code().name))
+            current.set_attribute("rpc.grpc.status_code", error.code().value[0])
+            current.set_status(Status(StatusCode.ERROR, error.code().name))
             raise
         except ToolmeshError as error:
-            span.set_status(Status(StatusCode.ERROR, error.code.value))
+            current.set_status(Status(StatusCode.ERROR, error.code.value))
             raise
-        span.set_attribute("rpc.grpc.status_code", 0)
+        current.set_attribute("rpc.grpc.status_code", 0)
 
 
-@contextlib.contextmanager
-def span(name: str, kind: SpanKind, carrier: Mapping[str, str] | None = None) -> Iterator[Any]:
+def span(
+    name: str, kind: SpanKind, carrier: Mapping[str, str] | None = None
+) -> contextlib.AbstractContextManager[Any]:
     """A current span (continuing the trace in `carrier`, if given); none at all when not tracing.
 
     Even the API's no-op tracer costs several microseconds per span.
     """
     if not enabled():
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
     parent = None if carrier is None else extract(carrier)
-    with TRACER.start_as_current_span(name, context=parent, kind=kind) as current:
-        yield current
+    return TRACER.start_as_current_span(name, context=parent, kind=kind)
 
 
-@contextlib.contextmanager
-def correlation(**ids: str) -> Iterator[None]:
+class correlation:
     """Make ids (session_id=..., turn_id=...) current: for logs always; when tracing, also as
-    `toolmesh.*` baggage (so they travel with the next call) and on the current span."""
-    given = {name: value for name, value in ids.items() if value}
-    ids_token = _IDS.set({**_IDS.get(), **given})
-    context_token = None
-    if enabled():
-        ctx = context.get_current()
-        span = trace.get_current_span()
-        for name, value in given.items():
-            ctx = baggage.set_baggage(PREFIX + name, value, ctx)
-            span.set_attribute(PREFIX + name, value)
-        context_token = context.attach(ctx)
-    try:
-        yield
-    finally:
-        if context_token is not None:
-            context.detach(context_token)
-        _IDS.reset(ids_token)
+    `toolmesh.*` baggage (so they travel with the next call) and on the current span.
+
+    A small class rather than a generator: calls hold it across awaits, by the thousand.
+    """
+
+    __slots__ = ("_context_token", "_given", "_ids_token")
+
+    def __init__(self, **ids: str) -> None:
+        self._given = ids
+
+    def __enter__(self) -> None:
+        given = {name: value for name, value in self._given.items() if value}
+        self._ids_token = _IDS.set({**_IDS.get(), **given})
+        self._context_token: contextvars.Token[Context] | None = None
+        if enabled():
+            ctx = context.get_current()
+            current = trace.get_current_span()
+            for name, value in given.items():
+                ctx = baggage.set_baggage(PREFIX + name, value, ctx)
+                current.set_attribute(PREFIX + name, value)
+            self._context_token = context.attach(ctx)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._context_token is not None:
+            context.detach(self._context_token)
+        _IDS.reset(self._ids_token)
 
 
 def correlation_ids() -> dict[str, str]:
