@@ -51,6 +51,8 @@ class KeepNothing(Ledger):
         timeout_ms: int,
         idempotency_key: str = "",
         trace_context: dict[str, str] | None = None,
+        *,
+        arguments: Any = None,
     ) -> Claim:
         record = InvocationRecord(
             new_id, call.session_id, call.turn_id, call.tool_name, "", InvocationState.RUNNING, 0.0

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from functools import partial
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -17,7 +16,7 @@ from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outbox import Outbox
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.messages import invoke_tool
+from toolmesh.invocation.messages import call_from_pb, response_to_pb
 from toolmesh.v1 import invocation_pb2
 
 log = logging.getLogger("toolmesh.invocation")
@@ -61,29 +60,34 @@ class CallStream:
             )
             self._send(_error_result(call_id, duplicate))
             return
-        task = asyncio.create_task(self._run(call))
-        self._open[call_id] = task
-        task.add_done_callback(partial(self._ended, call_id))
-
-    def _ended(self, call_id: int, _: object) -> None:
-        self._open.pop(call_id, None)
-        self._end_when_answered()
+        self._open[call_id] = asyncio.create_task(self._run(call))
 
     async def _run(self, call: invocation_pb2.StreamedToolCall) -> None:
-        with telemetry.span(SPAN_NAME, SpanKind.SERVER, call.trace_context) as span:
-            try:
-                # This task waits for the outcome whatever the caller does: no task of its own needed.
-                response = await invoke_tool(self._invoker, call.request, leaves_early=False)
-            except ToolmeshError as error:
-                span.set_status(Status(StatusCode.ERROR, error.code.value))
-                self._send(_error_result(call.call_id, error))
-                return
-            except Exception as exc:
-                # The exception text may quote request data: log only its type.
-                log.error("unexpected error in %s: %s", SPAN_NAME, type(exc).__name__, exc_info=exc)
-                self._send(_error_result(call.call_id, ToolmeshError(Code.INTERNAL)))
-                return
-            self._send(invocation_pb2.StreamedToolResult(call_id=call.call_id, response=response))
+        request = call.request
+        try:
+            with telemetry.span(SPAN_NAME, SpanKind.SERVER, call.trace_context) as span:
+                try:
+                    # This task waits for the outcome whatever the caller does: no task of its own needed.
+                    invocation = await self._invoker.invoke(
+                        call_from_pb(request),
+                        request.idempotency_key,
+                        request.confirmed_tool_request_ids,
+                        leaves_early=False,
+                    )
+                except ToolmeshError as error:
+                    span.set_status(Status(StatusCode.ERROR, error.code.value))
+                    self._send(_error_result(call.call_id, error))
+                    return
+                except Exception as exc:
+                    # The exception text may quote request data: log only its type.
+                    log.error("unexpected error in %s: %s", SPAN_NAME, type(exc).__name__, exc_info=exc)
+                    self._send(_error_result(call.call_id, ToolmeshError(Code.INTERNAL)))
+                    return
+                response = response_to_pb(invocation)
+                self._send(invocation_pb2.StreamedToolResult(call_id=call.call_id, response=response))
+        finally:
+            self._open.pop(call.call_id, None)
+            self._end_when_answered()
 
     def _send(self, result: invocation_pb2.StreamedToolResult) -> None:
         if not self._closed:

@@ -52,6 +52,14 @@ def check_envelope(call: ToolCall) -> None:
 
 def check_arguments(tool: ToolSpec, arguments_json: str) -> Outcome | None:
     """A TOOL_ARGS_INVALID outcome when the arguments are not an object that fits the schema."""
+    arguments = parse_arguments(arguments_json)
+    if isinstance(arguments, Outcome):
+        return arguments
+    return check_parsed_arguments(tool, arguments)
+
+
+def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
+    """The arguments' value, or a TOOL_ARGS_INVALID outcome when they are too large or not JSON."""
     if len(arguments_json.encode()) > MAX_ARGUMENTS_BYTES:
         return Outcome.runtime_error(
             Code.TOOL_ARGS_INVALID,
@@ -59,11 +67,15 @@ def check_arguments(tool: ToolSpec, arguments_json: str) -> Outcome | None:
             {"reason": "too_large"},
         )
     try:
-        arguments = jsontext.parse(arguments_json)
+        return jsontext.parse(arguments_json)
     except jsontext.NotPlainJson:
         return Outcome.runtime_error(
             Code.TOOL_ARGS_INVALID, "Arguments are not JSON.", {"reason": "not_json"}
         )
+
+
+def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue) -> Outcome | None:
+    """A TOOL_ARGS_INVALID outcome when parsed arguments are not an object that fits the schema."""
     if not isinstance(arguments, dict):
         return Outcome.runtime_error(
             Code.TOOL_ARGS_INVALID,
@@ -166,11 +178,17 @@ class Invoker:
                 Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
             )
             return Invocation(tool_request_id, outcome)
-        invalid = check_arguments(tool, call.arguments_json)
+        arguments = parse_arguments(call.arguments_json)
+        invalid = arguments if isinstance(arguments, Outcome) else check_parsed_arguments(tool, arguments)
         if invalid is not None:
             return Invocation(tool_request_id, invalid)
         claim = await self.ledger.claim(
-            call, tool_request_id, tool.effective_timeout_ms, idempotency_key, telemetry.trace_carrier()
+            call,
+            tool_request_id,
+            tool.effective_timeout_ms,
+            idempotency_key,
+            telemetry.trace_carrier(),
+            arguments=arguments,
         )
         record = claim.record
         with telemetry.correlation(tool_request_id=record.tool_request_id):

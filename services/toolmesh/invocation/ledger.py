@@ -24,6 +24,8 @@ from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.store.base import Store
 
 DECODED_CACHE_SIZE = 4096
+# Marks arguments not parsed yet (None is a JSON value).
+_UNPARSED: Any = object()
 
 
 class InvocationState(enum.Enum):
@@ -77,10 +79,14 @@ class InvocationRecord:
         return self.state is not InvocationState.RUNNING
 
 
-def identity_of(call: ToolCall) -> str | None:
-    """The logical identity of a call: session, tool and canonical arguments. None when not JSON."""
+def identity_of(call: ToolCall, arguments: jsontext.JsonValue = _UNPARSED) -> str | None:
+    """The logical identity of a call: session, tool and canonical arguments. None when not JSON.
+
+    `arguments`: the call's arguments already parsed, when the caller has them.
+    """
     try:
-        canonical = jsontext.canonical(jsontext.parse(call.arguments_json))
+        parsed = jsontext.parse(call.arguments_json) if arguments is _UNPARSED else arguments
+        canonical = jsontext.canonical(parsed)
     except (jsontext.NotPlainJson, ValueError):
         return None
     digest = hashlib.sha256(canonical).hexdigest()
@@ -203,9 +209,14 @@ class Ledger:
         timeout_ms: int,
         idempotency_key: str = "",
         trace_context: dict[str, str] | None = None,
+        *,
+        arguments: jsontext.JsonValue = _UNPARSED,
     ) -> Claim:
-        """Register `call` as invocation `new_id`, unless an identical one should be joined or replayed."""
-        identity = identity_of(call) or f"{call.session_id}:{call.tool_name}:unique:{new_id}"
+        """Register `call` as invocation `new_id`, unless an identical one should be joined or replayed.
+
+        `arguments`: the call's arguments already parsed, when the caller has them.
+        """
+        identity = identity_of(call, arguments) or f"{call.session_id}:{call.tool_name}:unique:{new_id}"
         if idempotency_key:
             existing = await self._by_idempotency_key(call, identity, idempotency_key, new_id)
             if existing is not None:

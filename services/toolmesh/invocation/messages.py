@@ -6,7 +6,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.wire import outcome_to_pb
-from toolmesh.invocation.invoker import Invocation, Invoker
+from toolmesh.invocation.invoker import Invocation
 from toolmesh.invocation.ledger import InvocationRecord, InvocationState
 from toolmesh.v1 import invocation_pb2
 
@@ -18,23 +18,13 @@ _STATES = {
 }
 
 
-async def invoke_tool(
-    invoker: Invoker, request: invocation_pb2.InvokeToolRequest, *, leaves_early: bool = True
-) -> invocation_pb2.InvokeToolResponse:
-    """One InvokeTool request through the invoker; raises ToolmeshError when no outcome was produced.
-
-    `leaves_early`: see Invoker.invoke.
-    """
-    call = ToolCall(
+def call_from_pb(request: invocation_pb2.InvokeToolRequest) -> ToolCall:
+    return ToolCall(
         session_id=request.session_id,
         turn_id=request.turn_id,
         tool_name=request.tool_name,
         arguments_json=request.arguments_json,
     )
-    invocation = await invoker.invoke(
-        call, request.idempotency_key, request.confirmed_tool_request_ids, leaves_early=leaves_early
-    )
-    return response_to_pb(invocation)
 
 
 def response_to_pb(invocation: Invocation) -> invocation_pb2.InvokeToolResponse:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.messages import invoke_tool, record_to_pb
+from toolmesh.invocation.messages import call_from_pb, record_to_pb, response_to_pb
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import Service
@@ -20,7 +20,10 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def InvokeTool(
         self, request: invocation_pb2.InvokeToolRequest, context: ServicerContext
     ) -> invocation_pb2.InvokeToolResponse:
-        return await invoke_tool(self._invoker, request)
+        invocation = await self._invoker.invoke(
+            call_from_pb(request), request.idempotency_key, request.confirmed_tool_request_ids
+        )
+        return response_to_pb(invocation)
 
     async def InvokeTools(
         self, request_iterator: AsyncIterator[invocation_pb2.InvokeToolsRequest], context: ServicerContext

@@ -216,16 +216,18 @@ class correlation:
     __slots__ = ("_context_token", "_given", "_ids_token")
 
     def __init__(self, **ids: str) -> None:
-        self._given = ids
+        self._given = tuple((name, value) for name, value in ids.items() if value)
 
     def __enter__(self) -> None:
-        given = {name: value for name, value in self._given.items() if value}
-        self._ids_token = _IDS.set({**_IDS.get(), **given})
+        given = self._given
+        ids = dict(_IDS.get())
+        ids.update(given)
+        self._ids_token = _IDS.set(ids)
         self._context_token: contextvars.Token[Context] | None = None
         if enabled():
             ctx = context.get_current()
             current = trace.get_current_span()
-            for name, value in given.items():
+            for name, value in given:
                 ctx = baggage.set_baggage(PREFIX + name, value, ctx)
                 current.set_attribute(PREFIX + name, value)
             self._context_token = context.attach(ctx)
