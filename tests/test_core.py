@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 
-from toolmesh.core import jsontext
+from toolmesh.core import jsontext, telemetry
 from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.core.rpcstatus import to_grpc_status
 from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, tool_from_pb, tool_to_pb
+from toolmesh.host.context import Cancellation
 from toolmesh.host.results import convert_return
 
 
@@ -193,3 +198,32 @@ def test_readme_error_table_is_rendered_from_the_table() -> None:
         [sys.executable, str(script), "--check"], check=False, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_an_sdk_installed_later_is_seen_at_the_next_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = telemetry._SdkInstalled()
+    installed.recheck_s = 0.05
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.NoOpTracerProvider)
+    assert not installed()
+    monkeypatch.setattr(trace, "get_tracer_provider", TracerProvider)
+    assert not installed()  # asked again only after recheck_s
+    time.sleep(0.06)
+    assert installed()
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.NoOpTracerProvider)
+    assert installed()  # once installed, it stays
+
+
+async def test_cancellation_wakes_a_handler_thread_however_the_two_interleave() -> None:
+    early = Cancellation()
+    early.set("timeout")
+    assert await asyncio.to_thread(early.wait_blocking, 5)  # set before anyone waited
+
+    late = Cancellation()
+    waiting = asyncio.ensure_future(asyncio.to_thread(late.wait_blocking, 5))
+    await asyncio.sleep(0.05)
+    late.set("cancelled")
+    assert await asyncio.wait_for(waiting, 2)
+    assert late.reason == "cancelled"
+
+    never = Cancellation()
+    assert not await asyncio.to_thread(never.wait_blocking, 0.05)

@@ -119,12 +119,18 @@ class DispatchStream:
             self._results.close()
 
 
-@contextlib.contextmanager
-def _span(request: ToolRequest) -> Iterator[Any]:
+def _span(request: ToolRequest) -> Any:
     """A SERVER span for one request of the stream, current while it is started; ended by its outcome."""
     if not telemetry.enabled():
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
+    return _request_span(request)
+
+
+_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
+
+
+@contextlib.contextmanager
+def _request_span(request: ToolRequest) -> Iterator[Any]:
     span = telemetry.TRACER.start_span(
         SPAN_NAME,
         context=telemetry.extract(request.trace_context),

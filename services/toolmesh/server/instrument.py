@@ -57,9 +57,12 @@ async def _abort_for(method: str, context: ServicerContext, exc: Exception) -> N
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
+_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
+
+
 def _span(full_method: str, service: str, name: str, context: ServicerContext) -> Any:
     if not telemetry.enabled():
-        return contextlib.nullcontext(trace.INVALID_SPAN)
+        return _NO_SPAN
     return telemetry.TRACER.start_as_current_span(
         full_method,
         context=telemetry.extract_metadata(context.invocation_metadata()),

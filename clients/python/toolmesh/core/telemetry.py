@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -102,6 +103,7 @@ def configure(
         for processor in processors:
             tracer_provider.add_span_processor(processor)
         trace.set_tracer_provider(tracer_provider)
+        _sdk_installed.installed = True
     readers = list(metric_readers)
     if _exporting("METRICS"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
@@ -121,9 +123,36 @@ def shutdown() -> None:
         meter_provider.shutdown()
 
 
+class _SdkInstalled:
+    """Whether the SDK's TracerProvider is installed, asked at most once a second while it is not.
+
+    Asking OpenTelemetry reads the environment each time, and every call asks
+    several times. Once installed it stays (a provider cannot be replaced);
+    an application that installs its own later is seen within a second.
+    """
+
+    recheck_s = 1.0
+
+    def __init__(self) -> None:
+        self.installed = False
+        self._next_check = 0.0
+
+    def __call__(self) -> bool:
+        if self.installed:
+            return True
+        now = time.monotonic()
+        if now >= self._next_check:
+            self.installed = isinstance(trace.get_tracer_provider(), TracerProvider)
+            self._next_check = now + self.recheck_s
+        return self.installed
+
+
+_sdk_installed = _SdkInstalled()
+
+
 def enabled() -> bool:
     """Whether spans are recorded in this process (the SDK is installed)."""
-    return isinstance(trace.get_tracer_provider(), TracerProvider)
+    return _sdk_installed()
 
 
 _CONTEXT_KEYS = ("traceparent", "tracestate", "baggage")
@@ -268,6 +297,8 @@ def extract(carrier: Mapping[str, str]) -> Context:
 
 def record_outcome(outcome: Outcome) -> None:
     """Put the outcome code on the current span; runtime errors (not domain errors) mark it as an error."""
+    if not enabled():
+        return
     target = trace.get_current_span()
     target.set_attribute(OUTCOME_CODE, outcome.code)
     failure = outcome.failure

@@ -7,6 +7,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+# Guards making a Cancellation's thread event; taken only by handlers that wait on one.
+_MAKING_EVENTS = threading.Lock()
+
 
 class Cancellation:
     """Set when the runtime tells the host to stop a call (its deadline passed, or it was cancelled).
@@ -16,8 +19,8 @@ class Cancellation:
     """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
-        # Made on first use, on the loop: most calls are never waited on.
+        # Both made on first use: most calls are never waited on.
+        self._event: threading.Event | None = None
         self._async_event: asyncio.Event | None = None
         self.reason: str | None = None
 
@@ -32,13 +35,23 @@ class Cancellation:
         await self._async_event.wait()
 
     def wait_blocking(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        event = self._event
+        if event is None:
+            with _MAKING_EVENTS:
+                if self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            # set() may have run before the event existed: it wrote `reason` first.
+            if self.reason is not None:
+                event.set()
+        return event.wait(timeout)
 
     def set(self, reason: str) -> None:
         """Called on the event loop by the SDK."""
         if self.reason is None:
             self.reason = reason
-            self._event.set()
+            if self._event is not None:
+                self._event.set()
             if self._async_event is not None:
                 self._async_event.set()
 
