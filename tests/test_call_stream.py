@@ -184,3 +184,27 @@ async def test_calls_go_on_when_their_stream_ends_and_a_retry_joins(
         counted.release.clear()
     assert joined.joined and joined.outcome is not None and joined.outcome.ok
     assert counted.runs == before + 1
+
+
+async def test_oversized_arguments_fail_alone_and_the_stream_goes_on(
+    system: tuple[LocalSystem, Counted],
+) -> None:
+    _, counted = system
+    before = counted.runs
+    async with InvocationClient(system[0].invocation_target, multiplex=True) as client:
+        held = asyncio.ensure_future(
+            client.invoke(SESSION, "counted", {"key": "beside-huge"}, turn_id="turn")
+        )
+        for _ in range(100):
+            if counted.runs > before:
+                break
+            await asyncio.sleep(0.02)
+        too_large = await client.invoke(SESSION, "echo", {"blob": "x" * (2 * 1024 * 1024)}, turn_id="turn")
+        huge = await client.invoke(SESSION, "echo", {"blob": "x" * (5 * 1024 * 1024)}, turn_id="turn")
+        counted.release.set()
+        beside = await held
+        counted.release.clear()
+    assert too_large.outcome is not None and too_large.outcome.code == "TOOL_ARGS_INVALID"
+    assert huge.outcome is None and huge.code is Code.TRANSPORT_FAILED  # larger than any message may be
+    # The call open on the stream meanwhile was not hurt.
+    assert beside.outcome is not None and beside.outcome.ok, beside

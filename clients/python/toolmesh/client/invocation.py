@@ -13,6 +13,7 @@ from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh.core import jsontext, telemetry
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
+from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.core.rpcstatus import error_code, grpc_status
 from toolmesh.core.stream_link import StreamBroken
@@ -175,6 +176,10 @@ class InvocationClient:
     async def _call_on_stream(
         self, request: invocation_pb2.InvokeToolRequest, timeout: float | None
     ) -> CallResult:
+        if request.ByteSize() > MAX_ARGUMENTS_BYTES:
+            # Too large for the service to take (it says TOOL_ARGS_INVALID), perhaps for the
+            # transport too, which would end the stream and every call on it: send it alone.
+            return await self._call(request, timeout)
         link = self._link
         if link is None or link.closed:
             link = self._link = CallLink(self._stub)
