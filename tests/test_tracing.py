@@ -213,3 +213,23 @@ async def test_metrics_count_calls_by_tool_and_outcome(traced: Any) -> None:
     assert [p.value for p in points["toolmesh.invocations.in_flight"]] == [0]
     assert sum(p.value for p in points["toolmesh.invocations.attached"]) >= 1
     assert [p.value for p in points["toolmesh.bridge.hosts"]] == [1]
+
+
+async def test_a_call_on_the_invoke_tools_stream_is_one_connected_trace(traced: Any) -> None:
+    system: LocalSystem = traced[0]
+    async with InvocationClient(system.invocation_target, multiplex=True) as client:
+        result, spans = await traced_call(client, "ok")
+    streamed_hops = EXPECTED_HOPS - {"toolmesh.v1.InvocationService/InvokeTool"} | {
+        "toolmesh.v1.InvocationService/InvokeTools"
+    }
+    assert {span.name for span in spans} >= streamed_hops
+    kinds = {span.kind.name for span in spans if span.name == "toolmesh.v1.InvocationService/InvokeTools"}
+    assert kinds == {"CLIENT", "SERVER"}
+    ids = {span.context.span_id for span in spans if span.context}
+    assert [span.name for span in spans if span.parent is not None and span.parent.span_id not in ids] == []
+    for span in spans:
+        attributes = dict(span.attributes or {})
+        assert attributes[telemetry.SESSION_ID] == SESSION, span.name
+        assert attributes[telemetry.TOOL_NAME] == "ok", span.name
+    server = [s for s in spans if s.name.endswith("InvokeTools") and s.kind.name == "SERVER"]
+    assert (server[0].attributes or {}).get(telemetry.TOOL_REQUEST_ID) == result.tool_request_id
