@@ -117,8 +117,10 @@ class InvocationServiceServicer:
         on this stream holds none. Each call is an InvokeToolRequest tagged with a
         call id of the caller's choosing; each gets one result, as soon as it
         ends: the InvokeToolResponse, or the error InvokeTool would have failed
-        with (same reasons). A caller that stops waiting simply ignores the
-        result. Calls still open when the stream ends go on, as when a unary
+        with (same reasons; a call id already open on the stream is
+        INVALID_REQUEST). A caller that stops waiting simply ignores the result.
+        When the caller stops sending, the stream ends once every call is
+        answered. Calls still open when the stream breaks go on, as when a unary
         caller leaves: an exact retry joins them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
