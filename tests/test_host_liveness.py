@@ -7,6 +7,9 @@ sends a heartbeat), which the real bridge cannot be made to be.
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -130,3 +133,25 @@ async def test_submit_retries_a_transport_failure_and_reports_nothing(second_ans
     finally:
         await host.stop()
         await server.stop(0)
+
+
+async def test_stop_does_not_wait_out_the_reconnect_backoff(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    host = ToolHost(f"127.0.0.1:{port}", "nobody-listens")
+    with caplog.at_level(logging.WARNING, logger="toolmesh.host"), pytest.raises(TimeoutError):
+        await host.start(timeout=0.1)
+
+    def failures() -> int:
+        return sum(record.getMessage() == "host stream ended" for record in caplog.records)
+
+    async def backing_off() -> None:
+        # The failures are log records: polling is the way to see them. After 4, the backoff is 0.4 s or more.
+        while failures() < 4:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(backing_off(), 10)
+    started = time.monotonic()
+    await host.stop()
+    assert time.monotonic() - started < 0.2

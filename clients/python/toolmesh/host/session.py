@@ -125,6 +125,7 @@ class ToolHost:
         self._active: dict[str, _ActiveCall] = {}
         self._connected = asyncio.Event()
         self._stopping = False
+        self._stop_requested = asyncio.Event()
         self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -177,11 +178,14 @@ class ToolHost:
                 self._call = None
             if self._stopping:
                 break
-            await asyncio.sleep(backoff * (0.5 + random.random()))
+            # Waiting to reconnect, but not past stop(): it would wait as long.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, 5.0)
 
     async def stop(self) -> None:
         self._stopping = True
+        self._stop_requested.set()
         if self._call is not None:
             self._call.cancel()
         if self._runner is not None:
