@@ -136,14 +136,15 @@ async def test_raising_handler_is_compact_and_host_survives(
 
 
 async def test_timeout_ends_the_call_and_the_host_cancels(client: InvocationClient, marker_dir: Path) -> None:
-    result = await call(client, "slow_async", {"marker": "t1"})
+    name = f"t1-{uuid.uuid4().hex}"  # this run's own marker and arguments
+    result = await call(client, "slow_async", {"marker": name})
     failure = failure_of(result)
     assert failure.code == "TOOL_TIMEOUT"
     assert failure.details["timeoutMs"] == 400
     assert failure.retryable is False
-    marker = marker_dir / "cancelled-t1"
+    marker = marker_dir / f"cancelled-{name}"
     for _ in range(100):
-        if marker.exists():
+        if marker.exists() and marker.read_text():  # written, not only created
             break
         await asyncio.sleep(0.05)
     assert marker.read_text() == "timeout"
@@ -152,14 +153,15 @@ async def test_timeout_ends_the_call_and_the_host_cancels(client: InvocationClie
 async def test_late_result_gets_submit_tool_result_failed(
     client: InvocationClient, e2e_host: HostProcess, marker_dir: Path
 ) -> None:
-    result = await call(client, "slow_sync", {"seconds": 0.8, "marker": "late1"})
+    name = f"late1-{uuid.uuid4().hex}"  # this run's own marker and arguments
+    result = await call(client, "slow_sync", {"seconds": 0.8, "marker": name})
     assert failure_of(result).code == "TOOL_TIMEOUT"
     record = await e2e_host.wait_for_log(
         msg="host error", code="SUBMIT_TOOL_RESULT_FAILED", tool_request_id=result.tool_request_id or ""
     )
     assert record["cause"] == "REQUEST_ENDED" and record["tool_name"] == "slow_sync"
     # The handler learned it was cancelled while it ran.
-    assert (marker_dir / "sync-finished-late1").read_text() == "True"
+    assert (marker_dir / f"sync-finished-{name}").read_text() == "True"
 
 
 @pytest.mark.parametrize("kind", ["bytes", "set", "nan", "cycle", "object", "function"])
