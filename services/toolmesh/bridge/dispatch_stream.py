@@ -86,8 +86,9 @@ class DispatchStream:
 
             def settle(outcome: Outcome) -> None:
                 self._held.pop(tool_request_id, None)
-                with trace.use_span(span, end_on_exit=True):
-                    telemetry.record_outcome(outcome)
+                if span.is_recording():
+                    with trace.use_span(span, end_on_exit=True):
+                        telemetry.record_outcome(outcome)
                 self._results.put(
                     bridge_pb2.DispatchResult(tool_request_id=tool_request_id, outcome=outcome_to_pb(outcome))
                 )
