@@ -34,11 +34,19 @@ class Counted:
     def __init__(self) -> None:
         self.runs = 0
         self.release = asyncio.Event()
+        self._ran = asyncio.Condition()
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         self.runs += 1
+        async with self._ran:
+            self._ran.notify_all()
         await self.release.wait()
         return {"runs": self.runs}
+
+    async def ran_past(self, runs: int) -> None:
+        """Wait until the handler has run more than `runs` times."""
+        async with self._ran:
+            await asyncio.wait_for(self._ran.wait_for(lambda: self.runs > runs), 5)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -171,10 +179,7 @@ async def test_calls_go_on_when_their_stream_ends_and_a_retry_joins(
     async with grpc.aio.insecure_channel(local.invocation_target) as channel:
         stream = invocation_pb2_grpc.InvocationServiceStub(channel).InvokeTools()
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(1, "counted", key="orphan")]))
-        for _ in range(100):
-            if counted.runs > before:
-                break
-            await asyncio.sleep(0.02)
+        await counted.ran_past(before)
         stream.cancel()
     async with InvocationClient(local.invocation_target) as client:
         retry = asyncio.ensure_future(client.invoke(SESSION, "counted", {"key": "orphan"}, turn_id="turn"))
@@ -195,10 +200,7 @@ async def test_oversized_arguments_fail_alone_and_the_stream_goes_on(
         held = asyncio.ensure_future(
             client.invoke(SESSION, "counted", {"key": "beside-huge"}, turn_id="turn")
         )
-        for _ in range(100):
-            if counted.runs > before:
-                break
-            await asyncio.sleep(0.02)
+        await counted.ran_past(before)
         too_large = await client.invoke(SESSION, "echo", {"blob": "x" * (2 * 1024 * 1024)}, turn_id="turn")
         huge = await client.invoke(SESSION, "echo", {"blob": "x" * (5 * 1024 * 1024)}, turn_id="turn")
         counted.release.set()

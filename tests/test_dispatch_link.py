@@ -80,27 +80,31 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await registry.stop(0)
 
 
-async def test_a_refused_request_fails_alone_and_the_stream_goes_on() -> None:
+@contextlib.asynccontextmanager
+async def dispatcher_to_bridge() -> AsyncIterator[tuple[RemoteDispatcher, str]]:
+    """A dispatcher to a real bridge server, and the bridge's address."""
     bridge, _ = await start_bridge()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.port}")
     dispatcher = RemoteDispatcher(channel)
     try:
-        with pytest.raises(ToolmeshError) as refused:
-            await dispatcher.dispatch(tool_request("tr_bad", timeout_ms=0))
-        assert refused.value.code is Code.INTERNAL
-        assert refused.value.metadata["reason"] == "INVALID_REQUEST"
-        outcome = await dispatcher.dispatch(tool_request("tr_good", session="nobody-serves-this"))
-        assert outcome.code == "TOOL_HOST_UNAVAILABLE"
+        yield dispatcher, f"127.0.0.1:{bridge.port}"
     finally:
         await dispatcher.aclose()
         await channel.close()
         await bridge.stop(0)
 
 
+async def test_a_refused_request_fails_alone_and_the_stream_goes_on() -> None:
+    async with dispatcher_to_bridge() as (dispatcher, _):
+        with pytest.raises(ToolmeshError) as refused:
+            await dispatcher.dispatch(tool_request("tr_bad", timeout_ms=0))
+        assert refused.value.code is Code.INTERNAL
+        assert refused.value.metadata["reason"] == "INVALID_REQUEST"
+        outcome = await dispatcher.dispatch(tool_request("tr_good", session="nobody-serves-this"))
+        assert outcome.code == "TOOL_HOST_UNAVAILABLE"
+
+
 async def test_giving_up_on_a_dispatch_cancels_it_on_the_host() -> None:
-    bridge, _ = await start_bridge()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.port}")
-    dispatcher = RemoteDispatcher(channel)
     started = asyncio.Event()
     reasons: list[str | None] = []
 
@@ -112,23 +116,21 @@ async def test_giving_up_on_a_dispatch_cancels_it_on_the_host() -> None:
             reasons.append(ctx.cancellation.reason)
         return {}
 
-    host = ToolHost(f"127.0.0.1:{bridge.port}", "link")
-    host.on_tool("wait", wait)
-    try:
-        await host.start(timeout=5)
-        dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_left")))
-        await asyncio.wait_for(started.wait(), 5)
-        dispatch.cancel()
-        for _ in range(100):
-            if reasons:
-                break
-            await asyncio.sleep(0.02)
-        assert reasons == ["cancelled"]
-    finally:
-        await host.stop()
-        await dispatcher.aclose()
-        await channel.close()
-        await bridge.stop(0)
+    async with dispatcher_to_bridge() as (dispatcher, bridge_target):
+        host = ToolHost(bridge_target, "link")
+        host.on_tool("wait", wait)
+        try:
+            await host.start(timeout=5)
+            dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_left")))
+            await asyncio.wait_for(started.wait(), 5)
+            dispatch.cancel()
+            for _ in range(100):
+                if reasons:
+                    break
+                await asyncio.sleep(0.02)
+            assert reasons == ["cancelled"]
+        finally:
+            await host.stop()
 
 
 class QuietBridge:

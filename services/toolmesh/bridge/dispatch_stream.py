@@ -7,8 +7,7 @@ entry and a timer, not a gRPC call.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +16,6 @@ from opentelemetry.trace import SpanKind
 
 from toolmesh.bridge.router import Router
 from toolmesh.core import telemetry
-from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outbox import Outbox
 from toolmesh.core.outcome import Outcome
@@ -74,7 +72,14 @@ class DispatchStream:
             self._refuse(tool_request_id, error)
             return
         with (
-            _span(request) as span,
+            # Ended by the request's outcome or cancellation, not here.
+            telemetry.span(
+                SPAN_NAME,
+                SpanKind.SERVER,
+                request.trace_context,
+                attributes=_SPAN_ATTRIBUTES,
+                end_on_exit=False,
+            ) as span,
             telemetry.correlation(
                 session_id=request.session_id,
                 turn_id=request.turn_id,
@@ -118,28 +123,6 @@ class DispatchStream:
     def _end_when_answered(self) -> None:
         if not self._reading and not self._held:
             self._results.close()
-
-
-def _span(request: ToolRequest) -> Any:
-    """A SERVER span for one request of the stream, current while it is started; ended by its outcome."""
-    if not telemetry.enabled():
-        return _NO_SPAN
-    return _request_span(request)
-
-
-_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
-
-
-@contextlib.contextmanager
-def _request_span(request: ToolRequest) -> Iterator[Any]:
-    span = telemetry.TRACER.start_span(
-        SPAN_NAME,
-        context=telemetry.extract(request.trace_context),
-        kind=SpanKind.SERVER,
-        attributes=_SPAN_ATTRIBUTES,
-    )
-    with trace.use_span(span, end_on_exit=False):
-        yield span
 
 
 def _result_size(result: bridge_pb2.DispatchResult) -> int:

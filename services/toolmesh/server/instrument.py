@@ -12,7 +12,6 @@ the caller's W3C trace context from the metadata; when tracing is off
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -57,12 +56,9 @@ async def _abort_for(method: str, context: ServicerContext, exc: Exception) -> N
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
-
-
 def _span(full_method: str, service: str, name: str, context: ServicerContext) -> Any:
     if not telemetry.enabled():
-        return _NO_SPAN
+        return telemetry.NO_SPAN
     return telemetry.TRACER.start_as_current_span(
         full_method,
         context=telemetry.extract_metadata(context.invocation_metadata()),

@@ -168,7 +168,7 @@ def extract_metadata(metadata: Any) -> Context:
 _NO_CARRIER: Mapping[str, str] = MappingProxyType({})
 _NO_METADATA: contextlib.nullcontext[list[tuple[str, str]]] = contextlib.nullcontext([])
 _NO_CLIENT_SPAN: contextlib.nullcontext[Mapping[str, str]] = contextlib.nullcontext(_NO_CARRIER)
-_NO_SPAN: contextlib.nullcontext[Any] = contextlib.nullcontext(trace.INVALID_SPAN)
+NO_SPAN: contextlib.nullcontext[Any] = contextlib.nullcontext(trace.INVALID_SPAN)
 
 
 def client_call(full_method: str) -> contextlib.AbstractContextManager[list[tuple[str, str]]]:
@@ -223,16 +223,24 @@ def _client_span(full_method: str) -> Iterator[Mapping[str, str]]:
 
 
 def span(
-    name: str, kind: SpanKind, carrier: Mapping[str, str] | None = None
+    name: str,
+    kind: SpanKind,
+    carrier: Mapping[str, str] | None = None,
+    *,
+    attributes: Mapping[str, str] | None = None,
+    end_on_exit: bool = True,
 ) -> contextlib.AbstractContextManager[Any]:
     """A current span (continuing the trace in `carrier`, if given); none at all when not tracing.
 
-    Even the API's no-op tracer costs several microseconds per span.
+    Even the API's no-op tracer costs several microseconds per span. Without
+    `end_on_exit`, whoever holds the span ends it.
     """
     if not enabled():
-        return _NO_SPAN
+        return NO_SPAN
     parent = None if carrier is None else extract(carrier)
-    return TRACER.start_as_current_span(name, context=parent, kind=kind)
+    return TRACER.start_as_current_span(
+        name, context=parent, kind=kind, attributes=attributes, end_on_exit=end_on_exit
+    )
 
 
 class correlation:
