@@ -13,7 +13,7 @@ import signal
 import sys
 
 from bench.handlers import HANDLERS
-from toolmesh.core import telemetry
+from toolmesh.core import otel
 from toolmesh.host import HostError, ToolHost
 
 READY = "bench host: connected"
@@ -46,11 +46,11 @@ def main() -> None:
     args = parser.parse_args()
     # As a real host would: its own log at INFO (the SDK logs nothing per successful call).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    telemetry.configure("toolmesh-host")  # exports only when OTEL_* says where
+    otel.configure("toolmesh-host")  # exports only when OTEL_* says where
     try:
         asyncio.run(serve(args.bridge, args.session))
     finally:
-        telemetry.shutdown()
+        otel.shutdown()
 
 
 if __name__ == "__main__":

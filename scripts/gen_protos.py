@@ -1,6 +1,7 @@
 """Generate the Python stubs and their mypy .pyi from protos/.
 
-The output tree (clients/gen/python) holds generated code only. `--check`
+They land in the client distribution's tree, as the package toolmesh.v1
+(clients/python/src/toolmesh/v1), which holds generated code only. `--check`
 regenerates into a temporary folder and fails when the committed tree differs.
 """
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
-OUT = ROOT / "clients" / "gen" / "python"
+SRC = ROOT / "clients" / "python" / "src"
+OUT = SRC / "toolmesh" / "v1"
 
 
 def generate(out: Path) -> None:
@@ -64,12 +66,14 @@ def main() -> int:
     args = parser.parse_args()
     if not args.check:
         shutil.rmtree(OUT, ignore_errors=True)
-        generate(OUT)
+        generate(SRC)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp)
         generate(fresh)
-        problems = differences(OUT, fresh) if OUT.exists() else ["generated tree missing"]
+        problems = (
+            differences(OUT, fresh / OUT.relative_to(SRC)) if OUT.exists() else ["generated tree missing"]
+        )
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
-from toolmesh.core import telemetry
+from toolmesh.core import otel, telemetry
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem, start_local_system
@@ -47,9 +47,7 @@ async def slow(args: dict[str, Any], ctx: ToolContext) -> None:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def traced() -> AsyncIterator[tuple[LocalSystem, InvocationClient]]:
-    telemetry.configure(
-        "toolmesh-test", span_processors=[SimpleSpanProcessor(EXPORTER)], metric_readers=[METRICS]
-    )
+    otel.configure("toolmesh-test", span_processors=[SimpleSpanProcessor(EXPORTER)], metric_readers=[METRICS])
     assert isinstance(trace.get_tracer_provider(), TracerProvider), "another test configured tracing first"
     system = await start_local_system(heartbeat_s=0.5)
     async with RegistryClient(system.registry_target) as registry:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from toolmesh.client.config import DEFAULT_PORTS, address
-from toolmesh.core import telemetry
+from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
 from toolmesh.server.runtime import RunningServer, serve_until_signalled
 
@@ -29,7 +29,7 @@ def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Nam
 def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
     """Start the service, print its port (so a parent process can read it), serve until signalled."""
     configure_logging(f"toolmesh-{service}")
-    telemetry.configure(f"toolmesh-{service}")
+    otel.configure(f"toolmesh-{service}")
 
     async def main() -> None:
         server = await start()
@@ -39,7 +39,7 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
     try:
         asyncio.run(main())
     finally:
-        telemetry.shutdown()
+        otel.shutdown()
 
 
 def dependency_address(args: argparse.Namespace, service: str) -> str:

@@ -6,9 +6,10 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
-from toolmesh.cli import call, chat, host, invocations, tools, up
-from toolmesh.core import telemetry
+from toolmesh.cli import call, chat, host, invocations, tools
+from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
 
 
@@ -17,7 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="toolmesh", description="A runtime for AI agents calling application tools."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    up.add_parser(commands)
+    # Commands of other distributions (the servers' `up`) plug in here, so this
+    # package never imports them and installs without them.
+    for plugin in entry_points(group=PLUGIN_GROUP):
+        plugin.load()(commands)
     tools.add_parser(commands)
     host.add_parser(commands)
     call.add_parser(commands)
@@ -26,21 +30,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PLUGIN_GROUP = "toolmesh.commands"
+# What `toolmesh up` needs when the servers are not installed.
+_MISSING = {"up": "`toolmesh up` runs the services: install them with `pip install toolmesh-server`."}
+
 # The service name each command reports in logs and traces.
 _SERVICE_NAMES = {"up": "toolmesh", "host": "toolmesh-host"}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    """Run the `toolmesh` command line (exits with the command's code)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    plugged = {plugin.name for plugin in entry_points(group=PLUGIN_GROUP)}
+    if given and given[0] in _MISSING and given[0] not in plugged:
+        print(_MISSING[given[0]], file=sys.stderr)
+        sys.exit(2)
+    args = parser.parse_args(given)
     service = _SERVICE_NAMES.get(args.command, "toolmesh-cli")
     configure_logging(service, None if args.command in _SERVICE_NAMES else "WARNING")
-    telemetry.configure(service)
+    otel.configure(service)
     try:
         code = asyncio.run(args.run(args))
     except KeyboardInterrupt:
         code = 130
     finally:
-        telemetry.shutdown()
+        otel.shutdown()
     sys.exit(code)
 
 

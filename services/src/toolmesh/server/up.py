@@ -1,4 +1,8 @@
-"""`toolmesh up`: the three services in one process on the embedded default."""
+"""`toolmesh up`: the three services in one process on the embedded default.
+
+A command of the `toolmesh` CLI that this distribution plugs in (entry point
+group `toolmesh.commands`), so the client distribution never imports servers.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from toolmesh.server.system import start_local_system
 
 
 def add_parser(commands: Any) -> None:
+    """Add `up` to the CLI's subcommands."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "up", help="start registry, invocation and bridge locally (in-memory store)"
     )

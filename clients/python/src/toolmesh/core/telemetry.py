@@ -1,4 +1,4 @@
-"""OpenTelemetry for every toolmesh process: traces, metrics, correlation ids.
+"""Spans and correlation ids for every toolmesh process, on the OpenTelemetry API alone.
 
 Correlation ids travel as W3C baggage entries named `toolmesh.*` (through gRPC
 metadata on unary calls, and inside ToolRequest.trace_context across the
@@ -8,29 +8,22 @@ carries the same `toolmesh.session_id`, `toolmesh.turn_id`,
 `toolmesh.tool_request_id` and `toolmesh.tool_name`; spans that see the
 outcome add `toolmesh.outcome_code`.
 
-Export follows the standard OTEL_* environment variables: OTLP over gRPC when
-OTEL_EXPORTER_OTLP_ENDPOINT (or the _TRACES_/_METRICS_ variant) is set, nothing
-exported otherwise. OTEL_SDK_DISABLED=true turns the SDK off entirely.
+Installing the SDK and exporting is toolmesh.core.otel's job (the `otlp`
+extra); without it every helper here is a no-op that costs next to nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import grpc
 from opentelemetry import baggage, context, metrics, propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -55,74 +48,6 @@ _IDS: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
 METER = metrics.get_meter("toolmesh")
 
 
-class CorrelationSpanProcessor(SpanProcessor):
-    """Copies `toolmesh.*` baggage entries onto every span as it starts."""
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        for key, value in baggage.get_all(parent_context).items():
-            if key.startswith(PREFIX):
-                span.set_attribute(key, str(value))
-
-    def on_end(self, span: ReadableSpan) -> None:
-        pass
-
-
-def _exporting(signal: str) -> bool:
-    if os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp").lower() == "none":
-        return False
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-    )
-
-
-def configure(
-    service_name: str,
-    *,
-    span_processors: Sequence[SpanProcessor] = (),
-    metric_readers: Sequence[MetricReader] = (),
-) -> None:
-    """Install the SDK for this process when something will receive its data (once).
-
-    With an OTLP endpoint configured, spans and metrics are exported; tests
-    pass their own processors and readers. Otherwise the SDK is not installed:
-    no span is made and the OpenTelemetry API stays a no-op, so telemetry
-    costs nothing (logs still carry the correlation ids, set in each process).
-    """
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    processors = list(span_processors)
-    if _exporting("TRACES"):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
-
-        processors.append(BatchSpanProcessor(OTLPSpanExporter()))
-    if processors and not enabled():
-        tracer_provider = TracerProvider(resource=resource)
-        tracer_provider.add_span_processor(CorrelationSpanProcessor())
-        for processor in processors:
-            tracer_provider.add_span_processor(processor)
-        trace.set_tracer_provider(tracer_provider)
-        _sdk_installed.installed = True
-    readers = list(metric_readers)
-    if _exporting("METRICS"):
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
-
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    if readers:
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
-
-
-def shutdown() -> None:
-    """Flush and stop exporters; call before a process exits."""
-    provider: Any = trace.get_tracer_provider()
-    if isinstance(provider, TracerProvider):
-        provider.shutdown()
-    meter_provider: Any = metrics.get_meter_provider()
-    if isinstance(meter_provider, MeterProvider):
-        meter_provider.shutdown()
-
-
 class _SdkInstalled:
     """Whether the SDK's TracerProvider is installed, asked at most once a second while it is not.
 
@@ -142,12 +67,19 @@ class _SdkInstalled:
             return True
         now = time.monotonic()
         if now >= self._next_check:
-            self.installed = isinstance(trace.get_tracer_provider(), TracerProvider)
+            self.installed = not isinstance(trace.get_tracer_provider(), _API_DEFAULTS)
             self._next_check = now + self.recheck_s
         return self.installed
 
 
+# What the API returns while no SDK provider is installed.
+_API_DEFAULTS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _sdk_installed = _SdkInstalled()
+
+
+def mark_installed() -> None:
+    """Called by toolmesh.core.otel once it installs the SDK's provider."""
+    _sdk_installed.installed = True
 
 
 def enabled() -> bool:

@@ -1,4 +1,4 @@
-"""`toolmesh chat`: talk with an assistant that uses a thread's tools, in the terminal.
+"""The terminal side of `toolmesh chat` (toolmesh.cli.chat): an assistant that uses a thread's tools.
 
 Tool calls and the human messages of errors are shown as they happen.
 Arguments are shown only as a short preview, results only as ok or failed.
@@ -11,7 +11,7 @@ import asyncio
 import signal
 import sys
 import threading
-from typing import Any, TextIO
+from typing import TextIO
 
 from toolmesh.assistant import (
     Assistant,
@@ -28,33 +28,6 @@ from toolmesh.core import jsontext
 
 PREVIEW_CHARS = 60
 HELP = "Type a message. /clear forgets the conversation, /quit (or Ctrl-D) leaves, Ctrl-C stops a turn."
-
-
-def add_parser(commands: Any) -> None:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "chat", help="talk with an assistant that uses a thread's tools"
-    )
-    parser.add_argument("--thread-id", required=True)
-    parser.add_argument("--model-url", help="chat-completions API base URL (env TOOLMESH_MODEL_URL)")
-    parser.add_argument("--model", help="model name (env TOOLMESH_MODEL)")
-    parser.add_argument(
-        "--model-api-key", help="API key (env TOOLMESH_MODEL_API_KEY, preferred: flags show in ps)"
-    )
-    parser.add_argument("--model-timeout", type=float, default=60.0, help="seconds (default %(default)s)")
-    parser.add_argument(
-        "--max-rounds", type=int, default=8, help="tool rounds per turn (default %(default)s)"
-    )
-    parser.add_argument("--system", default="", help="system prompt")
-    parser.add_argument("--registry", help="registry address (env TOOLMESH_REGISTRY_ADDR)")
-    parser.add_argument("--invocation", help="invocation address (env TOOLMESH_INVOCATION_ADDR)")
-    parser.add_argument("--tls", action="store_true", help="use TLS to the tool services")
-    parser.add_argument(
-        "--require-tls",
-        action="store_true",
-        default=None,
-        help="refuse a plaintext channel (env TOOLMESH_REQUIRE_TLS=1)",
-    )
-    parser.set_defaults(run=run)
 
 
 class Lines:
