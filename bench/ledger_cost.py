@@ -17,6 +17,7 @@ import gc
 import json
 import time
 import tracemalloc
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Claim, InvocationRecord, InvocationState, Ledger
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.memory import MemoryLedgerStore
 
 TOOL = ToolSpec("noop", "", '{"type":"object","properties":{"n":{"type":"integer"}}}')
 RESULT = Outcome.success('{"ok":true}')
@@ -69,8 +70,8 @@ class KeepNothing(Ledger):
     ) -> None:
         return None
 
-    async def confirm(self, tool_request_id: str) -> None:
-        return None
+    async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
+        return []
 
 
 async def calls_per_second(invoker: Invoker, calls: int) -> float:
@@ -82,8 +83,7 @@ async def calls_per_second(invoker: Invoker, calls: int) -> float:
 
 
 async def bytes_per_entry(entries: int, confirm: bool) -> float:
-    store = InMemoryStore()
-    ledger = Ledger(store)
+    ledger = Ledger(MemoryLedgerStore())
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -100,8 +100,8 @@ async def bytes_per_entry(entries: int, confirm: bool) -> float:
 
 
 async def measure(calls: int, entries: int) -> dict[str, Any]:
-    with_ledger = Invoker(Catalog(), InstantHost(), Ledger(InMemoryStore()))
-    without = Invoker(Catalog(), InstantHost(), KeepNothing(InMemoryStore()))
+    with_ledger = Invoker(Catalog(), InstantHost(), Ledger(MemoryLedgerStore()))
+    without = Invoker(Catalog(), InstantHost(), KeepNothing(MemoryLedgerStore()))
     await calls_per_second(with_ledger, min(calls, 500))  # warm up both
     await calls_per_second(without, min(calls, 500))
     rate_with = await calls_per_second(with_ledger, calls)

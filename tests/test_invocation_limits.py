@@ -19,7 +19,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger
 from toolmesh.server.system import LocalSystem, start_local_system
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import HostProcess, start_host_process
 
@@ -46,7 +46,7 @@ def call(n: int) -> ToolCall:
 
 async def test_invoker_refuses_above_its_limit_and_while_stopping() -> None:
     host = SlowHost()
-    invoker = Invoker(OneTool(), host, Ledger(InMemoryStore()), max_in_flight=2)
+    invoker = Invoker(OneTool(), host, Ledger(MemoryLedgerStore()), max_in_flight=2)
     running = [asyncio.ensure_future(invoker.invoke(call(n))) for n in range(2)]
     await asyncio.sleep(0.05)
     with pytest.raises(ToolmeshError) as raised:

@@ -1,4 +1,7 @@
-"""The store contract: every backend behind the Store interface must pass these."""
+"""The store contract: every backend behind the Store interface must pass these.
+
+Redis: the shared server at 127.0.0.1:6379, each test under a key prefix of its own.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +10,25 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.store.backends import open_stores
 from toolmesh.store.base import Store, VersionConflict
 from toolmesh.store.memory import InMemoryStore
 
 
-@pytest_asyncio.fixture(params=["memory"])
+@pytest_asyncio.fixture(params=["memory", "redis"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    backend = InMemoryStore()
-    yield backend
-    await backend.close()
+    if request.param == "memory":
+        backend = InMemoryStore()
+        yield backend
+        await backend.close()
+        return
+    prefix = new_prefix()
+    stores = open_stores(SHARED_URL, prefix)
+    yield stores.store
+    await stores.close()
+    await delete_prefixed(SHARED_URL, prefix)
 
 
 async def test_put_get_and_versions(store: Store) -> None:
@@ -67,6 +79,25 @@ async def test_watch_sees_current_then_changes(store: Store) -> None:
     await store.delete("w")
     assert await asyncio.wait_for(watcher.__anext__(), 2) is None
     await watcher.aclose()  # type: ignore[attr-defined]
+
+
+async def test_watch_sees_expiry_and_a_key_written_later(store: Store) -> None:
+    watcher = store.watch("later").__aiter__()
+    assert await asyncio.wait_for(watcher.__anext__(), 2) is None
+    await store.put("later", b"x", ttl_s=0.2)
+    written = await asyncio.wait_for(watcher.__anext__(), 2)
+    assert written is not None and written.value == b"x"
+    # Nobody writes: the key expires, and the watcher is told.
+    assert await asyncio.wait_for(watcher.__anext__(), 2) is None
+    await watcher.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_put_without_ttl_keeps_the_key(store: Store) -> None:
+    await store.put("v", b"1", ttl_s=0.05)
+    await store.put("v", b"2")
+    await asyncio.sleep(0.1)  # past the first put's expiry
+    got = await store.get("v")
+    assert got is not None and (got.value, got.version) == (b"2", 2)
 
 
 async def test_memory_store_forgets_expired_keys_it_never_reads() -> None:

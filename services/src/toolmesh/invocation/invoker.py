@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -272,14 +271,16 @@ class Invoker:
         return record.outcome
 
     async def confirm_delivery(self, tool_request_ids: Sequence[str]) -> None:
-        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are."""
+        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are.
+
+        Raises ToolmeshError(STORE_UNAVAILABLE) when the ledger's store cannot be reached.
+        """
         if len(tool_request_ids) > MAX_CONFIRMATIONS:
             raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
         for tool_request_id in tool_request_ids:
             require_id(tool_request_id, "tool_request_id")
-        for tool_request_id in tool_request_ids:
-            with contextlib.suppress(ToolmeshError):  # INVOCATION_RUNNING: nothing to confirm yet
-                await self.ledger.confirm(tool_request_id)
+        # Those still running have nothing to confirm yet: the ledger leaves them as they are.
+        await self.ledger.confirm_all(tool_request_ids)
 
     async def get_invocation(self, tool_request_id: str) -> InvocationRecord:
         require_id(tool_request_id, "tool_request_id")

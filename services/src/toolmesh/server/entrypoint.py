@@ -10,6 +10,7 @@ from toolmesh.client.config import DEFAULT_PORTS, address
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
 from toolmesh.server.runtime import RunningServer, serve_until_signalled
+from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
 
 
 def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Namespace:
@@ -23,7 +24,28 @@ def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Nam
         parser.add_argument(
             f"--{dependency}", help=f"{dependency} address (env TOOLMESH_{dependency.upper()}_ADDR)"
         )
-    return parser.parse_args()
+    add_store_arguments(parser)
+    args = parser.parse_args()
+    try:
+        describe_store(store_url(args.store))
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        help=f"where state is kept: memory (the default) or redis://host:port/db (env {STORE_ENV})",
+    )
+    parser.add_argument(
+        "--store-prefix", help=f'prefix of every Redis key (env {PREFIX_ENV}, default "toolmesh:")'
+    )
+
+
+def stores_of(args: argparse.Namespace) -> Stores:
+    """The stores the --store flags (or the environment) name."""
+    return open_stores(store_url(args.store), args.store_prefix)
 
 
 def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:

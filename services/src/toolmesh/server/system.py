@@ -16,13 +16,15 @@ from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.catalog import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
-from toolmesh.store.base import Store
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.backends import MEMORY, Stores, open_stores
 
 
-async def start_registry(address: str = "127.0.0.1:0", store: Store | None = None) -> RunningServer:
-    registry = Registry(store if store is not None else InMemoryStore())
-    return await start_server([registry_service(registry)], address)
+async def start_registry(address: str = "127.0.0.1:0", stores: Stores | None = None) -> RunningServer:
+    """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory)."""
+    stores = stores or open_stores()
+    running = await start_server([registry_service(Registry(stores.store))], address)
+    running.after_stop.append(stores.close)
+    return running
 
 
 async def start_bridge(
@@ -37,19 +39,28 @@ async def start_invocation(
     bridge_target: str,
     address: str = "127.0.0.1:0",
     *,
-    store: Store | None = None,
+    stores: Stores | None = None,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
 ) -> RunningServer:
+    """The invocation service, keeping its ledger in `stores` (closed when it stops; default: memory)."""
+    stores = stores or open_stores()
     registry_channel = open_channel(registry_target)
     bridge_channel = open_channel(bridge_target)
-    ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
+    ledger = Ledger(stores.ledger, policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight)
     running = await start_server([invocation_service(invoker)], address)
-    running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
+    running.after_stop += [
+        catalog.aclose,
+        registry_channel.close,
+        dispatcher.aclose,
+        bridge_channel.close,
+        ledger.aclose,
+        stores.close,
+    ]
     return running
 
 
@@ -94,14 +105,19 @@ async def start_local_system(
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
+    store_url: str = MEMORY,
+    store_prefix: str | None = None,
 ) -> LocalSystem:
+    """The three services in this process; registry and invocation keep their state at `store_url`."""
     registry, (bridge, router) = await asyncio.gather(
-        start_registry(f"{host}:{registry_port}"), start_bridge(f"{host}:{bridge_port}", heartbeat_s)
+        start_registry(f"{host}:{registry_port}", open_stores(store_url, store_prefix)),
+        start_bridge(f"{host}:{bridge_port}", heartbeat_s),
     )
     invocation = await start_invocation(
         f"{host}:{registry.port}",
         f"{host}:{bridge.port}",
         f"{host}:{invocation_port}",
+        stores=open_stores(store_url, store_prefix),
         policy=policy,
         max_in_flight=max_in_flight,
     )

@@ -1,4 +1,4 @@
-"""`toolmesh up`: the three services in one process on the embedded default.
+"""`toolmesh up`: the three services in one process, on the embedded default or a shared Redis.
 
 A command of the `toolmesh` CLI that this distribution plugs in (entry point
 group `toolmesh.commands`), so the client distribution never imports servers.
@@ -7,34 +7,46 @@ group `toolmesh.commands`), so the client distribution never imports servers.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
+from toolmesh.server.entrypoint import add_store_arguments
 from toolmesh.server.runtime import serve_until_signalled
 from toolmesh.server.system import start_local_system
+from toolmesh.store.backends import describe_store, store_url
 
 
 def add_parser(commands: Any) -> None:
     """Add `up` to the CLI's subcommands."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "up", help="start registry, invocation and bridge locally (in-memory store)"
+        "up", help="start registry, invocation and bridge locally (in-memory state unless --store)"
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help="interface to listen on (default %(default)s)")
     for service, port in DEFAULT_PORTS.items():
         parser.add_argument(
             f"--{service}-port", type=int, default=port, help=f"default {port}; 0 picks a free port"
         )
+    add_store_arguments(parser)
     parser.set_defaults(run=run)
 
 
 async def run(args: argparse.Namespace) -> int:
+    url = store_url(args.store)
+    try:
+        description = describe_store(url)
+    except ValueError as error:
+        print(f"toolmesh up: {error}", file=sys.stderr)
+        return 2
     system = await start_local_system(
         host=args.host,
         registry_port=args.registry_port,
         invocation_port=args.invocation_port,
         bridge_port=args.bridge_port,
+        store_url=url,
+        store_prefix=args.store_prefix,
     )
-    print("toolmesh is up (embedded in-memory store)")
+    print(f"toolmesh is up ({description})")
     print(f"  registry    {system.registry_target}")
     print(f"  invocation  {system.invocation_target}")
     print(f"  bridge      {system.bridge_target}")

@@ -6,7 +6,8 @@
 | a domain error (the handler's own code)       | EXECUTION_FAILED   | goes on    |
 | TOOL_NOT_FOUND, TOOL_HANDLER_NOT_FOUND,        | TOOL_UNAVAILABLE   | goes on    |
 | TOOL_HOST_UNAVAILABLE, REGISTRY_UNAVAILABLE,   |                    |            |
-| OVERLOADED, SHUTTING_DOWN (nothing ran)        |                    |            |
+| STORE_UNAVAILABLE, OVERLOADED, SHUTTING_DOWN   |                    |            |
+| (nothing ran)                                 |                    |            |
 | TOOL_ARGS_INVALID                             | INVALID_ARGUMENTS  | goes on    |
 | TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID,       | EXECUTION_FAILED   | goes on    |
 | TOOL_HOST_DISCONNECTED, BRIDGE_UNAVAILABLE,    |                    |            |
@@ -35,6 +36,7 @@ RUNTIME_TO_TURN: Mapping[Code, Code] = MappingProxyType(
         Code.TOOL_HANDLER_NOT_FOUND: Code.TOOL_UNAVAILABLE,
         Code.TOOL_HOST_UNAVAILABLE: Code.TOOL_UNAVAILABLE,
         Code.REGISTRY_UNAVAILABLE: Code.TOOL_UNAVAILABLE,
+        Code.STORE_UNAVAILABLE: Code.TOOL_UNAVAILABLE,
         Code.OVERLOADED: Code.TOOL_UNAVAILABLE,
         Code.SHUTTING_DOWN: Code.TOOL_UNAVAILABLE,
         Code.TOOL_ARGS_INVALID: Code.INVALID_ARGUMENTS,

@@ -38,6 +38,7 @@ class Code(enum.StrEnum):
     REVISION_CONFLICT = "REVISION_CONFLICT"
     REGISTRY_UNAVAILABLE = "REGISTRY_UNAVAILABLE"
     BRIDGE_UNAVAILABLE = "BRIDGE_UNAVAILABLE"
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     OVERLOADED = "OVERLOADED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
@@ -116,6 +117,9 @@ _TABLE: dict[Code, ErrorSpec] = {
     ),
     Code.BRIDGE_UNAVAILABLE: ErrorSpec(
         S.UNAVAILABLE, True, False, "The bridge could not be reached; the outcome is unknown."
+    ),
+    Code.STORE_UNAVAILABLE: ErrorSpec(
+        S.UNAVAILABLE, True, False, "The state store could not be reached; no tool ran."
     ),
     Code.OVERLOADED: ErrorSpec(S.RESOURCE_EXHAUSTED, True, False, "The service is overloaded; try again."),
     Code.SHUTTING_DOWN: ErrorSpec(S.UNAVAILABLE, True, False, "The service is shutting down; try again."),
