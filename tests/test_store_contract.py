@@ -70,26 +70,26 @@ async def test_expiry(store: Store) -> None:
 
 async def test_watch_sees_current_then_changes(store: Store) -> None:
     await store.put("w", b"1")
-    watcher = store.watch("w").__aiter__()
-    first = await asyncio.wait_for(watcher.__anext__(), 2)
+    watcher = store.watch("w")
+    first = await asyncio.wait_for(anext(watcher), 2)
     assert first is not None and first.value == b"1"
     await store.put("w", b"2")
-    second = await asyncio.wait_for(watcher.__anext__(), 2)
+    second = await asyncio.wait_for(anext(watcher), 2)
     assert second is not None and second.value == b"2"
     await store.delete("w")
-    assert await asyncio.wait_for(watcher.__anext__(), 2) is None
-    await watcher.aclose()  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(anext(watcher), 2) is None
+    await watcher.aclose()
 
 
 async def test_watch_sees_expiry_and_a_key_written_later(store: Store) -> None:
-    watcher = store.watch("later").__aiter__()
-    assert await asyncio.wait_for(watcher.__anext__(), 2) is None
+    watcher = store.watch("later")
+    assert await asyncio.wait_for(anext(watcher), 2) is None
     await store.put("later", b"x", ttl_s=0.2)
-    written = await asyncio.wait_for(watcher.__anext__(), 2)
+    written = await asyncio.wait_for(anext(watcher), 2)
     assert written is not None and written.value == b"x"
     # Nobody writes: the key expires, and the watcher is told.
-    assert await asyncio.wait_for(watcher.__anext__(), 2) is None
-    await watcher.aclose()  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(anext(watcher), 2) is None
+    await watcher.aclose()
 
 
 async def test_a_put_without_ttl_keeps_the_key(store: Store) -> None:

@@ -11,6 +11,7 @@ invocation, and an idempotency key's claim.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import hashlib
 import json
@@ -366,12 +367,13 @@ class Ledger:
 
     async def wait_finished(self, tool_request_id: str) -> InvocationRecord | None:
         """Wait until the invocation has ended (it may run in another process); None if it vanished."""
-        async for stored in self._store.watch(tool_request_id):
-            if stored is None:
-                return None
-            record = self._decode(stored)
-            if record.finished:
-                return record
+        async with contextlib.aclosing(self._store.watch(tool_request_id)) as watched:
+            async for stored in watched:
+                if stored is None:
+                    return None
+                record = self._decode(stored)
+                if record.finished:
+                    return record
         return None
 
     async def aclose(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,7 +53,7 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
-    def watch(self, key: str) -> AsyncIterator[Versioned | None]:
+    def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         """Yield the key's current state, then its state after each change (its expiry included).
 
         A slow reader may miss intermediate versions but always sees the latest.

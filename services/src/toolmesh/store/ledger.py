@@ -13,7 +13,7 @@ identity pointer names it, how long it is kept.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -87,7 +87,7 @@ class LedgerStore(Protocol):
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None: ...
 
-    def watch(self, tool_request_id: str) -> AsyncIterator[StoredInvocation | None]:
+    def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
         """Yield the invocation as stored, then again after each finish (None once it is gone).
 
         Waits through a store outage and reads again once the store is back.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -97,7 +97,7 @@ class Table(Generic[V]):
             return None
         return max(0.0, entry.expires_at - self._clock())
 
-    async def watch(self, key: str, state: Callable[[], T]) -> AsyncIterator[T]:
+    async def watch(self, key: str, state: Callable[[], T]) -> AsyncGenerator[T, None]:
         """`state()` now, then after each change of the key (its expiry included), when it differs."""
         last: T = _NOTHING
         while True:
@@ -145,7 +145,7 @@ class InMemoryStore:
     async def delete(self, key: str) -> None:
         self._table.remove(key)
 
-    def watch(self, key: str) -> AsyncIterator[Versioned | None]:
+    def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         return self._table.watch(key, lambda: self._versioned(key))
 
     def _versioned(self, key: str) -> Versioned | None:
@@ -264,5 +264,5 @@ class MemoryLedgerStore:
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         return self._stored(tool_request_id)
 
-    def watch(self, tool_request_id: str) -> AsyncIterator[StoredInvocation | None]:
+    def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
         return self._invocations.watch(tool_request_id, lambda: self._stored(tool_request_id))

@@ -13,7 +13,7 @@ an unreachable Redis is ToolmeshError(STORE_UNAVAILABLE), retryable.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -154,7 +154,7 @@ class RedisStore:
             return None, None
         return Versioned(value, int(version)), expires_in(int(pttl))
 
-    def watch(self, key: str) -> AsyncIterator[Versioned | None]:
+    def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         channel = self._key(key).encode()
         return watch(self._connection.subscriptions, channel, lambda: self._read_expiring(key))
 

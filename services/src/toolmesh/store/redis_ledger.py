@@ -16,7 +16,7 @@ prefix with a hash tag (e.g. "{toolmesh}:") puts every key in one slot.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from toolmesh.store.ledger import KeyReused, StoredInvocation
 from toolmesh.store.redis import RedisConnection, expires_in, milliseconds, reachable
@@ -179,6 +179,6 @@ class RedisLedgerStore:
             return None, None
         return StoredInvocation(tool_request_id, record, delivered is not None), expires_in(int(pttl))
 
-    def watch(self, tool_request_id: str) -> AsyncIterator[StoredInvocation | None]:
+    def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
         channel = (self._records + tool_request_id).encode()
         return watch(self._connection.subscriptions, channel, lambda: self._read_expiring(tool_request_id))

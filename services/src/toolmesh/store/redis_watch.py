@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from redis.asyncio.connection import AbstractConnection
@@ -60,6 +60,7 @@ class Subscriptions:
         self._channels: dict[bytes, _Channel] = {}
         self._changed = asyncio.Event()  # the set of channels changed: (un)subscribe
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def join(self, channel: bytes, wake: asyncio.Event) -> _Channel:
         entry = self._channels.get(channel)
@@ -81,6 +82,9 @@ class Subscriptions:
             self._changed.set()
 
     async def close(self) -> None:
+        # The flag and the wake-up too: a cancellation can be lost in a command's own timeout.
+        self._closed = True
+        self._changed.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -88,7 +92,7 @@ class Subscriptions:
 
     async def _run(self) -> None:
         pause = RECONNECT_FIRST_S
-        while True:
+        while not self._closed:
             connection = self._connect()
             try:
                 await connection.connect()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
@@ -105,14 +109,14 @@ class Subscriptions:
             pause = min(pause * 2, RECONNECT_CAP_S)
 
     async def _serve(self, connection: AbstractConnection) -> None:
-        """Read messages; (un)subscribe whenever the set of channels changes. Returns never: raises."""
+        """Read messages; (un)subscribe whenever the set of channels changes. Returns when closed."""
         subscribed: set[bytes] = set()
         self._changed.set()
         reading: asyncio.Task[Any] = asyncio.create_task(connection.read_response(timeout=PING_EVERY_S))
         changed: asyncio.Task[Any] = asyncio.create_task(self._changed.wait())
         pinged = False
         try:
-            while True:
+            while not self._closed:
                 if self._changed.is_set():
                     self._changed.clear()
                     changed = asyncio.create_task(self._changed.wait())
@@ -160,7 +164,7 @@ _NOTHING: Any = object()
 
 async def watch(
     subscriptions: Subscriptions, channel: bytes, read: Callable[[], Awaitable[tuple[T, float | None]]]
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """Yield what `read` gives (a state, and the seconds until it expires or None), first and after
     each change of it: on a message on `channel`, on expiry, and after every (re)subscription."""
     wake = asyncio.Event()
