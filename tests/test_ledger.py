@@ -1,4 +1,7 @@
-"""Exact retries never run a tool twice: join, replay, confirm, idempotency keys, host loss."""
+"""Exact retries never run a tool twice: join, replay, confirm, idempotency keys, host loss.
+
+Every test runs on both ledger backends: the embedded memory and the shared Redis.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
@@ -18,6 +22,7 @@ from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.invocation.ledger import LedgerPolicy
 from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.store.backends import MEMORY
 from toolmesh.v1 import invocation_pb2
 from toolmesh_testing import HostProcess, run_cli, start_host_process
 
@@ -37,13 +42,28 @@ TOOLS = [
 ]
 
 
+@pytest.fixture(scope="module", params=[MEMORY, "redis"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def marker_dir(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
+    return tmp_path_factory.mktemp(f"markers-{backend}")
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def ledger_system(marker_dir: Path) -> AsyncIterator[LocalSystem]:
-    running = await start_local_system(heartbeat_s=0.5, policy=LedgerPolicy(replay_window_s=1.0))
+async def ledger_system(backend: str) -> AsyncIterator[LocalSystem]:
+    url, prefix = (MEMORY, None) if backend == MEMORY else (SHARED_URL, new_prefix())
+    running = await start_local_system(
+        heartbeat_s=0.5, policy=LedgerPolicy(replay_window_s=1.0), store_url=url, store_prefix=prefix
+    )
     async with RegistryClient(running.registry_target) as registry:
         await registry.put_tools(SESSION, TOOLS)
     yield running
     await running.stop(grace=0.5)
+    if prefix is not None:
+        await delete_prefixed(SHARED_URL, prefix)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -225,9 +225,6 @@ class Ledger:
         self._decoded[raw] = record
 
     async def get(self, tool_request_id: str) -> InvocationRecord | None:
-        kept = self._unrecorded.get(tool_request_id)
-        if kept is not None:
-            return self._decode(StoredInvocation(tool_request_id, kept[0], False))
         stored = await self._store.get(tool_request_id)
         return None if stored is None else self._decode(stored)
 
