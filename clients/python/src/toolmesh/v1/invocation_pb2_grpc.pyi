@@ -59,8 +59,9 @@ class InvocationServiceStub:
     (missing or malformed session id, turn id, tool name or idempotency key)
     or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
     ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
-    dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
-    reason OVERLOADED.
+    dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
+    store could not be reached; the tool did not run) or SHUTTING_DOWN;
+    RESOURCE_EXHAUSTED with reason OVERLOADED.
     """
     InvokeTools: _grpc.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -83,7 +84,8 @@ class InvocationServiceStub:
     the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-    more than 1,000 ids).
+    more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+    was confirmed: the outcomes stay replayable to an exact retry).
     """
     GetInvocation: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]
     """GetInvocation describes one invocation: its state, its outcome once known,
@@ -91,7 +93,8 @@ class InvocationServiceStub:
     to reconcile after an ambiguous failure before deciding anything.
 
     Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
-    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
+    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST;
+    UNAVAILABLE with reason STORE_UNAVAILABLE.
     """
 
 @_typing.type_check_only
@@ -125,8 +128,9 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     (missing or malformed session id, turn id, tool name or idempotency key)
     or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
     ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
-    dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
-    reason OVERLOADED.
+    dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
+    store could not be reached; the tool did not run) or SHUTTING_DOWN;
+    RESOURCE_EXHAUSTED with reason OVERLOADED.
     """
     InvokeTools: _aio.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]  # type: ignore[assignment]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -149,7 +153,8 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-    more than 1,000 ids).
+    more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+    was confirmed: the outcomes stay replayable to an exact retry).
     """
     GetInvocation: _aio.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]  # type: ignore[assignment]
     """GetInvocation describes one invocation: its state, its outcome once known,
@@ -157,7 +162,8 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     to reconcile after an ambiguous failure before deciding anything.
 
     Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
-    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
+    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST;
+    UNAVAILABLE with reason STORE_UNAVAILABLE.
     """
 
 class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -194,8 +200,9 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         (missing or malformed session id, turn id, tool name or idempotency key)
         or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
         ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
-        dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
-        reason OVERLOADED.
+        dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
+        store could not be reached; the tool did not run) or SHUTTING_DOWN;
+        RESOURCE_EXHAUSTED with reason OVERLOADED.
         """
 
     @_abc_1.abstractmethod
@@ -230,7 +237,8 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-        more than 1,000 ids).
+        more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+        was confirmed: the outcomes stay replayable to an exact retry).
         """
 
     @_abc_1.abstractmethod
@@ -244,7 +252,8 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         to reconcile after an ambiguous failure before deciding anything.
 
         Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
-        the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
+        the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST;
+        UNAVAILABLE with reason STORE_UNAVAILABLE.
         """
 
 def add_InvocationServiceServicer_to_server(servicer: InvocationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
