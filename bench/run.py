@@ -24,11 +24,11 @@ from typing import Any
 
 import grpc
 
-from bench import floor, measure, procs, report, stack, stress, tracing, validation
+from bench import floor, measure, procs, report, stack, store, stress, tracing, validation
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("validation", "latency", "tracing", "scale", "join")
+SECTIONS = ("validation", "latency", "store", "tracing", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -176,10 +176,15 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
 
 
 async def measure_toolmesh(
-    sizes: Sizes, profiler: Profiler, env: dict[str, str] | None = None, variants: bool = True
+    sizes: Sizes,
+    profiler: Profiler,
+    env: dict[str, str] | None = None,
+    variants: bool = True,
+    more_pids: dict[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`toolmesh`: unary InvokeTool calls to an async no-op. With `variants`, also
-    `toolmesh-stream` (calls on one InvokeTools stream) and `toolmesh-sync` (a plain def handler)."""
+    `toolmesh-stream` (calls on one InvokeTools stream) and `toolmesh-sync` (a plain def handler).
+    `more_pids`: other processes whose CPU counts (a Redis server)."""
     system = await stack.start_toolmesh(env=env)
     unary = InvocationClient(system.invocation.target)
     streamed = InvocationClient(system.invocation.target, multiplex=True)
@@ -196,7 +201,7 @@ async def measure_toolmesh(
 
         return call
 
-    pids = _pids(list(system.services.values()))
+    pids = _pids(list(system.services.values())) | (more_pids or {})
     try:
         with profiler.attach("toolmesh", pids):
             measured = {"toolmesh": await _measure(caller(unary, "noop"), sizes, pids)}
@@ -236,6 +241,32 @@ async def measure_mcp(sizes: Sizes) -> dict[str, dict[str, Any]]:
     return results
 
 
+async def measure_store(sizes: Sizes) -> dict[str, Any]:
+    """The same unary calls with the services' state in memory, then in Redis."""
+    memory = (await measure_toolmesh(sizes, Profiler(None), variants=False))["toolmesh"]
+    prefix = store.new_prefix()
+    redis_pid = await store.server_pid()
+    try:
+        redis = (
+            await measure_toolmesh(
+                sizes,
+                Profiler(None),
+                store.env_for(prefix),
+                variants=False,
+                more_pids={"redis": redis_pid} if redis_pid is not None else None,
+            )
+        )["toolmesh"]
+    finally:
+        await store.delete_prefixed(prefix)
+    return {
+        "memory": memory,
+        "redis": redis,
+        "redis_url": store.REDIS_URL,
+        "redis_cpu_counted": redis_pid is not None,
+        "redis/memory": store.ratios(memory, redis),
+    }
+
+
 async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "meta": {
@@ -269,6 +300,9 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
             results["skipped"] = {"mcp": "the mcp package is not installed (pip install -e '.[bench]')"}
         results["systems"] = systems
         results["ratios"] = report.ratios(systems)
+    if "store" in sections:
+        print("... state in memory, then in Redis", file=sys.stderr, flush=True)
+        results["store"] = await measure_store(sizes)
     if "tracing" in sections:
         print("... tracing off, then on (exporting over OTLP)", file=sys.stderr, flush=True)
         off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=False))[

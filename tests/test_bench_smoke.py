@@ -18,7 +18,8 @@ TABLE_HEADINGS = [
     "Scale:",
     "Join storm:",
     "Argument validation alone",
-    "Targets (issue 6)",
+    "Targets (issues 6 and 10)",
+    "State store:",
 ]
 
 
@@ -60,6 +61,10 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     assert join["answered_ok"] == join["calls"]
     assert join["handler_executions"] >= 1
     assert len(results["validation"]["rows"]) >= 4
+    stored = results["store"]
+    for label in ("memory", "redis"):
+        assert stored[label]["throughput"]["calls"] > 0
+    assert set(stored["redis/memory"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}
     traced = results["tracing"]
     assert traced["spans_exported"] > 0  # tracing on really exported, off really did not
     assert set(traced["on/off"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}

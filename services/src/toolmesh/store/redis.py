@@ -13,15 +13,19 @@ an unreachable Redis is ToolmeshError(STORE_UNAVAILABLE), retryable.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable
-from typing import Any, TypeVar
+import asyncio
+import functools
+import hashlib
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from toolmesh.core.errors import Code, ToolmeshError
@@ -34,9 +38,19 @@ REPLY_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 256
 
-T = TypeVar("T")
 
-_PUT = """
+@dataclass(frozen=True)
+class Script:
+    """A Lua script, sent by its digest (EVALSHA) and loaded again when the server lacks it."""
+
+    source: str
+
+    @functools.cached_property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()
+
+
+_PUT = Script("""
 local current = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= current then return {0, current} end
 local version = current + 1
@@ -44,27 +58,27 @@ redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', version)
 if ARGV[3] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) else redis.call('PERSIST', KEYS[1]) end
 redis.call('PUBLISH', KEYS[1], version)
 return {1, version}
-"""
+""")
 
-_CREATE = """
+_CREATE = Script("""
 local found = redis.call('HMGET', KEYS[1], 'v', 'n')
 if found[2] then return found end
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'n', 1)
 if ARGV[2] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 redis.call('PUBLISH', KEYS[1], 1)
 return false
-"""
+""")
 
-_DELETE = """
+_DELETE = Script("""
 if redis.call('DEL', KEYS[1]) == 1 then redis.call('PUBLISH', KEYS[1], 0) end
 return 0
-"""
+""")
 
 # The value, its version and its time to live in ms (-1: none, -2: absent), in one reply.
-_READ = """
+_READ = Script("""
 local found = redis.call('HMGET', KEYS[1], 'v', 'n')
 return {found[1], found[2], redis.call('PTTL', KEYS[1])}
-"""
+""")
 
 
 def milliseconds(seconds: float | None) -> str:
@@ -76,8 +90,16 @@ def expires_in(pttl: int) -> float | None:
     return pttl / 1000 if pttl >= 0 else None
 
 
+Queued = tuple[Script, Sequence[str], Sequence[bytes | str], "asyncio.Future[Any]"]
+
+
 class RedisConnection:
-    """One process's connections to a Redis: a pool for commands, one connection for pub/sub."""
+    """One process's connections to a Redis: a pool for commands, one connection for pub/sub.
+
+    Scripts started in the same turn of the event loop go out together in one
+    pipeline: under load a call's scripts share their round trips and their
+    pooled connection with other calls' instead of each paying for its own.
+    """
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX) -> None:
         pool = BlockingConnectionPool.from_url(
@@ -93,22 +115,56 @@ class RedisConnection:
         self.client: Redis = Redis(connection_pool=pool)
         self.prefix = prefix
         self.subscriptions = Subscriptions(lambda: pool.connection_class(**pool.connection_kwargs))
+        self._queued: list[Queued] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
-    def script(self, source: str) -> AsyncScript:
-        """A script sent by its digest (EVALSHA), loaded again when the server lost it (a restart)."""
-        return self.client.register_script(source)
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str] = ()) -> Awaitable[Any]:
+        """The script's reply; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot be reached in time."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queued.append((script, keys, args, future))
+        if len(self._queued) == 1:
+            loop.call_soon(self._send_queued)
+        return future
+
+    def _send_queued(self) -> None:
+        batch, self._queued = self._queued, []
+        task = asyncio.create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[Queued]) -> None:
+        try:
+            replies = await self._pipeline(batch)
+            missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if missing:  # a restarted Redis has no scripts: load them, then run what it refused
+                for source in {batch[index][0].source for index in missing}:
+                    await self.client.script_load(source)
+                again = await self._pipeline([batch[index] for index in missing])
+                for index, reply in zip(missing, again, strict=True):
+                    replies[index] = reply
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            replies = [ToolmeshError(Code.STORE_UNAVAILABLE)] * len(batch)
+        for (*_, future), reply in zip(batch, replies, strict=True):
+            if future.done():
+                continue  # its caller left
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _pipeline(self, batch: list[Queued]) -> list[Any]:
+        pipeline = self.client.pipeline(transaction=False)
+        for script, keys, args, _ in batch:
+            pipeline.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        replies: list[Any] = await pipeline.execute(raise_on_error=False)
+        return replies
 
     async def close(self) -> None:
         await self.subscriptions.close()
+        for task in list(self._sending):
+            await task
         await self.client.aclose()
-
-
-async def reachable(command: Awaitable[T]) -> T:
-    """The command's reply; STORE_UNAVAILABLE when Redis cannot be reached or does not answer in time."""
-    try:
-        return await command
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        raise ToolmeshError(Code.STORE_UNAVAILABLE) from None
 
 
 class RedisStore:
@@ -117,10 +173,7 @@ class RedisStore:
     def __init__(self, connection: RedisConnection) -> None:
         self._connection = connection
         self._prefix = connection.prefix
-        self._put = connection.script(_PUT)
-        self._create = connection.script(_CREATE)
-        self._delete = connection.script(_DELETE)
-        self._read = connection.script(_READ)
+        self._run = connection.run
 
     def _key(self, key: str) -> str:
         return self._prefix + key
@@ -133,23 +186,21 @@ class RedisStore:
         self, key: str, value: bytes, *, expected_version: int | None = None, ttl_s: float | None = None
     ) -> int:
         expected = "" if expected_version is None else str(expected_version)
-        written, version = await reachable(
-            self._put(keys=[self._key(key)], args=[value, expected, milliseconds(ttl_s)])
-        )
+        written, version = await self._run(_PUT, [self._key(key)], [value, expected, milliseconds(ttl_s)])
         if not written:
             assert expected_version is not None
             raise VersionConflict(key, expected_version, int(version))
         return int(version)
 
     async def create(self, key: str, value: bytes, *, ttl_s: float | None = None) -> Versioned | None:
-        found = await reachable(self._create(keys=[self._key(key)], args=[value, milliseconds(ttl_s)]))
+        found = await self._run(_CREATE, [self._key(key)], [value, milliseconds(ttl_s)])
         return None if found is None else Versioned(found[0], int(found[1]))
 
     async def delete(self, key: str) -> None:
-        await reachable(self._delete(keys=[self._key(key)]))
+        await self._run(_DELETE, [self._key(key)])
 
     async def _read_expiring(self, key: str) -> tuple[Versioned | None, float | None]:
-        value, version, pttl = await reachable(self._read(keys=[self._key(key)]))
+        value, version, pttl = await self._run(_READ, [self._key(key)])
         if version is None:
             return None, None
         return Versioned(value, int(version)), expires_in(int(pttl))

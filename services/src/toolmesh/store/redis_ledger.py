@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 
 from toolmesh.store.ledger import KeyReused, StoredInvocation
-from toolmesh.store.redis import RedisConnection, expires_in, milliseconds, reachable
+from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
 from toolmesh.store.redis_watch import watch
 
 # KEYS: the identity pointer, the new record. ARGV: id, record, ttl ms, identity, record key prefix.
-_CLAIM = """
+_CLAIM = Script("""
 local other = redis.call('GET', KEYS[1])
 if other and other ~= ARGV[1] then
   local found = redis.call('HMGET', ARGV[5] .. other, 'rec', 'dlv')
@@ -33,12 +33,12 @@ redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 return false
-"""
+""")
 
 # KEYS: the idempotency key, the new record. ARGV: id, record, ttl ms, identity,
 # record key prefix, key ttl ms. Returns {0, id} for a key reused with other
 # arguments, {1, id, record, delivered} for the invocation the key names.
-_CLAIM_KEYED = """
+_CLAIM_KEYED = Script("""
 local claimed = redis.call('HMGET', KEYS[1], 'id', 'identity')
 if claimed[1] and claimed[1] ~= ARGV[1] then
   if claimed[2] ~= ARGV[4] then return {0, claimed[1]} end
@@ -50,11 +50,11 @@ redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', '')
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return false
-"""
+""")
 
 # KEYS: the record, and the identity pointer when there is one. ARGV: id,
 # record, keep ms, replay ms ('' drops the pointer if it names this id), identity.
-_FINISH = """
+_FINISH = Script("""
 redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if KEYS[2] then
@@ -63,10 +63,10 @@ if KEYS[2] then
 end
 redis.call('PUBLISH', KEYS[1], '1')
 return 0
-"""
+""")
 
 # KEYS: the records. ARGV: the pointer key prefix, then the ids. Returns the ids still running.
-_CONFIRM = """
+_CONFIRM = Script("""
 local running = {}
 for i, key in ipairs(KEYS) do
   local found = redis.call('HMGET', key, 'end', 'dlv', 'keep', 'same')
@@ -84,12 +84,12 @@ for i, key in ipairs(KEYS) do
   end
 end
 return running
-"""
+""")
 
-_READ = """
+_READ = Script("""
 local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv')
 return {found[1], found[2], redis.call('PTTL', KEYS[1])}
-"""
+""")
 
 
 class RedisLedgerStore:
@@ -101,11 +101,7 @@ class RedisLedgerStore:
         self._records = f"{prefix}ledger:inv:"
         self._identities = f"{prefix}ledger:same:"
         self._keys = f"{prefix}ledger:idem:"
-        self._claim = connection.script(_CLAIM)
-        self._claim_keyed = connection.script(_CLAIM_KEYED)
-        self._finish = connection.script(_FINISH)
-        self._confirm = connection.script(_CONFIRM)
-        self._read = connection.script(_READ)
+        self._run = connection.run
 
     async def claim(
         self, tool_request_id: str, record: bytes, identity: str, running_ttl_s: float
@@ -118,7 +114,7 @@ class RedisLedgerStore:
             identity,
             self._records,
         ]
-        found = await reachable(self._claim(keys=keys, args=args))
+        found = await self._run(_CLAIM, keys, args)
         return None if found is None else StoredInvocation(found[0].decode(), found[1], False)
 
     async def claim_keyed(
@@ -140,7 +136,7 @@ class RedisLedgerStore:
             self._records,
             milliseconds(key_ttl_s),
         ]
-        found = await reachable(self._claim_keyed(keys=keys, args=args))
+        found = await self._run(_CLAIM_KEYED, keys, args)
         if found is None:
             return None
         if found[0] == 0:
@@ -160,13 +156,13 @@ class RedisLedgerStore:
             milliseconds(replay_s),
             identity,
         ]
-        await reachable(self._finish(keys=keys, args=args))
+        await self._run(_FINISH, keys, args)
 
     async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
         if not tool_request_ids:
             return []
         keys = [self._records + tool_request_id for tool_request_id in tool_request_ids]
-        running = await reachable(self._confirm(keys=keys, args=[self._identities, *tool_request_ids]))
+        running = await self._run(_CONFIRM, keys, [self._identities, *tool_request_ids])
         return [tool_request_id.decode() for tool_request_id in running]
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
@@ -174,7 +170,7 @@ class RedisLedgerStore:
         return stored
 
     async def _read_expiring(self, tool_request_id: str) -> tuple[StoredInvocation | None, float | None]:
-        record, delivered, pttl = await reachable(self._read(keys=[self._records + tool_request_id]))
+        record, delivered, pttl = await self._run(_READ, [self._records + tool_request_id])
         if record is None:
             return None, None
         return StoredInvocation(tool_request_id, record, delivered is not None), expires_in(int(pttl))
