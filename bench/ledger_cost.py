@@ -54,6 +54,7 @@ class KeepNothing(Ledger):
         trace_context: dict[str, str] | None = None,
         *,
         arguments: Any = None,
+        confirmed: Sequence[str] = (),
     ) -> Claim:
         record = InvocationRecord(
             new_id, call.session_id, call.turn_id, call.tool_name, "", InvocationState.RUNNING, 0.0

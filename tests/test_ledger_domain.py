@@ -205,3 +205,21 @@ async def test_a_joiner_is_told_when_the_running_record_expires_in_redis() -> No
     finally:
         await stores.close()
         await delete_prefixed(SHARED_URL, prefix)
+
+
+async def test_confirmations_carried_on_a_claim_apply_before_it(ledger: Ledger) -> None:
+    await ledger.claim(call(), "tr_1", 1000)
+    await ledger.finish("tr_1", Outcome.success("1"))
+    await ledger.claim(call('{"other": 1}'), "tr_running", 1000)
+    # The exact retry that carries the first call's confirmation is a new invocation.
+    retry = await ledger.claim(call(), "tr_2", 1000, confirmed=["tr_1", "tr_running", "tr_unknown"])
+    assert retry.is_new
+    first = await ledger.get("tr_1")
+    assert first is not None and first.delivered
+    running = await ledger.get("tr_running")
+    assert running is not None and not running.delivered and not running.finished
+    await ledger.finish("tr_2", Outcome.success("2"))
+    keyed = await ledger.claim(call(), "tr_3", 1000, "key-1", confirmed=["tr_2"])
+    assert keyed.is_new
+    second = await ledger.get("tr_2")
+    assert second is not None and second.delivered

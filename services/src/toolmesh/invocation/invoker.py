@@ -42,6 +42,14 @@ def new_tool_request_id() -> str:
     return f"tr_{uuid.uuid4().hex}"
 
 
+def check_confirmations(tool_request_ids: Sequence[str]) -> None:
+    """Raise ToolmeshError(INVALID_REQUEST) for too many or malformed ids to confirm."""
+    if len(tool_request_ids) > MAX_CONFIRMATIONS:
+        raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
+    for tool_request_id in tool_request_ids:
+        require_id(tool_request_id, "tool_request_id")
+
+
 def check_envelope(call: ToolCall) -> None:
     """Raise ToolmeshError(INVALID_REQUEST) for a call that cannot even be looked up."""
     require_id(call.session_id, "session_id")
@@ -150,8 +158,7 @@ class Invoker:
         check_envelope(call)
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
-        if confirmed:
-            await self.confirm_delivery(confirmed)
+        check_confirmations(confirmed)
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
@@ -162,24 +169,30 @@ class Invoker:
             with telemetry.correlation(
                 session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name
             ):
-                invocation = await self._invoke(call, idempotency_key, leaves_early)
+                invocation = await self._invoke(call, idempotency_key, leaves_early, confirmed)
                 trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, invocation.tool_request_id)
                 observe(call.tool_name, invocation.tool_request_id, invocation.outcome, started)
             return invocation
         finally:
             self._in_flight -= 1
 
-    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> Invocation:
+    async def _invoke(
+        self, call: ToolCall, idempotency_key: str, leaves_early: bool, confirmed: Sequence[str]
+    ) -> Invocation:
+        """`confirmed`: deliveries the caller confirms with this call. They go with its claim, in
+        the same atomic step, so they apply before it; a call that claims nothing applies them alone."""
         tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
             outcome = Outcome.runtime_error(
                 Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
             )
+            await self._confirm(confirmed)
             return Invocation(tool_request_id, outcome)
         arguments = parse_arguments(call.arguments_json)
         invalid = arguments if isinstance(arguments, Outcome) else check_parsed_arguments(tool, arguments)
         if invalid is not None:
+            await self._confirm(confirmed)
             return Invocation(tool_request_id, invalid)
         claim = await self.ledger.claim(
             call,
@@ -188,6 +201,7 @@ class Invoker:
             idempotency_key,
             telemetry.trace_carrier(),
             arguments=arguments,
+            confirmed=confirmed,
         )
         record = claim.record
         with telemetry.correlation(tool_request_id=record.tool_request_id):
@@ -275,12 +289,13 @@ class Invoker:
 
         Raises ToolmeshError(STORE_UNAVAILABLE) when the ledger's store cannot be reached.
         """
-        if len(tool_request_ids) > MAX_CONFIRMATIONS:
-            raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
-        for tool_request_id in tool_request_ids:
-            require_id(tool_request_id, "tool_request_id")
-        # Those still running have nothing to confirm yet: the ledger leaves them as they are.
-        await self.ledger.confirm_all(tool_request_ids)
+        check_confirmations(tool_request_ids)
+        await self._confirm(tool_request_ids)
+
+    async def _confirm(self, tool_request_ids: Sequence[str]) -> None:
+        if tool_request_ids:
+            # Those still running have nothing to confirm yet: the ledger leaves them as they are.
+            await self.ledger.confirm_all(tool_request_ids)
 
     async def get_invocation(self, tool_request_id: str) -> InvocationRecord:
         require_id(tool_request_id, "tool_request_id")

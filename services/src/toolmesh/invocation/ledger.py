@@ -237,10 +237,12 @@ class Ledger:
         trace_context: dict[str, str] | None = None,
         *,
         arguments: jsontext.JsonValue = _UNPARSED,
+        confirmed: Sequence[str] = (),
     ) -> Claim:
         """Register `call` as invocation `new_id`, unless an identical one should be joined or replayed.
 
         `arguments`: the call's arguments already parsed, when the caller has them.
+        `confirmed`: deliveries to confirm first, in the same atomic step (as confirm_all).
         Raises ToolmeshError: IDEMPOTENCY_KEY_REUSED, or STORE_UNAVAILABLE (nothing was claimed).
         """
         identity = identity_of(call, arguments) or f"{call.session_id}:{call.tool_name}:unique:{new_id}"
@@ -265,6 +267,7 @@ class Ledger:
                     identity,
                     running_ttl_s=running_ttl,
                     key_ttl_s=self.policy.idempotency_retention_s,
+                    confirmed=confirmed,
                 )
             except KeyReused as reused:
                 raise ToolmeshError(
@@ -277,7 +280,9 @@ class Ledger:
                     },
                 ) from None
         else:
-            existing = await self._store.claim(new_id, self._encode(record), identity, running_ttl)
+            existing = await self._store.claim(
+                new_id, self._encode(record), identity, running_ttl, confirmed=confirmed
+            )
         if existing is None:
             return Claim(record, True)
         return Claim(self._decode(existing), False)

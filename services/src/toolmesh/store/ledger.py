@@ -37,10 +37,19 @@ class KeyReused(Exception):
 
 class LedgerStore(Protocol):
     async def claim(
-        self, tool_request_id: str, record: bytes, identity: str, running_ttl_s: float
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        running_ttl_s: float,
+        *,
+        confirmed: Sequence[str] = (),
     ) -> StoredInvocation | None:
         """Store a running invocation under `identity`, unless the identity names one whose
         delivery is not confirmed: then store nothing and return that one (to join or replay).
+
+        `confirmed` are confirmed first, as by `confirm`, in the same atomic step:
+        a caller's confirmations carried on its next call apply before that call.
 
         Both the record and the identity pointer expire after `running_ttl_s`
         (an owner that died leaves nothing forever). Claiming again with the
@@ -57,9 +66,11 @@ class LedgerStore(Protocol):
         *,
         running_ttl_s: float,
         key_ttl_s: float,
+        confirmed: Sequence[str] = (),
     ) -> StoredInvocation | None:
         """Store a running invocation under the idempotency `key` (already scoped to its session),
         unless the key names a stored invocation: then return it, confirmed or not.
+        `confirmed` as for `claim`.
 
         Raises KeyReused when the key names an invocation of another identity.
         The key is kept `key_ttl_s`; no identity pointer is made.

@@ -196,8 +196,15 @@ class MemoryLedgerStore:
         self._invocations.write(tool_request_id, _Invocation(record, False, False, ttl_s, identity), ttl_s)
 
     async def claim(
-        self, tool_request_id: str, record: bytes, identity: str, running_ttl_s: float
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        running_ttl_s: float,
+        *,
+        confirmed: Sequence[str] = (),
     ) -> StoredInvocation | None:
+        self._confirm(confirmed)
         pointer = self._identities.live(identity)
         if pointer is not None and pointer.value != tool_request_id:
             other = self._invocations.live(pointer.value)
@@ -216,7 +223,9 @@ class MemoryLedgerStore:
         *,
         running_ttl_s: float,
         key_ttl_s: float,
+        confirmed: Sequence[str] = (),
     ) -> StoredInvocation | None:
+        self._confirm(confirmed)
         claimed = self._keys.live(key)
         if claimed is not None and claimed.value.tool_request_id != tool_request_id:
             if claimed.value.identity != identity:
@@ -245,6 +254,9 @@ class MemoryLedgerStore:
             self._identities.remove(identity)
 
     async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
+        return self._confirm(tool_request_ids)
+
+    def _confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
         running = []
         for tool_request_id in tool_request_ids:
             entry = self._invocations.live(tool_request_id)

@@ -22,8 +22,38 @@ from toolmesh.store.ledger import KeyReused, StoredInvocation
 from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
 from toolmesh.store.redis_watch import watch
 
-# KEYS: the identity pointer, the new record. ARGV: id, record, ttl ms, identity, record key prefix.
-_CLAIM = Script("""
+# Confirms the invocations named by KEYS[first_key …] (ids in ARGV[first_arg …]): marks
+# the finished ones delivered, keeps them `keep` ms from now, drops their pointer if it
+# still names them. Returns the ids of those still running.
+_CONFIRMING = """
+local function confirm(first_key, first_arg, count, pointers)
+  local running = {}
+  for i = 0, count - 1 do
+    local key, id = KEYS[first_key + i], ARGV[first_arg + i]
+    local found = redis.call('HMGET', key, 'end', 'dlv', 'keep', 'same')
+    if found[1] then
+      if not found[2] then
+        redis.call('HSET', key, 'dlv', '1')
+        redis.call('PEXPIRE', key, found[3])
+        if found[4] and found[4] ~= '' then
+          local pointer = pointers .. found[4]
+          if redis.call('GET', pointer) == id then redis.call('DEL', pointer) end
+        end
+      end
+    elseif found[4] then
+      running[#running + 1] = id
+    end
+  end
+  return running
+end
+"""
+
+# KEYS: the identity pointer, the new record, the records to confirm first. ARGV: id,
+# record, ttl ms, identity, record key prefix, pointer key prefix, the ids to confirm.
+_CLAIM = Script(
+    _CONFIRMING
+    + """
+confirm(3, 7, #KEYS - 2, ARGV[6])
 local other = redis.call('GET', KEYS[1])
 if other and other ~= ARGV[1] then
   local found = redis.call('HMGET', ARGV[5] .. other, 'rec', 'dlv')
@@ -33,12 +63,17 @@ redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 return false
-""")
+"""
+)
 
-# KEYS: the idempotency key, the new record. ARGV: id, record, ttl ms, identity,
-# record key prefix, key ttl ms. Returns {0, id} for a key reused with other
-# arguments, {1, id, record, delivered} for the invocation the key names.
-_CLAIM_KEYED = Script("""
+# KEYS: the idempotency key, the new record, the records to confirm first. ARGV: id,
+# record, ttl ms, identity, record key prefix, key ttl ms, pointer key prefix, the ids
+# to confirm. Returns {0, id} for a key reused with other arguments, {1, id, record,
+# delivered} for the invocation the key names.
+_CLAIM_KEYED = Script(
+    _CONFIRMING
+    + """
+confirm(3, 8, #KEYS - 2, ARGV[7])
 local claimed = redis.call('HMGET', KEYS[1], 'id', 'identity')
 if claimed[1] and claimed[1] ~= ARGV[1] then
   if claimed[2] ~= ARGV[4] then return {0, claimed[1]} end
@@ -50,7 +85,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', '')
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return false
-""")
+"""
+)
 
 # KEYS: the record, and the identity pointer when there is one. ARGV: id,
 # record, keep ms, replay ms ('' drops the pointer if it names this id), identity.
@@ -66,25 +102,12 @@ return 0
 """)
 
 # KEYS: the records. ARGV: the pointer key prefix, then the ids. Returns the ids still running.
-_CONFIRM = Script("""
-local running = {}
-for i, key in ipairs(KEYS) do
-  local found = redis.call('HMGET', key, 'end', 'dlv', 'keep', 'same')
-  if found[1] then
-    if not found[2] then
-      redis.call('HSET', key, 'dlv', '1')
-      redis.call('PEXPIRE', key, found[3])
-      if found[4] and found[4] ~= '' then
-        local pointer = ARGV[1] .. found[4]
-        if redis.call('GET', pointer) == ARGV[i + 1] then redis.call('DEL', pointer) end
-      end
-    end
-  elseif found[4] then
-    running[#running + 1] = ARGV[i + 1]
-  end
-end
-return running
-""")
+_CONFIRM = Script(
+    _CONFIRMING
+    + """
+return confirm(1, 2, #KEYS, ARGV[1])
+"""
+)
 
 _READ = Script("""
 local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv')
@@ -104,15 +127,23 @@ class RedisLedgerStore:
         self._run = connection.run
 
     async def claim(
-        self, tool_request_id: str, record: bytes, identity: str, running_ttl_s: float
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        running_ttl_s: float,
+        *,
+        confirmed: Sequence[str] = (),
     ) -> StoredInvocation | None:
-        keys = [self._identities + identity, self._records + tool_request_id]
+        keys = [self._identities + identity, self._records + tool_request_id, *self._named(confirmed)]
         args: list[bytes | str] = [
             tool_request_id,
             record,
             milliseconds(running_ttl_s),
             identity,
             self._records,
+            self._identities,
+            *confirmed,
         ]
         found = await self._run(_CLAIM, keys, args)
         return None if found is None else StoredInvocation(found[0].decode(), found[1], False)
@@ -126,8 +157,9 @@ class RedisLedgerStore:
         *,
         running_ttl_s: float,
         key_ttl_s: float,
+        confirmed: Sequence[str] = (),
     ) -> StoredInvocation | None:
-        keys = [self._keys + key, self._records + tool_request_id]
+        keys = [self._keys + key, self._records + tool_request_id, *self._named(confirmed)]
         args: list[bytes | str] = [
             tool_request_id,
             record,
@@ -135,6 +167,8 @@ class RedisLedgerStore:
             identity,
             self._records,
             milliseconds(key_ttl_s),
+            self._identities,
+            *confirmed,
         ]
         found = await self._run(_CLAIM_KEYED, keys, args)
         if found is None:
@@ -161,9 +195,12 @@ class RedisLedgerStore:
     async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
         if not tool_request_ids:
             return []
-        keys = [self._records + tool_request_id for tool_request_id in tool_request_ids]
+        keys = self._named(tool_request_ids)
         running = await self._run(_CONFIRM, keys, [self._identities, *tool_request_ids])
         return [tool_request_id.decode() for tool_request_id in running]
+
+    def _named(self, tool_request_ids: Sequence[str]) -> list[str]:
+        return [self._records + tool_request_id for tool_request_id in tool_request_ids]
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         stored, _ = await self._read_expiring(tool_request_id)
