@@ -60,8 +60,8 @@ def test_the_server_distribution_depends_on_the_client() -> None:
 def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     probe = (
         "import sys, toolmesh.host, toolmesh.client, toolmesh.cli.main;"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in"
-        " ('opentelemetry', 'jsonschema_rs', 'grpc_health', 'grpc_reflection', 'httpx', 'redis', 'toolmesh')))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('opentelemetry', 'jsonschema_rs',"
+        " 'grpc_health', 'grpc_reflection', 'httpx', 'redis', 'toolmesh')))"
     )
     loaded = json.loads(
         subprocess.run(
