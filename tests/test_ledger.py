@@ -108,13 +108,13 @@ async def test_cli_gives_up_then_exact_retry_joins(
     ledger_system: LocalSystem, host: HostProcess, marker_dir: Path, cli_env: dict[str, str]
 ) -> None:
     env = dict(cli_env, TOOLMESH_INVOCATION_ADDR=ledger_system.invocation_target)
-    args = '{"key": "cli-join", "sleep": 4}'
+    args = '{"key": "cli-join", "sleep": 6}'
     code, out, _ = await run_cli(
-        "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "0.3", env=env
+        "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "1.5", env=env
     )
     assert code == 75 and json.loads(out)["outcomeReceived"] is False
     # The same call, spelled differently: key order, spacing, number form.
-    retry = '{ "sleep": 4.0e0,"key":"cli-join" }'
+    retry = '{ "sleep": 6.0e0,"key":"cli-join" }'
     code, out, _ = await run_cli(
         "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", retry, env=env
     )

@@ -79,22 +79,22 @@ def test_identity_ignores_spelling_but_not_meaning() -> None:
 
 
 async def test_join_then_replay_then_confirm(ledger: Ledger) -> None:
-    first = await ledger.claim(call(), "tr_1", 1000)
+    first = await ledger.claim(call(), "tr_1", 10_000)
     assert first.is_new
-    joined = await ledger.claim(call('{ "a" : 1 }'), "tr_2", 1000)
+    joined = await ledger.claim(call('{ "a" : 1 }'), "tr_2", 10_000)
     assert not joined.is_new and joined.record.tool_request_id == "tr_1" and not joined.record.finished
     await ledger.finish("tr_1", Outcome.success("7"))
-    replay = await ledger.claim(call(), "tr_3", 1000)
+    replay = await ledger.claim(call(), "tr_3", 10_000)
     assert not replay.is_new and replay.record.outcome == Outcome.success("7")
     await ledger.confirm("tr_1")
-    fresh = await ledger.claim(call(), "tr_4", 1000)
+    fresh = await ledger.claim(call(), "tr_4", 10_000)
     assert fresh.is_new
     record = await ledger.get("tr_1")
     assert record is not None and record.delivered and record.state is InvocationState.COMPLETED
 
 
 async def test_confirm_before_the_outcome_is_refused(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 1000)
+    await ledger.claim(call(), "tr_1", 10_000)
     with pytest.raises(ToolmeshError) as raised:
         await ledger.confirm("tr_1")
     assert raised.value.code is Code.INVOCATION_RUNNING
@@ -102,45 +102,45 @@ async def test_confirm_before_the_outcome_is_refused(ledger: Ledger) -> None:
 
 
 async def test_replay_window_and_the_shorter_timeout_window(ledger: Ledger, clock: Clock) -> None:
-    await ledger.claim(call('{"k": "ok"}'), "tr_ok", 1000)
+    await ledger.claim(call('{"k": "ok"}'), "tr_ok", 10_000)
     await ledger.finish("tr_ok", Outcome.success("1"))
-    await ledger.claim(call('{"k": "slow"}'), "tr_slow", 1000)
+    await ledger.claim(call('{"k": "slow"}'), "tr_slow", 10_000)
     await ledger.finish("tr_slow", Outcome.runtime_error(Code.TOOL_TIMEOUT))
     await clock.advance(0.3)
-    assert (await ledger.claim(call('{"k": "slow"}'), "tr_slow2", 1000)).is_new
-    assert not (await ledger.claim(call('{"k": "ok"}'), "tr_ok2", 1000)).is_new
+    assert (await ledger.claim(call('{"k": "slow"}'), "tr_slow2", 10_000)).is_new
+    assert not (await ledger.claim(call('{"k": "ok"}'), "tr_ok2", 10_000)).is_new
     await clock.advance(POLICY.replay_window_s)
-    assert (await ledger.claim(call('{"k": "ok"}'), "tr_ok3", 1000)).is_new
+    assert (await ledger.claim(call('{"k": "ok"}'), "tr_ok3", 10_000)).is_new
 
 
 async def test_unreachable_bridge_is_not_replayed(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 1000)
+    await ledger.claim(call(), "tr_1", 10_000)
     await ledger.finish("tr_1", Outcome.runtime_error(Code.BRIDGE_UNAVAILABLE), replayable=False)
-    assert (await ledger.claim(call(), "tr_2", 1000)).is_new
+    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
     record = await ledger.get("tr_1")
     assert record is not None and record.state is InvocationState.FAILED
 
 
 async def test_idempotency_key(ledger: Ledger, clock: Clock) -> None:
-    assert (await ledger.claim(call(), "tr_1", 1000, "key-1")).is_new
+    assert (await ledger.claim(call(), "tr_1", 10_000, "key-1")).is_new
     await ledger.finish("tr_1", Outcome.success("1"))
     await ledger.confirm("tr_1")
     await clock.advance(POLICY.replay_window_s + 0.2)  # past the replay window, within the key's retention
-    again = await ledger.claim(call('{"a":1.0}'), "tr_2", 1000, "key-1")
+    again = await ledger.claim(call('{"a":1.0}'), "tr_2", 10_000, "key-1")
     assert not again.is_new and again.record.tool_request_id == "tr_1"
     with pytest.raises(ToolmeshError) as raised:
-        await ledger.claim(call('{"a": 2}'), "tr_3", 1000, "key-1")
+        await ledger.claim(call('{"a": 2}'), "tr_3", 10_000, "key-1")
     assert raised.value.code is Code.IDEMPOTENCY_KEY_REUSED
     assert raised.value.metadata["tool_request_id"] == "tr_1"
     # Keys belong to a session.
-    assert (await ledger.claim(call(session="s2"), "tr_4", 1000, "key-1")).is_new
+    assert (await ledger.claim(call(session="s2"), "tr_4", 10_000, "key-1")).is_new
 
 
 async def test_lost_owner_running_record_expires(ledger: Ledger, clock: Clock) -> None:
     await ledger.claim(call(), "tr_1", 100)
     await clock.advance(0.1 + POLICY.running_grace_s + 0.1)
     assert await ledger.get("tr_1") is None
-    assert (await ledger.claim(call(), "tr_2", 1000)).is_new
+    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
 
 
 async def test_memory_is_bounded_under_distinct_calls() -> None:
@@ -162,11 +162,11 @@ async def test_every_ledger_key_in_redis_expires() -> None:
     ledger = Ledger(stores.ledger)
     client = Redis.from_url(SHARED_URL)
     try:
-        await ledger.claim(call('{"n": 1}'), "tr_run", 1000)
-        await ledger.claim(call('{"n": 2}'), "tr_done", 1000)
+        await ledger.claim(call('{"n": 1}'), "tr_run", 10_000)
+        await ledger.claim(call('{"n": 2}'), "tr_done", 10_000)
         await ledger.finish("tr_done", Outcome.success("1"))
         await ledger.claim(call('{"n": 3}'), "tr_keyed", 1000, "key")
-        await ledger.claim(call('{"n": 4}'), "tr_confirmed", 1000)
+        await ledger.claim(call('{"n": 4}'), "tr_confirmed", 10_000)
         await ledger.finish("tr_confirmed", Outcome.success("1"))
         await ledger.confirm("tr_confirmed")
         keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
@@ -208,18 +208,18 @@ async def test_a_joiner_is_told_when_the_running_record_expires_in_redis() -> No
 
 
 async def test_confirmations_carried_on_a_claim_apply_before_it(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 1000)
+    await ledger.claim(call(), "tr_1", 10_000)
     await ledger.finish("tr_1", Outcome.success("1"))
-    await ledger.claim(call('{"other": 1}'), "tr_running", 1000)
+    await ledger.claim(call('{"other": 1}'), "tr_running", 10_000)
     # The exact retry that carries the first call's confirmation is a new invocation.
-    retry = await ledger.claim(call(), "tr_2", 1000, confirmed=["tr_1", "tr_running", "tr_unknown"])
+    retry = await ledger.claim(call(), "tr_2", 10_000, confirmed=["tr_1", "tr_running", "tr_unknown"])
     assert retry.is_new
     first = await ledger.get("tr_1")
     assert first is not None and first.delivered
     running = await ledger.get("tr_running")
     assert running is not None and not running.delivered and not running.finished
     await ledger.finish("tr_2", Outcome.success("2"))
-    keyed = await ledger.claim(call(), "tr_3", 1000, "key-1", confirmed=["tr_2"])
+    keyed = await ledger.claim(call(), "tr_3", 10_000, "key-1", confirmed=["tr_2"])
     assert keyed.is_new
     second = await ledger.get("tr_2")
     assert second is not None and second.delivered
