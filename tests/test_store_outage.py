@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from redis.asyncio import Redis
 from redis_testing import RedisServer
 
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
@@ -140,3 +141,21 @@ async def test_redis_killed_and_restarted(
         # New calls work again, without restarting anything.
         fresh = await count(client, "after")
         assert fresh.outcome is not None and fresh.outcome.failure is None
+
+
+async def test_a_caller_gone_during_its_claim_leaves_a_call_that_runs_once(
+    redis_server: RedisServer, system: LocalSystem, host: HostProcess, marker_dir: Path
+) -> None:
+    """The claim is on its way to Redis when the caller's deadline passes: it goes on, and the
+    invocation it made runs, so an exact retry joins or replays a call that really runs."""
+    async with InvocationClient(system.invocation_target) as client:
+        await count(client, "warm")  # the invocation service has the session's tools
+        pauser = Redis.from_url(redis_server.url)
+        await pauser.execute_command("CLIENT", "PAUSE", "500", "ALL")
+        await pauser.aclose()
+        first = await count(client, "paused", timeout=0.2, confirm_delivery=False)
+        assert first.outcome is None and first.code is Code.CALLER_DEADLINE_EXCEEDED
+        await asyncio.wait_for(until_runs(marker_dir, "paused"), 10)
+        retry = await count(client, "paused", confirm_delivery=False)
+        assert retry.joined or retry.replayed
+        assert runs(marker_dir, "paused") == [retry.tool_request_id]

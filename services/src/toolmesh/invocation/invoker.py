@@ -6,9 +6,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from opentelemetry import trace
 
@@ -20,7 +21,7 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
-from toolmesh.invocation.ledger import InvocationRecord, Ledger
+from toolmesh.invocation.ledger import Claim, InvocationRecord, Ledger
 from toolmesh.invocation.observability import IN_FLIGHT, attaching, observe
 from toolmesh.invocation.ports import Dispatcher, ToolCatalog
 
@@ -194,7 +195,16 @@ class Invoker:
         if invalid is not None:
             await self._confirm(confirmed)
             return Invocation(tool_request_id, invalid)
-        claim = await self.ledger.claim(
+        request = ToolRequest(
+            session_id=call.session_id,
+            turn_id=call.turn_id,
+            tool_request_id=tool_request_id,
+            tool_name=call.tool_name,
+            arguments_json=call.arguments_json,
+            timeout_ms=tool.effective_timeout_ms,
+            redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
+        )
+        claiming = self.ledger.claim(
             call,
             tool_request_id,
             tool.effective_timeout_ms,
@@ -203,18 +213,10 @@ class Invoker:
             arguments=arguments,
             confirmed=confirmed,
         )
+        claim = await self._claim(claiming, request, leaves_early)
         record = claim.record
         with telemetry.correlation(tool_request_id=record.tool_request_id):
             if claim.is_new:
-                request = ToolRequest(
-                    session_id=call.session_id,
-                    turn_id=call.turn_id,
-                    tool_request_id=tool_request_id,
-                    tool_name=call.tool_name,
-                    arguments_json=call.arguments_json,
-                    timeout_ms=tool.effective_timeout_ms,
-                    redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
-                )
                 return Invocation(tool_request_id, await self._start(request, record, leaves_early))
             if record.outcome is not None:
                 with attaching(record, "replayed"):
@@ -226,14 +228,39 @@ class Invoker:
                     record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
                 )
 
+    async def _claim(
+        self, claiming: Coroutine[Any, Any, Claim], request: ToolRequest, leaves_early: bool
+    ) -> Claim:
+        """The ledger's claim. One whose caller may leave (a unary RPC) goes on without it: a claim
+        that made a new invocation must run it, or exact retries would join one that nobody runs."""
+        if not leaves_early:
+            return await claiming
+        task = asyncio.ensure_future(claiming)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(partial(self._claimed_without_caller, request))
+            raise
+
+    def _claimed_without_caller(self, request: ToolRequest, claiming: asyncio.Future[Claim]) -> None:
+        if claiming.cancelled() or claiming.exception() is not None:
+            return
+        claim = claiming.result()
+        if claim.is_new:
+            self._run_detached(request, claim.record)
+
+    def _run_detached(self, request: ToolRequest, claimed: InvocationRecord) -> asyncio.Task[Outcome]:
+        """Run a new invocation in a task of its own, which goes on whoever waits for it."""
+        task = asyncio.create_task(self._run(request, claimed))
+        self._running[request.tool_request_id] = task
+        task.add_done_callback(partial(self._ended, request.tool_request_id))
+        return task
+
     async def _start(self, request: ToolRequest, claimed: InvocationRecord, leaves_early: bool) -> Outcome:
         """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
         tool_request_id = request.tool_request_id
         if leaves_early:
-            task = asyncio.create_task(self._run(request, claimed))
-            self._running[tool_request_id] = task
-            task.add_done_callback(partial(self._ended, tool_request_id))
-            return await asyncio.shield(task)
+            return await asyncio.shield(self._run_detached(request, claimed))
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._running[tool_request_id] = ran
         try:
