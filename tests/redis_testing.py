@@ -94,6 +94,16 @@ class RedisServer:
         self.process.send_signal(signal.SIGKILL)
         await self.process.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP: a server that keeps its connections open and answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     async def stop(self) -> None:
         if self.process is not None and self.process.returncode is None:
+            self.resume()
             await self.kill()

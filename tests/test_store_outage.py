@@ -151,7 +151,7 @@ async def test_a_caller_gone_during_its_claim_leaves_a_call_that_runs_once(
     async with InvocationClient(system.invocation_target) as client:
         await count(client, "warm")  # the invocation service has the session's tools
         pauser = Redis.from_url(redis_server.url)
-        await pauser.execute_command("CLIENT", "PAUSE", "500", "ALL")
+        await pauser.client_pause(500)
         await pauser.aclose()
         first = await count(client, "paused", timeout=0.2, confirm_delivery=False)
         assert first.outcome is None and first.code is Code.CALLER_DEADLINE_EXCEEDED
@@ -159,3 +159,19 @@ async def test_a_caller_gone_during_its_claim_leaves_a_call_that_runs_once(
         retry = await count(client, "paused", confirm_delivery=False)
         assert retry.joined or retry.replayed
         assert runs(marker_dir, "paused") == [retry.tool_request_id]
+
+
+async def test_a_redis_that_answers_nothing_fails_calls_in_bounded_time(
+    redis_server: RedisServer, system: LocalSystem, host: HostProcess, marker_dir: Path
+) -> None:
+    async with InvocationClient(system.invocation_target) as client:
+        await count(client, "warm")
+        redis_server.pause()
+        try:
+            hung = await count(client, "hung")  # count() fails the test past 15 s: no hang
+            assert hung.outcome is None and hung.code is Code.STORE_UNAVAILABLE
+        finally:
+            redis_server.resume()
+        assert runs(marker_dir, "hung") == []
+        resumed = await count(client, "resumed")
+        assert resumed.outcome is not None and resumed.outcome.failure is None

@@ -13,30 +13,26 @@ an unreachable Redis is ToolmeshError(STORE_UNAVAILABLE), retryable.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import parse_url
+from redis.asyncio import ConnectionPool
+from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.store.base import VersionConflict, Versioned
+from toolmesh.store.redis_link import Link
 from toolmesh.store.redis_watch import Subscriptions, watch
 
 DEFAULT_PREFIX = "toolmesh:"
-# A reply (or a free pooled connection) is awaited this long at most; connecting, this long.
+# A reply is awaited this long at most; connecting, this long.
 REPLY_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
-MAX_CONNECTIONS = 256
 
 
 @dataclass(frozen=True)
@@ -90,81 +86,39 @@ def expires_in(pttl: int) -> float | None:
     return pttl / 1000 if pttl >= 0 else None
 
 
-Queued = tuple[Script, Sequence[str], Sequence[bytes | str], "asyncio.Future[Any]"]
-
-
 class RedisConnection:
-    """One process's connections to a Redis: a pool for commands, one connection for pub/sub.
-
-    Scripts started in the same turn of the event loop go out together in one
-    pipeline: under load a call's scripts share their round trips and their
-    pooled connection with other calls' instead of each paying for its own.
-    """
+    """One process's connections to a Redis: one for commands (toolmesh.store.redis_link), one for
+    pub/sub (toolmesh.store.redis_watch)."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX) -> None:
-        pool = BlockingConnectionPool.from_url(
+        # The pool only turns the URL into a connection class and its settings; nothing is pooled.
+        settings = ConnectionPool.from_url(
             url,
-            max_connections=MAX_CONNECTIONS,
-            timeout=REPLY_TIMEOUT_S,
             socket_timeout=REPLY_TIMEOUT_S,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),
             # RESP2: pub/sub replies come as plain replies, and any Redis since 2.6 speaks it.
             protocol=2,
         )
-        self.client: Redis = Redis(connection_pool=pool)
+
+        def connect() -> AbstractConnection:
+            return settings.connection_class(**settings.connection_kwargs)
+
         self.prefix = prefix
-        self.subscriptions = Subscriptions(lambda: pool.connection_class(**pool.connection_kwargs))
-        self._queued: list[Queued] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._link = Link(connect)
+        self.subscriptions = Subscriptions(connect)
 
-    def run(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str] = ()) -> Awaitable[Any]:
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str] = ()) -> Any:
         """The script's reply; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot be reached in time."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queued.append((script, keys, args, future))
-        if len(self._queued) == 1:
-            loop.call_soon(self._send_queued)
-        return future
-
-    def _send_queued(self) -> None:
-        batch, self._queued = self._queued, []
-        task = asyncio.create_task(self._send(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send(self, batch: list[Queued]) -> None:
         try:
-            replies = await self._pipeline(batch)
-            missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-            if missing:  # a restarted Redis has no scripts: load them, then run what it refused
-                for source in {batch[index][0].source for index in missing}:
-                    await self.client.script_load(source)
-                again = await self._pipeline([batch[index] for index in missing])
-                for index, reply in zip(missing, again, strict=True):
-                    replies[index] = reply
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            replies = [ToolmeshError(Code.STORE_UNAVAILABLE)] * len(batch)
-        for (*_, future), reply in zip(batch, replies, strict=True):
-            if future.done():
-                continue  # its caller left
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
-
-    async def _pipeline(self, batch: list[Queued]) -> list[Any]:
-        pipeline = self.client.pipeline(transaction=False)
-        for script, keys, args, _ in batch:
-            pipeline.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        replies: list[Any] = await pipeline.execute(raise_on_error=False)
-        return replies
+            return await self._link.send("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:  # a restarted Redis has no scripts: load it (it did not run)
+            await self._link.send("SCRIPT", "LOAD", script.source)
+            return await self._link.send("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def close(self) -> None:
         await self.subscriptions.close()
-        for task in list(self._sending):
-            await task
-        await self.client.aclose()
+        await self._link.close()
 
 
 class RedisStore:
