@@ -201,7 +201,8 @@ def table(results: dict[str, Any]) -> str:
 def _store_lines(stored: dict[str, Any]) -> list[str]:
     lines = [
         "",
-        f"State store: the same unary no-op calls, state in memory, then in Redis ({stored['redis_url']})",
+        f"State store: unary no-op calls to two systems, state in memory or in Redis ({stored['redis_url']}),"
+        f" measured in {stored['rounds']} alternating turns",
         f"  {'store':<30} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} {'CPU ms/call':>12} {'under load':>11}",
     ]
     for label in ("memory", "redis"):

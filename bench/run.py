@@ -176,15 +176,10 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
 
 
 async def measure_toolmesh(
-    sizes: Sizes,
-    profiler: Profiler,
-    env: dict[str, str] | None = None,
-    variants: bool = True,
-    more_pids: dict[str, int] | None = None,
+    sizes: Sizes, profiler: Profiler, env: dict[str, str] | None = None, variants: bool = True
 ) -> dict[str, dict[str, Any]]:
     """`toolmesh`: unary InvokeTool calls to an async no-op. With `variants`, also
-    `toolmesh-stream` (calls on one InvokeTools stream) and `toolmesh-sync` (a plain def handler).
-    `more_pids`: other processes whose CPU counts (a Redis server)."""
+    `toolmesh-stream` (calls on one InvokeTools stream) and `toolmesh-sync` (a plain def handler)."""
     system = await stack.start_toolmesh(env=env)
     unary = InvocationClient(system.invocation.target)
     streamed = InvocationClient(system.invocation.target, multiplex=True)
@@ -201,7 +196,7 @@ async def measure_toolmesh(
 
         return call
 
-    pids = _pids(list(system.services.values())) | (more_pids or {})
+    pids = _pids(list(system.services.values()))
     try:
         with profiler.attach("toolmesh", pids):
             measured = {"toolmesh": await _measure(caller(unary, "noop"), sizes, pids)}
@@ -242,28 +237,54 @@ async def measure_mcp(sizes: Sizes) -> dict[str, dict[str, Any]]:
 
 
 async def measure_store(sizes: Sizes) -> dict[str, Any]:
-    """The same unary calls with the services' state in memory, then in Redis."""
-    memory = (await measure_toolmesh(sizes, Profiler(None), variants=False))["toolmesh"]
+    """The same unary calls to two systems, one keeping its state in memory, one in Redis, in turns."""
     prefix = store.new_prefix()
     redis_pid = await store.server_pid()
+    memory = await stack.start_toolmesh()
     try:
-        redis = (
-            await measure_toolmesh(
-                sizes,
-                Profiler(None),
-                store.env_for(prefix),
-                variants=False,
-                more_pids={"redis": redis_pid} if redis_pid is not None else None,
+        redis = await stack.start_toolmesh(env=store.env_for(prefix))
+    except BaseException:
+        await memory.stop()
+        raise
+    clients = [InvocationClient(system.invocation.target) for system in (memory, redis)]
+    counter = itertools.count()
+
+    def caller(client: InvocationClient) -> measure.Call:
+        async def call() -> None:
+            result = await client.invoke(
+                stack.SESSION, "noop", {"n": next(counter)}, turn_id="turn-1", timeout=60
             )
-        )["toolmesh"]
+            if result.outcome is None or result.outcome.result_json != '{"ok":true}':
+                raise RuntimeError(f"toolmesh answered {result.to_json()}")
+
+        return call
+
+    redis_pids = _pids(list(redis.services.values()))
+    if redis_pid is not None:
+        redis_pids["redis"] = redis_pid
+    try:
+        measured = await store.compare(
+            {
+                "memory": (caller(clients[0]), _pids(list(memory.services.values()))),
+                "redis": (caller(clients[1]), redis_pids),
+            },
+            calls=sizes.calls,
+            warmup=sizes.warmup,
+            concurrency=sizes.concurrency,
+            seconds=sizes.seconds,
+            warmup_s=sizes.warmup_s,
+        )
     finally:
+        for client in clients:
+            await client.close()
+        await redis.stop()
+        await memory.stop()
         await store.delete_prefixed(prefix)
-    return {
-        "memory": memory,
-        "redis": redis,
+    return measured | {
         "redis_url": store.REDIS_URL,
         "redis_cpu_counted": redis_pid is not None,
-        "redis/memory": store.ratios(memory, redis),
+        "rounds": store.ROUNDS,
+        "redis/memory": store.ratios(measured["memory"], measured["redis"]),
     }
 
 

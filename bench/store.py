@@ -9,12 +9,17 @@ when it runs on this machine.
 
 from __future__ import annotations
 
+import collections
 import os
+import statistics
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
+
+from bench import measure, procs
 
 REDIS_URL = os.environ.get("TOOLMESH_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 # The targets of issue 10, Redis against memory.
@@ -54,6 +59,71 @@ async def delete_prefixed(prefix: str) -> int:
     finally:
         await client.aclose()
     return len(keys)
+
+
+# Each system is measured in this many turns, alternating, so that a change of load on the
+# (shared) machine falls on both alike rather than on whichever ran at the time.
+ROUNDS = 4
+
+
+async def compare(
+    systems: dict[str, tuple[measure.Call, dict[str, int]]],
+    *,
+    calls: int,
+    warmup: int,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float,
+) -> dict[str, dict[str, Any]]:
+    """Latency and throughput of each system (a call, and the pids whose CPU counts), in turns."""
+
+    def cpu_of(pids: dict[str, int]) -> Callable[[], dict[str, float]]:
+        return lambda: {name: procs.cpu_seconds(pid) for name, pid in pids.items()}
+
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    cpu: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in systems}
+    windows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    for call, _ in systems.values():
+        await measure.sequential_samples(call, warmup)
+    for _ in range(ROUNDS):
+        for name, (call, pids) in systems.items():
+            before = cpu_of(pids)()
+            samples[name] += await measure.sequential_samples(call, max(1, calls // ROUNDS))
+            after = cpu_of(pids)()
+            cpu[name].update({process: after[process] - before[process] for process in pids})
+    for _ in range(ROUNDS // 2):
+        for name, (call, pids) in systems.items():
+            window = await measure.throughput(
+                call, concurrency, seconds / (ROUNDS // 2), warmup_s, cpu_of(pids)
+            )
+            windows[name].append(window)
+    results = {}
+    for name in systems:
+        latency = measure.summary(samples[name])
+        per_call = {process: spent * 1000 / len(samples[name]) for process, spent in cpu[name].items()}
+        latency["cpu_ms_per_call"] = per_call | {"total": sum(per_call.values())}
+        results[name] = {"latency": latency, "throughput": _merged(windows[name])}
+    return results
+
+
+def _merged(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Throughput windows of one system as one: calls/s and CPU per call over all of them."""
+    calls = sum(window["calls"] for window in windows)
+    seconds = sum(window["seconds"] for window in windows)
+    processes = windows[0]["cpu_ms_per_call"]
+    cpu = {
+        process: sum(window["cpu_ms_per_call"][process] * window["calls"] for window in windows) / calls
+        for process in processes
+    }
+    return {
+        "concurrency": windows[0]["concurrency"],
+        "seconds": seconds,
+        "calls": calls,
+        "calls_per_s": calls / seconds,
+        "cpu_ms_per_call": cpu,
+        "p50_ms": statistics.median(window["p50_ms"] for window in windows),
+        "p99_ms": max(window["p99_ms"] for window in windows),
+    }
 
 
 def ratios(memory: dict[str, Any], redis: dict[str, Any]) -> dict[str, float]:
