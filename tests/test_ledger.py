@@ -119,7 +119,7 @@ async def test_cli_gives_up_then_exact_retry_joins(
         "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", retry, env=env
     )
     response = json.loads(out)
-    assert code == 0 and response["ok"] is True and response["joined"] is True
+    assert code == 0 and response["ok"] is True and response["joined"] is True, out
     assert runs(marker_dir, "cli-join") == [response["toolRequestId"]]
 
 

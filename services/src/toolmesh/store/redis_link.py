@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from toolmesh.core.errors import Code, ToolmeshError
+
+log = logging.getLogger("toolmesh.store")
 
 # What a lost connection looks like, from redis-py and from the socket.
 LOST = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -59,7 +62,9 @@ class Link:
                 self._sent.set()
                 packed = connection.pack_commands([args for args, _ in batch])
                 await connection.send_packed_command(packed, check_health=False)
-            except LOST:
+            except Exception as error:  # lost, or anything else: nothing waits for ever
+                if not isinstance(error, LOST):
+                    log.error("store connection failed", extra={"error": type(error).__name__})
                 await self._lose()
 
     async def _open(self) -> AbstractConnection:
@@ -80,7 +85,9 @@ class Link:
                 reply: Any = await connection.read_response(disconnect_on_error=True)
             except ResponseError as error:
                 reply = error
-            except LOST:
+            except Exception as error:  # lost, or a reply it cannot parse: nothing waits for ever
+                if not isinstance(error, LOST):
+                    log.error("store connection failed", extra={"error": type(error).__name__})
                 if connection is self._connection:
                     await self._lose()
                 return

@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.store.base import until_set
@@ -98,7 +97,7 @@ class Subscriptions:
                 await connection.connect()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
                 pause = RECONNECT_FIRST_S
                 await self._serve(connection)
-            except (RedisError, OSError) as error:
+            except Exception as error:  # whatever it was, the watchers need the loop to go on
                 log.warning("store subscriptions lost", extra={"error": type(error).__name__})
             finally:
                 for entry in self._channels.values():
@@ -119,6 +118,7 @@ class Subscriptions:
             while not self._closed:
                 if self._changed.is_set():
                     self._changed.clear()
+                    changed.cancel()
                     changed = asyncio.create_task(self._changed.wait())
                     wanted = set(self._channels)
                     if wanted - subscribed:
