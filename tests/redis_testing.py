@@ -13,8 +13,6 @@ from pathlib import Path
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from toolmesh.store.backends import Stores, open_stores
-
 # The shared Redis every test that needs one uses; never flushed, only our prefixes are removed.
 SHARED_URL = os.environ.get("TOOLMESH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -32,10 +30,6 @@ async def delete_prefixed(url: str, prefix: str) -> None:
             await client.unlink(*keys)
     finally:
         await client.aclose()
-
-
-def shared_stores(prefix: str) -> Stores:
-    return open_stores(SHARED_URL, prefix)
 
 
 @dataclass

@@ -23,8 +23,6 @@ class Stores:
 
     store: Store
     ledger: LedgerStore
-    # What it is, to show (a Redis URL without its password).
-    description: str
     close: Callable[[], Awaitable[None]]
 
 
@@ -42,10 +40,10 @@ def open_stores(url: str = MEMORY, prefix: str | None = None) -> Stores:
     """
     if url == MEMORY:
         store = InMemoryStore()
-        return Stores(store, MemoryLedgerStore(), describe_store(url), store.close)
-    description = describe_store(url)
+        return Stores(store, MemoryLedgerStore(), store.close)
+    describe_store(url)  # checks the URL
     connection = RedisConnection(url, prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX)
-    return Stores(RedisStore(connection), RedisLedgerStore(connection), description, connection.close)
+    return Stores(RedisStore(connection), RedisLedgerStore(connection), connection.close)
 
 
 def describe_store(url: str) -> str:
