@@ -14,8 +14,10 @@ class AssistantError(ToolmeshError):
 
     @property
     def human_message(self) -> str:
+        """The error table's message for the code: plain words, safe to show people."""
         return ERROR_TABLE[self.code].message
 
     @property
     def ends_turn(self) -> bool:
+        """Whether the code ends a turn (the error table's `ends_turn`)."""
         return ERROR_TABLE[self.code].ends_turn

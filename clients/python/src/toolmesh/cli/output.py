@@ -16,12 +16,14 @@ EXIT_NO_OUTCOME = 75
 
 
 def exit_code_for(code: Code | None) -> int:
+    """2 for a code that a retry as it is cannot fix; 75 for a retryable or unknown one."""
     if code is not None and not ERROR_TABLE[code].retryable:
         return EXIT_USAGE
     return EXIT_NO_OUTCOME
 
 
 def print_rpc_error(error: grpc.aio.AioRpcError) -> int:
+    """Print a failed RPC as one JSON object on stderr (code, gRPC status, message); returns the exit code."""
     code = error_code(error)
     name = code.value if code is not None else Code.TRANSPORT_FAILED.value
     print(
