@@ -65,6 +65,15 @@ async def system() -> AsyncIterator[tuple[LocalSystem, Counted]]:
         await server.stop(0)
 
 
+async def read(
+    stream: grpc.aio.StreamStreamCall[invocation_pb2.InvokeToolsRequest, invocation_pb2.InvokeToolsResponse],
+) -> invocation_pb2.InvokeToolsResponse:
+    """The stream's next response (not its end)."""
+    response = await stream.read()
+    assert isinstance(response, invocation_pb2.InvokeToolsResponse), response
+    return response
+
+
 def streamed(call_id: int, tool: str = "echo", session: str = SESSION, **args: Any) -> Any:
     request = invocation_pb2.InvokeToolRequest(
         session_id=session, turn_id="turn", tool_name=tool, arguments_json=json.dumps(args)
@@ -79,7 +88,7 @@ async def test_calls_in_one_message_each_get_their_result(system: tuple[LocalSys
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=calls))
         await stream.done_writing()
         results = {}
-        while (response := await stream.read()) is not grpc.aio.EOF:
+        async for response in stream:
             results.update({result.call_id: result for result in response.results})
     assert set(results) == {1, 2, 3}  # then the stream ended: every call was answered
     for call_id in (1, 3):
@@ -95,10 +104,10 @@ async def test_a_call_id_still_open_is_refused_alone(system: tuple[LocalSystem, 
         stream = invocation_pb2_grpc.InvocationServiceStub(channel).InvokeTools()
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(7, "counted", key="open")]))
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(7, n=0)]))
-        duplicate = (await stream.read()).results[0]
+        duplicate = (await read(stream)).results[0]
         assert duplicate.call_id == 7 and duplicate.error.reason == "INVALID_REQUEST"
         counted.release.set()
-        answered = (await stream.read()).results[0]
+        answered = (await read(stream)).results[0]
         assert answered.call_id == 7 and answered.response.outcome.result_json
         counted.release.clear()
         stream.cancel()

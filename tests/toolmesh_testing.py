@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -168,3 +172,31 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+# The standard services' methods, made as their generated stubs make them: the stubs'
+# typing leaves the methods out.
+
+
+def health_check(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]:
+    """grpc.health.v1.Health/Check on `channel`."""
+    return channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+
+
+def reflection_info(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.StreamStreamMultiCallable[
+    reflection_pb2.ServerReflectionRequest, reflection_pb2.ServerReflectionResponse
+]:
+    """grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo on `channel`."""
+    return channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )

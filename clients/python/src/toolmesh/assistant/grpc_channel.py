@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from toolmesh.assistant.config import ToolServices
 from toolmesh.assistant.errors import AssistantError
@@ -32,6 +32,7 @@ from toolmesh.v1 import invocation_pb2, registry_pb2
 REGISTRY_SERVICE = registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name
 INVOCATION_SERVICE = invocation_pb2.DESCRIPTOR.services_by_name["InvocationService"].full_name
 PROBE_TIMEOUT_S = 5.0
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
 def _channel(target: str, services: ToolServices) -> grpc.aio.Channel:
@@ -127,9 +128,14 @@ class GrpcToolChannel:
 
 async def _offers(service: str, channel: grpc.aio.Channel) -> bool | None:
     """Whether the server offers `service`: True, False, or None when it could not be asked."""
-    stub = health_pb2_grpc.HealthStub(channel)
+    # The method itself, as health_pb2_grpc.HealthStub makes it: the stub's typing leaves its methods out.
+    check = channel.unary_unary(
+        HEALTH_CHECK,
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
     try:
-        await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=PROBE_TIMEOUT_S)
+        await check(health_pb2.HealthCheckRequest(service=service), timeout=PROBE_TIMEOUT_S)
     except grpc.aio.AioRpcError as error:
         if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
             return False

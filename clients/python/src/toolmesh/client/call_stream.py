@@ -20,7 +20,7 @@ CallStreamLink = StreamLink[
 class CallLink:
     """One open InvokeTools stream and the calls waiting on it. Open a new one when `closed`."""
 
-    def __init__(self, stub: invocation_pb2_grpc.InvocationServiceStub) -> None:
+    def __init__(self, stub: invocation_pb2_grpc.InvocationServiceAsyncStub) -> None:
         self._ids = itertools.count(1)
         self._link: CallStreamLink = StreamLink(
             stub.InvokeTools,
