@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
 import grpc
@@ -36,6 +36,7 @@ from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import RunningServer, Service, start_server
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
+from toolmesh_testing import eventually
 
 OBJECT = '{"type":"object"}'
 STRICT = '{"type":"object","required":["n"]}'
@@ -122,14 +123,6 @@ async def registry() -> AsyncIterator[Registered]:
     await server.stop(0.1)
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not check():
-        assert loop.time() < give_up, "timed out"
-        await asyncio.sleep(0.01)
-
-
 @contextlib.asynccontextmanager
 async def no_leaked_tasks() -> AsyncIterator[None]:
     """Every task started inside (ours, and the server's for our streams) ends soon after."""
@@ -187,11 +180,7 @@ async def test_changed_schema_becomes_visible_through_the_watch(registry: Regist
             tool = await catalog.get_tool("s", "a")
             return tool is not None and tool.input_schema_json == STRICT and tool.timeout_ms == 1500
 
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + 1.0
-        while not await changed():
-            assert loop.time() < give_up, "the change never arrived"
-            await asyncio.sleep(0.005)
+        await eventually(changed, timeout=1.0, message="the change never arrived")
         # Seen through the watch, not by asking.
         assert registry.servicer.calls == Counter(WatchTools=1)
     finally:
@@ -226,15 +215,13 @@ async def test_tool_put_just_before_the_lookup_is_found_with_one_get_tool(regist
         # Once the watch delivers, b is answered from memory.
         release.set()
 
-        async def from_memory() -> None:
-            while True:
-                before = registry.servicer.calls["GetTool"]
-                assert await catalog.get_tool("s", "b") is not None
-                if registry.servicer.calls["GetTool"] == before:
-                    return
-                await asyncio.sleep(0.01)
+        async def from_memory() -> bool:
+            before = registry.servicer.calls["GetTool"]
+            if await catalog.get_tool("s", "b") is None:
+                pytest.fail("b was found, then not")
+            return registry.servicer.calls["GetTool"] == before
 
-        await asyncio.wait_for(from_memory(), 1.0)
+        await eventually(from_memory, timeout=1.0)
     finally:
         await catalog.aclose()
 
@@ -262,10 +249,13 @@ async def test_idle_sessions_are_dropped_with_their_streams(registry: Registered
     try:
         await catalog.get_tool("idle", "x")
         await catalog.get_tool("busy", "x")
-        for _ in range(8):  # 0.4 s of lookups on "busy" only
-            await asyncio.sleep(0.05)
-            await catalog.get_tool("busy", "x")
-        assert catalog.watched_sessions == ["busy"]
+
+        async def only_busy_left() -> bool:
+            await catalog.get_tool("busy", "x")  # looked up more often than idle_s: never idle
+            return catalog.watched_sessions == ["busy"]
+
+        await eventually(only_busy_left, interval=0.05)
+        assert registry.servicer.calls["WatchTools"] == 2  # "busy" kept its one watch all along
         await eventually(lambda: registry.servicer.open_watches == 1)
         await eventually(lambda: catalog.watched_sessions == [], timeout=2.0)
         await eventually(lambda: registry.servicer.open_watches == 0)

@@ -19,7 +19,7 @@ from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.invocation.ledger import LedgerPolicy
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.v1 import invocation_pb2
-from toolmesh_testing import HostProcess, run_cli, start_host_process
+from toolmesh_testing import HostProcess, eventually, run_cli, start_host_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -106,7 +106,13 @@ async def test_cli_gives_up_then_exact_retry_joins(
 async def test_retry_after_finish_before_delivery_replays(client: InvocationClient, marker_dir: Path) -> None:
     first = await count(client, "replay", 0.4, timeout=0.1)
     assert first.outcome is None and first.code is Code.CALLER_DEADLINE_EXCEEDED
-    await asyncio.sleep(0.6)  # the handler has finished; nobody has the outcome
+    [request_id] = await eventually(lambda: runs(marker_dir, "replay"))
+
+    async def completed() -> bool:
+        record = await client.get_invocation(request_id)
+        return record.state == invocation_pb2.INVOCATION_STATE_COMPLETED
+
+    await eventually(completed)  # the handler has finished; nobody has the outcome
     assert len(runs(marker_dir, "replay")) == 1
     retry = await count(client, "replay", 0.4)
     assert retry.replayed is True
@@ -160,9 +166,11 @@ async def test_received_timeout_ends_the_invocation(client: InvocationClient, ma
     assert result_of(second)["runs"] == 2
 
 
-async def test_get_invocation_reconciles(client: InvocationClient, ledger_system: LocalSystem) -> None:
+async def test_get_invocation_reconciles(
+    client: InvocationClient, ledger_system: LocalSystem, marker_dir: Path
+) -> None:
     pending = asyncio.ensure_future(count(client, "lookup", 0.5, confirm_delivery=False))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: runs(marker_dir, "lookup"))  # it runs
     # The retry joins; its id names the running invocation.
     joined = asyncio.ensure_future(count(client, "lookup", 0.5, confirm_delivery=False))
     first = await pending
@@ -207,10 +215,7 @@ async def test_host_lost_mid_call(
     key = f"lost-{tool}"
     async with InvocationClient(ledger_system.invocation_target) as client:
         call = asyncio.ensure_future(client.invoke(session, tool, {"key": key, "sleep": 1.0}, turn_id="turn"))
-        for _ in range(100):
-            if runs(marker_dir, key):
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: runs(marker_dir, key))
         first_host.kill()
         await first_host.stop()
         second_host = await start_host_process(

@@ -51,7 +51,7 @@ async def test_delete(store: Store) -> None:
 async def test_expiry(store: Store) -> None:
     await store.put("e", b"x", ttl_s=0.05)
     assert await store.get("e") is not None
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # past the TTL: the time passing is what is tested
     assert await store.get("e") is None
     assert await store.create("e", b"y", ttl_s=10) is None
 
