@@ -37,7 +37,7 @@ from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.server.system import LocalSystem
 from toolmesh_testing import HostProcess, start_host_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 THREAD = "assistant-e2e"
 OBJECT = '{"type":"object"}'

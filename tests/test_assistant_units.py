@@ -17,6 +17,8 @@ from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.core.tools import ToolSet, ToolSpec
 
+pytestmark = pytest.mark.unit
+
 TURN_CODES = {
     Code.UNSUPPORTED_WEBMCP,
     Code.DISCOVERY_FAILED,

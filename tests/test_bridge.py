@@ -16,7 +16,7 @@ from toolmesh.core.rpcstatus import error_code
 from toolmesh.server.system import start_bridge
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -25,7 +25,7 @@ from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, free_port, logged, start_service_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SESSION = "streamed"
 OBJECT = '{"type":"object"}'

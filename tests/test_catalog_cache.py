@@ -152,6 +152,7 @@ async def unavailable(lookup: Awaitable[ToolSpec | None]) -> ToolmeshError:
 # Over a real registry.
 
 
+@pytest.mark.integration
 async def test_first_lookup_opens_one_watch_and_later_lookups_make_no_call(registry: Registered) -> None:
     await registry.put("s", ToolSpec("a", "", OBJECT), ToolSpec("b", "", OBJECT))
     async with no_leaked_tasks():
@@ -168,6 +169,7 @@ async def test_first_lookup_opens_one_watch_and_later_lookups_make_no_call(regis
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_changed_schema_becomes_visible_through_the_watch(registry: Registered) -> None:
     await registry.put("s", ToolSpec("a", "", OBJECT))
     catalog = registry.catalog()
@@ -187,6 +189,7 @@ async def test_changed_schema_becomes_visible_through_the_watch(registry: Regist
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_tool_put_just_before_the_lookup_is_found_with_one_get_tool(registry: Registered) -> None:
     # The watch's messages after the first are held back, as if still in flight.
     release = asyncio.Event()
@@ -226,6 +229,7 @@ async def test_tool_put_just_before_the_lookup_is_found_with_one_get_tool(regist
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_least_recently_used_session_is_dropped_with_its_stream(registry: Registered) -> None:
     catalog = registry.catalog(max_sessions=2)
     try:
@@ -244,6 +248,7 @@ async def test_least_recently_used_session_is_dropped_with_its_stream(registry: 
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_idle_sessions_are_dropped_with_their_streams(registry: Registered) -> None:
     catalog = registry.catalog(idle_s=0.3)
     try:
@@ -263,6 +268,7 @@ async def test_idle_sessions_are_dropped_with_their_streams(registry: Registered
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_registry_stopped(registry: Registered) -> None:
     """A new session fails with REGISTRY_UNAVAILABLE. A cached session answers from memory only while
     its watch is open: once the stream ends it is forgotten, and its next lookup fails the same way."""
@@ -279,6 +285,7 @@ async def test_registry_stopped(registry: Registered) -> None:
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_close_cancels_every_stream_and_leaves_no_tasks(registry: Registered) -> None:
     async with no_leaked_tasks():
         catalog = registry.catalog()
@@ -330,6 +337,7 @@ class FakeRegistry:
         return self.sessions.get(session_id, ToolSet(0)).find(name)
 
 
+@pytest.mark.unit
 async def test_no_first_message_in_time_is_unavailable_and_closes_the_stream() -> None:
     fake = FakeRegistry(behaviour="hang")
     async with no_leaked_tasks():
@@ -341,6 +349,7 @@ async def test_no_first_message_in_time_is_unavailable_and_closes_the_stream() -
         await catalog.aclose()
 
 
+@pytest.mark.unit
 async def test_stream_failing_before_its_first_message_passes_its_error_on() -> None:
     fake = FakeRegistry(behaviour="fail_first")
     catalog = WatchedCatalog(fake.watch, fake)
@@ -350,6 +359,7 @@ async def test_stream_failing_before_its_first_message_passes_its_error_on() -> 
     await catalog.aclose()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("behaviour", ["end", "fail"])
 async def test_a_stream_that_ends_or_fails_is_forgotten_and_reopened(behaviour: str) -> None:
     fake = FakeRegistry({"s": ToolSet(1, (ToolSpec("a"),))}, behaviour=behaviour)
@@ -363,6 +373,7 @@ async def test_a_stream_that_ends_or_fails_is_forgotten_and_reopened(behaviour: 
     assert fake.closed["s"] == 2
 
 
+@pytest.mark.unit
 async def test_a_session_dropped_before_its_first_message_asks_the_fallback() -> None:
     fake = FakeRegistry({"s1": ToolSet(1, (ToolSpec("a"),))}, behaviour="hang")
     async with no_leaked_tasks():
@@ -377,6 +388,7 @@ async def test_a_session_dropped_before_its_first_message_asks_the_fallback() ->
     assert fake.closed == Counter(s1=1, s2=1)
 
 
+@pytest.mark.unit
 async def test_a_lookup_cancelled_while_waiting_leaves_the_watch_for_the_next() -> None:
     fake = FakeRegistry({"s": ToolSet(1, (ToolSpec("a"),))}, behaviour="hang")
     catalog = WatchedCatalog(fake.watch, fake)
@@ -390,6 +402,7 @@ async def test_a_lookup_cancelled_while_waiting_leaves_the_watch_for_the_next() 
     assert fake.closed["s"] == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("max_sessions", "idle_s", "open_timeout_s"), [(0, 1.0, 1.0), (1, 0.0, 1.0), (1, 1.0, -1.0)]
 )

@@ -13,7 +13,7 @@ import pytest
 
 from toolmesh_testing import TESTS, HostProcess, run_cli, toolmesh_command
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 TOOLS_JSON = {
     "tools": [

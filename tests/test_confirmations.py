@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh_testing import eventually
+
+pytestmark = pytest.mark.unit
 
 
 class Service:

@@ -6,7 +6,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.unit
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

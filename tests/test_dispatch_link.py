@@ -26,6 +26,8 @@ from toolmesh.server.system import start_bridge, start_invocation, start_registr
 from toolmesh.v1 import bridge_pb2
 from toolmesh_testing import eventually, free_port, start_service_process
 
+pytestmark = pytest.mark.integration
+
 OBJECT = '{"type":"object"}'
 
 

@@ -20,7 +20,7 @@ from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.server.system import LocalSystem
 from toolmesh_testing import HostProcess, eventually
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 OBJECT = '{"type": "object"}'
 TOOLS = [

@@ -22,6 +22,8 @@ from toolmesh.host import HostError, ToolHost
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import eventually, logged
 
+pytestmark = pytest.mark.integration
+
 
 class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
     def __init__(self) -> None:

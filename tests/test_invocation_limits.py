@@ -47,6 +47,7 @@ def call(n: int) -> ToolCall:
     return ToolCall("s", "t", "tool", f'{{"n": {n}}}')
 
 
+@pytest.mark.unit
 async def test_invoker_refuses_above_its_limit_and_while_stopping() -> None:
     host = SlowHost()
     invoker = Invoker(OneTool(), host, Ledger(InMemoryStore()), max_in_flight=2)
@@ -75,6 +76,7 @@ async def tight(marker_dir: Path) -> AsyncIterator[tuple[LocalSystem, HostProces
     await system.stop(0.5)
 
 
+@pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="module")
 async def test_overload_is_resource_exhausted_with_error_info(
     tight: tuple[LocalSystem, HostProcess], marker_dir: Path

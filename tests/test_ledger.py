@@ -21,7 +21,7 @@ from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.v1 import invocation_pb2
 from toolmesh_testing import HostProcess, eventually, run_cli, start_host_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SESSION = "ledger"
 TOOLS = [

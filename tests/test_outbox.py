@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 
+import pytest
+
 from toolmesh.core.outbox import Outbox
 from toolmesh_testing import eventually
+
+pytestmark = pytest.mark.unit
 
 
 async def test_takes_everything_ready_at_once_in_order() -> None:

@@ -46,16 +46,19 @@ def _closure(root: str) -> set[str]:
     return seen
 
 
+@pytest.mark.unit
 def test_the_client_distribution_requires_nothing_of_the_servers() -> None:
     closure = _closure("toolmesh")
     assert "grpcio" in closure
     assert not closure & SERVER_ONLY
 
 
+@pytest.mark.unit
 def test_the_server_distribution_depends_on_the_client() -> None:
     assert "toolmesh" in _closure("toolmesh-server")
 
 
+@pytest.mark.integration
 def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     probe = (
         "import sys, toolmesh.host, toolmesh.client, toolmesh.cli.main;"
@@ -73,6 +76,7 @@ def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     assert not [m for m in loaded if m.startswith("httpx")]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pip_install_of_the_client_alone_installs_and_runs_without_the_servers(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from toolmesh.server.system import LocalSystem
 from toolmesh_testing import health_check, reflection_info, start_service_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SERVICES = {
     "registry": "toolmesh.v1.RegistryService",

@@ -18,7 +18,7 @@ from toolmesh.client import RegistryClient
 from toolmesh.core.tools import ToolSpec
 from toolmesh_testing import ServiceProcess, eventually, run_cli, start_host_process, start_service_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SECRET = "s3cr3t-value-9f2c7d"
 

@@ -23,7 +23,7 @@ from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh_testing import eventually, logged
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SESSION = "traced"
 EXPORTER = InMemorySpanExporter()
