@@ -142,10 +142,14 @@ class Router:
         self._turn = itertools.count()
         # Called with each host session that ends, after its requests are settled.
         self.closed_hooks: list[Callable[[HostSession], None]] = []
+        self._shutting_down = False
 
     def open_host(
         self, session_id: str, host_name: str, handler_names: Iterable[str], has_generic_handler: bool
     ) -> HostSession:
+        if self._shutting_down:
+            # A host opening now would be cut off at once: let it find a bridge that stays.
+            raise ToolmeshError(Code.SHUTTING_DOWN)
         require_id(session_id, "session_id")
         names = frozenset(handler_names)
         for name in names:
@@ -224,6 +228,7 @@ class Router:
             hook(host)
 
     def shutdown(self) -> None:
+        self._shutting_down = True
         for host in list(self._hosts.values()):
             host.send(_CLOSE)
 

@@ -209,6 +209,11 @@ class WebServer:
     server: uvicorn.Server
     port: int
 
+    def stop_accepting(self) -> None:
+        """Take no new connections (a page reconnecting must find the next bridge, not this one)."""
+        for server in self.server.servers:
+            server.close()
+
     async def stop(self, grace: float) -> None:
         self.server.config.timeout_graceful_shutdown = max(1, round(grace))
         self.server.should_exit = True

@@ -44,12 +44,21 @@ async def start_bridge(
     router = Router(heartbeat_s=heartbeat_s)
     lists = RegistryToolLists(registry_target) if registry_target is not None else None
     declarations = Declarations(router, lists)
-    running = await start_server([bridge_service(router, declarations)], address)
+    service = bridge_service(router, declarations)
+    running = await start_server([service], address)
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
         web = await start_web_server(web_app(router, declarations, web_origins), web_address)
         running.web_port = web.port
+        shutdown = service.on_shutdown
+
+        async def on_shutdown() -> None:
+            web.stop_accepting()
+            if shutdown is not None:
+                await shutdown()
+
+        service.on_shutdown = on_shutdown
         # After the gRPC server's stop: the host streams have ended by then.
         running.after_stop.insert(0, lambda: web.stop(1.0))
     return running, router
