@@ -180,6 +180,10 @@ class Router:
             raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"host_session_id": host_session_id})
         return host
 
+    def serves(self, session_id: str) -> bool:
+        """Whether a host of the session is connected."""
+        return bool(self._by_session.get(session_id))
+
     def _deliver(self, pending: PendingRequest, host: HostSession) -> None:
         pending.host = host
         host.in_flight[pending.request.tool_request_id] = pending
