@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from browser_driver import BrowserDriver, build_test_page
+from bench.browser import BrowserDriver, build_test_page
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind
@@ -140,7 +140,7 @@ def failure_of(result: CallResult) -> tuple[ErrorKind, str, str, dict[str, objec
     return failure.kind, failure.code, failure.message, failure.details
 
 
-DECLARED = {"echo", "domain_fail", "boom", "not_json", "slow"}
+DECLARED = {"echo", "domain_fail", "boom", "not_json", "slow", "noop"}
 
 
 async def test_a_page_declares_its_tools_and_serves_them(

@@ -127,6 +127,10 @@ if (query.get("mode") === "webmcp") {
       }),
     { description: "Waits until told to stop.", timeoutMs: 700 },
   );
+  host.onTool("noop", () => ({ ok: true }), {
+    description: "Does nothing (the benchmark's tool).",
+    inputSchema: { type: "object", properties: { n: { type: "integer" } } },
+  });
   // Served but not declared: the tests put it themselves.
   host.onTool("undeclared", () => "served");
 }
