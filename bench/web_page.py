@@ -81,7 +81,7 @@ async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict
                 registry.target,
                 "--bridge",
                 bridge.target,
-            ],  # fmt: skip
+            ],
         )
         started.append(invocation)
         host = await procs.start(
