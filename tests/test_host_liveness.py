@@ -48,6 +48,9 @@ class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
         yield  # never reached: a stream method is an async generator
 
+    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 async def test_host_reconnects_when_heartbeats_stop() -> None:
     server = grpc.aio.server()
@@ -106,6 +109,9 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def DispatchToolRequests(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
         yield  # never reached: a stream method is an async generator
+
+    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
 
 @pytest.mark.parametrize("second_answer", ["ok", "ended"])

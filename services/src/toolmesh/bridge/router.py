@@ -65,6 +65,8 @@ class HostSession:
     host_name: str
     handler_names: frozenset[str]
     has_generic_handler: bool
+    # The tools it declared (DeclareHostTools): served as by named handlers.
+    declared_names: frozenset[str] = frozenset()
     _events: asyncio.Queue[HostEvent | _Close] = field(default_factory=asyncio.Queue)
     in_flight: dict[str, PendingRequest] = field(default_factory=dict)
     closed: bool = False
@@ -72,7 +74,7 @@ class HostSession:
 
     def preference(self, tool_name: str) -> int:
         """2: a named handler, 1: a generic one, 0: none (the host SDK will say so)."""
-        if tool_name in self.handler_names:
+        if tool_name in self.handler_names or tool_name in self.declared_names:
             return 2
         return 1 if self.has_generic_handler else 0
 
@@ -138,10 +140,16 @@ class Router:
         self._ended: OrderedDict[str, _Ended] = OrderedDict()
         self._ended_memory = ended_memory
         self._turn = itertools.count()
+        # Called with each host session that ends, after its requests are settled.
+        self.closed_hooks: list[Callable[[HostSession], None]] = []
+        self._shutting_down = False
 
     def open_host(
         self, session_id: str, host_name: str, handler_names: Iterable[str], has_generic_handler: bool
     ) -> HostSession:
+        if self._shutting_down:
+            # A host opening now would be cut off at once: let it find a bridge that stays.
+            raise ToolmeshError(Code.SHUTTING_DOWN)
         require_id(session_id, "session_id")
         names = frozenset(handler_names)
         for name in names:
@@ -164,6 +172,17 @@ class Router:
         for pending in self._waiting.pop(session_id, []):
             self._deliver(pending, host)
         return host
+
+    def host(self, host_session_id: str) -> HostSession:
+        """The open host session of that id; raise ToolmeshError(HOST_SESSION_UNKNOWN) if there is none."""
+        host = self._hosts.get(host_session_id)
+        if host is None:
+            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"host_session_id": host_session_id})
+        return host
+
+    def serves(self, session_id: str) -> bool:
+        """Whether a host of the session is connected."""
+        return bool(self._by_session.get(session_id))
 
     def _deliver(self, pending: PendingRequest, host: HostSession) -> None:
         pending.host = host
@@ -209,8 +228,11 @@ class Router:
             "host disconnected",
             extra={"session_id": host.session_id, "host_session_id": host.host_session_id},
         )
+        for hook in self.closed_hooks:
+            hook(host)
 
     def shutdown(self) -> None:
+        self._shutting_down = True
         for host in list(self._hosts.values()):
             host.send(_CLOSE)
 

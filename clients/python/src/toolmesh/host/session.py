@@ -22,7 +22,8 @@ from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import Code, code_for_reason
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_info
-from toolmesh.core.wire import outcome_to_pb
+from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ToolContext
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
@@ -109,6 +110,7 @@ _TRANSIENT = (
 )
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
+DECLARE_TIMEOUT_S = 10.0
 
 
 class ToolHost:
@@ -142,6 +144,9 @@ class ToolHost:
         self._channel = channel or open_channel(bridge_target)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
         self._handlers: dict[str, _Registered] = {}
+        self._declared: dict[str, ToolSpec] = {}
+        # Set once a host session is open and its tools were declared (or there were none).
+        self._ready = asyncio.Event()
         self._generic: _Registered | None = None
         self._error_callbacks: list[ErrorCallback] = []
         self._active: dict[str, _ActiveCall] = {}
@@ -154,7 +159,17 @@ class ToolHost:
         self.host_session_id = ""
 
     # -- registration -----------------------------------------------------
-    def on_tool(self, name: str, handler: Handler) -> None:
+    def on_tool(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        description: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | None = None,
+        timeout_ms: int = 0,
+        annotations: ToolAnnotations | None = None,
+    ) -> None:
         """Serve the tool `name` with `handler(args, ctx)`. Register before `start()`.
 
         `args` is the call's JSON object, `ctx` its ToolContext. An async handler
@@ -165,8 +180,25 @@ class ToolHost:
         TOOL_HANDLER_ERROR for the caller (only the exception's type is sent); a
         value that is not plain JSON or is larger than MAX_RESULT_BYTES becomes
         TOOL_RESULT_INVALID, and is reported to `on_error`.
+
+        With a `description`, the tool is also declared: its definition goes into
+        the session's list each time the host connects (DeclareHostTools), so no
+        separate `tools put` is needed, and it comes back by itself when the
+        registry restarts. `input_schema` defaults to `{"type": "object"}`. A
+        declaration the bridge refuses (INVALID_SCHEMA, ...) is reported to `on_error`.
         """
         self._handlers[name] = _Registered.of(handler)
+        if description is not None:
+            self._declared[name] = ToolSpec(
+                name=name,
+                description=description,
+                input_schema_json=json.dumps(
+                    input_schema if input_schema is not None else {"type": "object"}
+                ),
+                output_schema_json="" if output_schema is None else json.dumps(output_schema),
+                timeout_ms=timeout_ms,
+                annotations=annotations or ToolAnnotations(),
+            )
 
     def on_any(self, handler: Handler) -> None:
         """Serve every tool without a named handler; `ctx.tool_name` says which.
@@ -203,7 +235,7 @@ class ToolHost:
         host keeps trying until `stop()`.
         """
         self._runner = asyncio.create_task(self.run())
-        await self.wait_connected(timeout)
+        await asyncio.wait_for(self._ready.wait(), timeout)
 
     async def run(self) -> None:
         """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
@@ -226,6 +258,7 @@ class ToolHost:
                 log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
             finally:
                 self._connected.clear()
+                self._ready.clear()
                 self._call = None
             if self._stopping:
                 break
@@ -299,10 +332,32 @@ class ToolHost:
                     "host connected",
                     extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
                 )
+                if self._declared:
+                    declaring = asyncio.create_task(self._declare(self.host_session_id))
+                    declaring.add_done_callback(lambda _: self._ready.set())
+                else:
+                    self._ready.set()
             elif kind == "tool_request":
                 self._begin(event.tool_request, self.host_session_id)
             elif kind == "cancelled":
                 self._cancel(event.cancelled)
+
+    async def _declare(self, host_session_id: str) -> None:
+        """Send the declared tools; a refusal goes to the error callbacks.
+
+        After REGISTRY_UNAVAILABLE the bridge keeps the declaration and puts it later.
+        """
+        request = bridge_pb2.DeclareHostToolsRequest(
+            host_session_id=host_session_id, tools=[tool_to_pb(spec) for spec in self._declared.values()]
+        )
+        try:
+            with telemetry.client_call("toolmesh.v1.BridgeService/DeclareHostTools") as metadata:
+                await self._stub.DeclareHostTools(request, timeout=DECLARE_TIMEOUT_S, metadata=metadata)
+        except grpc.aio.AioRpcError as error:
+            info = error_info(error)
+            code = (code_for_reason(info.reason) if info is not None else None) or Code.TRANSPORT_FAILED
+            log.warning("declaring tools failed", extra={"session_id": self.session_id, "code": code.value})
+            self._report(HostError(code, error.details() or "", self.session_id))
 
     def _begin(self, request: bridge_pb2.ToolRequest, host_session_id: str) -> None:
         ctx = ToolContext(
