@@ -172,6 +172,8 @@ async def test_up_starts_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         "0",
         "--bridge-port",
         "0",
+        "--web-port",
+        "0",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=TESTS,

@@ -188,7 +188,12 @@ class ServiceProcess:
 async def start_service_process(
     service: str, *args: str, env: dict[str, str] | None = None, listen: str = "127.0.0.1:0"
 ) -> ServiceProcess:
-    """`python -m toolmesh.<service> --listen LISTEN ...`, with its port and all it prints."""
+    """`python -m toolmesh.<service> --listen LISTEN ...`, with its port and all it prints.
+
+    A bridge's web port is a free one too, unless `args` name it.
+    """
+    if service == "bridge" and "--web-listen" not in args:
+        args = ("--web-listen", "127.0.0.1:0", *args)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
