@@ -76,8 +76,8 @@ class KeepNothing(Ledger):
 async def calls_per_second(invoker: Invoker, calls: int) -> float:
     started = time.perf_counter()
     for n in range(calls):
-        invocation = await invoker.invoke(ToolCall("bench", "turn", "noop", f'{{"n": {n}}}'))
-        await invoker.confirm_delivery([invocation.tool_request_id])
+        result = await invoker.invoke(ToolCall("bench", "turn", "noop", f'{{"n": {n}}}'))
+        await invoker.confirm_delivery([result.tool_request_id])
     return calls / (time.perf_counter() - started)
 
 

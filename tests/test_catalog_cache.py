@@ -30,7 +30,7 @@ from toolmesh.invocation.catalog_cache import (
     registry_watch_source,
 )
 from toolmesh.invocation.remote import RemoteCatalog
-from toolmesh.registry.catalog import Registry
+from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import RegistryServicer
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import RunningServer, Service, start_server

@@ -40,7 +40,9 @@ class EndReason(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Cancellation:
+class ToolRequestCancelled:
+    """Tells a host to stop a request it holds (the wire's ToolRequestCancelled)."""
+
     tool_request_id: str
     reason: EndReason
 
@@ -54,7 +56,7 @@ class _Close:
     """Tells a host stream to end because the bridge is stopping."""
 
 
-HostEvent = ToolRequest | Cancellation | Heartbeat
+HostEvent = ToolRequest | ToolRequestCancelled | Heartbeat
 _CLOSE = _Close()
 
 
@@ -304,7 +306,7 @@ class Router:
         host = pending.host
         self._end(pending, reason)
         if host is not None:
-            host.send(Cancellation(pending.request.tool_request_id, reason))
+            host.send(ToolRequestCancelled(pending.request.tool_request_id, reason))
 
     def submit(self, host_session_id: str, tool_request_id: str, outcome: Outcome) -> None:
         """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not."""

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from toolmesh.bridge.dispatch_stream import DispatchStream
-from toolmesh.bridge.router import Cancellation, EndReason, Heartbeat, Router
+from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
 from toolmesh.core import telemetry
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb
 from toolmesh.server.relay import relay
@@ -42,7 +42,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
                 event = await host.next_event()
                 if isinstance(event, Heartbeat):
                     yield bridge_pb2.OpenHostSessionResponse(heartbeat=bridge_pb2.Heartbeat())
-                elif isinstance(event, Cancellation):
+                elif isinstance(event, ToolRequestCancelled):
                     yield bridge_pb2.OpenHostSessionResponse(
                         cancelled=bridge_pb2.ToolRequestCancelled(
                             tool_request_id=event.tool_request_id, reason=_CANCEL_REASONS[event.reason]

@@ -31,7 +31,9 @@ MAX_CONFIRMATIONS = 1000
 
 
 @dataclass(frozen=True, slots=True)
-class Invocation:
+class InvokeResult:
+    """What one call got: the invocation it ran, joined or replayed, and its outcome."""
+
     tool_request_id: str
     outcome: Outcome
     # This call joined an identical running invocation, or replayed a finished one.
@@ -140,7 +142,7 @@ class Invoker:
         confirmed: Sequence[str] = (),
         *,
         leaves_early: bool = True,
-    ) -> Invocation:
+    ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
 
         A caller that may be cancelled before the outcome (`leaves_early`, a
@@ -170,18 +172,18 @@ class Invoker:
         finally:
             self._in_flight -= 1
 
-    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> Invocation:
+    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> InvokeResult:
         tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
             outcome = Outcome.runtime_error(
                 Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
             )
-            return Invocation(tool_request_id, outcome)
+            return InvokeResult(tool_request_id, outcome)
         arguments = parse_arguments(call.arguments_json)
         invalid = arguments if isinstance(arguments, Outcome) else check_parsed_arguments(tool, arguments)
         if invalid is not None:
-            return Invocation(tool_request_id, invalid)
+            return InvokeResult(tool_request_id, invalid)
         claim = await self.ledger.claim(
             call,
             tool_request_id,
@@ -202,14 +204,14 @@ class Invoker:
                     timeout_ms=tool.effective_timeout_ms,
                     redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
                 )
-                return Invocation(tool_request_id, await self._start(request, record, leaves_early))
+                return InvokeResult(tool_request_id, await self._start(request, record, leaves_early))
             if record.outcome is not None:
                 with attaching(record, "replayed"):
                     log.info("replayed an unconfirmed outcome")
-                    return Invocation(record.tool_request_id, record.outcome, replayed=True)
+                    return InvokeResult(record.tool_request_id, record.outcome, replayed=True)
             with attaching(record, "joined"):
                 log.info("joined a running invocation")
-                return Invocation(
+                return InvokeResult(
                     record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
                 )
 

@@ -13,7 +13,7 @@ from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.remote import RemoteDispatcher
 from toolmesh.invocation.servicer import invocation_service
-from toolmesh.registry.catalog import Registry
+from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
 from toolmesh.store.base import Store

@@ -8,7 +8,7 @@ from typing import Any, TypeGuard
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from toolmesh.client.call_stream import CallLink
+from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh.core import jsontext, telemetry
 from toolmesh.core.channels import open_channel
