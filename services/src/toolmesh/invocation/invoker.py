@@ -13,7 +13,7 @@ from functools import partial
 
 from opentelemetry import trace
 
-from toolmesh.core import jsontext, telemetry
+from toolmesh.core import correlation, jsontext, telemetry
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
@@ -162,11 +162,11 @@ class Invoker:
         started = time.monotonic()
         self._in_flight += 1
         try:
-            with telemetry.correlation(
-                session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name
-            ):
+            with correlation.ids(session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name):
                 invocation = await self._invoke(call, idempotency_key, leaves_early)
-                trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, invocation.tool_request_id)
+                trace.get_current_span().set_attribute(
+                    telemetry.TOOL_REQUEST_ID, invocation.tool_request_id
+                )
                 observe(call.tool_name, invocation.tool_request_id, invocation.outcome, started)
             return invocation
         finally:
@@ -193,7 +193,7 @@ class Invoker:
             arguments=arguments,
         )
         record = claim.record
-        with telemetry.correlation(tool_request_id=record.tool_request_id):
+        with correlation.ids(tool_request_id=record.tool_request_id):
             if claim.is_new:
                 request = ToolRequest(
                     session_id=call.session_id,

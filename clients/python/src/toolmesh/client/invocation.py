@@ -10,7 +10,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
-from toolmesh.core import jsontext, telemetry
+from toolmesh.core import correlation, jsontext, telemetry
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
@@ -145,7 +145,7 @@ class InvocationClient:
         )
         with (
             telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
-            telemetry.correlation(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
+            correlation.ids(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
         ):
             call = self._call_on_stream if self._multiplex else self._call
             result = await call(request, timeout)

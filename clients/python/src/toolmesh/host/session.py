@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind
 
-from toolmesh.core import telemetry
+from toolmesh.core import correlation, telemetry
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import RETRYABLE_STATUSES, Code, code_for_reason
 from toolmesh.core.outcome import Outcome
@@ -281,7 +281,7 @@ class ToolHost:
         # The invocation's trace continues here: the request carried its context.
         with (
             telemetry.span("toolmesh.host.handle", SpanKind.SERVER, trace_context) as span,
-            telemetry.correlation(
+            correlation.ids(
                 session_id=ctx.session_id,
                 turn_id=ctx.turn_id,
                 tool_request_id=ctx.tool_request_id,
