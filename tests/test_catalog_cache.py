@@ -26,10 +26,8 @@ from toolmesh.invocation.catalog_cache import (
     DEFAULT_MAX_SESSIONS,
     WatchedCatalog,
     WatchSource,
-    cached_registry_catalog,
-    registry_watch_source,
 )
-from toolmesh.invocation.remote import RemoteCatalog
+from toolmesh.invocation.remote import RemoteCatalog, cached_registry_catalog, registry_watch_source
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import RegistryServicer
 from toolmesh.server.rpc_types import ServicerContext

@@ -164,9 +164,7 @@ class Invoker:
         try:
             with correlation.ids(session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name):
                 invocation = await self._invoke(call, idempotency_key, leaves_early)
-                trace.get_current_span().set_attribute(
-                    telemetry.TOOL_REQUEST_ID, invocation.tool_request_id
-                )
+                trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, invocation.tool_request_id)
                 observe(call.tool_name, invocation.tool_request_id, invocation.outcome, started)
             return invocation
         finally:

@@ -8,6 +8,9 @@ from toolmesh.core.calls import ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
 
+# How long a tool lookup may take before it fails as REGISTRY_UNAVAILABLE.
+REGISTRY_TIMEOUT_S = 5.0
+
 
 class ToolCatalog(Protocol):
     async def get_tool(self, session_id: str, name: str) -> ToolSpec | None:

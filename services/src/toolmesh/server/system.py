@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.core.channels import open_channel
-from toolmesh.invocation.catalog_cache import cached_registry_catalog
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
-from toolmesh.invocation.remote import RemoteDispatcher
+from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
