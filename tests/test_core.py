@@ -102,12 +102,24 @@ def test_toolmesh_error_pickles_and_copies() -> None:
     assert error.metadata == {"max_in_flight": "2"}
 
 
-def test_the_error_table_and_the_ledger_load_without_grpc() -> None:
-    # The domain can run (and be tested) without the transport.
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ["toolmesh.core.errors", "toolmesh.invocation.ledger"],
+        # The services' domain modules: the transport and the telemetry sit behind their seams.
+        [
+            "toolmesh.invocation.invoker",
+            "toolmesh.invocation.catalog_cache",
+            "toolmesh.bridge.router",
+            "toolmesh.registry.registry",
+        ],
+    ],
+)
+def test_the_error_table_and_the_domain_load_without_grpc(modules: list[str]) -> None:
     probe = (
-        "import sys, toolmesh.core.errors, toolmesh.invocation.ledger\n"
-        "loaded = sorted(m for m in sys.modules if m == 'grpc' or m.startswith(('grpc.', 'grpc_')))\n"
-        "print(loaded)"
+        f"import sys, {', '.join(modules)}\n"
+        "prefixes = ('grpc', 'opentelemetry')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(prefixes)}))"
     )
     result = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
     assert result.stdout.strip() == "[]"

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from toolmesh.bridge.observability import RouterTelemetry
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.core.channels import open_channel
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
+from toolmesh.invocation.observability import InvocationTelemetry
 from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
@@ -27,7 +29,7 @@ async def start_registry(address: str = "127.0.0.1:0", store: Store | None = Non
 async def start_bridge(
     address: str = "127.0.0.1:0", heartbeat_s: float = 5.0
 ) -> tuple[RunningServer, Router]:
-    router = Router(heartbeat_s=heartbeat_s)
+    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry())
     return await start_server([bridge_service(router)], address), router
 
 
@@ -46,7 +48,7 @@ async def start_invocation(
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
-    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight)
+    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     running = await start_server([invocation_service(invoker)], address)
     running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
     return running
