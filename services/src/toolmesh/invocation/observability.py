@@ -42,7 +42,13 @@ class _ObservedCall(correlation.ids):
     __slots__ = ("_started", "_tool_name")
 
     def __init__(self, call: ToolCall) -> None:
-        super().__init__(session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name)
+        # As ids(session_id=..., turn_id=..., tool_name=...), without the keywords: a checked
+        # call has all three.
+        self._given = (
+            ("session_id", call.session_id),
+            ("turn_id", call.turn_id),
+            ("tool_name", call.tool_name),
+        )
         self._tool_name = call.tool_name
         self._started = time.monotonic()
 
