@@ -1,4 +1,4 @@
-"""What the invoker needs from the rest of the system, independent of transport."""
+"""What the invoker needs from the rest of the system, independent of transport: tools, hosts, an observer."""
 
 from __future__ import annotations
 
