@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code
-from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.rpcstatus import error_code, grpc_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem, start_local_system
@@ -141,7 +141,7 @@ async def test_a_reused_idempotency_key_raises_as_on_a_unary_call(
         assert first.outcome is not None and first.outcome.ok
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await client.invoke(SESSION, "echo", {"n": 2}, turn_id="turn", idempotency_key="key-1")
-    assert raised.value.code() is ERROR_TABLE[Code.IDEMPOTENCY_KEY_REUSED].status
+    assert raised.value.code() is grpc_code(ERROR_TABLE[Code.IDEMPOTENCY_KEY_REUSED].status)
     assert error_code(raised.value) is Code.IDEMPOTENCY_KEY_REUSED
 
 

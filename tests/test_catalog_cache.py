@@ -26,11 +26,9 @@ from toolmesh.invocation.catalog_cache import (
     DEFAULT_MAX_SESSIONS,
     WatchedCatalog,
     WatchSource,
-    cached_registry_catalog,
-    registry_watch_source,
 )
-from toolmesh.invocation.remote import RemoteCatalog
-from toolmesh.registry.catalog import Registry
+from toolmesh.invocation.remote import RemoteCatalog, cached_registry_catalog, registry_watch_source
+from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import RegistryServicer
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import RunningServer, Service, start_server

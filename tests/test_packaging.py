@@ -1,4 +1,5 @@
-"""The two distributions: the client installs and runs without the servers or their dependencies."""
+"""What each part pulls in: the client installs and runs without the servers or their dependencies,
+and the error table and the services' domain load without gRPC."""
 
 from __future__ import annotations
 
@@ -74,6 +75,30 @@ def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     assert not [m for m in loaded if m.startswith(tuple(f"toolmesh.{p}" for p in server_packages))]
     assert not [m for m in loaded if m.startswith(("opentelemetry.sdk", "jsonschema_rs", "grpc_health.v1"))]
     assert not [m for m in loaded if m.startswith("httpx")]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ["toolmesh.core.errors", "toolmesh.invocation.ledger"],
+        # The services' domain modules: the transport and the telemetry sit behind their seams.
+        [
+            "toolmesh.invocation.invoker",
+            "toolmesh.invocation.catalog_cache",
+            "toolmesh.bridge.router",
+            "toolmesh.registry.registry",
+        ],
+    ],
+)
+def test_the_error_table_and_the_domain_load_without_grpc(modules: list[str]) -> None:
+    probe = (
+        f"import sys, {', '.join(modules)}\n"
+        "prefixes = ('grpc', 'opentelemetry')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(prefixes)}))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.integration

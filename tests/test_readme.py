@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def test_readme_error_table_is_rendered_from_the_table() -> None:
+def test_readme_error_tables_are_rendered_from_the_tables() -> None:
     script = Path(__file__).resolve().parent.parent / "scripts" / "render_error_table.py"
     result = subprocess.run(
         [sys.executable, str(script), "--check"], check=False, capture_output=True, text=True

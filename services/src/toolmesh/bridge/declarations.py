@@ -24,7 +24,7 @@ from typing import Protocol
 from toolmesh.bridge.router import HostSession, Router
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tools import ToolSet, ToolSpec
-from toolmesh.registry.catalog import check_tools
+from toolmesh.registry.registry import check_tools
 
 log = logging.getLogger("toolmesh.bridge")
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from toolmesh.client.registry import RegistryClient
-from toolmesh.core.errors import Code, ToolmeshError, spec
+from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSet, ToolSpec
 
@@ -50,5 +50,5 @@ def _translated(error: grpc.aio.AioRpcError) -> ToolmeshError:
         return ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpc_status": error.code().name})
     assert code is not None
     # The registry's message starts with the table's text for the code; keep what it added.
-    detail = (error.details() or "").removeprefix(spec(code).message).strip()
+    detail = (error.details() or "").removeprefix(ERROR_TABLE[code].message).strip()
     return ToolmeshError(code, detail)

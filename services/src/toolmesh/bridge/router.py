@@ -17,8 +17,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from toolmesh.core import jsontext, telemetry
+from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_RESULT_BYTES
@@ -26,10 +27,6 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 
 log = logging.getLogger("toolmesh.bridge")
-
-CONNECTED_HOSTS = telemetry.METER.create_up_down_counter(
-    "toolmesh.bridge.hosts", unit="{host}", description="Handler hosts connected to this bridge"
-)
 
 
 class EndReason(enum.Enum):
@@ -40,7 +37,9 @@ class EndReason(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Cancellation:
+class ToolRequestCancelled:
+    """Tells a host to stop a request it holds (the wire's ToolRequestCancelled)."""
+
     tool_request_id: str
     reason: EndReason
 
@@ -54,7 +53,7 @@ class _Close:
     """Tells a host stream to end because the bridge is stopping."""
 
 
-HostEvent = ToolRequest | Cancellation | Heartbeat
+HostEvent = ToolRequest | ToolRequestCancelled | Heartbeat
 _CLOSE = _Close()
 
 
@@ -128,9 +127,41 @@ class _Ended:
     reason: EndReason
 
 
+class RouterObserver(Protocol):
+    """What the router tells whoever watches it (metrics): the one seam for it.
+
+    Called on the router's loop at fixed points; the router knows nothing of what it does.
+    """
+
+    def host_opened(self, host: HostSession) -> None: ...
+
+    def host_closed(self, host: HostSession) -> None: ...
+
+
+class NoRouterObserver:
+    """The default RouterObserver: tells nobody anything."""
+
+    __slots__ = ()
+
+    def host_opened(self, host: HostSession) -> None:
+        return None
+
+    def host_closed(self, host: HostSession) -> None:
+        return None
+
+
 class Router:
-    def __init__(self, *, heartbeat_s: float = 5.0, ended_memory: int = 50_000) -> None:
+    """Connected hosts and pending requests; tells `observer` what happens (by default, nobody)."""
+
+    def __init__(
+        self,
+        *,
+        heartbeat_s: float = 5.0,
+        ended_memory: int = 50_000,
+        observer: RouterObserver | None = None,
+    ) -> None:
         self.heartbeat_s = heartbeat_s
+        self._observer: RouterObserver = observer or NoRouterObserver()
         self._hosts: dict[str, HostSession] = {}
         self._by_session: dict[str, list[HostSession]] = {}
         self._pending: dict[str, PendingRequest] = {}
@@ -164,7 +195,7 @@ class Router:
         self._hosts[host.host_session_id] = host
         self._by_session.setdefault(session_id, []).append(host)
         host.start_heartbeats(self.heartbeat_s)
-        CONNECTED_HOSTS.add(1)
+        self._observer.host_opened(host)
         log.info(
             "host connected",
             extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
@@ -194,7 +225,7 @@ class Router:
             return
         host.closed = True
         host.stop_heartbeats()
-        CONNECTED_HOSTS.add(-1)
+        self._observer.host_closed(host)
         self._hosts.pop(host.host_session_id, None)
         peers = self._by_session.get(host.session_id, [])
         if host in peers:
@@ -326,7 +357,7 @@ class Router:
         host = pending.host
         self._end(pending, reason)
         if host is not None:
-            host.send(Cancellation(pending.request.tool_request_id, reason))
+            host.send(ToolRequestCancelled(pending.request.tool_request_id, reason))
 
     def submit(self, host_session_id: str, tool_request_id: str, outcome: Outcome) -> None:
         """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not."""

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
-from toolmesh.bridge.router import Cancellation, EndReason, Heartbeat, Router
-from toolmesh.core import telemetry
+from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
+from toolmesh.core import correlation, telemetry
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
@@ -43,7 +43,7 @@ async def host_events(
             event = await host.next_event()
             if isinstance(event, Heartbeat):
                 yield bridge_pb2.OpenHostSessionResponse(heartbeat=bridge_pb2.Heartbeat())
-            elif isinstance(event, Cancellation):
+            elif isinstance(event, ToolRequestCancelled):
                 yield bridge_pb2.OpenHostSessionResponse(
                     cancelled=bridge_pb2.ToolRequestCancelled(
                         tool_request_id=event.tool_request_id, reason=_CANCEL_REASONS[event.reason]
@@ -97,7 +97,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext
     ) -> bridge_pb2.DispatchToolRequestResponse:
         tool_request = request_from_pb(request.request)
-        with telemetry.correlation(
+        with correlation.ids(
             session_id=tool_request.session_id,
             turn_id=tool_request.turn_id,
             tool_request_id=tool_request.tool_request_id,

@@ -6,17 +6,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from toolmesh.bridge.declarations import Declarations
+from toolmesh.bridge.observability import RouterTelemetry
 from toolmesh.bridge.registry_lists import RegistryToolLists
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.core.channels import open_channel
-from toolmesh.invocation.catalog_cache import cached_registry_catalog
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
-from toolmesh.invocation.remote import RemoteDispatcher
+from toolmesh.invocation.observability import InvocationTelemetry
+from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
-from toolmesh.registry.catalog import Registry
+from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
 from toolmesh.store.base import Store
@@ -41,7 +42,7 @@ async def start_bridge(
     With `registry_target`, hosts may declare their tools (DeclareHostTools);
     `web_origins` are the browser origins allowed besides the web port's own.
     """
-    router = Router(heartbeat_s=heartbeat_s)
+    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry())
     lists = RegistryToolLists(registry_target) if registry_target is not None else None
     declarations = Declarations(router, lists)
     service = bridge_service(router, declarations)
@@ -79,7 +80,7 @@ async def start_invocation(
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
-    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight)
+    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     running = await start_server([invocation_service(invoker)], address)
     running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
     return running

@@ -11,13 +11,12 @@ from toolmesh.assistant.channel import ToolChannel
 from toolmesh.assistant.chat_completions import OpenAIChatModel
 from toolmesh.assistant.config import ModelEndpoint, ToolServices, TurnLimits
 from toolmesh.assistant.confirmation import Confirm
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.grpc_channel import GrpcToolChannel
 from toolmesh.assistant.messages import Message
 from toolmesh.assistant.model import ChatModel
 from toolmesh.assistant.state import AssistantState, StateStore, Status, Subscriber
 from toolmesh.assistant.turn import Turn, TurnDeps
-from toolmesh.core.errors import Code
 
 log = logging.getLogger("toolmesh.assistant")
 
@@ -98,9 +97,9 @@ class Assistant:
         of `send` is itself cancelled, the turn is cancelled and CancelledError raised.
         """
         if self._store.state.status is Status.DISPOSED:
-            raise AssistantError(Code.ABORTED, "The assistant was disposed.")
+            raise AssistantError(TurnCode.ABORTED, "The assistant was disposed.")
         if self._task is not None:
-            raise AssistantError(Code.BUSY)
+            raise AssistantError(TurnCode.BUSY)
         turn_id = new_turn_id()
         generation = self._store.begin_turn(turn_id, Message.user(text))
         turn = Turn(
@@ -117,7 +116,7 @@ class Assistant:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # whoever awaits send() was cancelled; the turn was cancelled with it
-            raise AssistantError(Code.ABORTED) from None
+            raise AssistantError(TurnCode.ABORTED) from None
 
     async def _run(self, turn: Turn, turn_id: str, generation: int) -> str:
         error: AssistantError | None = None
@@ -127,13 +126,13 @@ class Assistant:
             error = ended
             raise
         except asyncio.CancelledError:
-            error = AssistantError(Code.ABORTED)
+            error = AssistantError(TurnCode.ABORTED)
             raise
         except Exception as exc:
             log.exception(
                 "an assistant turn failed", extra={"session_id": self.session_id, "turn_id": turn_id}
             )
-            error = AssistantError(Code.INTERNAL, type(exc).__name__)
+            error = AssistantError(TurnCode.INTERNAL, type(exc).__name__)
             raise error from exc
         finally:
             self._store.end_turn(generation, error)
@@ -153,7 +152,7 @@ class Assistant:
         task, self._task = self._task, None
         if task is None:
             return False
-        self._store.abort(AssistantError(Code.ABORTED))
+        self._store.abort(AssistantError(TurnCode.ABORTED))
         task.cancel()
         return True
 

@@ -10,11 +10,10 @@ from typing import Any
 import httpx
 
 from toolmesh.assistant.config import ModelEndpoint
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.messages import Message, Role, ToolCallRequest
 from toolmesh.assistant.model import FunctionTool, ModelReply
 from toolmesh.core import jsontext
-from toolmesh.core.errors import Code
 
 # A reply larger than this is not a chat answer.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
@@ -52,14 +51,16 @@ class OpenAIChatModel:
             async with asyncio.timeout(timeout):
                 response = await self._client.post(self._endpoint.chat_url, json=body, headers=headers)
         except (TimeoutError, httpx.TimeoutException):
-            raise AssistantError(Code.TIMEOUT, f"The model did not answer within {timeout:g} s.") from None
+            raise AssistantError(
+                TurnCode.TIMEOUT, f"The model did not answer within {timeout:g} s."
+            ) from None
         except httpx.HTTPError as exc:
             raise AssistantError(
-                Code.MODEL_ERROR, f"The model endpoint could not be reached ({type(exc).__name__})."
+                TurnCode.MODEL_ERROR, f"The model endpoint could not be reached ({type(exc).__name__})."
             ) from None
         if response.status_code >= 400:
             raise AssistantError(
-                Code.MODEL_ERROR, f"The model endpoint answered HTTP {response.status_code}."
+                TurnCode.MODEL_ERROR, f"The model endpoint answered HTTP {response.status_code}."
             )
         return parse_reply(response.content)
 
@@ -104,7 +105,7 @@ def _message(message: Message) -> dict[str, Any]:
 
 
 def _unusable(detail: str) -> AssistantError:
-    return AssistantError(Code.MODEL_ERROR, f"The model's reply is unusable: {detail}.")
+    return AssistantError(TurnCode.MODEL_ERROR, f"The model's reply is unusable: {detail}.")
 
 
 def parse_reply(content: bytes) -> ModelReply:

@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from toolmesh.assistant.config import ToolServices
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
 from toolmesh.core.channels import open_channel
@@ -69,13 +69,14 @@ class GrpcToolChannel:
             return
         if self._services.require_tls and not self._services.tls:
             raise AssistantError(
-                Code.UNSUPPORTED_WEBMCP, "TLS is required, but the channel to the tool services is plaintext."
+                TurnCode.UNSUPPORTED_WEBMCP,
+                "TLS is required, but the channel to the tool services is plaintext.",
             )
         answers = await asyncio.gather(*(_offers(name, channel) for name, channel in self._channels.items()))
         for name, offered in zip(self._channels, answers, strict=True):
             if offered is False:
                 raise AssistantError(
-                    Code.UNSUPPORTED_WEBMCP, f"The server does not offer {name}.", {"service": name}
+                    TurnCode.UNSUPPORTED_WEBMCP, f"The server does not offer {name}.", {"service": name}
                 )
         self._checked = all(answers)
 
@@ -87,7 +88,7 @@ class GrpcToolChannel:
             code = error_code(error)
             reason = code.value if code is not None else error.code().name
             raise AssistantError(
-                Code.DISCOVERY_FAILED, f"The registry refused or could not answer ({reason})."
+                TurnCode.DISCOVERY_FAILED, f"The registry refused or could not answer ({reason})."
             ) from None
 
     async def wait_for_change(self, revision: int) -> None:

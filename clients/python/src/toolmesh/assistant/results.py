@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from toolmesh.assistant.errors import TURN_TABLE, TurnCode
 from toolmesh.core import jsontext
-from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.jsontext import JsonValue
 
 TEXT_LIMIT = 8_192
@@ -41,7 +41,7 @@ class ToolResult:
 
     ok: bool
     text: str
-    code: Code | None = None
+    code: TurnCode | None = None
     data: JsonValue = None
     cause: str = ""
 
@@ -59,7 +59,9 @@ class ToolResult:
         return cls(True, value if isinstance(value, str) else result_json, data=value)
 
     @classmethod
-    def failure(cls, code: Code, detail: str = "", *, cause: str = "", data: JsonValue = None) -> ToolResult:
+    def failure(
+        cls, code: TurnCode, detail: str = "", *, cause: str = "", data: JsonValue = None
+    ) -> ToolResult:
         """A failed result: the text is `CODE: <table message> <detail>`."""
-        text = f"{code.value}: {ERROR_TABLE[code].message}"
+        text = f"{code.value}: {TURN_TABLE[code].message}"
         return cls(False, f"{text} {detail}" if detail else text, code, data, cause)

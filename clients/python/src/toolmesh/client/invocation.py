@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from toolmesh.client.call_stream import CallLink
+from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
-from toolmesh.core import jsontext, telemetry
+from toolmesh.core import correlation, jsontext, telemetry
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
@@ -91,6 +91,11 @@ class CallResult:
 LOOKUP_TIMEOUT_S = 10.0
 
 
+def _callers_fault(code: Code | None) -> TypeGuard[Code]:
+    """A failed call the client raises rather than returns: the request itself is wrong."""
+    return code is not None and ERROR_TABLE[code].caller_fault
+
+
 class InvocationClient:
     """Calls tools on an invocation service: for agents, gateways and the CLI.
 
@@ -135,8 +140,9 @@ class InvocationClient:
         it joins or replays the same invocation. Once an outcome arrived, its
         delivery is confirmed (unless `confirm_delivery` is false): on the next
         call, or alone within a fraction of a second, or at `close()`; a later
-        identical call then runs anew. A malformed request (INVALID_REQUEST,
-        IDEMPOTENCY_KEY_REUSED) raises the gRPC error.
+        identical call then runs anew. A request at fault (a code the error
+        table marks `caller_fault`: INVALID_REQUEST, IDEMPOTENCY_KEY_REUSED)
+        raises the gRPC error: it is the calling program's bug.
         """
         text = (
             arguments_json
@@ -153,7 +159,7 @@ class InvocationClient:
         )
         with (
             telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
-            telemetry.correlation(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
+            correlation.ids(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
         ):
             call = self._call_on_stream if self._multiplex else self._call
             result = await call(request, timeout)
@@ -175,7 +181,7 @@ class InvocationClient:
         except grpc.aio.AioRpcError as error:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             code = error_code(error)
-            if code in (Code.INVALID_REQUEST, Code.IDEMPOTENCY_KEY_REUSED):
+            if _callers_fault(code):
                 raise
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
@@ -216,8 +222,8 @@ class InvocationClient:
         self._confirmations.give_back(list(request.confirmed_tool_request_ids))
         error = streamed.error
         code = code_for_reason(error.reason)
-        if code in (Code.INVALID_REQUEST, Code.IDEMPOTENCY_KEY_REUSED):
-            # As InvokeTool would: a malformed request is the caller's bug, raised as the gRPC error.
+        if _callers_fault(code):
+            # As InvokeTool would: the caller's bug, raised as the gRPC error.
             status = grpc_status(code, error.message, error.metadata)
             trailing = grpc.aio.Metadata(*status.trailing_metadata)
             raise grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailing, status.details)

@@ -1,4 +1,4 @@
-"""google.rpc.Status with ErrorInfo on failed RPCs, both ways (AIP-193)."""
+"""The error table over gRPC: statuses both ways, and google.rpc.Status with ErrorInfo (AIP-193)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,21 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from toolmesh.core.errors import DOMAIN, ERROR_TABLE, Code, ToolmeshError, code_for_reason
+from toolmesh.core.errors import DOMAIN, ERROR_TABLE, Code, Status, ToolmeshError, code_for_reason
 
 # The trailer that carries a google.rpc.Status (grpc_status.rpc_status reads the same one).
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
+_GRPC_CODES: Mapping[Status, grpc.StatusCode] = {Status(code.value[0]): code for code in grpc.StatusCode}
+
+
+def grpc_code(status: Status) -> grpc.StatusCode:
+    """The grpc.StatusCode of a table status."""
+    return _GRPC_CODES[status]
+
+
+def status_of(code: grpc.StatusCode) -> Status:
+    """The table status of a grpc.StatusCode."""
+    return Status(code.value[0])
 
 
 def to_grpc_status(error: ToolmeshError) -> grpc.Status:
@@ -24,7 +35,7 @@ def grpc_status(code: Code, message: str, metadata: Mapping[str, str]) -> grpc.S
     info = error_details_pb2.ErrorInfo(reason=code.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=ERROR_TABLE[code].status.value[0], message=message, details=[detail])
+    status = status_pb2.Status(code=ERROR_TABLE[code].status, message=message, details=[detail])
     status_for_grpc: grpc.Status = rpc_status.to_status(status)
     return status_for_grpc
 

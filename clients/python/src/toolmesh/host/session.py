@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind
 
-from toolmesh.core import telemetry
+from toolmesh.core import correlation, telemetry
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import Code, code_for_reason
+from toolmesh.core.errors import RETRYABLE_STATUSES, Code, code_for_reason
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_info
+from toolmesh.core.rpcstatus import error_info, status_of
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ToolContext
@@ -103,11 +103,6 @@ class _ActiveCall:
 # Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
 MAX_CONCURRENT_SUBMITS = 256
 SUBMIT_GRACE_S = 5.0
-_TRANSIENT = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-)
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
 DECLARE_TIMEOUT_S = 10.0
@@ -397,7 +392,7 @@ class ToolHost:
         # The invocation's trace continues here: the request carried its context.
         with (
             telemetry.span("toolmesh.host.handle", SpanKind.SERVER, trace_context) as span,
-            telemetry.correlation(
+            correlation.ids(
                 session_id=ctx.session_id,
                 turn_id=ctx.turn_id,
                 tool_request_id=ctx.tool_request_id,
@@ -486,7 +481,9 @@ class ToolHost:
                     and info.metadata.get("ended") == "answered"
                 ):
                     return  # an earlier attempt got through; its answer was lost on the way back
-                retry = reason is None and error.code() in _TRANSIENT and ctx.time_remaining() > 0
+                # No code of ours: the transport's own failure, retried while the table says it may pass.
+                transient = reason is None and status_of(error.code()) in RETRYABLE_STATUSES
+                retry = transient and ctx.time_remaining() > 0
                 if retry and not self._stopping:
                     await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                     continue

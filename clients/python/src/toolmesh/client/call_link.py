@@ -1,4 +1,7 @@
-"""Many tool calls on one InvokeTools stream, for callers that keep many open at once."""
+"""The caller's end of one InvokeTools stream: many tool calls on it, for callers that keep many open.
+
+The invocation service's end is toolmesh.invocation.call_stream.
+"""
 
 from __future__ import annotations
 
