@@ -28,6 +28,8 @@ from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.core.tools import ToolSet, ToolSpec
 
+pytestmark = pytest.mark.unit
+
 TURN_CODES = {
     TurnCode.UNSUPPORTED_WEBMCP,
     TurnCode.DISCOVERY_FAILED,

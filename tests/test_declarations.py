@@ -19,12 +19,14 @@ from toolmesh.core.wire import tool_to_pb
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem, start_bridge, start_local_system, start_registry
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+from toolmesh_testing import eventually
 
 A = ToolSpec("a", "first", '{"type":"object"}')
 B = ToolSpec("b", "second", '{"type":"object"}')
 A2 = ToolSpec("a", "first, changed", '{"type":"object"}')
 
 
+@pytest.mark.unit
 def test_merge_replaces_by_name_in_place_adds_new_ones_and_drops_withdrawn() -> None:
     other = ToolSpec("other", "put by someone else")
     assert merge((A, other), {"a": A2, "b": B}, set()) == (A2, other, B)
@@ -39,9 +41,10 @@ async def system() -> AsyncIterator[LocalSystem]:
     await running.stop(0.2)
 
 
-async def open_host(stub: bridge_pb2_grpc.BridgeServiceStub, session: str) -> tuple[Any, str]:
+async def open_host(stub: bridge_pb2_grpc.BridgeServiceAsyncStub, session: str) -> tuple[Any, str]:
     call = stub.OpenHostSession(bridge_pb2.OpenHostSessionRequest(session_id=session, host_name="t"))
     opened = await call.read()
+    assert isinstance(opened, bridge_pb2.OpenHostSessionResponse), opened
     return call, opened.opened.host_session_id
 
 
@@ -50,6 +53,7 @@ async def listed(system: LocalSystem, session: str) -> ToolSet:
         return await registry.list_tools(session)
 
 
+@pytest.mark.integration
 async def test_declarations_merge_into_the_list_withdraw_and_stay_after_the_host_leaves(
     system: LocalSystem,
 ) -> None:
@@ -90,6 +94,7 @@ async def test_declarations_merge_into_the_list_withdraw_and_stay_after_the_host
         assert result.outcome is not None and result.outcome.code == Code.TOOL_HOST_UNAVAILABLE.value
 
 
+@pytest.mark.integration
 async def test_refused_declarations(system: LocalSystem) -> None:
     async with grpc.aio.insecure_channel(system.bridge_target) as channel:
         stub = bridge_pb2_grpc.BridgeServiceStub(channel)
@@ -118,6 +123,7 @@ async def test_refused_declarations(system: LocalSystem) -> None:
         call.cancel()
 
 
+@pytest.mark.integration
 async def test_a_bridge_without_a_registry_refuses_declarations() -> None:
     bridge, _ = await start_bridge()
     try:
@@ -134,6 +140,7 @@ async def test_a_bridge_without_a_registry_refuses_declarations() -> None:
         await bridge.stop(0.2)
 
 
+@pytest.mark.integration
 async def test_the_python_host_declares_its_tools_and_they_come_back_after_a_registry_restart() -> None:
     registry = await start_registry("127.0.0.1:0")
     registry_target = f"127.0.0.1:{registry.port}"
@@ -161,13 +168,13 @@ async def test_the_python_host_declares_its_tools_and_they_come_back_after_a_reg
 
         await registry.stop(0.2)
         registry = await start_registry(registry_target)
-        async with asyncio.timeout(10):
-            while True:
-                async with RegistryClient(registry_target) as client:
-                    tools = await client.list_tools("py-declared")
-                if tools.tools:
-                    break
-                await asyncio.sleep(0.05)
+
+        async def declared_again() -> ToolSet | None:
+            async with RegistryClient(registry_target) as client:
+                listed = await client.list_tools("py-declared")
+            return listed if listed.tools else None
+
+        tools = await eventually(declared_again)
         assert [tool.name for tool in tools.tools] == ["echo"]
     finally:
         await host.stop()

@@ -142,6 +142,7 @@ def k8s_env_set(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return env
 
 
+@pytest.mark.unit
 def test_kustomization_lists_every_manifest_once() -> None:
     kustomization = load(K8S / "kustomization.yaml")
     listed = kustomization["resources"]
@@ -150,6 +151,7 @@ def test_kustomization_lists_every_manifest_once() -> None:
     assert kustomization["namespace"] == "toolmesh"
 
 
+@pytest.mark.unit
 def test_every_manifest_is_valid_for_the_pinned_kubernetes() -> None:
     checked = 0
     for name, document in k8s_documents():
@@ -162,6 +164,7 @@ def test_every_manifest_is_valid_for_the_pinned_kubernetes() -> None:
     assert checked >= 19
 
 
+@pytest.mark.unit
 def test_every_object_is_in_the_namespace() -> None:
     ((namespace, manifest),) = k8s("Namespace").items()
     assert namespace == "toolmesh"
@@ -171,6 +174,7 @@ def test_every_object_is_in_the_namespace() -> None:
             assert document["metadata"]["namespace"] == namespace, name
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("service", SERVICES)
 def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(service: str) -> None:
     port = DEFAULT_PORTS[service]
@@ -198,6 +202,7 @@ def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(servi
     assert budget["spec"]["minAvailable"] == 1
 
 
+@pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="module")
 async def test_health_names_probed_are_the_ones_the_servers_serve(system: LocalSystem) -> None:
     """Each probe's service name, asked of the real server it probes, is SERVING."""
@@ -218,6 +223,7 @@ async def test_health_names_probed_are_the_ones_the_servers_serve(system: LocalS
             assert (process.returncode, stdout.decode().strip()) == (0, SERVING)
 
 
+@pytest.mark.unit
 def test_pods_are_locked_down_and_sized() -> None:
     image_user = dockerfile_user()
     for name, workload in workloads().items():
@@ -236,6 +242,7 @@ def test_pods_are_locked_down_and_sized() -> None:
                 assert set(container["resources"][bound]) == {"cpu", "memory"}, name
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("service", SERVICES)
 def test_termination_grace_covers_the_pre_stop_and_draining(service: str) -> None:
     pod = k8s("Deployment")[service]["spec"]["template"]["spec"]
@@ -244,6 +251,7 @@ def test_termination_grace_covers_the_pre_stop_and_draining(service: str) -> Non
     assert pod["terminationGracePeriodSeconds"] >= budget
 
 
+@pytest.mark.unit
 def test_every_variable_the_deployment_sets_is_read_by_the_code() -> None:
     known = code_env_names() | set(PENDING_ENV)
     for name, workload in k8s("Deployment").items():
@@ -258,11 +266,13 @@ def test_every_variable_the_deployment_sets_is_read_by_the_code() -> None:
             assert set(service["environment"]) <= known, (name, set(service["environment"]) - known)
 
 
+@pytest.mark.unit
 def test_pending_variables_are_not_read_yet() -> None:
     """Once the code reads one, it leaves PENDING_ENV and the check above covers it for real."""
     assert not set(PENDING_ENV) & code_env_names()
 
 
+@pytest.mark.unit
 def test_configured_addresses_name_services_and_ports() -> None:
     services = k8s("Service")
     data = config()
@@ -284,6 +294,7 @@ def test_configured_addresses_name_services_and_ports() -> None:
     assert collector_config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(f":{otlp.port}")
 
 
+@pytest.mark.unit
 def test_bridge_pods_advertise_their_own_address() -> None:
     env = k8s_env_set(only_container(k8s("Deployment")["bridge"]))
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
@@ -293,6 +304,7 @@ def test_bridge_pods_advertise_their_own_address() -> None:
     assert names.index("POD_IP") < names.index("TOOLMESH_ADVERTISE_ADDR")
 
 
+@pytest.mark.unit
 def test_redis_persists_its_append_only_file_on_a_claimed_volume() -> None:
     redis = k8s("StatefulSet")["redis"]
     args = only_container(redis)["args"]
@@ -302,6 +314,7 @@ def test_redis_persists_its_append_only_file_on_a_claimed_volume() -> None:
     assert mounts[claim["metadata"]["name"]] == args[args.index("--dir") + 1]
 
 
+@pytest.mark.unit
 def test_references_between_objects_resolve() -> None:
     config_maps = k8s("ConfigMap")
     secrets_referenced = set()
@@ -345,6 +358,7 @@ def collector_configs() -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("index", [0, 1], ids=["compose", "k8s"])
 def test_collector_pipelines_use_defined_components(index: int) -> None:
     collector = collector_configs()[index]
@@ -368,6 +382,7 @@ def compose_replicas(service: str) -> list[dict[str, Any]]:
     return [s for s in compose_services().values() if s.get("command", [""])[0] == f"toolmesh.{service}"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("service", SERVICES)
 def test_compose_runs_two_replicas_of_each_service_under_one_name(service: str) -> None:
     replicas = compose_replicas(service)
@@ -386,6 +401,7 @@ def test_compose_runs_two_replicas_of_each_service_under_one_name(service: str) 
     assert len({replica["ports"][0] for replica in replicas}) == 2
 
 
+@pytest.mark.unit
 def test_compose_invocation_reaches_the_other_services_by_their_shared_names() -> None:
     for replica in compose_replicas("invocation"):
         command = replica["command"]
@@ -398,18 +414,21 @@ def test_compose_invocation_reaches_the_other_services_by_their_shared_names() -
                 assert replica["depends_on"][name] == {"condition": "service_healthy"}
 
 
+@pytest.mark.unit
 def test_compose_bridges_advertise_their_own_names() -> None:
     named = {name: s for name, s in compose_services().items() if s in compose_replicas("bridge")}
     for name, service in named.items():
         assert service["environment"]["TOOLMESH_ADVERTISE_ADDR"] == f"{name}:{DEFAULT_PORTS['bridge']}"
 
 
+@pytest.mark.unit
 def test_compose_publishes_ports_on_loopback_only() -> None:
     published = [port for service in compose_services().values() for port in service.get("ports", [])]
     assert published
     assert all(port.startswith("127.0.0.1:") for port in published), published
 
 
+@pytest.mark.unit
 def test_compose_redis_is_persistent_and_checked() -> None:
     redis = compose_services()["redis"]
     command = redis["command"]
@@ -440,6 +459,7 @@ def dockerfile_user() -> int:
     return int(uid)
 
 
+@pytest.mark.unit
 def test_image_installs_both_distributions_and_runs_as_a_user() -> None:
     instructions = dockerfile()
     copied = [args.split() for instruction, args in instructions if instruction == "COPY"]
@@ -457,6 +477,7 @@ def test_image_installs_both_distributions_and_runs_as_a_user() -> None:
     assert importlib.util.find_spec(command[0]) is not None
 
 
+@pytest.mark.unit
 def test_build_context_leaves_out_local_state() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     ignored = [line.strip() for line in lines if line.strip() and not line.startswith("#")]

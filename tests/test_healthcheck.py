@@ -14,6 +14,8 @@ from toolmesh.server.healthcheck import SERVICE_UNKNOWN, SERVING, UNREACHABLE, c
 from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_registry
 
+pytestmark = pytest.mark.integration
+
 REGISTRY = "toolmesh.v1.RegistryService"
 
 

@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
+import pytest
+
 from toolmesh.bridge.router import HostSession, Router
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.outcome import Outcome
@@ -17,6 +19,8 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import InvocationRecord, Ledger
 from toolmesh.store.memory import InMemoryStore
+
+pytestmark = pytest.mark.unit
 
 CALL = ToolCall("s", "t", "tool", '{"n": 1}')
 CONTEXT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}

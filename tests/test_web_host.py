@@ -23,9 +23,9 @@ from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
-from toolmesh_testing import free_port, run_cli
+from toolmesh_testing import eventually, free_port, run_cli
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
 @dataclass
@@ -117,15 +117,15 @@ async def tools_of(stack: WebStack, session: str) -> ToolSet:
 
 async def wait_for_tools(stack: WebStack, session: str, names: set[str]) -> ToolSet:
     """The session's tools once exactly `names` are listed (the bridge puts them in the background)."""
-    async with asyncio.timeout(10):
-        while True:
-            try:
-                tools = await tools_of(stack, session)
-            except Exception:  # the registry may be restarting
-                tools = ToolSet(0)
-            if {tool.name for tool in tools.tools} == names:
-                return tools
-            await asyncio.sleep(0.05)
+
+    async def listed() -> ToolSet | None:
+        try:
+            tools = await tools_of(stack, session)
+        except Exception:  # the registry may be restarting
+            return None
+        return tools if {tool.name for tool in tools.tools} == names else None
+
+    return await eventually(listed)
 
 
 async def call(client: InvocationClient, session: str, tool: str, **arguments: object) -> CallResult:

@@ -33,6 +33,7 @@ async def http(system: LocalSystem) -> AsyncIterator[httpx.AsyncClient]:
 SUBMIT = {"hostSessionId": "hs_x", "toolRequestId": "tr_x", "outcome": {"resultJson": "1"}}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", ["DispatchToolRequest", "DispatchToolRequests", "NoSuchMethod"])
 async def test_only_the_host_facing_rpcs_are_served(http: httpx.AsyncClient, method: str) -> None:
     for content_type in ("application/json", "application/grpc-web+proto", "application/connect+proto"):
@@ -41,6 +42,7 @@ async def test_only_the_host_facing_rpcs_are_served(http: httpx.AsyncClient, met
     assert (await http.post("/toolmesh.v1.InvocationService/InvokeTool", json={})).status_code == 404
 
 
+@pytest.mark.integration
 async def test_a_failed_call_carries_the_tables_status_and_error_info(http: httpx.AsyncClient) -> None:
     response = await http.post(SERVICE + "SubmitToolResult", json=SUBMIT)
     assert response.status_code == 404
@@ -54,6 +56,7 @@ async def test_a_failed_call_carries_the_tables_status_and_error_info(http: http
     assert dict(info.metadata) == {"host_session_id": "hs_x", "tool_request_id": "tr_x"}
 
 
+@pytest.mark.integration
 async def test_a_malformed_request_is_refused_without_echoing_it(http: httpx.AsyncClient) -> None:
     response = await http.post(
         SERVICE + "SubmitToolResult", json={"hostSessionId": "hs_x", "toolRequestId": "tr_x", "outcome": {}}
@@ -68,6 +71,7 @@ async def test_a_malformed_request_is_refused_without_echoing_it(http: httpx.Asy
     assert garbage.status_code == 400 and "secret-42" not in garbage.text
 
 
+@pytest.mark.integration
 async def test_origins_not_allowed_are_refused_before_any_rpc(
     http: httpx.AsyncClient, system: LocalSystem
 ) -> None:
@@ -81,6 +85,7 @@ async def test_origins_not_allowed_are_refused_before_any_rpc(
         assert "access-control-allow-origin" not in preflight.headers
 
 
+@pytest.mark.integration
 async def test_allowed_and_same_origin_pages_get_cors(http: httpx.AsyncClient, system: LocalSystem) -> None:
     for origin in (ALLOWED, system.web_url):
         preflight = await http.options(
@@ -100,6 +105,7 @@ async def test_allowed_and_same_origin_pages_get_cors(http: httpx.AsyncClient, s
         assert "grpc-status" in call.headers["access-control-expose-headers"]
 
 
+@pytest.mark.integration
 async def test_a_host_session_over_connect_streaming(http: httpx.AsyncClient) -> None:
     request = json.dumps({"sessionId": "plain"}).encode()
     envelope = b"\x00" + len(request).to_bytes(4, "big") + request
@@ -115,6 +121,7 @@ async def test_a_host_session_over_connect_streaming(http: httpx.AsyncClient) ->
     assert json.loads(first[5:])["opened"]["heartbeatIntervalMs"] == 300
 
 
+@pytest.mark.unit
 def test_configured_origins_never_include_a_wildcard(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TOOLMESH_WEB_ORIGINS", raising=False)
     assert web_origins(None) == []

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 # What `check` answers besides the health service's own statuses.
 UNREACHABLE = "UNREACHABLE"
@@ -29,18 +29,21 @@ def check(address: str, service: str = "", timeout_s: float = 2.0) -> str:
     SERVICE_UNKNOWN; any other failed call is named by its status code.
     """
     with grpc.insecure_channel(address) as channel:
+        # The method itself, as health_pb2_grpc.HealthStub makes it: the stub's typing leaves its methods out.
+        health_check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
         try:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
-            )
+            response = health_check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
         except grpc.RpcError as error:
             code = error.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return UNREACHABLE
             if code == grpc.StatusCode.NOT_FOUND:
                 return SERVICE_UNKNOWN
-            name: str = code.name
-            return name
+            return code.name
     status: str = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     return status
 

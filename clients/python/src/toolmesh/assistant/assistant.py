@@ -22,6 +22,7 @@ log = logging.getLogger("toolmesh.assistant")
 
 
 def new_turn_id() -> str:
+    """A fresh turn id: `turn_` and 16 random hex digits."""
     return f"turn_{uuid.uuid4().hex[:16]}"
 
 
@@ -30,7 +31,15 @@ class Assistant:
 
     A send while a turn runs raises AssistantError(BUSY) and changes nothing.
     A turn that ends without an answer raises the AssistantError that is also
-    the state's `error`.
+    the state's `error`. For applications that embed an agent: most build one
+    with `connect()`; the constructor takes any ToolChannel and ChatModel.
+
+    Args:
+        session_id: The session whose tools the assistant may call.
+        channel: The session's tool services.
+        model: The model that plans the turns.
+        confirm: Asked before a tool that needs confirmation runs; without it such tools are refused.
+        limits: Rounds per turn, a cap on each tool call, the system prompt.
     """
 
     def __init__(
@@ -69,6 +78,7 @@ class Assistant:
 
     @property
     def state(self) -> AssistantState:
+        """The state now: status, conversation, the last turn's error and turn id."""
         return self._store.state
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
@@ -76,6 +86,16 @@ class Assistant:
         return self._store.subscribe(subscriber)
 
     async def send(self, text: str) -> str:
+        """Run one turn on the user's `text`; returns the model's answer.
+
+        Tool failures do not raise: the model reads them as failed results and
+        goes on, unless their code ends the turn. Raises AssistantError with BUSY
+        while another turn runs (nothing changes), ABORTED when the turn is
+        cancelled or the assistant disposed, and the turn code that ended the turn
+        otherwise (TIMEOUT, MODEL_ERROR, TURN_LIMIT, DISCOVERY_FAILED,
+        UNSUPPORTED_WEBMCP, INVALID_SCHEMA, ...; INTERNAL for a bug). If the caller
+        of `send` is itself cancelled, the turn is cancelled and CancelledError raised.
+        """
         if self._store.state.status is Status.DISPOSED:
             raise AssistantError(TurnCode.ABORTED, "The assistant was disposed.")
         if self._task is not None:

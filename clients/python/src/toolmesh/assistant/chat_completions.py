@@ -20,6 +20,14 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024
 
 
 class OpenAIChatModel:
+    """ChatModel over an OpenAI-compatible chat-completions endpoint with tool calling.
+
+    Args:
+        endpoint: The endpoint's URL, model name, API key and timeout.
+        system_prompt: Sent first in every request, when not empty.
+        client: An httpx client to use instead of making one (it is then not closed here).
+    """
+
     def __init__(
         self, endpoint: ModelEndpoint, *, system_prompt: str = "", client: httpx.AsyncClient | None = None
     ) -> None:
@@ -29,6 +37,12 @@ class OpenAIChatModel:
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(endpoint.timeout_s))
 
     async def complete(self, messages: Sequence[Message], tools: Sequence[FunctionTool]) -> ModelReply:
+        """POST the conversation and tools; the reply's text and tool calls.
+
+        Raises AssistantError with TIMEOUT when no answer came within the
+        endpoint's timeout, and MODEL_ERROR when the endpoint cannot be reached,
+        answers HTTP 4xx/5xx, or replies with something unusable.
+        """
         body = request_body(self._endpoint.model, messages, tools, self._system_prompt)
         headers = {"Authorization": f"Bearer {self._endpoint.api_key}"} if self._endpoint.api_key else {}
         timeout = self._endpoint.timeout_s
@@ -51,6 +65,7 @@ class OpenAIChatModel:
         return parse_reply(response.content)
 
     async def close(self) -> None:
+        """Close the httpx client, if this model made it."""
         if self._own_client:
             await self._client.aclose()
 
@@ -58,6 +73,7 @@ class OpenAIChatModel:
 def request_body(
     model: str, messages: Sequence[Message], tools: Sequence[FunctionTool], system_prompt: str = ""
 ) -> dict[str, Any]:
+    """The chat-completions request body for the conversation, with the tools as functions."""
     wire = [{"role": "system", "content": system_prompt}] if system_prompt else []
     wire += [_message(message) for message in messages]
     body: dict[str, Any] = {"model": model, "messages": wire}

@@ -24,6 +24,8 @@ log = logging.getLogger("toolmesh.assistant")
 
 @dataclass(frozen=True, slots=True)
 class ConfirmationRequest:
+    """What a person is asked to confirm: the tool and the arguments the model gave it."""
+
     session_id: str
     turn_id: str
     tool: ToolSpec

@@ -134,16 +134,20 @@ class AssistantError(Exception):
 
     @property
     def message(self) -> str:
+        """The table's message followed by the detail: for developers and logs."""
         return f"{self.human_message} {self.detail}".strip()
 
     @property
     def human_message(self) -> str:
+        """The turn table's message for the code: plain words, safe to show people."""
         return TURN_TABLE[self.code].message
 
     @property
     def retryable(self) -> bool:
+        """Whether sending the same message again may succeed (the turn table's `retryable`)."""
         return TURN_TABLE[self.code].retryable
 
     @property
     def ends_turn(self) -> bool:
+        """Whether the code ends a turn (the turn table's `ends_turn`)."""
         return TURN_TABLE[self.code].ends_turn

@@ -26,6 +26,7 @@ def cap_text(text: str, limit: int = TEXT_LIMIT) -> str:
 
 
 def json_length(value: JsonValue) -> int:
+    """The length in characters of `value`'s compact JSON form."""
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
 
@@ -53,6 +54,7 @@ class ToolResult:
 
     @classmethod
     def success(cls, result_json: str) -> ToolResult:
+        """The result of a call that succeeded; raises jsontext.NotPlainJson if `result_json` is not JSON."""
         value = jsontext.parse(result_json)
         return cls(True, value if isinstance(value, str) else result_json, data=value)
 
@@ -60,5 +62,6 @@ class ToolResult:
     def failure(
         cls, code: TurnCode, detail: str = "", *, cause: str = "", data: JsonValue = None
     ) -> ToolResult:
+        """A failed result: the text is `CODE: <table message> <detail>`."""
         text = f"{code.value}: {TURN_TABLE[code].message}"
         return cls(False, f"{text} {detail}" if detail else text, code, data, cause)

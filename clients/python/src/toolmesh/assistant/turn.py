@@ -31,6 +31,8 @@ log = logging.getLogger("toolmesh.assistant")
 
 @dataclass(frozen=True, slots=True)
 class TurnDeps:
+    """What every turn of one assistant uses."""
+
     session_id: str
     channel: ToolChannel
     model: ChatModel
@@ -39,6 +41,15 @@ class TurnDeps:
 
 
 class Turn:
+    """One turn, run once.
+
+    Args:
+        deps: The assistant's channel, model, confirmation callback and limits.
+        turn_id: The id every tool call of the turn carries.
+        history: Reads the conversation so far.
+        record: Adds a message to the conversation.
+    """
+
     def __init__(
         self,
         deps: TurnDeps,

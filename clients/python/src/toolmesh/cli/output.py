@@ -24,13 +24,17 @@ EXIT_NO_OUTCOME = 75
 
 
 def exit_code_for(code: Code | None) -> int:
-    """The exit code of a command whose RPC failed with `code` (None: no code of ours)."""
+    """The exit code of a command whose RPC failed with `code` (None: no code of ours).
+
+    75 (retry as it is) for a retryable code or none; 2 for one a retry cannot fix.
+    """
     if code is None or ERROR_TABLE[code].retryable:
         return EXIT_NO_OUTCOME
     return EXIT_USAGE
 
 
 def print_rpc_error(error: grpc.aio.AioRpcError) -> int:
+    """Print a failed RPC as one JSON object on stderr (code, gRPC status, message); returns the exit code."""
     code = error_code(error)
     name = code.value if code is not None else Code.TRANSPORT_FAILED.value
     print(

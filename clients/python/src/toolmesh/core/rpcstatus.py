@@ -11,6 +11,8 @@ from grpc_status import rpc_status
 
 from toolmesh.core.errors import DOMAIN, ERROR_TABLE, Code, Status, ToolmeshError, code_for_reason
 
+# The trailer that carries a google.rpc.Status (grpc_status.rpc_status reads the same one).
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
 _GRPC_CODES: Mapping[Status, grpc.StatusCode] = {Status(code.value[0]): code for code in grpc.StatusCode}
 
 
@@ -38,23 +40,33 @@ def grpc_status(code: Code, message: str, metadata: Mapping[str, str]) -> grpc.S
     return status_for_grpc
 
 
-def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+def rich_status(error: grpc.aio.AioRpcError) -> status_pb2.Status | None:
+    """The google.rpc.Status a failed call carries, unless its code or message contradict the call's own.
+
+    As grpc_status.rpc_status.from_call, which takes a grpc.Call: an AioRpcError is not one.
+    """
+    for key, value in error.trailing_metadata() or ():
+        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+            if status.code != error.code().value[0] or status.message != error.details():
+                return None
+            return status
+    return None
+
+
+def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
     """The ErrorInfo of a failed call, when the server attached one."""
-    try:
-        status = rpc_status.from_call(error)
-    except ValueError:
-        return None
+    status = rich_status(error)
     if status is None:
         return None
     for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):  # False for a detail of another type
             return info
     return None
 
 
-def error_code(error: grpc.RpcError) -> Code | None:
+def error_code(error: grpc.aio.AioRpcError) -> Code | None:
     """The table code a failed call carries, or None when it carries none we know."""
     info = error_info(error)
     if info is None or info.domain != DOMAIN:

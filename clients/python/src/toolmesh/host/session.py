@@ -35,7 +35,13 @@ Handler = Callable[[dict[str, Any], ToolContext], Any]
 
 @dataclass(frozen=True, slots=True)
 class HostError:
-    """Reported to `on_error` callbacks. Never carries arguments or results."""
+    """What went wrong on the host side of one call, as `on_error` callbacks receive it.
+
+    `code` is TOOL_HANDLER_ERROR (a handler raised; `message` is the exception's
+    type) or SUBMIT_TOOL_RESULT_FAILED (the result could not be handed to the
+    bridge; `cause` says why). Carries ids only: never arguments, results or
+    exception text.
+    """
 
     code: Code
     message: str
@@ -103,6 +109,22 @@ DECLARE_TIMEOUT_S = 10.0
 
 
 class ToolHost:
+    """One handler host: serves one session's tools from application code, over the bridge.
+
+    For applications that own tools. Register handlers with `on_tool` / `on_any`,
+    then `start()` (or `async with`); the host keeps a stream to the bridge open,
+    reconnecting when it drops, runs each tool request it receives and hands the
+    outcome back. A handler's failures never reach the caller as exceptions: they
+    become runtime errors of the call (see `on_tool`), and problems the caller
+    cannot see are reported to `on_error` callbacks.
+
+    Args:
+        bridge_target: The bridge's address, `host:port`.
+        session_id: The session whose tools this host serves.
+        host_name: How the bridge's logs name this host; default `<hostname>:python`.
+        channel: A channel to use instead of opening one (the host then does not close it).
+    """
+
     def __init__(
         self,
         bridge_target: str,
@@ -143,12 +165,22 @@ class ToolHost:
         timeout_ms: int = 0,
         annotations: ToolAnnotations | None = None,
     ) -> None:
-        """Serve `name` with `handler(args, ctx)`, sync or async. Register before `start()`.
+        """Serve the tool `name` with `handler(args, ctx)`. Register before `start()`.
+
+        `args` is the call's JSON object, `ctx` its ToolContext. An async handler
+        runs on the event loop and is cancelled when the runtime says stop; a sync
+        one runs in a worker thread and should watch `ctx.cancellation`. The handler
+        returns a JSON value (the result) or `{"error": {"code", "message",
+        "details"?, "retryable"?}}` (a domain error). Anything it raises becomes
+        TOOL_HANDLER_ERROR for the caller (only the exception's type is sent); a
+        value that is not plain JSON or is larger than MAX_RESULT_BYTES becomes
+        TOOL_RESULT_INVALID, and is reported to `on_error`.
 
         With a `description`, the tool is also declared: its definition goes into
         the session's list each time the host connects (DeclareHostTools), so no
         separate `tools put` is needed, and it comes back by itself when the
-        registry restarts. `input_schema` defaults to `{"type": "object"}`.
+        registry restarts. `input_schema` defaults to `{"type": "object"}`. A
+        declaration the bridge refuses (INVALID_SCHEMA, ...) is reported to `on_error`.
         """
         self._handlers[name] = _Registered.of(handler)
         if description is not None:
@@ -164,18 +196,31 @@ class ToolHost:
             )
 
     def on_any(self, handler: Handler) -> None:
-        """Serve every tool without a named handler; `ctx.tool_name` says which."""
+        """Serve every tool without a named handler; `ctx.tool_name` says which.
+
+        The bridge prefers hosts with a named handler for a tool. Without either,
+        a call gets TOOL_HANDLER_NOT_FOUND. The handler behaves as in `on_tool`.
+        """
         self._generic = _Registered.of(handler)
 
     def on_error(self, callback: ErrorCallback) -> None:
+        """Call `callback(HostError)` for each failure the caller cannot see from here.
+
+        That is a handler that raised, a result that could not be sent as it was,
+        and a result the bridge refused or could not be reached for (after
+        retrying transport failures until the call's deadline). A callback that
+        raises is logged and does not stop the others.
+        """
         self._error_callbacks.append(callback)
 
     # -- lifecycle --------------------------------------------------------
     @property
     def connected(self) -> bool:
+        """Whether the stream to the bridge is open now (the bridge said it opened the session)."""
         return self._connected.is_set()
 
     async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until the stream to the bridge is open; raises TimeoutError after `timeout` seconds."""
         await asyncio.wait_for(self._connected.wait(), timeout)
 
     async def start(self, timeout: float | None = 10.0) -> None:
@@ -188,6 +233,12 @@ class ToolHost:
         await asyncio.wait_for(self._ready.wait(), timeout)
 
     async def run(self) -> None:
+        """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
+
+        Reconnects after a jittered backoff (0.1 s doubling up to 5 s). A stream
+        counts as silent when the bridge sends nothing for three heartbeat
+        intervals. Failures are logged, never raised. `start()` runs this in a task.
+        """
         backoff = 0.1
         while not self._stopping:
             try:
@@ -212,6 +263,11 @@ class ToolHost:
             backoff = min(backoff * 2, 5.0)
 
     async def stop(self) -> None:
+        """Close the stream, cancel the async handlers still running, and close an owned channel.
+
+        Returns without waiting out a reconnect backoff. A sync handler's thread
+        cannot be cancelled: it finishes, and its result is not sent.
+        """
         self._stopping = True
         self._stop_requested.set()
         if self._call is not None:
