@@ -95,7 +95,12 @@ async def start_toolmesh(
     try:
         registry, bridge = await asyncio.gather(
             procs.start("registry", ["-m", "toolmesh.registry", "--listen", "127.0.0.1:0"], env=env),
-            procs.start("bridge", ["-m", "toolmesh.bridge", "--listen", "127.0.0.1:0"], env=env),
+            procs.start(
+                "bridge",
+                # Its web port too on a free port: the default one may be taken.
+                ["-m", "toolmesh.bridge", "--listen", "127.0.0.1:0", "--web-listen", "127.0.0.1:0"],
+                env=env,
+            ),
         )
         started += [registry, bridge]
         invocation_args = [

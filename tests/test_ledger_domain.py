@@ -42,7 +42,13 @@ class Clock:
             await asyncio.sleep(seconds)
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"])
+# Each backend's marks: the in-process one is a unit test, one behind a server an integration test.
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("redis", marks=pytest.mark.integration),
+    ]
+)
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[LedgerStore, Clock, str]]:
     """The ledger store, the clock, and the Redis key prefix ("" in memory)."""
     if request.param == "memory":
@@ -70,6 +76,7 @@ def call(arguments: str = '{"a": 1}', tool: str = "t", session: str = "s") -> To
     return ToolCall(session, "turn", tool, arguments)
 
 
+@pytest.mark.unit
 def test_identity_ignores_spelling_but_not_meaning() -> None:
     assert identity_of(call('{"a": 1, "b": [1.0, "x"]}')) == identity_of(call('{"b":[1,"x"],"a":1e0}'))
     assert identity_of(call('{"a": 1}')) != identity_of(call('{"a": 2}'))
@@ -143,6 +150,7 @@ async def test_lost_owner_running_record_expires(ledger: Ledger, clock: Clock) -
     assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
 
 
+@pytest.mark.unit
 async def test_memory_is_bounded_under_distinct_calls() -> None:
     clock = Clock(real=False)
     store = MemoryLedgerStore(clock=clock)
@@ -156,6 +164,7 @@ async def test_memory_is_bounded_under_distinct_calls() -> None:
     assert len(store) < 1000
 
 
+@pytest.mark.integration
 async def test_every_ledger_key_in_redis_expires() -> None:
     prefix = new_prefix()
     stores = open_stores(SHARED_URL, prefix)
@@ -195,6 +204,7 @@ async def test_a_joiner_elsewhere_waits_for_the_finish(backend: tuple[LedgerStor
     assert record is not None and record.outcome == Outcome.success("42")
 
 
+@pytest.mark.integration
 async def test_a_joiner_is_told_when_the_running_record_expires_in_redis() -> None:
     prefix = new_prefix()
     stores = open_stores(SHARED_URL, prefix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -16,17 +17,24 @@ from toolmesh.server.system import start_registry
 from toolmesh.store.backends import open_stores
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc, tool_pb2
 
-Stub = registry_pb2_grpc.RegistryServiceStub
+pytestmark = pytest.mark.integration
+
+
+# Two RegistryService stubs (typed Any, as grpcio's aio stubs are in the stubs' types only).
+Replicas = tuple[Any, Any]
 
 
 @pytest_asyncio.fixture
-async def replicas() -> AsyncIterator[tuple[Stub, Stub]]:
+async def replicas() -> AsyncIterator[Replicas]:
     prefix = new_prefix()
     servers: list[RunningServer] = [
         await start_registry(stores=open_stores(SHARED_URL, prefix)) for _ in range(2)
     ]
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") for server in servers]
-    yield Stub(channels[0]), Stub(channels[1])
+    yield (
+        registry_pb2_grpc.RegistryServiceStub(channels[0]),
+        registry_pb2_grpc.RegistryServiceStub(channels[1]),
+    )
     for channel in channels:
         await channel.close()
     for server in servers:
@@ -38,12 +46,14 @@ def tool(name: str) -> tool_pb2.ToolDefinition:
     return tool_pb2.ToolDefinition(name=name, input_schema_json=json.dumps({"type": "object"}))
 
 
-async def put(stub: Stub, session: str, *names: str) -> int:
+async def put(stub: Any, session: str, *names: str) -> int:
     request = registry_pb2.PutToolsRequest(session_id=session, tools=[tool(name) for name in names])
     return int((await stub.PutTools(request)).revision)
 
 
-async def test_a_put_on_one_replica_is_seen_on_the_other_at_once(replicas: tuple[Stub, Stub]) -> None:
+async def test_a_put_on_one_replica_is_seen_on_the_other_at_once(
+    replicas: Replicas,
+) -> None:
     one, other = replicas
     revision = await put(one, "s", "a", "b")
     listed = await other.ListTools(registry_pb2.ListToolsRequest(session_id="s"))
@@ -58,21 +68,27 @@ async def test_a_put_on_one_replica_is_seen_on_the_other_at_once(replicas: tuple
     assert raised.value.code() is grpc.StatusCode.ABORTED
 
 
-async def test_every_watch_sees_a_put_made_on_either_replica(replicas: tuple[Stub, Stub]) -> None:
+async def test_every_watch_sees_a_put_made_on_either_replica(
+    replicas: Replicas,
+) -> None:
     one, other = replicas
     watches = [stub.WatchTools(registry_pb2.WatchToolsRequest(session_id="w")) for stub in replicas]
     for watch in watches:
-        assert (await asyncio.wait_for(watch.read(), 5)).revision == 0
+        first = await asyncio.wait_for(watch.read(), 5)
+        assert isinstance(first, registry_pb2.WatchToolsResponse) and first.revision == 0
     for writer, names in ((one, ["a"]), (other, ["a", "b"])):
         revision = await put(writer, "w", *names)
         for watch in watches:
             seen = await asyncio.wait_for(watch.read(), 5)
+            assert isinstance(seen, registry_pb2.WatchToolsResponse)
             assert seen.revision == revision and [t.name for t in seen.tools] == names
     for watch in watches:
         watch.cancel()
 
 
-async def test_concurrent_puts_on_both_replicas_get_one_sequence(replicas: tuple[Stub, Stub]) -> None:
+async def test_concurrent_puts_on_both_replicas_get_one_sequence(
+    replicas: Replicas,
+) -> None:
     revisions = await asyncio.gather(
         *(put(replicas[index % 2], "race", f"tool_{index}") for index in range(20))
     )

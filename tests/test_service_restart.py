@@ -26,6 +26,8 @@ from toolmesh_testing import ServiceProcess, free_port, start_host_process, star
 SESSION = "restart"
 TOOLS = [ToolSpec("count", "Counts its runs", '{"type": "object"}', timeout_ms=10_000)]
 
+pytestmark = pytest.mark.integration
+
 
 @pytest_asyncio.fixture
 async def prefix() -> AsyncIterator[str]:

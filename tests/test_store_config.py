@@ -18,6 +18,8 @@ from toolmesh_testing import TESTS, run_cli, toolmesh_command
 
 TOOLS_JSON = {"tools": [{"name": "kept", "inputSchema": {"type": "object"}}]}
 
+pytestmark = pytest.mark.integration
+
 
 @pytest_asyncio.fixture
 async def prefix() -> AsyncIterator[str]:

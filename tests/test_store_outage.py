@@ -30,6 +30,8 @@ from toolmesh_testing import HostProcess, free_port, start_host_process
 SESSION = "outage"
 TOOLS = [ToolSpec("count", "Counts its runs", '{"type": "object"}', timeout_ms=10_000)]
 
+pytestmark = pytest.mark.integration
+
 
 @pytest_asyncio.fixture
 async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
@@ -98,7 +100,8 @@ async def test_redis_killed_and_restarted(
         before = await count(client, "before", confirm_delivery=False)
         keyed = await count(client, "keyed", idempotency_key="order-1")
         watch = registry.WatchTools(registry_pb2.WatchToolsRequest(session_id="watched"))
-        assert (await asyncio.wait_for(watch.read(), 5)).revision == 0
+        first = await asyncio.wait_for(watch.read(), 5)
+        assert isinstance(first, registry_pb2.WatchToolsResponse) and first.revision == 0
         during = asyncio.ensure_future(count(client, "during", 1.0, confirm_delivery=False))
         await asyncio.wait_for(until_runs(marker_dir, "during"), 10)
 
@@ -136,6 +139,7 @@ async def test_redis_killed_and_restarted(
         async with RegistryClient(system.registry_target) as writer:
             revision = await writer.put_tools("watched", TOOLS)
         seen = await asyncio.wait_for(watch.read(), 10)
+        assert isinstance(seen, registry_pb2.WatchToolsResponse)
         assert seen.revision == revision and [t.name for t in seen.tools] == ["count"]
         watch.cancel()
         # New calls work again, without restarting anything.

@@ -13,7 +13,11 @@ from toolmesh.server.runtime import RunningServer, serve_until_signalled
 from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
 
 
-def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Namespace:
+def parse_args(
+    service: str,
+    dependencies: tuple[str, ...] = (),
+    extend: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m toolmesh.{service}")
     parser.add_argument(
         "--listen",
@@ -24,6 +28,8 @@ def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Nam
         parser.add_argument(
             f"--{dependency}", help=f"{dependency} address (env TOOLMESH_{dependency.upper()}_ADDR)"
         )
+    if extend is not None:
+        extend(parser)
     add_store_arguments(parser)
     args = parser.parse_args()
     try:
@@ -56,6 +62,10 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
     async def main() -> None:
         server = await start()
         print(f"toolmesh {service} listening on port {server.port}", flush=True)
+        if server.web_port is not None:
+            print(
+                f"toolmesh {service} serves pages (Connect, gRPC-Web) on port {server.web_port}", flush=True
+            )
         await serve_until_signalled([server])
 
     try:

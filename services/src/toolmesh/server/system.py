@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from toolmesh.bridge.declarations import Declarations
+from toolmesh.bridge.observability import RouterTelemetry
+from toolmesh.bridge.registry_lists import RegistryToolLists
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
+from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.core.channels import open_channel
-from toolmesh.invocation.catalog_cache import cached_registry_catalog
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
-from toolmesh.invocation.remote import RemoteDispatcher
+from toolmesh.invocation.observability import InvocationTelemetry
+from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
-from toolmesh.registry.catalog import Registry
+from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
 from toolmesh.store.backends import MEMORY, Stores, open_stores
@@ -28,10 +32,39 @@ async def start_registry(address: str = "127.0.0.1:0", stores: Stores | None = N
 
 
 async def start_bridge(
-    address: str = "127.0.0.1:0", heartbeat_s: float = 5.0
+    address: str = "127.0.0.1:0",
+    heartbeat_s: float = 5.0,
+    *,
+    registry_target: str | None = None,
+    web_address: str | None = None,
+    web_origins: Sequence[str] = (),
 ) -> tuple[RunningServer, Router]:
-    router = Router(heartbeat_s=heartbeat_s)
-    return await start_server([bridge_service(router)], address), router
+    """The bridge on `address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
+
+    With `registry_target`, hosts may declare their tools (DeclareHostTools);
+    `web_origins` are the browser origins allowed besides the web port's own.
+    """
+    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry())
+    lists = RegistryToolLists(registry_target) if registry_target is not None else None
+    declarations = Declarations(router, lists)
+    service = bridge_service(router, declarations)
+    running = await start_server([service], address)
+    if lists is not None:
+        running.after_stop.append(lists.aclose)
+    if web_address is not None:
+        web = await start_web_server(web_app(router, declarations, web_origins), web_address)
+        running.web_port = web.port
+        shutdown = service.on_shutdown
+
+        async def on_shutdown() -> None:
+            web.stop_accepting()
+            if shutdown is not None:
+                await shutdown()
+
+        service.on_shutdown = on_shutdown
+        # After the gRPC server's stop: the host streams have ended by then.
+        running.after_stop.insert(0, lambda: web.stop(1.0))
+    return running, router
 
 
 async def start_invocation(
@@ -51,7 +84,7 @@ async def start_invocation(
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
-    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight)
+    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     running = await start_server([invocation_service(invoker)], address)
     running.after_stop += [
         catalog.aclose,
@@ -87,6 +120,11 @@ class LocalSystem:
         return f"{self.host}:{self.bridge.port}"
 
     @property
+    def web_url(self) -> str:
+        """Where pages reach the bridge (Connect, gRPC-Web)."""
+        return f"http://{self.host}:{self.bridge.web_port}"
+
+    @property
     def servers(self) -> list[RunningServer]:
         return [self.invocation, self.bridge, self.registry]
 
@@ -102,6 +140,8 @@ async def start_local_system(
     registry_port: int = 0,
     invocation_port: int = 0,
     bridge_port: int = 0,
+    web_port: int = 0,
+    web_origins: Sequence[str] = (),
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
@@ -109,9 +149,13 @@ async def start_local_system(
     store_prefix: str | None = None,
 ) -> LocalSystem:
     """The three services in this process; registry and invocation keep their state at `store_url`."""
-    registry, (bridge, router) = await asyncio.gather(
-        start_registry(f"{host}:{registry_port}", open_stores(store_url, store_prefix)),
-        start_bridge(f"{host}:{bridge_port}", heartbeat_s),
+    registry = await start_registry(f"{host}:{registry_port}", open_stores(store_url, store_prefix))
+    bridge, router = await start_bridge(
+        f"{host}:{bridge_port}",
+        heartbeat_s,
+        registry_target=f"{host}:{registry.port}",
+        web_address=f"{host}:{web_port}",
+        web_origins=web_origins,
     )
     invocation = await start_invocation(
         f"{host}:{registry.port}",

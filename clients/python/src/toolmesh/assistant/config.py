@@ -28,6 +28,7 @@ class ModelEndpoint:
 
     @property
     def chat_url(self) -> str:
+        """The full chat-completions URL."""
         return self.url if self.url.endswith(CHAT_COMPLETIONS) else self.url.rstrip("/") + CHAT_COMPLETIONS
 
     @classmethod
@@ -73,6 +74,10 @@ class ToolServices:
         tls: bool = False,
         require_tls: bool | None = None,
     ) -> ToolServices:
+        """Arguments first, then the TOOLMESH_REGISTRY_ADDR / TOOLMESH_INVOCATION_ADDR variables, then local.
+
+        `require_tls` defaults to TOOLMESH_REQUIRE_TLS (1, true or yes).
+        """
         if require_tls is None:
             require_tls = os.environ.get(ENV_REQUIRE_TLS, "").lower() in {"1", "true", "yes"}
         return cls(address("registry", registry), address("invocation", invocation), tls, require_tls)
@@ -80,6 +85,8 @@ class ToolServices:
 
 @dataclass(frozen=True, slots=True)
 class TurnLimits:
+    """The bounds of one turn, and the system prompt. Raises ValueError for negative `max_rounds`."""
+
     # Rounds of tool calls one turn may take; the model asking for one more is TURN_LIMIT.
     max_rounds: int = 8
     # The assistant's own cap on one tool call, in seconds. None: the tool's

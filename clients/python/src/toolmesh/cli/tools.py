@@ -19,6 +19,7 @@ from toolmesh.core.tools import ToolSpec
 
 
 def add_parser(commands: Any) -> None:
+    """Add `tools put` and `tools list` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser("tools", help="read or replace a thread's tools")
     verbs = parser.add_subparsers(dest="verb", required=True)
     put = verbs.add_parser("put", help="replace the thread's tools with those of a tools.json file")
@@ -41,6 +42,11 @@ def read_tools_file(path: Path) -> list[ToolSpec]:
 
 
 async def run_put(args: argparse.Namespace) -> int:
+    """Replace the thread's tools with the file's; prints the new revision and names as JSON.
+
+    Returns 0, 2 for a file that cannot be read or holds a malformed tool, or
+    the exit code of the registry's refusal.
+    """
     try:
         specs = read_tools_file(args.file)
     except (OSError, ValueError) as exc:
@@ -59,6 +65,7 @@ async def run_put(args: argparse.Namespace) -> int:
 
 
 async def run_list(args: argparse.Namespace) -> int:
+    """Print the thread's revision and tools as JSON; returns 0 or the exit code of a refused call."""
     async with RegistryClient(address("registry", args.registry)) as client:
         try:
             tool_set = await client.list_tools(args.thread_id)

@@ -17,12 +17,13 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind
 
-from toolmesh.core import telemetry
+from toolmesh.core import correlation, telemetry
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import Code, code_for_reason
+from toolmesh.core.errors import RETRYABLE_STATUSES, Code, code_for_reason
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_info
-from toolmesh.core.wire import outcome_to_pb
+from toolmesh.core.rpcstatus import error_info, status_of
+from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ToolContext
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
@@ -34,7 +35,13 @@ Handler = Callable[[dict[str, Any], ToolContext], Any]
 
 @dataclass(frozen=True, slots=True)
 class HostError:
-    """Reported to `on_error` callbacks. Never carries arguments or results."""
+    """What went wrong on the host side of one call, as `on_error` callbacks receive it.
+
+    `code` is TOOL_HANDLER_ERROR (a handler raised; `message` is the exception's
+    type) or SUBMIT_TOOL_RESULT_FAILED (the result could not be handed to the
+    bridge; `cause` says why). Carries ids only: never arguments, results or
+    exception text.
+    """
 
     code: Code
     message: str
@@ -96,16 +103,28 @@ class _ActiveCall:
 # Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
 MAX_CONCURRENT_SUBMITS = 256
 SUBMIT_GRACE_S = 5.0
-_TRANSIENT = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-)
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
+DECLARE_TIMEOUT_S = 10.0
 
 
 class ToolHost:
+    """One handler host: serves one session's tools from application code, over the bridge.
+
+    For applications that own tools. Register handlers with `on_tool` / `on_any`,
+    then `start()` (or `async with`); the host keeps a stream to the bridge open,
+    reconnecting when it drops, runs each tool request it receives and hands the
+    outcome back. A handler's failures never reach the caller as exceptions: they
+    become runtime errors of the call (see `on_tool`), and problems the caller
+    cannot see are reported to `on_error` callbacks.
+
+    Args:
+        bridge_target: The bridge's address, `host:port`.
+        session_id: The session whose tools this host serves.
+        host_name: How the bridge's logs name this host; default `<hostname>:python`.
+        channel: A channel to use instead of opening one (the host then does not close it).
+    """
+
     def __init__(
         self,
         bridge_target: str,
@@ -120,6 +139,9 @@ class ToolHost:
         self._channel = channel or open_channel(bridge_target)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
         self._handlers: dict[str, _Registered] = {}
+        self._declared: dict[str, ToolSpec] = {}
+        # Set once a host session is open and its tools were declared (or there were none).
+        self._ready = asyncio.Event()
         self._generic: _Registered | None = None
         self._error_callbacks: list[ErrorCallback] = []
         self._active: dict[str, _ActiveCall] = {}
@@ -132,23 +154,73 @@ class ToolHost:
         self.host_session_id = ""
 
     # -- registration -----------------------------------------------------
-    def on_tool(self, name: str, handler: Handler) -> None:
-        """Serve `name` with `handler(args, ctx)`, sync or async. Register before `start()`."""
+    def on_tool(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        description: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | None = None,
+        timeout_ms: int = 0,
+        annotations: ToolAnnotations | None = None,
+    ) -> None:
+        """Serve the tool `name` with `handler(args, ctx)`. Register before `start()`.
+
+        `args` is the call's JSON object, `ctx` its ToolContext. An async handler
+        runs on the event loop and is cancelled when the runtime says stop; a sync
+        one runs in a worker thread and should watch `ctx.cancellation`. The handler
+        returns a JSON value (the result) or `{"error": {"code", "message",
+        "details"?, "retryable"?}}` (a domain error). Anything it raises becomes
+        TOOL_HANDLER_ERROR for the caller (only the exception's type is sent); a
+        value that is not plain JSON or is larger than MAX_RESULT_BYTES becomes
+        TOOL_RESULT_INVALID, and is reported to `on_error`.
+
+        With a `description`, the tool is also declared: its definition goes into
+        the session's list each time the host connects (DeclareHostTools), so no
+        separate `tools put` is needed, and it comes back by itself when the
+        registry restarts. `input_schema` defaults to `{"type": "object"}`. A
+        declaration the bridge refuses (INVALID_SCHEMA, ...) is reported to `on_error`.
+        """
         self._handlers[name] = _Registered.of(handler)
+        if description is not None:
+            self._declared[name] = ToolSpec(
+                name=name,
+                description=description,
+                input_schema_json=json.dumps(
+                    input_schema if input_schema is not None else {"type": "object"}
+                ),
+                output_schema_json="" if output_schema is None else json.dumps(output_schema),
+                timeout_ms=timeout_ms,
+                annotations=annotations or ToolAnnotations(),
+            )
 
     def on_any(self, handler: Handler) -> None:
-        """Serve every tool without a named handler; `ctx.tool_name` says which."""
+        """Serve every tool without a named handler; `ctx.tool_name` says which.
+
+        The bridge prefers hosts with a named handler for a tool. Without either,
+        a call gets TOOL_HANDLER_NOT_FOUND. The handler behaves as in `on_tool`.
+        """
         self._generic = _Registered.of(handler)
 
     def on_error(self, callback: ErrorCallback) -> None:
+        """Call `callback(HostError)` for each failure the caller cannot see from here.
+
+        That is a handler that raised, a result that could not be sent as it was,
+        and a result the bridge refused or could not be reached for (after
+        retrying transport failures until the call's deadline). A callback that
+        raises is logged and does not stop the others.
+        """
         self._error_callbacks.append(callback)
 
     # -- lifecycle --------------------------------------------------------
     @property
     def connected(self) -> bool:
+        """Whether the stream to the bridge is open now (the bridge said it opened the session)."""
         return self._connected.is_set()
 
     async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until the stream to the bridge is open; raises TimeoutError after `timeout` seconds."""
         await asyncio.wait_for(self._connected.wait(), timeout)
 
     async def start(self, timeout: float | None = 10.0) -> None:
@@ -158,9 +230,15 @@ class ToolHost:
         host keeps trying until `stop()`.
         """
         self._runner = asyncio.create_task(self.run())
-        await self.wait_connected(timeout)
+        await asyncio.wait_for(self._ready.wait(), timeout)
 
     async def run(self) -> None:
+        """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
+
+        Reconnects after a jittered backoff (0.1 s doubling up to 5 s). A stream
+        counts as silent when the bridge sends nothing for three heartbeat
+        intervals. Failures are logged, never raised. `start()` runs this in a task.
+        """
         backoff = 0.1
         while not self._stopping:
             try:
@@ -175,6 +253,7 @@ class ToolHost:
                 log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
             finally:
                 self._connected.clear()
+                self._ready.clear()
                 self._call = None
             if self._stopping:
                 break
@@ -184,6 +263,11 @@ class ToolHost:
             backoff = min(backoff * 2, 5.0)
 
     async def stop(self) -> None:
+        """Close the stream, cancel the async handlers still running, and close an owned channel.
+
+        Returns without waiting out a reconnect backoff. A sync handler's thread
+        cannot be cancelled: it finishes, and its result is not sent.
+        """
         self._stopping = True
         self._stop_requested.set()
         if self._call is not None:
@@ -243,10 +327,32 @@ class ToolHost:
                     "host connected",
                     extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
                 )
+                if self._declared:
+                    declaring = asyncio.create_task(self._declare(self.host_session_id))
+                    declaring.add_done_callback(lambda _: self._ready.set())
+                else:
+                    self._ready.set()
             elif kind == "tool_request":
                 self._begin(event.tool_request, self.host_session_id)
             elif kind == "cancelled":
                 self._cancel(event.cancelled)
+
+    async def _declare(self, host_session_id: str) -> None:
+        """Send the declared tools; a refusal goes to the error callbacks.
+
+        After REGISTRY_UNAVAILABLE the bridge keeps the declaration and puts it later.
+        """
+        request = bridge_pb2.DeclareHostToolsRequest(
+            host_session_id=host_session_id, tools=[tool_to_pb(spec) for spec in self._declared.values()]
+        )
+        try:
+            with telemetry.client_call("toolmesh.v1.BridgeService/DeclareHostTools") as metadata:
+                await self._stub.DeclareHostTools(request, timeout=DECLARE_TIMEOUT_S, metadata=metadata)
+        except grpc.aio.AioRpcError as error:
+            info = error_info(error)
+            code = (code_for_reason(info.reason) if info is not None else None) or Code.TRANSPORT_FAILED
+            log.warning("declaring tools failed", extra={"session_id": self.session_id, "code": code.value})
+            self._report(HostError(code, error.details() or "", self.session_id))
 
     def _begin(self, request: bridge_pb2.ToolRequest, host_session_id: str) -> None:
         ctx = ToolContext(
@@ -286,7 +392,7 @@ class ToolHost:
         # The invocation's trace continues here: the request carried its context.
         with (
             telemetry.span("toolmesh.host.handle", SpanKind.SERVER, trace_context) as span,
-            telemetry.correlation(
+            correlation.ids(
                 session_id=ctx.session_id,
                 turn_id=ctx.turn_id,
                 tool_request_id=ctx.tool_request_id,
@@ -375,7 +481,9 @@ class ToolHost:
                     and info.metadata.get("ended") == "answered"
                 ):
                     return  # an earlier attempt got through; its answer was lost on the way back
-                retry = reason is None and error.code() in _TRANSIENT and ctx.time_remaining() > 0
+                # No code of ours: the transport's own failure, retried while the table says it may pass.
+                transient = reason is None and status_of(error.code()) in RETRYABLE_STATUSES
+                retry = transient and ctx.time_remaining() > 0
                 if retry and not self._stopping:
                     await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                     continue
