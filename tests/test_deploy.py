@@ -38,7 +38,6 @@ KUBERNETES_VERSION = "1.30.0"
 SERVICES = ("registry", "invocation", "bridge")
 # Set by deploy/ for work of issue 10 landing in parallel; each entry goes once the code reads it.
 PENDING_ENV = {
-    "TOOLMESH_STORE": "the Redis store",
     "TOOLMESH_AUTH_SECRET": "authentication between peers",
     "TOOLMESH_ADVERTISE_ADDR": "the bridge replica's own address in host routes",
 }
