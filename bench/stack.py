@@ -93,18 +93,19 @@ async def start_toolmesh(
     started: list[Proc] = []
     host_env = {**(env or {}), **(host_env or {})} or None
     try:
+        listen = ["--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0"]
         registry, bridge = await asyncio.gather(
-            procs.start("registry", ["-m", "toolmesh.registry", "--listen", "127.0.0.1:0"], env=env),
-            procs.start("bridge", ["-m", "toolmesh.bridge", "--listen", "127.0.0.1:0"], env=env),
+            procs.start("registry", ["-m", "toolmesh.registry", *listen], env=env),
+            procs.start("bridge", ["-m", "toolmesh.bridge", *listen], env=env),
         )
         started += [registry, bridge]
         invocation_args = [
             "--listen",
             "127.0.0.1:0",
             "--registry",
-            registry.target,
+            await registry.internal_target(),
             "--bridge",
-            bridge.target,
+            await bridge.internal_target(),
         ]
         invocation = await procs.start("invocation", ["-m", "toolmesh.invocation", *invocation_args], env=env)
         started.append(invocation)

@@ -42,9 +42,10 @@ def tool_request(request_id: str, session: str = "link", timeout_ms: int = 5000)
 
 async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconnects() -> None:
     registry = await start_registry()
-    bridge_port = free_port()
-    bridge = await start_service_process("bridge", listen=f"127.0.0.1:{bridge_port}")
-    invocation = await start_invocation(f"127.0.0.1:{registry.port}", f"127.0.0.1:{bridge_port}")
+    bridge_port, internal_port = free_port(), free_port()
+    listen, internal_listen = f"127.0.0.1:{bridge_port}", f"127.0.0.1:{internal_port}"
+    bridge = await start_service_process("bridge", listen=listen, internal_listen=internal_listen)
+    invocation = await start_invocation(f"127.0.0.1:{registry.internal_port}", f"127.0.0.1:{internal_port}")
     started = asyncio.Event()
 
     async def wait(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -68,7 +69,7 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await bridge.stop()
         broken = await asyncio.wait_for(held, 10)
         assert broken.outcome is None and broken.code is Code.BRIDGE_UNAVAILABLE
-        bridge = await start_service_process("bridge", listen=f"127.0.0.1:{bridge_port}")
+        bridge = await start_service_process("bridge", listen=listen, internal_listen=internal_listen)
         await host.wait_connected(20)
         answered = await client.invoke("restart", "echo", {"again": True}, turn_id="t2")
         assert answered.outcome is not None and answered.outcome.result_json == '{"again":true}'
@@ -84,7 +85,7 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
 async def dispatcher_to_bridge() -> AsyncIterator[tuple[RemoteDispatcher, str]]:
     """A dispatcher to a real bridge server, and the bridge's address."""
     bridge, _ = await start_bridge()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.port}")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.internal_port}")
     dispatcher = RemoteDispatcher(channel)
     try:
         yield dispatcher, f"127.0.0.1:{bridge.port}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from toolmesh.auth.grants import Role
+from toolmesh.auth.guard import scope
 from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.router import Cancellation, EndReason, Heartbeat, Router
 from toolmesh.core import telemetry
@@ -58,7 +60,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     ) -> bridge_pb2.SubmitToolResultResponse:
         outcome = outcome_from_pb(request.outcome)
         telemetry.record_outcome(outcome)
-        self._router.submit(request.host_session_id, request.tool_request_id, outcome)
+        self._router.submit(request.host_session_id, request.tool_request_id, outcome, scope(Role.HOST))
         return bridge_pb2.SubmitToolResultResponse()
 
     async def DispatchToolRequest(

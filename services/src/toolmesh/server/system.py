@@ -16,20 +16,39 @@ from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.catalog import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
+from toolmesh.server.security import LOOPBACK, Security
 from toolmesh.store.base import Store
 from toolmesh.store.memory import InMemoryStore
 
+# Internal listeners on a free loopback port unless told otherwise.
+INTERNAL_ADDRESS = "127.0.0.1:0"
 
-async def start_registry(address: str = "127.0.0.1:0", store: Store | None = None) -> RunningServer:
+
+async def start_registry(
+    address: str = "127.0.0.1:0",
+    store: Store | None = None,
+    *,
+    security: Security = LOOPBACK,
+    internal_address: str = INTERNAL_ADDRESS,
+) -> RunningServer:
     registry = Registry(store if store is not None else InMemoryStore())
-    return await start_server([registry_service(registry)], address)
+    return await start_server(
+        [registry_service(registry)], address, security=security, internal_address=internal_address
+    )
 
 
 async def start_bridge(
-    address: str = "127.0.0.1:0", heartbeat_s: float = 5.0
+    address: str = "127.0.0.1:0",
+    heartbeat_s: float = 5.0,
+    *,
+    security: Security = LOOPBACK,
+    internal_address: str = INTERNAL_ADDRESS,
 ) -> tuple[RunningServer, Router]:
     router = Router(heartbeat_s=heartbeat_s)
-    return await start_server([bridge_service(router)], address), router
+    server = await start_server(
+        [bridge_service(router)], address, security=security, internal_address=internal_address
+    )
+    return server, router
 
 
 async def start_invocation(
@@ -40,15 +59,18 @@ async def start_invocation(
     store: Store | None = None,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
+    security: Security = LOOPBACK,
 ) -> RunningServer:
-    registry_channel = open_channel(registry_target)
-    bridge_channel = open_channel(bridge_target)
+    """The invocation service; `registry_target` and `bridge_target` are their internal listeners."""
+    security.check_public(address)
+    registry_channel = open_channel(registry_target, security.peer_credentials())
+    bridge_channel = open_channel(bridge_target, security.peer_credentials())
     ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight)
-    running = await start_server([invocation_service(invoker)], address)
+    running = await start_server([invocation_service(invoker)], address, security=security)
     running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
     return running
 
@@ -76,6 +98,14 @@ class LocalSystem:
         return f"{self.host}:{self.bridge.port}"
 
     @property
+    def registry_internal_target(self) -> str:
+        return f"127.0.0.1:{self.registry.internal_port}"
+
+    @property
+    def bridge_internal_target(self) -> str:
+        return f"127.0.0.1:{self.bridge.internal_port}"
+
+    @property
     def servers(self) -> list[RunningServer]:
         return [self.invocation, self.bridge, self.registry]
 
@@ -94,15 +124,25 @@ async def start_local_system(
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
+    security: Security = LOOPBACK,
 ) -> LocalSystem:
+    """All three services; their internal listeners on free loopback ports, used only by each other."""
+    for port in (registry_port, invocation_port, bridge_port):
+        security.check_public(f"{host}:{port}")
     registry, (bridge, router) = await asyncio.gather(
-        start_registry(f"{host}:{registry_port}"), start_bridge(f"{host}:{bridge_port}", heartbeat_s)
+        start_registry(f"{host}:{registry_port}", security=security),
+        start_bridge(f"{host}:{bridge_port}", heartbeat_s, security=security),
     )
-    invocation = await start_invocation(
-        f"{host}:{registry.port}",
-        f"{host}:{bridge.port}",
-        f"{host}:{invocation_port}",
-        policy=policy,
-        max_in_flight=max_in_flight,
-    )
+    try:
+        invocation = await start_invocation(
+            f"127.0.0.1:{registry.internal_port}",
+            f"127.0.0.1:{bridge.internal_port}",
+            f"{host}:{invocation_port}",
+            policy=policy,
+            max_in_flight=max_in_flight,
+            security=security,
+        )
+    except BaseException:
+        await asyncio.gather(registry.stop(0), bridge.stop(0))
+        raise
     return LocalSystem(registry, invocation, bridge, router, host)

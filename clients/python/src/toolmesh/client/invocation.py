@@ -11,6 +11,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolmesh.client.call_stream import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh.core import jsontext, telemetry
+from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
@@ -81,6 +82,17 @@ class CallResult:
 
 
 LOOKUP_TIMEOUT_S = 10.0
+# The caller's own mistakes (a malformed request, a token that does not allow the call): nothing ran,
+# and retrying as it is cannot help, so they are raised as the gRPC error instead of a CallResult.
+RAISED = frozenset(
+    {
+        Code.INVALID_REQUEST,
+        Code.IDEMPOTENCY_KEY_REUSED,
+        Code.UNAUTHENTICATED,
+        Code.PERMISSION_DENIED,
+        Code.WRONG_LISTENER,
+    }
+)
 
 
 class InvocationClient:
@@ -90,14 +102,24 @@ class InvocationClient:
     being its own InvokeTool call: for callers that keep many calls open at
     once (the service then holds no gRPC call per waiting call). Results and
     errors are the same either way.
+
+    `credentials`: TLS (toolmesh.core.tls.client_credentials); `token`: the
+    caller's token, as text or a callback asked before each call (refresh).
     """
 
     def __init__(
-        self, target: str, *, channel: grpc.aio.Channel | None = None, multiplex: bool = False
+        self,
+        target: str,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        multiplex: bool = False,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         self._own_channel = channel is None
-        self._channel = channel or open_channel(target)
+        self._channel = channel or open_channel(target, credentials)
         self._stub = invocation_pb2_grpc.InvocationServiceStub(self._channel)
+        self._bearer = Bearer(token)
         self._confirmations = PendingConfirmations(self._send_confirmations)
         self._multiplex = multiplex
         self._link: CallLink | None = None
@@ -157,11 +179,13 @@ class InvocationClient:
     async def _call(self, request: invocation_pb2.InvokeToolRequest, timeout: float | None) -> CallResult:
         try:
             with telemetry.client_call("toolmesh.v1.InvocationService/InvokeTool") as metadata:
-                response = await self._stub.InvokeTool(request, timeout=timeout, metadata=metadata)
+                response = await self._stub.InvokeTool(
+                    request, timeout=timeout, metadata=await self._bearer.metadata(metadata)
+                )
         except grpc.aio.AioRpcError as error:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             code = error_code(error)
-            if code in (Code.INVALID_REQUEST, Code.IDEMPOTENCY_KEY_REUSED):
+            if code in RAISED:
                 raise
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
@@ -182,7 +206,7 @@ class InvocationClient:
             return await self._call(request, timeout)
         link = self._link
         if link is None or link.closed:
-            link = self._link = CallLink(self._stub)
+            link = self._link = CallLink(self._stub, await self._bearer.metadata())
         try:
             with telemetry.client_span("toolmesh.v1.InvocationService/InvokeTools") as carrier:
                 streamed = await link.call(request, carrier, timeout)
@@ -190,6 +214,8 @@ class InvocationClient:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             if isinstance(failure, TimeoutError):
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
+            if failure.error is not None and error_code(failure.error) in RAISED:
+                raise failure.error from None  # the stream itself was refused: as InvokeTool would be
             return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
         if streamed.HasField("response"):
             response = streamed.response
@@ -202,8 +228,8 @@ class InvocationClient:
         self._confirmations.give_back(list(request.confirmed_tool_request_ids))
         error = streamed.error
         code = code_for_reason(error.reason)
-        if code in (Code.INVALID_REQUEST, Code.IDEMPOTENCY_KEY_REUSED):
-            # As InvokeTool would: a malformed request is the caller's bug, raised as the gRPC error.
+        if code in RAISED:
+            # As InvokeTool would: the caller's own mistake, raised as the gRPC error.
             status = grpc_status(code, error.message, error.metadata)
             trailing = grpc.aio.Metadata(*status.trailing_metadata)
             raise grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailing, status.details)
@@ -227,7 +253,7 @@ class InvocationClient:
                 await self._stub.ConfirmDelivery(
                     invocation_pb2.ConfirmDeliveryRequest(tool_request_ids=tool_request_ids),
                     timeout=5.0,
-                    metadata=metadata,
+                    metadata=await self._bearer.metadata(metadata),
                 )
         except grpc.aio.AioRpcError:
             return False
@@ -241,7 +267,7 @@ class InvocationClient:
             response: invocation_pb2.GetInvocationResponse = await self._stub.GetInvocation(
                 invocation_pb2.GetInvocationRequest(tool_request_id=tool_request_id),
                 timeout=LOOKUP_TIMEOUT_S,
-                metadata=metadata,
+                metadata=await self._bearer.metadata(metadata),
             )
         return response.invocation
 

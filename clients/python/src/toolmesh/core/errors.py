@@ -53,6 +53,10 @@ class Code(enum.StrEnum):
     INVOCATION_RUNNING = "INVOCATION_RUNNING"
     RESULT_NOT_JSON = "RESULT_NOT_JSON"
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    # Who may do what: refused before anything ran.
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    WRONG_LISTENER = "WRONG_LISTENER"
     # Seen by a caller that received no outcome at all.
     CALLER_DEADLINE_EXCEEDED = "CALLER_DEADLINE_EXCEEDED"
     TRANSPORT_FAILED = "TRANSPORT_FAILED"
@@ -147,6 +151,22 @@ _TABLE: dict[Code, ErrorSpec] = {
     ),
     Code.RESULT_NOT_JSON: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The result is not valid JSON."),
     Code.RESULT_TOO_LARGE: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The result is larger than allowed."),
+    Code.UNAUTHENTICATED: ErrorSpec(
+        S.UNAUTHENTICATED,
+        False,
+        False,
+        "The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
+    ),
+    Code.PERMISSION_DENIED: ErrorSpec(
+        S.PERMISSION_DENIED, False, False, "The token does not allow this call for this session."
+    ),
+    Code.WRONG_LISTENER: ErrorSpec(
+        S.PERMISSION_DENIED,
+        False,
+        False,
+        "This RPC is not served on this port: internal RPCs only on the internal listener, "
+        "the others only on the public one.",
+    ),
     Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
         S.DEADLINE_EXCEEDED,
         True,

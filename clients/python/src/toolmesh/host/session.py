@@ -18,10 +18,11 @@ import grpc
 from opentelemetry.trace import SpanKind
 
 from toolmesh.core import telemetry
+from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import Code, code_for_reason
+from toolmesh.core.errors import Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_info
+from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.wire import outcome_to_pb
 from toolmesh.host.context import ToolContext
 from toolmesh.host.results import convert_return
@@ -103,9 +104,18 @@ _TRANSIENT = (
 )
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
+# The bridge refused the host itself: its token, or the address it was given.
+_REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
 
 
 class ToolHost:
+    """A handler host for one session.
+
+    `credentials`: TLS (toolmesh.core.tls.client_credentials); `token`: a
+    token naming the session with the role host, as text or a callback asked
+    before each call (so that a long-lived host can refresh it).
+    """
+
     def __init__(
         self,
         bridge_target: str,
@@ -113,12 +123,18 @@ class ToolHost:
         *,
         host_name: str | None = None,
         channel: grpc.aio.Channel | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         self.session_id = session_id
         self.host_name = host_name or f"{socket.gethostname()}:python"
         self._own_channel = channel is None
-        self._channel = channel or open_channel(bridge_target)
+        self._channel = channel or open_channel(bridge_target, credentials)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
+        self._bearer = Bearer(token)
+        # Set once the bridge took the host, or refused it (`_refusal` then says why).
+        self._answered = asyncio.Event()
+        self._refusal: HostError | None = None
         self._handlers: dict[str, _Registered] = {}
         self._generic: _Registered | None = None
         self._error_callbacks: list[ErrorCallback] = []
@@ -149,13 +165,21 @@ class ToolHost:
         return self._connected.is_set()
 
     async def wait_connected(self, timeout: float | None = None) -> None:
-        await asyncio.wait_for(self._connected.wait(), timeout)
+        """Wait until connected. Raises ToolmeshError (UNAUTHENTICATED, PERMISSION_DENIED,
+        WRONG_LISTENER) when the bridge refused the host instead; it keeps trying meanwhile."""
+        while not self._connected.is_set():
+            await asyncio.wait_for(self._answered.wait(), timeout)
+            refusal = self._refusal
+            if refusal is not None and not self._connected.is_set():
+                raise ToolmeshError(refusal.code, refusal.message)
 
     async def start(self, timeout: float | None = 10.0) -> None:
         """Connect in the background, reconnecting whenever the stream drops; wait for the first connection.
 
-        Raises TimeoutError when no connection was made within `timeout`; the
-        host keeps trying until `stop()`.
+        Raises TimeoutError when no connection was made within `timeout`, and
+        ToolmeshError when the bridge refused the host (its token does not
+        name the session with the role host, or has expired); the host keeps
+        trying until `stop()` (a token callback may give a better token).
         """
         self._runner = asyncio.create_task(self.run())
         await self.wait_connected(timeout)
@@ -171,10 +195,13 @@ class ToolHost:
                     "host stream ended",
                     extra={"session_id": self.session_id, "grpc_status": error.code().name},
                 )
+                self._refused(error)
             except TimeoutError:
                 log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
             finally:
                 self._connected.clear()
+                if self._refusal is None:
+                    self._answered.clear()
                 self._call = None
             if self._stopping:
                 break
@@ -182,6 +209,17 @@ class ToolHost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, 5.0)
+
+    def _refused(self, error: grpc.aio.AioRpcError) -> None:
+        code = error_code(error)
+        if code not in _REFUSALS:
+            return
+        assert code is not None
+        first = self._refusal is None
+        self._refusal = HostError(code, error.details() or "", self.session_id)
+        self._answered.set()
+        if first:  # once until the next connection: a host that keeps trying does not flood on_error
+            self._report(self._refusal)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -213,7 +251,8 @@ class ToolHost:
                 host_name=self.host_name,
                 handler_names=sorted(self._handlers),
                 has_generic_handler=self._generic is not None,
-            )
+            ),
+            metadata=await self._bearer.metadata(),
         )
         self._call = call
         # Until the bridge says how often it beats, allow a generous first wait.
@@ -238,7 +277,9 @@ class ToolHost:
             if kind == "opened":
                 self.host_session_id = event.opened.host_session_id
                 silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
+                self._refusal = None
                 self._connected.set()
+                self._answered.set()
                 log.info(
                     "host connected",
                     extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
@@ -362,7 +403,7 @@ class ToolHost:
                         await self._stub.SubmitToolResult(
                             request,
                             timeout=max(ctx.time_remaining(), 1.0) + SUBMIT_GRACE_S,
-                            metadata=metadata,
+                            metadata=await self._bearer.metadata(metadata),
                         )
                 return
             except grpc.aio.AioRpcError as error:
