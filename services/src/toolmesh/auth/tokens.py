@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -81,10 +82,15 @@ class JwksFile:
 
 
 class JwksUrl:
-    """Public keys from a JWKS URL (https), fetched off the event loop and cached by PyJWT."""
+    """Public keys from a JWKS URL (https), fetched off the event loop and cached by PyJWT.
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        self._client = jwt.PyJWKClient(url, cache_jwk_set=True, lifespan=300, timeout=timeout_s)
+    `ssl_context`: how to check the URL's server (default: the system's CAs).
+    """
+
+    def __init__(self, url: str, timeout_s: float = 5.0, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._client = jwt.PyJWKClient(
+            url, cache_jwk_set=True, lifespan=300, timeout=timeout_s, ssl_context=ssl_context
+        )
 
     async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
         try:
