@@ -24,11 +24,11 @@ from typing import Any
 
 import grpc
 
-from bench import floor, measure, procs, report, stack, stress, tracing, validation
+from bench import floor, measure, procs, report, security, stack, stress, tracing, validation
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("validation", "latency", "tracing", "scale", "join")
+SECTIONS = ("validation", "latency", "tracing", "security", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -176,13 +176,27 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
 
 
 async def measure_toolmesh(
-    sizes: Sizes, profiler: Profiler, env: dict[str, str] | None = None, variants: bool = True
+    sizes: Sizes,
+    profiler: Profiler,
+    env: dict[str, str] | None = None,
+    variants: tuple[str, ...] = ("toolmesh-stream", "toolmesh-sync"),
+    secured: security.Secured | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """`toolmesh`: unary InvokeTool calls to an async no-op. With `variants`, also
-    `toolmesh-stream` (calls on one InvokeTools stream) and `toolmesh-sync` (a plain def handler)."""
-    system = await stack.start_toolmesh(env=env)
-    unary = InvocationClient(system.invocation.target)
-    streamed = InvocationClient(system.invocation.target, multiplex=True)
+    """`toolmesh`: unary InvokeTool calls to an async no-op, and the `variants` asked for:
+    `toolmesh-stream` (calls on one InvokeTools stream), `toolmesh-sync` (a plain def handler).
+    With `secured`, every hop uses TLS and every call carries a token."""
+    access: dict[str, Any] = {}
+    if secured is not None:
+        env = {**(env or {}), **secured.env}
+        access = {"credentials": secured.credentials, "token": secured.call_token}
+    system = await stack.start_toolmesh(
+        host_env=secured.host_env if secured else None,
+        env=env,
+        credentials=access.get("credentials"),
+        admin_token=secured.admin_token if secured else None,
+    )
+    unary = InvocationClient(system.invocation.target, **access)
+    streamed = InvocationClient(system.invocation.target, multiplex=True, **access)
     # Distinct arguments: identical calls in flight together would join one invocation.
     counter = itertools.count()
 
@@ -200,8 +214,9 @@ async def measure_toolmesh(
     try:
         with profiler.attach("toolmesh", pids):
             measured = {"toolmesh": await _measure(caller(unary, "noop"), sizes, pids)}
-        if variants:
+        if "toolmesh-stream" in variants:
             measured["toolmesh-stream"] = await _measure(caller(streamed, "noop"), sizes, pids)
+        if "toolmesh-sync" in variants:
             measured["toolmesh-sync"] = await _measure(caller(unary, "noop_sync"), sizes, pids)
         return measured
     finally:
@@ -271,16 +286,28 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
         results["ratios"] = report.ratios(systems)
     if "tracing" in sections:
         print("... tracing off, then on (exporting over OTLP)", file=sys.stderr, flush=True)
-        off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=False))[
+        off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=()))[
             "toolmesh"
         ]
         async with tracing.otlp_receiver() as (sink, env):
-            on = (await measure_toolmesh(sizes, Profiler(None), env, variants=False))["toolmesh"]
+            on = (await measure_toolmesh(sizes, Profiler(None), env, variants=()))["toolmesh"]
         results["tracing"] = {
             "off": off,
             "on": on,
             "spans_exported": sink.spans,
             "on/off": tracing.ratios(off, on),
+        }
+    if "security" in sections:
+        print("... plaintext without tokens, then TLS everywhere and a token on every call", file=sys.stderr)
+        plain = await measure_toolmesh(sizes, Profiler(None), variants=("toolmesh-stream",))
+        with tempfile.TemporaryDirectory() as pki_dir, security.secured(Path(pki_dir)) as secured:
+            protected = await measure_toolmesh(
+                sizes, Profiler(None), variants=("toolmesh-stream",), secured=secured
+            )
+        results["security"] = {
+            "plain": plain,
+            "tls+tokens": protected,
+            "tls+tokens/plain": {way: security.ratios(plain[way], protected[way]) for way in plain},
         }
     if "scale" in sections:
         print(f"... scale: {sizes.scale_calls} held calls", file=sys.stderr, flush=True)

@@ -6,6 +6,8 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
+import grpc
+
 from bench import procs
 from bench.host import ERROR, READY
 from bench.procs import Proc
@@ -84,11 +86,16 @@ class Toolmesh:
 
 
 async def start_toolmesh(
-    host_env: dict[str, str] | None = None, env: dict[str, str] | None = None
+    host_env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    admin_token: str | None = None,
 ) -> Toolmesh:
     """registry, bridge, invocation and a host process serving bench.handlers.
 
-    `env` is added to every process's environment (e.g. OTEL_* variables).
+    `env` is added to every process's environment (e.g. OTEL_* variables, TLS
+    files); `credentials` and `admin_token` are for putting the tools.
     """
     started: list[Proc] = []
     host_env = {**(env or {}), **(host_env or {})} or None
@@ -115,7 +122,7 @@ async def start_toolmesh(
         )
         started.append(host)
         await host.wait_for(READY)
-        async with RegistryClient(registry.target) as client:
+        async with RegistryClient(registry.target, credentials=credentials, token=admin_token) as client:
             await client.put_tools(SESSION, TOOLS)
     except BaseException:
         await procs.stop_all(started)

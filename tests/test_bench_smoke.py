@@ -18,7 +18,8 @@ TABLE_HEADINGS = [
     "Scale:",
     "Join storm:",
     "Argument validation alone",
-    "Targets (issue 6)",
+    "TLS and tokens: plaintext without tokens",
+    "Targets (issues 6 and 11)",
 ]
 
 
@@ -58,6 +59,9 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     assert set(scale_floor["memory"]) == {"front", "back", "host"}
     join = results["join_storm"]
     assert join["answered_ok"] == join["calls"]
+    secured = results["security"]
+    assert set(secured["tls+tokens"]) == {"toolmesh", "toolmesh-stream"}
+    assert all(m["throughput"]["calls"] > 0 for m in secured["tls+tokens"].values())
     assert join["handler_executions"] >= 1
     assert len(results["validation"]["rows"]) >= 4
     traced = results["tracing"]

@@ -1,0 +1,73 @@
+"""The cost of TLS and tokens: the same no-op call through toolmesh in plaintext without tokens, then
+with TLS on every hop (mutual TLS between the services) and a signed token verified on every call.
+
+Certificates come from trustme (a CA made for the run); the token is HS256
+from a secret made for the run, as `toolmesh token` mints them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import trustme
+
+from bench.stack import SESSION
+from toolmesh.auth.grants import Role
+from toolmesh.auth.tokens import mint
+from toolmesh.core.tls import TlsFiles
+
+
+@dataclass(frozen=True)
+class Secured:
+    """What the processes and the caller of a secured run need."""
+
+    # For every process: the services' certificate, key and CA, and the secret they verify tokens with.
+    env: dict[str, str]
+    # For the host process: its token (role host for the bench session).
+    host_env: dict[str, str]
+    credentials: grpc.ChannelCredentials
+    call_token: str
+    admin_token: str
+
+
+@contextlib.contextmanager
+def secured(directory: Path) -> Iterator[Secured]:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("localhost", "127.0.0.1")
+    cert, key, authority = directory / "server.pem", directory / "server.key", directory / "ca.pem"
+    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    leaf.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(authority))
+    secret = secrets.token_hex(32).encode()
+
+    def token(role: Role, session: str) -> str:
+        return mint(secret, roles=[role], sessions=[session], ttl_s=3600, subject="bench")
+
+    yield Secured(
+        env={
+            "TOOLMESH_TLS_CERT": str(cert),
+            "TOOLMESH_TLS_KEY": str(key),
+            "TOOLMESH_TLS_CA": str(authority),
+            "TOOLMESH_AUTH_SECRET": secret.decode(),
+        },
+        host_env={"TOOLMESH_TOKEN": token(Role.HOST, SESSION)},
+        credentials=TlsFiles(ca=authority).channel_credentials(),
+        call_token=token(Role.CALL, SESSION),
+        admin_token=token(Role.ADMIN, SESSION),
+    )
+
+
+def ratios(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float]:
+    return {
+        "p50": on["latency"]["p50_ms"] / off["latency"]["p50_ms"],
+        "p99": on["latency"]["p99_ms"] / off["latency"]["p99_ms"],
+        "calls_per_s": on["throughput"]["calls_per_s"] / off["throughput"]["calls_per_s"],
+        "cpu_per_call": on["latency"]["cpu_ms_per_call"]["total"]
+        / off["latency"]["cpu_ms_per_call"]["total"],
+    }
