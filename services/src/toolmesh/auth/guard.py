@@ -64,7 +64,7 @@ def admission(full_method: str, listener: Listener, verifier: Verifier | None) -
             if session_id not in grant.sessions:
                 raise ToolmeshError(
                     Code.PERMISSION_DENIED,
-                    "The token does not name this session.",
+                    "Its sessions do not include this one.",
                     {"rpc": full_method, "session_id": session_id},
                 )
         _GRANT.set(grant)

@@ -154,7 +154,7 @@ class Invoker:
         if sessions is not None and call.session_id not in sessions:
             raise ToolmeshError(
                 Code.PERMISSION_DENIED,
-                "The token does not name this session.",
+                "Its sessions do not include this one.",
                 {"session_id": call.session_id},
             )
         if idempotency_key:

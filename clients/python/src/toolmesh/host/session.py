@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 from toolmesh.core import telemetry
 from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import Code, ToolmeshError, code_for_reason
+from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.wire import outcome_to_pb
@@ -216,7 +216,9 @@ class ToolHost:
             return
         assert code is not None
         first = self._refusal is None
-        self._refusal = HostError(code, error.details() or "", self.session_id)
+        # The details start with the table's message; keep what the bridge added.
+        detail = (error.details() or "").removeprefix(ERROR_TABLE[code].message).strip()
+        self._refusal = HostError(code, detail, self.session_id)
         self._answered.set()
         if first:  # once until the next connection: a host that keeps trying does not flood on_error
             self._report(self._refusal)
