@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,8 @@ class Sizes:
     # Long enough for all the identical calls to arrive while the first still runs.
     join_execution_s: float = 5.0
     validation_iterations: int = 2000
+    # Turns of plaintext and TLS+tokens measurements.
+    security_rounds: int = 3
 
 
 QUICK = Sizes(
@@ -57,6 +59,7 @@ QUICK = Sizes(
     join_calls=20,
     join_execution_s=0.1,
     validation_iterations=20,
+    security_rounds=1,
 )
 
 
@@ -175,16 +178,21 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
         await system.stop()
 
 
-async def measure_toolmesh(
-    sizes: Sizes,
-    profiler: Profiler,
-    env: dict[str, str] | None = None,
-    variants: tuple[str, ...] = ("toolmesh-stream", "toolmesh-sync"),
-    secured: security.Secured | None = None,
-) -> dict[str, dict[str, Any]]:
-    """`toolmesh`: unary InvokeTool calls to an async no-op, and the `variants` asked for:
-    `toolmesh-stream` (calls on one InvokeTools stream), `toolmesh-sync` (a plain def handler).
-    With `secured`, every hop uses TLS and every call carries a token."""
+@dataclass
+class Running:
+    """A toolmesh system under test and a way to call it for each way of calling."""
+
+    calls: dict[str, measure.Call]
+    pids: dict[str, int]
+
+
+@contextlib.asynccontextmanager
+async def running_toolmesh(
+    env: dict[str, str] | None = None, secured: security.Secured | None = None
+) -> AsyncIterator[Running]:
+    """The system's callers: `toolmesh` (unary InvokeTool calls to an async no-op),
+    `toolmesh-stream` (the same calls on one InvokeTools stream), `toolmesh-sync` (unary calls to
+    a plain def handler). With `secured`, every hop uses TLS and every call carries a token."""
     access: dict[str, Any] = {}
     if secured is not None:
         env = {**(env or {}), **secured.env}
@@ -200,7 +208,7 @@ async def measure_toolmesh(
     # Distinct arguments: identical calls in flight together would join one invocation.
     counter = itertools.count()
 
-    def caller(client: InvocationClient, tool: str) -> Callable[[], Awaitable[None]]:
+    def caller(client: InvocationClient, tool: str) -> measure.Call:
         async def call() -> None:
             result = await client.invoke(
                 stack.SESSION, tool, {"n": next(counter)}, turn_id="turn-1", timeout=60
@@ -210,19 +218,50 @@ async def measure_toolmesh(
 
         return call
 
-    pids = _pids(list(system.services.values()))
     try:
-        with profiler.attach("toolmesh", pids):
-            measured = {"toolmesh": await _measure(caller(unary, "noop"), sizes, pids)}
-        if "toolmesh-stream" in variants:
-            measured["toolmesh-stream"] = await _measure(caller(streamed, "noop"), sizes, pids)
-        if "toolmesh-sync" in variants:
-            measured["toolmesh-sync"] = await _measure(caller(unary, "noop_sync"), sizes, pids)
-        return measured
+        yield Running(
+            {
+                "toolmesh": caller(unary, "noop"),
+                "toolmesh-stream": caller(streamed, "noop"),
+                "toolmesh-sync": caller(unary, "noop_sync"),
+            },
+            _pids(list(system.services.values())),
+        )
     finally:
         await unary.close()
         await streamed.close()
         await system.stop()
+
+
+async def measure_toolmesh(
+    sizes: Sizes,
+    profiler: Profiler,
+    env: dict[str, str] | None = None,
+    variants: tuple[str, ...] = ("toolmesh-stream", "toolmesh-sync"),
+) -> dict[str, dict[str, Any]]:
+    """`toolmesh` and the `variants` asked for (see running_toolmesh), one after the other."""
+    async with running_toolmesh(env) as system:
+        with profiler.attach("toolmesh", system.pids):
+            measured = {"toolmesh": await _measure(system.calls["toolmesh"], sizes, system.pids)}
+        for variant in variants:
+            measured[variant] = await _measure(system.calls[variant], sizes, system.pids)
+        return measured
+
+
+async def measure_security(sizes: Sizes, directory: Path) -> dict[str, Any]:
+    """Plaintext without tokens against TLS and tokens, both systems up at once and measured in
+    turns, `sizes.security_rounds` times, so that a change in the machine's load falls on both."""
+    ways = ("toolmesh", "toolmesh-stream")
+    rounds: dict[str, dict[str, list[dict[str, Any]]]] = {
+        label: {way: [] for way in ways} for label in ("plain", "tls+tokens")
+    }
+    with security.secured(directory) as secured:
+        async with running_toolmesh() as plain, running_toolmesh(secured=secured) as protected:
+            for _ in range(sizes.security_rounds):
+                for way in ways:
+                    for label, system in (("plain", plain), ("tls+tokens", protected)):
+                        rounds[label][way].append(await _measure(system.calls[way], sizes, system.pids))
+    return security.summary(rounds)
 
 
 async def measure_mcp(sizes: Sizes) -> dict[str, dict[str, Any]]:
@@ -298,17 +337,9 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
             "on/off": tracing.ratios(off, on),
         }
     if "security" in sections:
-        print("... plaintext without tokens, then TLS everywhere and a token on every call", file=sys.stderr)
-        plain = await measure_toolmesh(sizes, Profiler(None), variants=("toolmesh-stream",))
-        with tempfile.TemporaryDirectory() as pki_dir, security.secured(Path(pki_dir)) as secured:
-            protected = await measure_toolmesh(
-                sizes, Profiler(None), variants=("toolmesh-stream",), secured=secured
-            )
-        results["security"] = {
-            "plain": plain,
-            "tls+tokens": protected,
-            "tls+tokens/plain": {way: security.ratios(plain[way], protected[way]) for way in plain},
-        }
+        print("... plaintext without tokens and TLS with tokens, in turns", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as pki_dir:
+            results["security"] = await measure_security(sizes, Path(pki_dir))
     if "scale" in sections:
         print(f"... scale: {sizes.scale_calls} held calls", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as work_dir:

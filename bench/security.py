@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Iterator
+import statistics
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,11 +64,29 @@ def secured(directory: Path) -> Iterator[Secured]:
     )
 
 
-def ratios(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float]:
-    return {
-        "p50": on["latency"]["p50_ms"] / off["latency"]["p50_ms"],
-        "p99": on["latency"]["p99_ms"] / off["latency"]["p99_ms"],
-        "calls_per_s": on["throughput"]["calls_per_s"] / off["throughput"]["calls_per_s"],
-        "cpu_per_call": on["latency"]["cpu_ms_per_call"]["total"]
-        / off["latency"]["cpu_ms_per_call"]["total"],
+FIGURES: dict[str, Callable[[dict[str, Any]], float]] = {
+    "p50": lambda m: m["latency"]["p50_ms"],
+    "p99": lambda m: m["latency"]["p99_ms"],
+    "calls_per_s": lambda m: m["throughput"]["calls_per_s"],
+    "cpu_per_call": lambda m: m["latency"]["cpu_ms_per_call"]["total"],
+}
+
+
+def summary(rounds: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per way of calling: the median of each figure over the rounds, for plaintext and for TLS+tokens,
+    and the ratio of the two in each round (median, lowest, highest)."""
+    medians = {
+        label: {
+            way: {name: statistics.median(figure(m) for m in measured) for name, figure in FIGURES.items()}
+            for way, measured in by_way.items()
+        }
+        for label, by_way in rounds.items()
     }
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    for way, plain in rounds["plain"].items():
+        protected = rounds["tls+tokens"][way]
+        ratios[way] = {}
+        for name, figure in FIGURES.items():
+            each = [figure(on) / figure(off) for off, on in zip(plain, protected, strict=True)]
+            ratios[way][name] = {"median": statistics.median(each), "low": min(each), "high": max(each)}
+    return {"rounds": len(rounds["plain"]["toolmesh"]), **medians, "tls+tokens/plain": ratios}
