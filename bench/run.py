@@ -372,6 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, help="throughput window per system")
     parser.add_argument("--scale-calls", type=int, help="calls held at once in the scale test")
     parser.add_argument("--join-calls", type=int, help="identical calls in the join storm")
+    parser.add_argument("--security-rounds", type=int, help="turns of plaintext and TLS+tokens measurements")
     parser.add_argument(
         "--profile", type=Path, help="record py-spy profiles of the toolmesh processes into this directory"
     )
@@ -382,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": args.seconds,
         "scale_calls": args.scale_calls,
         "join_calls": args.join_calls,
+        "security_rounds": args.security_rounds,
     }
     sizes = Sizes(**(asdict(sizes) | {key: value for key, value in overrides.items() if value is not None}))
     sections = tuple(args.only.split(",")) if args.only else SECTIONS
