@@ -7,6 +7,7 @@ error (an ErrorInfo reason of the error table), or at the TLS handshake.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -38,7 +39,7 @@ from toolmesh.v1 import (
     registry_pb2_grpc,
     tool_pb2,
 )
-from toolmesh_testing import TESTS, run_cli
+from toolmesh_testing import TESTS, run_cli, start_host_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -456,6 +457,34 @@ async def test_the_cli_sends_a_minted_token_and_reports_refusals(secured: Secure
         env=cli_env(secured),
     )
     assert code == 2 and "PERMISSION_DENIED" in err, (out, err)
+
+
+async def test_a_cli_host_and_a_cli_call_with_their_tokens_over_tls(secured: Secured, tmp_path: Path) -> None:
+    session = "cli-session"
+    admin = token(Role.ADMIN, session)
+    async with RegistryClient(
+        secured.system.registry_target, credentials=secured.pki.client_credentials(), token=admin
+    ) as registry:
+        await registry.put_tools(session, [ToolSpec("echo", "", OBJECT)])
+    host_env = cli_env(secured, TOOLMESH_TOKEN=token(Role.HOST, session))
+    host = await start_host_process(
+        secured.system.bridge_target, session, "e2e_handlers:HANDLERS", tmp_path, host_env
+    )
+    try:
+        code, out, err = await run_cli(
+            "tool-call",
+            "--thread-id",
+            session,
+            "--tool",
+            "echo",
+            "--args",
+            '{"over": "tls"}',
+            env=cli_env(secured, TOOLMESH_TOKEN=token(Role.CALL, session)),
+        )
+    finally:
+        assert await host.stop() == 0
+    assert code == 0, err
+    assert json.loads(out)["result"]["echo"] == {"over": "tls"}
 
 
 async def test_rotated_certificates_reach_new_connections(tmp_path: Path) -> None:
