@@ -261,7 +261,7 @@ async def measure_security(sizes: Sizes, directory: Path) -> dict[str, Any]:
                 for way in ways:
                     for label, system in (("plain", plain), ("tls+tokens", protected)):
                         rounds[label][way].append(await _measure(system.calls[way], sizes, system.pids))
-    return security.summary(rounds)
+    return security.summary(rounds) | await security.token_costs(sizes.validation_iterations)
 
 
 async def measure_mcp(sizes: Sizes) -> dict[str, dict[str, Any]]:
