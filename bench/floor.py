@@ -39,8 +39,11 @@ SUBMIT_TIMEOUT_S = 30
 MAX_SUBMITS_IN_FLIGHT = 256
 _ID = struct.Struct("!Q")
 
+# Raw bytes both ways: no serializers.
+BytesCall = grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]
 
-def _unary(handler: Any) -> grpc.RpcMethodHandler:
+
+def _unary(handler: Any) -> grpc.RpcMethodHandler[bytes, bytes]:
     return grpc.unary_unary_rpc_method_handler(handler)
 
 
@@ -64,14 +67,13 @@ async def _until_signalled() -> None:
 
 async def front(listen: str, back: str, lookup: str | None) -> None:
     channel = grpc.aio.insecure_channel(back)
-    dispatch = channel.unary_unary(DISPATCH)
-    get = grpc.aio.insecure_channel(lookup).unary_unary(LOOKUP) if lookup else None
+    dispatch: BytesCall = channel.unary_unary(DISPATCH)
+    get: BytesCall | None = grpc.aio.insecure_channel(lookup).unary_unary(LOOKUP) if lookup else None
 
     async def invoke(request: bytes, context: Any) -> bytes:
         if get is not None:
             await get(request)
-        response: bytes = await dispatch(request, timeout=context.time_remaining())
-        return response
+        return await dispatch(request, timeout=context.time_remaining())
 
     await _serve(listen, [grpc.method_handlers_generic_handler("floor.Front", {"Invoke": _unary(invoke)})])
 
@@ -149,8 +151,9 @@ class Hold:
 async def host(back_target: str, hold: Hold | None) -> None:
     """Receive requests on a server stream; answer each from its own task with a unary submit."""
     channel = grpc.aio.insecure_channel(back_target)
-    submit = channel.unary_unary(SUBMIT)
-    call = channel.unary_stream(OPEN)(b"")
+    submit: BytesCall = channel.unary_unary(SUBMIT)
+    open_stream: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(OPEN)
+    call = open_stream(b"")
     tasks: set[asyncio.Task[Any]] = set()
     reader = asyncio.create_task(_read(call, submit, tasks, hold))
     stopper = asyncio.create_task(_until_signalled())
@@ -160,7 +163,12 @@ async def host(back_target: str, hold: Hold | None) -> None:
     await channel.close()
 
 
-async def _read(call: Any, submit: Any, tasks: set[asyncio.Task[Any]], hold: Hold | None) -> None:
+async def _read(
+    call: grpc.aio.UnaryStreamCall[bytes, bytes],
+    submit: BytesCall,
+    tasks: set[asyncio.Task[Any]],
+    hold: Hold | None,
+) -> None:
     submitting = asyncio.Semaphore(MAX_SUBMITS_IN_FLIGHT)
     async for message in call:
         if not message:
@@ -172,7 +180,9 @@ async def _read(call: Any, submit: Any, tasks: set[asyncio.Task[Any]], hold: Hol
         task.add_done_callback(tasks.discard)
 
 
-async def _answer(submit: Any, request_id: bytes, hold: Hold | None, submitting: asyncio.Semaphore) -> None:
+async def _answer(
+    submit: BytesCall, request_id: bytes, hold: Hold | None, submitting: asyncio.Semaphore
+) -> None:
     if hold is not None:
         await hold.wait()
     async with submitting:

@@ -26,6 +26,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Claim, InvocationRecord, InvocationState, Ledger
+from toolmesh.invocation.observability import InvocationTelemetry
 from toolmesh.store.memory import InMemoryStore
 
 TOOL = ToolSpec("noop", "", '{"type":"object","properties":{"n":{"type":"integer"}}}')
@@ -77,8 +78,8 @@ class KeepNothing(Ledger):
 async def calls_per_second(invoker: Invoker, calls: int) -> float:
     started = time.perf_counter()
     for n in range(calls):
-        invocation = await invoker.invoke(ToolCall("bench", "turn", "noop", f'{{"n": {n}}}'))
-        await invoker.confirm_delivery([invocation.tool_request_id])
+        result = await invoker.invoke(ToolCall("bench", "turn", "noop", f'{{"n": {n}}}'))
+        await invoker.confirm_delivery([result.tool_request_id])
     return calls / (time.perf_counter() - started)
 
 
@@ -101,8 +102,9 @@ async def bytes_per_entry(entries: int, confirm: bool) -> float:
 
 
 async def measure(calls: int, entries: int) -> dict[str, Any]:
-    with_ledger = Invoker(Catalog(), InstantHost(), Ledger(InMemoryStore()))
-    without = Invoker(Catalog(), InstantHost(), KeepNothing(InMemoryStore()))
+    # Observed as the service is (with no OpenTelemetry SDK installed, as when nothing exports).
+    with_ledger = Invoker(Catalog(), InstantHost(), Ledger(InMemoryStore()), observer=InvocationTelemetry())
+    without = Invoker(Catalog(), InstantHost(), KeepNothing(InMemoryStore()), observer=InvocationTelemetry())
     await calls_per_second(with_ledger, min(calls, 500))  # warm up both
     await calls_per_second(without, min(calls, 500))
     rate_with = await calls_per_second(with_ledger, calls)

@@ -164,7 +164,7 @@ def _pids(processes: list[procs.Proc]) -> dict[str, int]:
 async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
     system = await stack.start_floor(with_lookup)
     channel = grpc.aio.insecure_channel(system.target)
-    invoke = channel.unary_unary(floor.INVOKE)
+    invoke: floor.BytesCall = channel.unary_unary(floor.INVOKE)
     counter = itertools.count()
 
     async def call() -> None:

@@ -103,7 +103,12 @@ async def start_toolmesh(
         listen = ["--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0"]
         registry, bridge = await asyncio.gather(
             procs.start("registry", ["-m", "toolmesh.registry", *listen], env=env),
-            procs.start("bridge", ["-m", "toolmesh.bridge", *listen], env=env),
+            procs.start(
+                "bridge",
+                # Its web port too on a free port: the default one may be taken.
+                ["-m", "toolmesh.bridge", *listen, "--web-listen", "127.0.0.1:0"],
+                env=env,
+            ),
         )
         started += [registry, bridge]
         invocation_args = [

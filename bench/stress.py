@@ -154,7 +154,7 @@ async def floor_scale(calls: int, hold_s: float, work_dir: Path, baseline_calls:
     floor = await stack.start_floor(host_args=hold_args)
     options = [("grpc.max_concurrent_streams", 1 << 20)]
     channels = [grpc.aio.insecure_channel(floor.target, options=options) for _ in range(CHANNELS)]
-    invokes = [channel.unary_unary(floor_chain.INVOKE) for channel in channels]
+    invokes: list[floor_chain.BytesCall] = [channel.unary_unary(floor_chain.INVOKE) for channel in channels]
 
     async def call(i: int) -> str:
         try:

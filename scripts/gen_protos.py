@@ -1,8 +1,15 @@
-"""Generate the Python stubs and their mypy .pyi from protos/.
+"""Generate the code that comes from protos/: Python stubs, Connect routes, TypeScript.
 
-They land in the client distribution's tree, as the package toolmesh.v1
-(clients/python/src/toolmesh/v1), which holds generated code only. `--check`
-regenerates into a temporary folder and fails when the committed tree differs.
+- Python stubs and their mypy .pyi land in the client distribution's tree, as
+  the package toolmesh.v1 (clients/python/src/toolmesh/v1).
+- The Connect and gRPC-Web routes of the bridge's web port (protoc-gen-connectrpc,
+  on the same protobuf messages) land in the server distribution's tree
+  (services/src/toolmesh/v1/bridge_connect.py): only the servers need connectrpc.
+- The TypeScript messages and service descriptors (protoc-gen-es through
+  `buf generate`) land in clients/typescript/src/gen; they need `npm ci` in
+  clients/typescript first.
+
+`--check` regenerates into a temporary folder and fails when a committed tree differs.
 """
 
 from __future__ import annotations
@@ -17,41 +24,76 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
-SRC = ROOT / "clients" / "python" / "src"
-OUT = SRC / "toolmesh" / "v1"
+CLIENT_SRC = ROOT / "clients" / "python" / "src"
+SERVER_SRC = ROOT / "services" / "src"
+TYPESCRIPT = ROOT / "clients" / "typescript"
+# Each generated tree, relative to the folder its generator writes into.
+PYTHON_TREE = Path("toolmesh") / "v1"
+CONNECT_FILE = Path("toolmesh") / "v1" / "bridge_connect.py"
+TYPESCRIPT_TREE = Path("src") / "gen"
+# Only the bridge is served over Connect and gRPC-Web.
+CONNECT_PROTOS = ["toolmesh/v1/bridge.proto"]
 
 
-def generate(out: Path) -> None:
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
-    bin_dir = Path(sys.executable).parent
+def _protoc(out: Path, plugin_args: list[str], protos: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", *plugin_args, *protos],
+        check=True,
+        cwd=PROTO_ROOT,
+    )
+
+
+def generate_python(out: Path) -> None:
+    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
+    bin_dir = Path(sys.executable).parent
+    _protoc(
+        out,
         [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{PROTO_ROOT}",
             f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
             f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
             f"--python_out={out}",
             f"--grpc_python_out={out}",
             f"--mypy_out={out}",
             f"--mypy_grpc_out={out}",
-            *protos,
         ],
-        check=True,
-        cwd=PROTO_ROOT,
+        protos,
     )
     # PEP 561 marker so type checkers read the generated .pyi files.
     for package in {p.parent for p in out.rglob("*_pb2.py")}:
         (package / "py.typed").write_text("")
 
 
+def generate_connect(out: Path) -> None:
+    plugin = Path(sys.executable).parent / "protoc-gen-connectrpc"
+    _protoc(
+        out,
+        [
+            f"--plugin=protoc-gen-connectrpc={plugin}",
+            f"--connectrpc_out={out}",
+            # Our messages are google.protobuf ones, shared with the gRPC port.
+            "--connectrpc_opt=protobuf=google",
+        ],
+        CONNECT_PROTOS,
+    )
+
+
+def generate_typescript(out: Path) -> None:
+    buf = TYPESCRIPT / "node_modules" / ".bin" / "buf"
+    if not buf.exists():
+        raise SystemExit("TypeScript generation needs `npm ci` in clients/typescript first")
+    subprocess.run(
+        [str(buf), "generate", str(ROOT), "--template", "buf.gen.yaml", "--output", str(out)],
+        check=True,
+        cwd=TYPESCRIPT,
+    )
+
+
 def differences(left: Path, right: Path) -> list[str]:
     found: list[str] = []
     cmp = filecmp.dircmp(left, right, ignore=["__pycache__"])
-    found += [f"only in committed tree: {name}" for name in cmp.left_only]
-    found += [f"missing from committed tree: {name}" for name in cmp.right_only]
+    found += [f"only in committed tree: {left / name}" for name in cmp.left_only]
+    found += [f"missing from committed tree: {left / name}" for name in cmp.right_only]
     for name in cmp.common_files:
         if (left / name).read_bytes() != (right / name).read_bytes():
             found.append(f"stale: {left / name}")
@@ -60,20 +102,43 @@ def differences(left: Path, right: Path) -> list[str]:
     return found
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if the committed stubs are stale")
-    args = parser.parse_args()
-    if not args.check:
-        shutil.rmtree(OUT, ignore_errors=True)
-        generate(SRC)
-        return 0
+def _file_difference(committed: Path, fresh: Path) -> list[str]:
+    if not committed.exists():
+        return [f"missing from committed tree: {committed}"]
+    return [] if committed.read_bytes() == fresh.read_bytes() else [f"stale: {committed}"]
+
+
+def check() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp)
-        generate(fresh)
-        problems = (
-            differences(OUT, fresh / OUT.relative_to(SRC)) if OUT.exists() else ["generated tree missing"]
-        )
+        generate_python(fresh / "python")
+        generate_connect(fresh / "connect")
+        generate_typescript(fresh / "typescript")
+        problems: list[str] = []
+        for committed, generated in [
+            (CLIENT_SRC / PYTHON_TREE, fresh / "python" / PYTHON_TREE),
+            (TYPESCRIPT / TYPESCRIPT_TREE, fresh / "typescript" / TYPESCRIPT_TREE),
+        ]:
+            problems += (
+                differences(committed, generated)
+                if committed.exists()
+                else [f"generated tree missing: {committed}"]
+            )
+        problems += _file_difference(SERVER_SRC / CONNECT_FILE, fresh / "connect" / CONNECT_FILE)
+        return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if the committed code is stale")
+    args = parser.parse_args()
+    if not args.check:
+        shutil.rmtree(CLIENT_SRC / PYTHON_TREE, ignore_errors=True)
+        generate_python(CLIENT_SRC)
+        generate_connect(SERVER_SRC)
+        generate_typescript(TYPESCRIPT)
+        return 0
+    problems = check()
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

@@ -1,6 +1,8 @@
-"""Render the error table (toolmesh.core.errors) into README.md between its markers.
+"""Render the error tables into README.md between their markers.
 
-`--check` fails when README.md's copy differs from the table.
+Two tables: the runtime's (toolmesh.core.errors) and the assistant's turn codes
+(toolmesh.assistant.errors). `--check` fails when README.md's copies differ
+from the tables.
 """
 
 from __future__ import annotations
@@ -9,30 +11,51 @@ import argparse
 import sys
 from pathlib import Path
 
+from toolmesh.assistant.errors import TURN_TABLE
 from toolmesh.core.errors import ERROR_TABLE
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-START = "<!-- error-table:start -->"
-END = "<!-- error-table:end -->"
 
 
-def render() -> str:
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def render_errors() -> str:
     rows = [
-        "| code | gRPC status | retryable | ends turn | message |",
+        "| code | gRPC status | retryable | caller's fault | message |",
         "| --- | --- | --- | --- | --- |",
     ]
     for code, spec in ERROR_TABLE.items():
         rows.append(
-            f"| `{code.value}` | {spec.status.name} | {'yes' if spec.retryable else 'no'} | "
-            f"{'yes' if spec.ends_turn else 'no'} | {spec.message} |"
+            f"| `{code.value}` | {spec.status.name} | {_yes(spec.retryable)} | "
+            f"{_yes(spec.caller_fault)} | {spec.message} |"
         )
     return "\n".join(rows)
 
 
-def with_table(text: str) -> str:
-    before, _, rest = text.partition(START)
-    _, _, after = rest.partition(END)
-    return f"{before}{START}\n{render()}\n{END}{after}"
+def render_turn_codes() -> str:
+    rows = ["| code | retryable | ends turn | message |", "| --- | --- | --- | --- |"]
+    for code, spec in TURN_TABLE.items():
+        rows.append(f"| `{code.value}` | {_yes(spec.retryable)} | {_yes(spec.ends_turn)} | {spec.message} |")
+    return "\n".join(rows)
+
+
+# Each table's markers in README.md, and what goes between them.
+TABLES = {"error-table": render_errors, "turn-code-table": render_turn_codes}
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def with_tables(text: str) -> str:
+    for name, render in TABLES.items():
+        start, end = markers(name)
+        before, _, rest = text.partition(start)
+        _, _, after = rest.partition(end)
+        text = f"{before}{start}\n{render()}\n{end}{after}"
+    return text
 
 
 def main() -> int:
@@ -40,14 +63,15 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     text = README.read_text()
-    if START not in text or END not in text:
-        print(f"{README} lacks the error-table markers", file=sys.stderr)
+    missing = [name for name in TABLES if any(marker not in text for marker in markers(name))]
+    if missing:
+        print(f"{README} lacks the markers of {', '.join(missing)}", file=sys.stderr)
         return 1
-    updated = with_table(text)
+    updated = with_tables(text)
     if args.check:
         if updated != text:
             print(
-                "README.md's error table is stale: run `python scripts/render_error_table.py`",
+                "README.md's error tables are stale: run `python scripts/render_error_table.py`",
                 file=sys.stderr,
             )
             return 1

@@ -12,6 +12,17 @@ import pytest_asyncio
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh_testing import HostProcess, start_host_process
 
+KINDS = ("unit", "integration")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test that is not exactly one of unit or integration, or slow but not integration."""
+    kinds = [kind for kind in KINDS if item.get_closest_marker(kind) is not None]
+    if len(kinds) != 1 or (item.get_closest_marker("slow") is not None and kinds != ["integration"]):
+        pytest.fail(
+            f"mark the test unit or integration (a slow one integration); it is {kinds}", pytrace=False
+        )
+
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def system() -> AsyncIterator[LocalSystem]:

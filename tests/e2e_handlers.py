@@ -34,6 +34,7 @@ def boom(args: dict[str, Any], ctx: ToolContext) -> None:
 
 
 async def slow_async(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    (MARKERS / f"started-{args['marker']}").touch()
     try:
         await asyncio.sleep(60)
     except asyncio.CancelledError:

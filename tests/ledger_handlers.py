@@ -21,6 +21,10 @@ def runs(key: str) -> list[str]:
 async def count(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     with (MARKERS / f"runs-{args['key']}").open("a") as log:
         log.write(ctx.tool_request_id + "\n")
+    if args.get("hold"):
+        # Held until the test writes release-<key>: it runs in another process, a file is the signal.
+        while not (MARKERS / f"release-{args['key']}").exists():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
     await asyncio.sleep(float(args.get("sleep", 0)))
     return {"key": args["key"], "runs": len(runs(args["key"])), "servedBy": os.getpid()}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,25 +19,29 @@ from scripted_model import Hold, ScriptedModel, answer, before, failure, raw, ru
 
 from toolmesh.assistant import (
     TEXT_LIMIT,
+    TURN_TABLE,
     Assistant,
     AssistantError,
     AssistantState,
     ConfirmationRequest,
+    Message,
     ModelEndpoint,
     Role,
     Status,
     ToolResult,
     ToolServices,
+    TurnCode,
     TurnLimits,
 )
 from toolmesh.assistant.confirmation import Confirm
+from toolmesh.assistant.grpc_channel import GrpcToolChannel
+from toolmesh.assistant.model import FunctionTool, ModelReply
 from toolmesh.client import RegistryClient
-from toolmesh.core.errors import Code
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.server.system import LocalSystem
 from toolmesh_testing import HostProcess, start_host_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 THREAD = "assistant-e2e"
 OBJECT = '{"type":"object"}'
@@ -186,8 +190,8 @@ async def test_unknown_tool_and_missing_handler_are_tool_unavailable(
     assistant = make()
     assert await assistant.send("try") == "Neither works."
     unknown, unhandled = results(assistant.state)
-    assert (unknown.code, unknown.cause) == (Code.TOOL_UNAVAILABLE, "not_listed")
-    assert (unhandled.code, unhandled.cause) == (Code.TOOL_UNAVAILABLE, "TOOL_HANDLER_NOT_FOUND")
+    assert (unknown.code, unknown.cause) == (TurnCode.TOOL_UNAVAILABLE, "not_listed")
+    assert (unhandled.code, unhandled.cause) == (TurnCode.TOOL_UNAVAILABLE, "TOOL_HANDLER_NOT_FOUND")
     contents = [m["content"] for m in model.tool_messages(1)]
     assert all(content.startswith("TOOL_UNAVAILABLE: ") for content in contents)
 
@@ -199,10 +203,10 @@ async def test_arguments_that_fail_the_schema_or_are_not_json_are_invalid_argume
     assistant = make()
     assert await assistant.send("try") == "Fixed."
     schema, not_json, not_object = results(assistant.state)
-    assert (schema.code, schema.cause) == (Code.INVALID_ARGUMENTS, "TOOL_ARGS_INVALID")
+    assert (schema.code, schema.cause) == (TurnCode.INVALID_ARGUMENTS, "TOOL_ARGS_INVALID")
     assert "/n: 0 is less than the minimum of 1" in schema.text
-    assert (not_json.code, not_json.cause) == (Code.INVALID_ARGUMENTS, "not_json")
-    assert (not_object.code, not_object.cause) == (Code.INVALID_ARGUMENTS, "not_object")
+    assert (not_json.code, not_json.cause) == (TurnCode.INVALID_ARGUMENTS, "not_json")
+    assert (not_object.code, not_object.cause) == (TurnCode.INVALID_ARGUMENTS, "not_object")
     assert "minimum of 1" in model.tool_messages(1)[0]["content"]
 
 
@@ -213,9 +217,9 @@ async def test_raising_handler_and_domain_error_are_execution_failed(
     assistant = make()
     assert await assistant.send("try") == "Both failed."
     raised, domain = results(assistant.state)
-    assert (raised.code, raised.cause) == (Code.EXECUTION_FAILED, "TOOL_HANDLER_ERROR")
+    assert (raised.code, raised.cause) == (TurnCode.EXECUTION_FAILED, "TOOL_HANDLER_ERROR")
     assert "0451" not in raised.text
-    assert (domain.code, domain.cause) == (Code.EXECUTION_FAILED, "NOTE_LOCKED")
+    assert (domain.code, domain.cause) == (TurnCode.EXECUTION_FAILED, "NOTE_LOCKED")
     assert "The note is locked." in domain.text and domain.data == {"id": "n1"}
 
 
@@ -265,9 +269,10 @@ async def test_refused_confirmation_is_confirmation_denied_and_nothing_runs(
     assistant = make(confirm=confirm)
     assert await assistant.send("delete") == "Kept."
     [result] = results(assistant.state)
-    assert result.code is Code.CONFIRMATION_DENIED
+    assert result.code is TurnCode.CONFIRMATION_DENIED
     assert model.tool_messages(1)[0]["content"].startswith("CONFIRMATION_DENIED: ")
-    await asyncio.sleep(0.2)
+    # The assistant waits for every call it makes before the model reads the result:
+    # had it called the tool, the handler would have left its marker by now.
     assert not (marker_dir / f"deleted-{note}").exists()
 
 
@@ -284,7 +289,7 @@ async def test_call_that_cannot_run_is_not_put_to_the_person(
     assistant = make(confirm=yes)
     assert await assistant.send("delete") == "Oops."
     assert asked == []
-    assert results(assistant.state)[0].code is Code.INVALID_ARGUMENTS
+    assert results(assistant.state)[0].code is TurnCode.INVALID_ARGUMENTS
 
 
 # -- stale tools -----------------------------------------------------------------------------------
@@ -302,7 +307,7 @@ async def test_revision_moved_after_planning_is_stale_tools(
     assistant = make()
     assert await assistant.send("echo") == "Will ask again."
     [result] = results(assistant.state)
-    assert result.code is Code.STALE_TOOLS
+    assert result.code is TurnCode.STALE_TOOLS
     assert "STALE_TOOLS: " in model.tool_messages(1)[0]["content"]
     # The next round was planned on the new list.
     assert "extra" in {tool["function"]["name"] for tool in model.requests[1]["tools"]}
@@ -326,7 +331,7 @@ async def test_tool_list_changing_during_the_prompt_withdraws_it_as_stale_tools(
     assistant = make(confirm=wait_while_the_list_changes)
     assert await asyncio.wait_for(assistant.send("delete"), 10) == "The list changed."
     assert withdrawn.is_set()
-    assert results(assistant.state)[0].code is Code.STALE_TOOLS
+    assert results(assistant.state)[0].code is TurnCode.STALE_TOOLS
     assert not (marker_dir / "deleted-stale1").exists()
 
 
@@ -340,7 +345,7 @@ async def test_confirming_after_the_list_changed_is_stale_tools(
     model.script(tool_calls(("delete_note", {"id": "stale2"})), answer("Not deleted."))
     assistant = make(confirm=change_then_confirm)
     assert await assistant.send("delete") == "Not deleted."
-    assert results(assistant.state)[0].code is Code.STALE_TOOLS
+    assert results(assistant.state)[0].code is TurnCode.STALE_TOOLS
     assert not (marker_dir / "deleted-stale2").exists()
 
 
@@ -353,7 +358,7 @@ async def test_plaintext_channel_where_tls_is_required_is_unsupported(
     model.script(answer("never"))
     services = ToolServices(system.registry_target, system.invocation_target, require_tls=True)
     error = await turn_error(make(services=services))
-    assert error.code is Code.UNSUPPORTED_WEBMCP and "TLS" in error.message
+    assert error.code is TurnCode.UNSUPPORTED_WEBMCP and "TLS" in error.message
     assert model.requests == []
 
 
@@ -364,7 +369,7 @@ async def test_server_without_the_invocation_service_is_unsupported(
     # The bridge's server speaks gRPC and health, but offers no InvocationService.
     services = ToolServices(system.registry_target, system.bridge_target)
     error = await turn_error(make(services=services))
-    assert error.code is Code.UNSUPPORTED_WEBMCP
+    assert error.code is TurnCode.UNSUPPORTED_WEBMCP
     assert "toolmesh.v1.InvocationService" in error.message
     assert model.requests == []
 
@@ -375,7 +380,7 @@ async def test_unreachable_registry_is_discovery_failed(
     model.script(answer("never"))
     services = ToolServices(f"127.0.0.1:{closed_port()}", system.invocation_target)
     error = await turn_error(make(services=services))
-    assert error.code is Code.DISCOVERY_FAILED
+    assert error.code is TurnCode.DISCOVERY_FAILED
     assert model.requests == []
 
 
@@ -386,7 +391,7 @@ async def test_tool_that_cannot_be_offered_is_invalid_schema(
     await registry.put_tools("assistant-dotted", [ToolSpec("notes.delete", "", OBJECT)])
     model.script(answer("never"))
     error = await turn_error(make(session="assistant-dotted"))
-    assert error.code is Code.INVALID_SCHEMA and "notes.delete" in error.message
+    assert error.code is TurnCode.INVALID_SCHEMA and "notes.delete" in error.message
     assert model.requests == []
 
 
@@ -396,7 +401,7 @@ async def test_model_that_hangs_is_timeout(make: MakeAssistant, model: ScriptedM
     loop = asyncio.get_running_loop()
     started = loop.time()
     error = await turn_error(assistant)
-    assert error.code is Code.TIMEOUT
+    assert error.code is TurnCode.TIMEOUT
     assert loop.time() - started < 3
 
 
@@ -409,10 +414,10 @@ async def test_tool_past_its_deadline_is_timeout_and_ends_the_turn(
     model.script(tool_calls(("slow", {}), ("echo", {"n": 1})), answer("never"))
     assistant = make(limits=TurnLimits(tool_timeout_s=own_timeout))
     error = await turn_error(assistant)
-    assert error.code is Code.TIMEOUT and cause in error.message
+    assert error.code is TurnCode.TIMEOUT and cause in error.message
     slow, echo = results(assistant.state)
-    assert (slow.code, slow.cause) == (Code.TIMEOUT, cause)
-    assert (echo.code, echo.cause) == (Code.TIMEOUT, "not_run")  # echo never ran
+    assert (slow.code, slow.cause) == (TurnCode.TIMEOUT, cause)
+    assert (echo.code, echo.cause) == (TurnCode.TIMEOUT, "not_run")  # echo never ran
     assert len(model.requests) == 1
 
 
@@ -434,26 +439,48 @@ async def test_failing_or_unusable_model_is_model_error(
     model.script(reply)
     assistant = make()
     error = await turn_error(assistant)
-    assert error.code is Code.MODEL_ERROR
+    assert error.code is TurnCode.MODEL_ERROR
     assert [m.role for m in assistant.state.messages] == [Role.USER]
 
 
 async def test_unreachable_model_is_model_error(make: MakeAssistant) -> None:
     error = await turn_error(make(model_url=f"http://127.0.0.1:{closed_port()}/v1"))
-    assert error.code is Code.MODEL_ERROR and "ConnectError" in error.message
+    assert error.code is TurnCode.MODEL_ERROR and "ConnectError" in error.message
 
 
 async def test_more_rounds_than_allowed_is_turn_limit(make: MakeAssistant, model: ScriptedModel) -> None:
     model.script(*[tool_calls(("echo", {"n": n})) for n in (1, 2, 3)], answer("never"))
     assistant = make(limits=TurnLimits(max_rounds=2))
     error = await turn_error(assistant)
-    assert error.code is Code.TURN_LIMIT
+    assert error.code is TurnCode.TURN_LIMIT
     assert len(model.requests) == 3
     ran = [r for r in results(assistant.state) if r.ok]
     assert [r.data["echo"] for r in ran] == [{"n": 1}, {"n": 2}]
     assert (
-        results(assistant.state)[-1].code is Code.TURN_LIMIT
+        results(assistant.state)[-1].code is TurnCode.TURN_LIMIT
     )  # the third round's call was answered, not run
+
+
+class BrokenModel:
+    """A model adapter with a bug: it fails in a way no turn code names."""
+
+    async def complete(self, messages: Sequence[Message], tools: Sequence[FunctionTool]) -> ModelReply:
+        raise LookupError("a bug in the adapter")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_failure_of_the_assistants_own_code_ends_the_turn_as_internal(system: LocalSystem) -> None:
+    services = ToolServices(system.registry_target, system.invocation_target)
+    assistant = Assistant(THREAD, channel=GrpcToolChannel(THREAD, services), model=BrokenModel())
+    try:
+        error = await turn_error(assistant)
+    finally:
+        await assistant.dispose()
+    assert error.code is TurnCode.INTERNAL and error.ends_turn
+    assert error.human_message == TURN_TABLE[TurnCode.INTERNAL].message
+    assert error.detail == "LookupError" and isinstance(error.__cause__, LookupError)
 
 
 # -- busy, cancel, clear, dispose ------------------------------------------------------------------
@@ -476,7 +503,7 @@ async def test_send_during_a_turn_is_busy_and_changes_nothing(
     before_busy = assistant.state
     with pytest.raises(AssistantError) as raised:
         await assistant.send("second")
-    assert raised.value.code is Code.BUSY
+    assert raised.value.code is TurnCode.BUSY
     assert assistant.state is before_busy
     hold.released.set()
     assert await turn == "first done"
@@ -499,8 +526,8 @@ async def test_cancel_mid_turn_is_aborted_and_the_conversation_goes_on(
     turn = await _running(assistant, hold)
     assert assistant.cancel() is True
     assert assistant.state.status is Status.IDLE
-    assert assistant.state.error is not None and assistant.state.error.code is Code.ABORTED
-    assert (await _ended(turn)).code is Code.ABORTED
+    assert assistant.state.error is not None and assistant.state.error.code is TurnCode.ABORTED
+    assert (await _ended(turn)).code is TurnCode.ABORTED
     assert assistant.cancel() is False
     assert await assistant.send("again") == "after cancel"
     assert [m.text for m in assistant.state.messages] == ["first", "again", "after cancel"]
@@ -521,9 +548,9 @@ async def test_cancel_during_a_confirmation_prompt_is_aborted(
     turn = asyncio.create_task(assistant.send("delete"))
     await asyncio.wait_for(prompted.wait(), 5)
     assistant.cancel()
-    assert (await _ended(turn)).code is Code.ABORTED
+    assert (await _ended(turn)).code is TurnCode.ABORTED
     [result] = results(assistant.state)  # the open call is answered, so the history stays valid
-    assert (result.code, result.cause) == (Code.ABORTED, "not_run")
+    assert (result.code, result.cause) == (TurnCode.ABORTED, "not_run")
     assert not (marker_dir / "deleted-cancelled1").exists()
 
 
@@ -535,7 +562,7 @@ async def test_clear_mid_turn_is_aborted_and_forgets_everything(
     assistant = make()
     turn = await _running(assistant, hold)
     assistant.clear()
-    assert (await _ended(turn)).code is Code.ABORTED
+    assert (await _ended(turn)).code is TurnCode.ABORTED
     assert assistant.state == AssistantState()
 
 
@@ -545,11 +572,11 @@ async def test_dispose_mid_turn_is_aborted_and_final(make: MakeAssistant, model:
     assistant = make()
     turn = await _running(assistant, hold)
     await assistant.dispose()
-    assert (await _ended(turn)).code is Code.ABORTED
+    assert (await _ended(turn)).code is TurnCode.ABORTED
     assert assistant.state.status is Status.DISPOSED
     with pytest.raises(AssistantError) as raised:
         await assistant.send("anyone?")
-    assert raised.value.code is Code.ABORTED
+    assert raised.value.code is TurnCode.ABORTED
 
 
 # -- result size -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.server.system import LocalSystem
 from toolmesh_testing import TESTS, HostProcess, start_host_process, toolmesh_command
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 THREAD = "assistant-cli"
 TOOLS = [

@@ -2,44 +2,57 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 
 import pytest
 
-from toolmesh.assistant import TEXT_LIMIT, AssistantError, Message, ModelEndpoint, ToolCallRequest, ToolResult
+from toolmesh.assistant import (
+    TEXT_LIMIT,
+    TURN_TABLE,
+    AssistantError,
+    Message,
+    ModelEndpoint,
+    ToolCallRequest,
+    ToolResult,
+    TurnCode,
+)
 from toolmesh.assistant.chat_completions import parse_reply, request_body
 from toolmesh.assistant.mapping import RUNTIME_TO_TURN, tool_result, turn_code
 from toolmesh.assistant.model import FunctionTool
 from toolmesh.assistant.offer import offer
 from toolmesh.assistant.state import StateStore, Status
 from toolmesh.client.invocation import CallResult
-from toolmesh.core.errors import ERROR_TABLE, Code
+from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.core.tools import ToolSet, ToolSpec
 
+pytestmark = pytest.mark.unit
+
 TURN_CODES = {
-    Code.UNSUPPORTED_WEBMCP,
-    Code.DISCOVERY_FAILED,
-    Code.INVALID_SCHEMA,
-    Code.TOOL_UNAVAILABLE,
-    Code.STALE_TOOLS,
-    Code.INVALID_ARGUMENTS,
-    Code.EXECUTION_FAILED,
-    Code.CONFIRMATION_DENIED,
-    Code.ABORTED,
-    Code.TIMEOUT,
-    Code.MODEL_ERROR,
-    Code.TURN_LIMIT,
-    Code.BUSY,
+    TurnCode.UNSUPPORTED_WEBMCP,
+    TurnCode.DISCOVERY_FAILED,
+    TurnCode.INVALID_SCHEMA,
+    TurnCode.TOOL_UNAVAILABLE,
+    TurnCode.STALE_TOOLS,
+    TurnCode.INVALID_ARGUMENTS,
+    TurnCode.EXECUTION_FAILED,
+    TurnCode.CONFIRMATION_DENIED,
+    TurnCode.ABORTED,
+    TurnCode.TIMEOUT,
+    TurnCode.MODEL_ERROR,
+    TurnCode.TURN_LIMIT,
+    TurnCode.BUSY,
 }
 # Failed tool results the model sees; BUSY refuses the send and ends nothing.
 TURN_GOES_ON = {
-    Code.CONFIRMATION_DENIED,
-    Code.TOOL_UNAVAILABLE,
-    Code.INVALID_ARGUMENTS,
-    Code.EXECUTION_FAILED,
-    Code.STALE_TOOLS,
-    Code.BUSY,
+    TurnCode.CONFIRMATION_DENIED,
+    TurnCode.TOOL_UNAVAILABLE,
+    TurnCode.INVALID_ARGUMENTS,
+    TurnCode.EXECUTION_FAILED,
+    TurnCode.STALE_TOOLS,
+    TurnCode.BUSY,
 }
 # Every code a tool call can come back with: outcomes and the no-outcome codes of a caller.
 CALL_CODES = {
@@ -66,42 +79,46 @@ CALL_CODES = {
 
 def test_thirteen_turn_codes_and_which_end_the_turn() -> None:
     assert len(TURN_CODES) == 13
+    # The table has one more row: INTERNAL, the assistant's own failure, which ends the turn.
+    assert set(TURN_TABLE) == TURN_CODES | {TurnCode.INTERNAL}
+    assert TURN_TABLE[TurnCode.INTERNAL].ends_turn
     for code in TURN_CODES:
-        assert ERROR_TABLE[code].ends_turn is (code not in TURN_GOES_ON), code
+        assert TURN_TABLE[code].ends_turn is (code not in TURN_GOES_ON), code
+    messages = [spec.message for spec in TURN_TABLE.values()]
+    assert len(messages) == len(set(messages))
 
 
-def test_every_call_code_maps_onto_a_turn_code_that_agrees_on_ending_the_turn() -> None:
+def test_every_call_code_maps_onto_a_turn_code() -> None:
     assert set(RUNTIME_TO_TURN) == CALL_CODES
-    for runtime, turn in RUNTIME_TO_TURN.items():
-        assert turn in TURN_CODES
-        assert ERROR_TABLE[runtime].ends_turn is ERROR_TABLE[turn].ends_turn, runtime
+    assert set(RUNTIME_TO_TURN.values()) <= TURN_CODES
 
 
 @pytest.mark.parametrize(
     ("code", "kind", "expected"),
     [
-        ("TOOL_NOT_FOUND", ErrorKind.RUNTIME, Code.TOOL_UNAVAILABLE),
-        ("TOOL_HANDLER_NOT_FOUND", ErrorKind.RUNTIME, Code.TOOL_UNAVAILABLE),
-        ("TOOL_HOST_UNAVAILABLE", ErrorKind.RUNTIME, Code.TOOL_UNAVAILABLE),
-        ("TOOL_ARGS_INVALID", ErrorKind.RUNTIME, Code.INVALID_ARGUMENTS),
-        ("TOOL_HANDLER_ERROR", ErrorKind.RUNTIME, Code.EXECUTION_FAILED),
-        ("TOOL_RESULT_INVALID", ErrorKind.RUNTIME, Code.EXECUTION_FAILED),
-        ("TOOL_HOST_DISCONNECTED", ErrorKind.RUNTIME, Code.EXECUTION_FAILED),
-        ("TOOL_TIMEOUT", ErrorKind.RUNTIME, Code.TIMEOUT),
-        ("TOOL_NOT_FOUND", ErrorKind.DOMAIN, Code.EXECUTION_FAILED),  # a handler's own code, whatever it is
-        ("SOMETHING_NEWER", ErrorKind.RUNTIME, Code.EXECUTION_FAILED),
+        ("TOOL_NOT_FOUND", ErrorKind.RUNTIME, TurnCode.TOOL_UNAVAILABLE),
+        ("TOOL_HANDLER_NOT_FOUND", ErrorKind.RUNTIME, TurnCode.TOOL_UNAVAILABLE),
+        ("TOOL_HOST_UNAVAILABLE", ErrorKind.RUNTIME, TurnCode.TOOL_UNAVAILABLE),
+        ("TOOL_ARGS_INVALID", ErrorKind.RUNTIME, TurnCode.INVALID_ARGUMENTS),
+        ("TOOL_HANDLER_ERROR", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
+        ("TOOL_RESULT_INVALID", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
+        ("TOOL_HOST_DISCONNECTED", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
+        ("TOOL_TIMEOUT", ErrorKind.RUNTIME, TurnCode.TIMEOUT),
+        # A handler's own code, whatever it is.
+        ("TOOL_NOT_FOUND", ErrorKind.DOMAIN, TurnCode.EXECUTION_FAILED),
+        ("SOMETHING_NEWER", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
     ],
 )
-def test_turn_code_of_an_outcome(code: str, kind: ErrorKind, expected: Code) -> None:
+def test_turn_code_of_an_outcome(code: str, kind: ErrorKind, expected: TurnCode) -> None:
     assert turn_code(code, kind) is expected
 
 
 def test_no_outcome_results_say_the_tool_may_have_run() -> None:
     result = tool_result(CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED))
-    assert (result.ok, result.code, result.cause) == (False, Code.TIMEOUT, "CALLER_DEADLINE_EXCEEDED")
+    assert (result.ok, result.code, result.cause) == (False, TurnCode.TIMEOUT, "CALLER_DEADLINE_EXCEEDED")
     assert "may or may not have run" in result.text
     transport = tool_result(CallResult(None, None, Code.TRANSPORT_FAILED, "connection reset"))
-    assert transport.code is Code.EXECUTION_FAILED and transport.text.endswith("connection reset")
+    assert transport.code is TurnCode.EXECUTION_FAILED and transport.text.endswith("connection reset")
 
 
 def test_failure_text_starts_with_the_code_and_its_message() -> None:
@@ -109,7 +126,7 @@ def test_failure_text_starts_with_the_code_and_its_message() -> None:
         Code.TOOL_ARGS_INVALID, "1 schema violation(s).", {"violations": [{"path": "/n", "message": "bad"}]}
     )
     result = tool_result(CallResult("tr_1", Outcome.error(failure)))
-    assert result.text.startswith(f"INVALID_ARGUMENTS: {ERROR_TABLE[Code.INVALID_ARGUMENTS].message} ")
+    assert result.text.startswith(f"INVALID_ARGUMENTS: {TURN_TABLE[TurnCode.INVALID_ARGUMENTS].message} ")
     assert result.text.endswith("/n: bad")
     assert result.data == {"violations": [{"path": "/n", "message": "bad"}]}
 
@@ -128,12 +145,12 @@ def test_data_is_dropped_when_its_json_is_over_the_limit() -> None:
     over = {"k": fits["k"] + "c"}
     result = ToolResult.success(json.dumps(over, separators=(",", ":")))
     assert result.data is None and len(result.text) == TEXT_LIMIT
-    assert ToolResult.failure(Code.EXECUTION_FAILED, data={"huge": "d" * TEXT_LIMIT}).data is None
+    assert ToolResult.failure(TurnCode.EXECUTION_FAILED, data={"huge": "d" * TEXT_LIMIT}).data is None
 
 
 def test_a_result_is_ok_or_has_a_code() -> None:
     with pytest.raises(ValueError, match="ok, or it has a code"):
-        ToolResult(True, "x", Code.EXECUTION_FAILED)
+        ToolResult(True, "x", TurnCode.EXECUTION_FAILED)
 
 
 def test_reply_with_tool_calls_is_read() -> None:
@@ -168,7 +185,7 @@ def test_reply_with_tool_calls_is_read() -> None:
 def test_unusable_replies_are_model_errors(body: bytes) -> None:
     with pytest.raises(AssistantError) as raised:
         parse_reply(body)
-    assert raised.value.code is Code.MODEL_ERROR
+    assert raised.value.code is TurnCode.MODEL_ERROR
 
 
 def test_request_body_follows_chat_completions() -> None:
@@ -206,7 +223,7 @@ def test_request_body_follows_chat_completions() -> None:
 def test_tools_that_cannot_be_offered_are_invalid_schema(tool: ToolSpec) -> None:
     with pytest.raises(AssistantError) as raised:
         offer(ToolSet(1, (ToolSpec("fine"), tool)))
-    assert raised.value.code is Code.INVALID_SCHEMA
+    assert raised.value.code is TurnCode.INVALID_SCHEMA
 
 
 def test_model_endpoint_from_flags_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,10 +244,22 @@ def test_an_ended_turn_answers_its_open_calls_and_a_stale_turn_changes_nothing()
     calls = (ToolCallRequest("a", "echo", "{}"), ToolCallRequest("b", "echo", "{}"))
     store.append(generation, Message.assistant("", calls))
     store.append(generation, Message.tool(calls[0], ToolResult.success("1")))
-    store.abort(AssistantError(Code.ABORTED))
+    store.abort(AssistantError(TurnCode.ABORTED))
     store.append(generation, Message.user("late"))  # the aborted turn, still unwinding
     store.end_turn(generation, None)
     state = store.state
-    assert state.status is Status.IDLE and state.error is not None and state.error.code is Code.ABORTED
+    assert state.status is Status.IDLE and state.error is not None and state.error.code is TurnCode.ABORTED
     answered = [(m.call.id, m.result.code) for m in state.messages if m.call and m.result]
-    assert answered == [("a", None), ("b", Code.ABORTED)]
+    assert answered == [("a", None), ("b", TurnCode.ABORTED)]
+
+
+def test_assistant_error_pickles_and_copies() -> None:
+    error = AssistantError(TurnCode.TIMEOUT, "The model did not answer within 5 s.", {"tool": "echo"})
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(again) is AssistantError
+        assert (again.code, again.detail, again.metadata) == (error.code, error.detail, error.metadata)
+        assert (again.message, again.human_message, again.ends_turn) == (
+            error.message,
+            error.human_message,
+            True,
+        )

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import hmac
-import http.server
 import json
 import os
-import ssl
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.utils import base64url_encode
-from trust_testing import SECRET, Pki
+from trust_testing import SECRET, Pki, rsa_jwk
 
 from toolmesh.auth.command import parse_ttl
 from toolmesh.auth.grants import Grant, Role, Sessions
 from toolmesh.auth.policy import INTERNAL, PUBLIC
-from toolmesh.auth.tokens import JwksFile, JwksUrl, SharedSecret, Verifier, keys_from, mint
+from toolmesh.auth.tokens import JwksFile, SharedSecret, Verifier, keys_from, mint
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tls import TlsFiles
@@ -34,6 +27,8 @@ from toolmesh.invocation.ledger import Ledger
 from toolmesh.server.security import Security, Unprotected, is_loopback
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, registry_pb2
+
+pytestmark = pytest.mark.unit
 
 
 def verifier(keys: Any = None, clock: Any = time.time) -> Verifier:
@@ -121,12 +116,6 @@ async def test_a_cached_token_still_expires() -> None:
     assert await refusal(checking, token) == "expired"
 
 
-def rsa_jwk(kid: str) -> tuple[Any, dict[str, Any]]:
-    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key()))
-    return private, public | {"kid": kid, "alg": "RS256", "use": "sig"}
-
-
 async def test_jwks_file_keys_verify_and_a_rotated_file_is_read_again(tmp_path: Path) -> None:
     first, first_jwk = rsa_jwk("k1")
     second, second_jwk = rsa_jwk("k2")
@@ -154,59 +143,6 @@ async def test_a_public_key_used_as_an_hmac_secret_is_refused(tmp_path: Path) ->
     signature = base64url_encode(hmac.new(pem, header + b"." + body, hashlib.sha256).digest())
     forged = b".".join([header, body, signature]).decode()
     assert await refusal(verifier(JwksFile(path)), forged) == "malformed"
-
-
-@contextlib.contextmanager
-def https_jwks(pki: Pki, document: dict[str, Any]) -> Iterator[str]:
-    """A real HTTPS server on loopback serving one JWKS document."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(document).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    files = pki.files("server")
-    assert files.cert is not None and files.key is not None
-    context.load_cert_chain(files.cert, files.key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/jwks.json"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-async def test_jwks_url_keys_are_fetched_off_the_loop(tmp_path: Path) -> None:
-    pki = Pki.make(tmp_path)
-    private, jwk = rsa_jwk("k1")
-    with https_jwks(pki, {"keys": [jwk]}) as url:
-        trust = ssl.create_default_context(cafile=str(pki.ca_file))
-        checking = verifier(JwksUrl(url, ssl_context=trust), clock=time.time)
-        token = jwt.encode(
-            {
-                "iss": "toolmesh",
-                "aud": "toolmesh",
-                "exp": time.time() + 60,
-                "roles": ["host"],
-                "sessions": ["h"],
-            },
-            private,
-            algorithm="RS256",
-            headers={"kid": "k1"},
-        )
-        grant = await asyncio.wait_for(checking.grant(token), 10)
-        assert grant.roles == {Role.HOST}
 
 
 def test_keys_come_from_a_secret_or_a_jwks_never_both(tmp_path: Path) -> None:

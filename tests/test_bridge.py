@@ -16,7 +16,7 @@ from toolmesh.core.rpcstatus import error_code
 from toolmesh.server.system import start_bridge
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
 class BridgeStubs:
@@ -42,14 +42,18 @@ async def bridge() -> AsyncIterator[BridgeStubs]:
 
 
 class Host:
-    def __init__(self, stub: Any, session: str, handlers: list[str]) -> None:
+    def __init__(self, stub: Any, session: str, handlers: list[str], *, generic: bool = False) -> None:
         self.stub = stub
         self.stream = stub.OpenHostSession(
-            bridge_pb2.OpenHostSessionRequest(session_id=session, host_name="test", handler_names=handlers)
+            bridge_pb2.OpenHostSessionRequest(
+                session_id=session, host_name="test", handler_names=handlers, has_generic_handler=generic
+            )
         )
         self.id = ""
         # Reading in one task: cancelling a pending read would cancel the whole stream.
         self.events: asyncio.Queue[Any] = asyncio.Queue()
+        # The id of every tool request received, taken by `next` or not.
+        self.request_ids: list[str] = []
         self.reader: asyncio.Task[None] | None = None
 
     async def open(self) -> Host:
@@ -61,6 +65,8 @@ class Host:
 
     async def _read(self) -> None:
         while (event := await self.stream.read()) is not grpc.aio.EOF:
+            if event.WhichOneof("event") == "tool_request":
+                self.request_ids.append(event.tool_request.tool_request_id)
             await self.events.put(event)
 
     async def next(self, kind: str, timeout: float = 5) -> Any:
@@ -187,19 +193,25 @@ async def test_no_host_and_duplicate_ids(bridge: Any) -> None:
 
 
 async def test_named_handler_host_is_preferred(bridge: Any) -> None:
-    generic = bridge.OpenHostSession(
-        bridge_pb2.OpenHostSessionRequest(session_id="b6", host_name="g", has_generic_handler=True)
-    )
-    await generic.read()
+    generic = await Host(bridge, "b6", [], generic=True).open()
     named = await Host(bridge, "b6", ["special"]).open()
     for index in range(3):
         dispatch = asyncio.ensure_future(
             bridge.DispatchToolRequest(request("b6", f"req-7-{index}", tool="special"))
         )
         delivered = await named.next("tool_request")
+        assert delivered.tool_request_id == f"req-7-{index}"
         await named.submit(delivered.tool_request_id, OK)
-        await dispatch
-    generic.cancel()
+        # The named host's answer is the outcome: the request went to it alone.
+        assert (await dispatch).outcome.result_json == '{"done": true}'
+    assert generic.request_ids == []
+    # A tool nobody names goes to the generic host.
+    other = asyncio.ensure_future(bridge.DispatchToolRequest(request("b6", "req-7-other", tool="other")))
+    assert (await generic.next("tool_request")).tool_request_id == "req-7-other"
+    await generic.submit("req-7-other", OK)
+    assert (await other).outcome.result_json == '{"done": true}'
+    assert named.request_ids == [f"req-7-{index}" for index in range(3)]
+    generic.stream.cancel()
     named.stream.cancel()
 
 

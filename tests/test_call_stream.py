@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,17 +18,18 @@ import pytest_asyncio
 
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code
-from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.rpcstatus import error_code, grpc_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import free_port, start_service_process
+from toolmesh_testing import eventually, free_port, logged, start_service_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SESSION = "streamed"
 OBJECT = '{"type":"object"}'
+JOINED = "joined a running invocation"  # what the invocation service logs for each call that joins
 
 
 class Counted:
@@ -65,6 +67,15 @@ async def system() -> AsyncIterator[tuple[LocalSystem, Counted]]:
         await server.stop(0)
 
 
+async def read(
+    stream: grpc.aio.StreamStreamCall[invocation_pb2.InvokeToolsRequest, invocation_pb2.InvokeToolsResponse],
+) -> invocation_pb2.InvokeToolsResponse:
+    """The stream's next response (not its end)."""
+    response = await stream.read()
+    assert isinstance(response, invocation_pb2.InvokeToolsResponse), response
+    return response
+
+
 def streamed(call_id: int, tool: str = "echo", session: str = SESSION, **args: Any) -> Any:
     request = invocation_pb2.InvokeToolRequest(
         session_id=session, turn_id="turn", tool_name=tool, arguments_json=json.dumps(args)
@@ -79,7 +90,7 @@ async def test_calls_in_one_message_each_get_their_result(system: tuple[LocalSys
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=calls))
         await stream.done_writing()
         results = {}
-        while (response := await stream.read()) is not grpc.aio.EOF:
+        async for response in stream:
             results.update({result.call_id: result for result in response.results})
     assert set(results) == {1, 2, 3}  # then the stream ended: every call was answered
     for call_id in (1, 3):
@@ -95,22 +106,25 @@ async def test_a_call_id_still_open_is_refused_alone(system: tuple[LocalSystem, 
         stream = invocation_pb2_grpc.InvocationServiceStub(channel).InvokeTools()
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(7, "counted", key="open")]))
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(7, n=0)]))
-        duplicate = (await stream.read()).results[0]
+        duplicate = (await read(stream)).results[0]
         assert duplicate.call_id == 7 and duplicate.error.reason == "INVALID_REQUEST"
         counted.release.set()
-        answered = (await stream.read()).results[0]
+        answered = (await read(stream)).results[0]
         assert answered.call_id == 7 and answered.response.outcome.result_json
         counted.release.clear()
         stream.cancel()
 
 
-async def test_identical_calls_on_the_stream_run_once(system: tuple[LocalSystem, Counted]) -> None:
+async def test_identical_calls_on_the_stream_run_once(
+    system: tuple[LocalSystem, Counted], caplog: pytest.LogCaptureFixture
+) -> None:
     _, counted = system
     before = counted.runs
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
     async with InvocationClient(system[0].invocation_target, multiplex=True) as client:
         calls = [client.invoke(SESSION, "counted", {"key": "storm"}, turn_id="turn") for _ in range(50)]
         pending = asyncio.gather(*calls)
-        await asyncio.sleep(0.2)
+        await eventually(lambda: logged(caplog.records, JOINED) == 49)  # one runs, the others wait on it
         counted.release.set()
         results = await pending
         counted.release.clear()
@@ -127,18 +141,21 @@ async def test_a_reused_idempotency_key_raises_as_on_a_unary_call(
         assert first.outcome is not None and first.outcome.ok
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await client.invoke(SESSION, "echo", {"n": 2}, turn_id="turn", idempotency_key="key-1")
-    assert raised.value.code() is ERROR_TABLE[Code.IDEMPOTENCY_KEY_REUSED].status
+    assert raised.value.code() is grpc_code(ERROR_TABLE[Code.IDEMPOTENCY_KEY_REUSED].status)
     assert error_code(raised.value) is Code.IDEMPOTENCY_KEY_REUSED
 
 
-async def test_a_caller_that_leaves_is_joined_by_its_retry(system: tuple[LocalSystem, Counted]) -> None:
+async def test_a_caller_that_leaves_is_joined_by_its_retry(
+    system: tuple[LocalSystem, Counted], caplog: pytest.LogCaptureFixture
+) -> None:
     _, counted = system
     before = counted.runs
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
     async with InvocationClient(system[0].invocation_target, multiplex=True) as client:
         gone = await client.invoke(SESSION, "counted", {"key": "left"}, turn_id="turn", timeout=0.2)
         assert gone.outcome is None and gone.code is Code.CALLER_DEADLINE_EXCEEDED
         retry = asyncio.ensure_future(client.invoke(SESSION, "counted", {"key": "left"}, turn_id="turn"))
-        await asyncio.sleep(0.1)
+        await eventually(lambda: logged(caplog.records, JOINED) == 1)
         counted.release.set()
         joined = await retry
         counted.release.clear()
@@ -153,10 +170,11 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reconnects(
     port = free_port()
     args = ["--registry", local.registry_internal_target, "--bridge", local.bridge_internal_target]
     invocation = await start_service_process("invocation", *args, listen=f"127.0.0.1:{port}")
+    before = counted.runs
     try:
         async with InvocationClient(f"127.0.0.1:{port}", multiplex=True) as client:
             held = asyncio.ensure_future(client.invoke(SESSION, "counted", {"key": "broken"}, turn_id="turn"))
-            await asyncio.sleep(0.3)
+            await counted.ran_past(before)  # the call is held on the stream
             invocation.process.kill()  # gone without a word: the stream breaks under the held call
             await invocation.stop()
             broken = await asyncio.wait_for(held, 5)
@@ -172,10 +190,11 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reconnects(
 
 
 async def test_calls_go_on_when_their_stream_ends_and_a_retry_joins(
-    system: tuple[LocalSystem, Counted],
+    system: tuple[LocalSystem, Counted], caplog: pytest.LogCaptureFixture
 ) -> None:
     local, counted = system
     before = counted.runs
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
     async with grpc.aio.insecure_channel(local.invocation_target) as channel:
         stream = invocation_pb2_grpc.InvocationServiceStub(channel).InvokeTools()
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(1, "counted", key="orphan")]))
@@ -183,7 +202,7 @@ async def test_calls_go_on_when_their_stream_ends_and_a_retry_joins(
         stream.cancel()
     async with InvocationClient(local.invocation_target) as client:
         retry = asyncio.ensure_future(client.invoke(SESSION, "counted", {"key": "orphan"}, turn_id="turn"))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: logged(caplog.records, JOINED) == 1)
         counted.release.set()
         joined = await retry
         counted.release.clear()

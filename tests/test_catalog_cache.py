@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,16 +26,15 @@ from toolmesh.invocation.catalog_cache import (
     DEFAULT_MAX_SESSIONS,
     WatchedCatalog,
     WatchSource,
-    cached_registry_catalog,
-    registry_watch_source,
 )
-from toolmesh.invocation.remote import RemoteCatalog
-from toolmesh.registry.catalog import Registry
+from toolmesh.invocation.remote import RemoteCatalog, cached_registry_catalog, registry_watch_source
+from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import RegistryServicer
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import RunningServer, Service, start_server
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
+from toolmesh_testing import eventually
 
 OBJECT = '{"type":"object"}'
 STRICT = '{"type":"object","required":["n"]}'
@@ -122,14 +121,6 @@ async def registry() -> AsyncIterator[Registered]:
     await server.stop(0.1)
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not check():
-        assert loop.time() < give_up, "timed out"
-        await asyncio.sleep(0.01)
-
-
 @contextlib.asynccontextmanager
 async def no_leaked_tasks() -> AsyncIterator[None]:
     """Every task started inside (ours, and the server's for our streams) ends soon after."""
@@ -159,6 +150,7 @@ async def unavailable(lookup: Awaitable[ToolSpec | None]) -> ToolmeshError:
 # Over a real registry.
 
 
+@pytest.mark.integration
 async def test_first_lookup_opens_one_watch_and_later_lookups_make_no_call(registry: Registered) -> None:
     await registry.put("s", ToolSpec("a", "", OBJECT), ToolSpec("b", "", OBJECT))
     async with no_leaked_tasks():
@@ -175,6 +167,7 @@ async def test_first_lookup_opens_one_watch_and_later_lookups_make_no_call(regis
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_changed_schema_becomes_visible_through_the_watch(registry: Registered) -> None:
     await registry.put("s", ToolSpec("a", "", OBJECT))
     catalog = registry.catalog()
@@ -187,17 +180,14 @@ async def test_changed_schema_becomes_visible_through_the_watch(registry: Regist
             tool = await catalog.get_tool("s", "a")
             return tool is not None and tool.input_schema_json == STRICT and tool.timeout_ms == 1500
 
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + 1.0
-        while not await changed():
-            assert loop.time() < give_up, "the change never arrived"
-            await asyncio.sleep(0.005)
+        await eventually(changed, timeout=1.0, message="the change never arrived")
         # Seen through the watch, not by asking.
         assert registry.servicer.calls == Counter(WatchTools=1)
     finally:
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_tool_put_just_before_the_lookup_is_found_with_one_get_tool(registry: Registered) -> None:
     # The watch's messages after the first are held back, as if still in flight.
     release = asyncio.Event()
@@ -226,19 +216,18 @@ async def test_tool_put_just_before_the_lookup_is_found_with_one_get_tool(regist
         # Once the watch delivers, b is answered from memory.
         release.set()
 
-        async def from_memory() -> None:
-            while True:
-                before = registry.servicer.calls["GetTool"]
-                assert await catalog.get_tool("s", "b") is not None
-                if registry.servicer.calls["GetTool"] == before:
-                    return
-                await asyncio.sleep(0.01)
+        async def from_memory() -> bool:
+            before = registry.servicer.calls["GetTool"]
+            if await catalog.get_tool("s", "b") is None:
+                pytest.fail("b was found, then not")
+            return registry.servicer.calls["GetTool"] == before
 
-        await asyncio.wait_for(from_memory(), 1.0)
+        await eventually(from_memory, timeout=1.0)
     finally:
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_least_recently_used_session_is_dropped_with_its_stream(registry: Registered) -> None:
     catalog = registry.catalog(max_sessions=2)
     try:
@@ -257,15 +246,19 @@ async def test_least_recently_used_session_is_dropped_with_its_stream(registry: 
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_idle_sessions_are_dropped_with_their_streams(registry: Registered) -> None:
     catalog = registry.catalog(idle_s=0.3)
     try:
         await catalog.get_tool("idle", "x")
         await catalog.get_tool("busy", "x")
-        for _ in range(8):  # 0.4 s of lookups on "busy" only
-            await asyncio.sleep(0.05)
-            await catalog.get_tool("busy", "x")
-        assert catalog.watched_sessions == ["busy"]
+
+        async def only_busy_left() -> bool:
+            await catalog.get_tool("busy", "x")  # looked up more often than idle_s: never idle
+            return catalog.watched_sessions == ["busy"]
+
+        await eventually(only_busy_left, interval=0.05)
+        assert registry.servicer.calls["WatchTools"] == 2  # "busy" kept its one watch all along
         await eventually(lambda: registry.servicer.open_watches == 1)
         await eventually(lambda: catalog.watched_sessions == [], timeout=2.0)
         await eventually(lambda: registry.servicer.open_watches == 0)
@@ -273,6 +266,7 @@ async def test_idle_sessions_are_dropped_with_their_streams(registry: Registered
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_registry_stopped(registry: Registered) -> None:
     """A new session fails with REGISTRY_UNAVAILABLE. A cached session answers from memory only while
     its watch is open: once the stream ends it is forgotten, and its next lookup fails the same way."""
@@ -289,6 +283,7 @@ async def test_registry_stopped(registry: Registered) -> None:
         await catalog.aclose()
 
 
+@pytest.mark.integration
 async def test_close_cancels_every_stream_and_leaves_no_tasks(registry: Registered) -> None:
     async with no_leaked_tasks():
         catalog = registry.catalog()
@@ -340,6 +335,7 @@ class FakeRegistry:
         return self.sessions.get(session_id, ToolSet(0)).find(name)
 
 
+@pytest.mark.unit
 async def test_no_first_message_in_time_is_unavailable_and_closes_the_stream() -> None:
     fake = FakeRegistry(behaviour="hang")
     async with no_leaked_tasks():
@@ -351,6 +347,7 @@ async def test_no_first_message_in_time_is_unavailable_and_closes_the_stream() -
         await catalog.aclose()
 
 
+@pytest.mark.unit
 async def test_stream_failing_before_its_first_message_passes_its_error_on() -> None:
     fake = FakeRegistry(behaviour="fail_first")
     catalog = WatchedCatalog(fake.watch, fake)
@@ -360,6 +357,7 @@ async def test_stream_failing_before_its_first_message_passes_its_error_on() -> 
     await catalog.aclose()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("behaviour", ["end", "fail"])
 async def test_a_stream_that_ends_or_fails_is_forgotten_and_reopened(behaviour: str) -> None:
     fake = FakeRegistry({"s": ToolSet(1, (ToolSpec("a"),))}, behaviour=behaviour)
@@ -373,6 +371,7 @@ async def test_a_stream_that_ends_or_fails_is_forgotten_and_reopened(behaviour: 
     assert fake.closed["s"] == 2
 
 
+@pytest.mark.unit
 async def test_a_session_dropped_before_its_first_message_asks_the_fallback() -> None:
     fake = FakeRegistry({"s1": ToolSet(1, (ToolSpec("a"),))}, behaviour="hang")
     async with no_leaked_tasks():
@@ -387,6 +386,7 @@ async def test_a_session_dropped_before_its_first_message_asks_the_fallback() ->
     assert fake.closed == Counter(s1=1, s2=1)
 
 
+@pytest.mark.unit
 async def test_a_lookup_cancelled_while_waiting_leaves_the_watch_for_the_next() -> None:
     fake = FakeRegistry({"s": ToolSet(1, (ToolSpec("a"),))}, behaviour="hang")
     catalog = WatchedCatalog(fake.watch, fake)
@@ -400,6 +400,7 @@ async def test_a_lookup_cancelled_while_waiting_leaves_the_watch_for_the_next() 
     assert fake.closed["s"] == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("max_sessions", "idle_s", "open_timeout_s"), [(0, 1.0, 1.0), (1, 0.0, 1.0), (1, 1.0, -1.0)]
 )

@@ -13,7 +13,7 @@ import pytest
 
 from toolmesh_testing import TESTS, HostProcess, run_cli, toolmesh_command
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 TOOLS_JSON = {
     "tools": [
@@ -171,6 +171,8 @@ async def test_up_starts_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         "--invocation-port",
         "0",
         "--bridge-port",
+        "0",
+        "--web-port",
         "0",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+import pytest
 
 from toolmesh.client.confirmations import PendingConfirmations
+from toolmesh_testing import eventually
+
+pytestmark = pytest.mark.unit
 
 
 class Service:
@@ -24,8 +27,10 @@ async def test_a_next_call_carries_them_and_nothing_is_sent_alone() -> None:
     pending = PendingConfirmations(service.send)
     pending.add("tr_1")
     assert pending.take() == ["tr_1"]  # the caller's next InvokeTool carries it
-    await asyncio.sleep(0.01)
-    assert service.received == []
+    pending.add("tr_2")  # none carries this one
+    # Whatever goes alone goes in one batch: once it went, tr_1 was not in it.
+    await eventually(lambda: service.received)
+    assert service.received == [["tr_2"]]
 
 
 async def test_when_no_call_follows_they_go_in_one_batch() -> None:
@@ -33,7 +38,7 @@ async def test_when_no_call_follows_they_go_in_one_batch() -> None:
     pending = PendingConfirmations(service.send)
     for n in range(3):
         pending.add(f"tr_{n}")
-    await asyncio.sleep(0.01)
+    await eventually(lambda: service.received)
     assert service.received == [["tr_0", "tr_1", "tr_2"]]
 
 

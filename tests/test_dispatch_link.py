@@ -25,7 +25,9 @@ from toolmesh.invocation import remote
 from toolmesh.invocation.remote import RemoteDispatcher
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
 from toolmesh.v1 import bridge_pb2, invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import free_port, start_service_process
+from toolmesh_testing import eventually, free_port, start_service_process
+
+pytestmark = pytest.mark.integration
 
 OBJECT = '{"type":"object"}'
 
@@ -150,10 +152,7 @@ async def test_giving_up_on_a_dispatch_cancels_it_on_the_host() -> None:
             dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_left")))
             await asyncio.wait_for(started.wait(), 5)
             dispatch.cancel()
-            for _ in range(100):
-                if reasons:
-                    break
-                await asyncio.sleep(0.02)
+            await eventually(lambda: reasons)
             assert reasons == ["cancelled"]
         finally:
             await host.stop()
@@ -196,19 +195,12 @@ async def dispatcher_to_quiet_bridge() -> AsyncIterator[tuple[RemoteDispatcher, 
         await server.stop(0)
 
 
-async def received(quiet: QuietBridge, messages: int) -> None:
-    for _ in range(100):
-        if len(quiet.received) >= messages:
-            return
-        await asyncio.sleep(0.02)
-
-
 async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatch: Any) -> None:
     monkeypatch.setattr(remote, "BRIDGE_GRACE_S", 0.2)
     async with dispatcher_to_quiet_bridge() as (dispatcher, quiet):
         outcome = await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_quiet", timeout_ms=100)), 5)
         assert outcome.code == "TOOL_TIMEOUT"
-        await received(quiet, 2)
+        await eventually(lambda: len(quiet.received) >= 2)
         # The request, then its cancellation: the bridge is told the caller gave up.
         sent, cancelled = quiet.received
         assert [r.tool_request_id for r in sent.requests] == ["tr_quiet"] and not sent.cancel_tool_request_ids
@@ -218,10 +210,12 @@ async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatc
 async def test_requests_ready_together_go_out_in_one_message() -> None:
     async with dispatcher_to_quiet_bridge() as (dispatcher, quiet):
         dispatches = [asyncio.ensure_future(dispatcher.dispatch(tool_request(f"tr_{n}"))) for n in range(50)]
-        await received(quiet, 1)
-        await asyncio.sleep(0.1)
-        sent = [r.tool_request_id for message in quiet.received for r in message.requests]
-        assert sorted(sent) == sorted(f"tr_{n}" for n in range(50))
+
+        def sent() -> list[str]:
+            return [r.tool_request_id for message in quiet.received for r in message.requests]
+
+        await eventually(lambda: len(sent()) == 50)
+        assert sorted(sent()) == sorted(f"tr_{n}" for n in range(50))
         assert len(quiet.received) <= 5  # batched, not one message per request
         for dispatch in dispatches:
             dispatch.cancel()

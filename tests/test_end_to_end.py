@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -19,9 +18,9 @@ from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.server.system import LocalSystem
-from toolmesh_testing import HostProcess
+from toolmesh_testing import HostProcess, eventually
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 OBJECT = '{"type": "object"}'
 TOOLS = [
@@ -143,10 +142,7 @@ async def test_timeout_ends_the_call_and_the_host_cancels(client: InvocationClie
     assert failure.details["timeoutMs"] == 400
     assert failure.retryable is False
     marker = marker_dir / f"cancelled-{name}"
-    for _ in range(100):
-        if marker.exists() and marker.read_text():  # written, not only created
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: marker.exists() and marker.read_text())  # written, not only created
     assert marker.read_text() == "timeout"
 
 

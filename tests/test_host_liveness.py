@@ -20,6 +20,9 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import to_grpc_status
 from toolmesh.host import HostError, ToolHost
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+from toolmesh_testing import eventually, logged
+
+pytestmark = pytest.mark.integration
 
 
 class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
@@ -45,6 +48,9 @@ class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
         yield  # never reached: a stream method is an async generator
 
+    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 async def test_host_reconnects_when_heartbeats_stop() -> None:
     server = grpc.aio.server()
@@ -57,11 +63,7 @@ async def test_host_reconnects_when_heartbeats_stop() -> None:
         await host.start(timeout=5)
         assert host.host_session_id == "hs_1"
         # Three missed heartbeats (0.3 s) end the stream; the host opens a new one.
-        for _ in range(100):
-            if bridge.opened >= 2:
-                break
-            await asyncio.sleep(0.05)
-        assert bridge.opened >= 2
+        await eventually(lambda: bridge.opened >= 2)
         await host.wait_connected(5)
     finally:
         await host.stop()
@@ -108,6 +110,9 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
         yield  # never reached: a stream method is an async generator
 
+    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 @pytest.mark.parametrize("second_answer", ["ok", "ended"])
 async def test_submit_retries_a_transport_failure_and_reports_nothing(second_answer: str) -> None:
@@ -122,11 +127,9 @@ async def test_submit_retries_a_transport_failure_and_reports_nothing(second_ans
     host.on_error(errors.append)
     try:
         await host.start(timeout=5)
-        for _ in range(100):
-            if bridge.submits >= 2:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.1)
+        await eventually(lambda: bridge.submits >= 2)
+        # The call's task has ended: nothing more will be submitted or reported.
+        await eventually(lambda: not host._active)
         # Retried once; "ended: answered" after a lost reply means the first one got through.
         assert bridge.submits == 2
         assert errors == []
@@ -143,15 +146,8 @@ async def test_stop_does_not_wait_out_the_reconnect_backoff(caplog: pytest.LogCa
     with caplog.at_level(logging.WARNING, logger="toolmesh.host"), pytest.raises(TimeoutError):
         await host.start(timeout=0.1)
 
-    def failures() -> int:
-        return sum(record.getMessage() == "host stream ended" for record in caplog.records)
-
-    async def backing_off() -> None:
-        # The failures are log records: polling is the way to see them. After 6, the backoff is 1.6 s or more.
-        while failures() < 6:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(backing_off(), 10)
+    # The failures are log records: polling is the way to see them. After 6, the backoff is 1.6 s or more.
+    await eventually(lambda: logged(caplog.records, "host stream ended") >= 6)
     started = time.monotonic()
     await host.stop()
     assert time.monotonic() - started < 0.5

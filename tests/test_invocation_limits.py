@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from toolmesh.invocation.ledger import Ledger
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import HostProcess, start_host_process
+from toolmesh_testing import HostProcess, eventually, start_host_process
 
 
 class OneTool:
@@ -34,8 +35,10 @@ class SlowHost:
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
+        self.started = 0
 
     async def dispatch(self, request: ToolRequest) -> Outcome:
+        self.started += 1
         await self.release.wait()
         return Outcome.success("1")
 
@@ -44,11 +47,12 @@ def call(n: int) -> ToolCall:
     return ToolCall("s", "t", "tool", f'{{"n": {n}}}')
 
 
+@pytest.mark.unit
 async def test_invoker_refuses_above_its_limit_and_while_stopping() -> None:
     host = SlowHost()
     invoker = Invoker(OneTool(), host, Ledger(InMemoryStore()), max_in_flight=2)
     running = [asyncio.ensure_future(invoker.invoke(call(n))) for n in range(2)]
-    await asyncio.sleep(0.05)
+    await eventually(lambda: host.started == 2)
     with pytest.raises(ToolmeshError) as raised:
         await invoker.invoke(call(3))
     assert raised.value.code is Code.OVERLOADED and raised.value.retryable
@@ -72,31 +76,27 @@ async def tight(marker_dir: Path) -> AsyncIterator[tuple[LocalSystem, HostProces
     await system.stop(0.5)
 
 
+@pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="module")
-async def test_overload_is_resource_exhausted_with_error_info(tight: tuple[LocalSystem, HostProcess]) -> None:
+async def test_overload_is_resource_exhausted_with_error_info(
+    tight: tuple[LocalSystem, HostProcess], marker_dir: Path
+) -> None:
     system, _ = tight
+    held = f"held-{uuid.uuid4().hex}"
     async with InvocationClient(system.invocation_target) as client:
-        first = asyncio.ensure_future(client.invoke("tight", "slow_async", {"marker": "a"}, turn_id="t"))
-        await asyncio.sleep(0.2)
+        first = asyncio.ensure_future(client.invoke("tight", "slow_async", {"marker": held}, turn_id="t"))
+        # Its handler runs: the service's one slot is taken while the call is open.
+        await eventually((marker_dir / f"started-{held}").exists)
         refused = await client.invoke("tight", "slow_async", {"marker": "b"}, turn_id="t")
         assert refused.outcome is None and refused.code is Code.OVERLOADED
-        first.cancel()
-    async with grpc.aio.insecure_channel(system.invocation_target) as channel:
-        stub = invocation_pb2_grpc.InvocationServiceStub(channel)
-        pending = asyncio.ensure_future(
-            stub.InvokeTool(
-                invocation_pb2.InvokeToolRequest(
-                    session_id="tight", turn_id="t", tool_name="slow_async", arguments_json='{"marker": "c"}'
-                )
+        # The raw RPC: the status, with ErrorInfo.
+        async with grpc.aio.insecure_channel(system.invocation_target) as channel:
+            stub = invocation_pb2_grpc.InvocationServiceStub(channel)
+            request = invocation_pb2.InvokeToolRequest(
+                session_id="tight", turn_id="t", tool_name="slow_async", arguments_json='{"marker": "d"}'
             )
-        )
-        await asyncio.sleep(0.2)
-        with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await stub.InvokeTool(
-                invocation_pb2.InvokeToolRequest(
-                    session_id="tight", turn_id="t", tool_name="slow_async", arguments_json='{"marker": "d"}'
-                )
-            )
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await stub.InvokeTool(request)
         assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert error_code(raised.value) is Code.OVERLOADED
-        pending.cancel()
+        first.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,9 @@ from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.invocation.ledger import LedgerPolicy
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.v1 import invocation_pb2
-from toolmesh_testing import HostProcess, run_cli, start_host_process
+from toolmesh_testing import HostProcess, eventually, logged, run_cli, start_host_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SESSION = "ledger"
 TOOLS = [
@@ -70,13 +71,31 @@ async def count(client: InvocationClient, key: str, sleep: float = 0.0, **kwargs
     return await client.invoke(SESSION, "count", {"key": key, "sleep": sleep}, turn_id="turn", **kwargs)
 
 
+async def held(client: InvocationClient, key: str, **kwargs: Any) -> CallResult:
+    """A call of `count` that runs until `release(marker_dir, key)`."""
+    return await client.invoke(SESSION, "count", {"key": key, "hold": 1}, turn_id="turn", **kwargs)
+
+
+def release(marker_dir: Path, key: str) -> None:
+    (marker_dir / f"release-{key}").touch()
+
+
+JOINED = "joined a running invocation"  # what the invocation service logs for each call that joins
+
+
 def result_of(call: CallResult) -> Any:
     assert call.outcome is not None and call.outcome.result_json is not None, call
     return json.loads(call.outcome.result_json)
 
 
-async def test_fifty_concurrent_identical_calls_run_once(client: InvocationClient, marker_dir: Path) -> None:
-    calls = await asyncio.gather(*(count(client, "fifty", 0.5) for _ in range(50)))
+async def test_fifty_concurrent_identical_calls_run_once(
+    client: InvocationClient, marker_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
+    pending = asyncio.gather(*(held(client, "fifty") for _ in range(50)))
+    await eventually(lambda: logged(caplog.records, JOINED) == 49)
+    release(marker_dir, "fifty")
+    calls = await pending
     assert runs(marker_dir, "fifty") == [calls[0].tool_request_id]
     assert {call.tool_request_id for call in calls} == {calls[0].tool_request_id}
     assert {call.outcome for call in calls} == {calls[0].outcome}
@@ -85,19 +104,28 @@ async def test_fifty_concurrent_identical_calls_run_once(client: InvocationClien
 
 
 async def test_cli_gives_up_then_exact_retry_joins(
-    ledger_system: LocalSystem, host: HostProcess, marker_dir: Path, cli_env: dict[str, str]
+    ledger_system: LocalSystem,
+    host: HostProcess,
+    marker_dir: Path,
+    cli_env: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     env = dict(cli_env, TOOLMESH_INVOCATION_ADDR=ledger_system.invocation_target)
-    args = '{"key": "cli-join", "sleep": 4}'
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
+    args = '{"key": "cli-join", "hold": 1}'  # runs until the test releases it
     code, out, _ = await run_cli(
         "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "0.3", env=env
     )
     assert code == 75 and json.loads(out)["outcomeReceived"] is False
+    await eventually(lambda: runs(marker_dir, "cli-join"))  # it runs on without the caller
     # The same call, spelled differently: key order, spacing, number form.
-    retry = '{ "sleep": 4.0e0,"key":"cli-join" }'
-    code, out, _ = await run_cli(
-        "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", retry, env=env
+    retry_args = '{ "hold": 1.0e0,"key":"cli-join" }'
+    retry = asyncio.ensure_future(
+        run_cli("tool-call", "--thread-id", SESSION, "--tool", "count", "--args", retry_args, env=env)
     )
+    await eventually(lambda: logged(caplog.records, JOINED) == 1)
+    release(marker_dir, "cli-join")
+    code, out, _ = await retry
     response = json.loads(out)
     assert code == 0 and response["ok"] is True and response["joined"] is True
     assert runs(marker_dir, "cli-join") == [response["toolRequestId"]]
@@ -106,7 +134,13 @@ async def test_cli_gives_up_then_exact_retry_joins(
 async def test_retry_after_finish_before_delivery_replays(client: InvocationClient, marker_dir: Path) -> None:
     first = await count(client, "replay", 0.4, timeout=0.1)
     assert first.outcome is None and first.code is Code.CALLER_DEADLINE_EXCEEDED
-    await asyncio.sleep(0.6)  # the handler has finished; nobody has the outcome
+    [request_id] = await eventually(lambda: runs(marker_dir, "replay"))
+
+    async def completed() -> bool:
+        record = await client.get_invocation(request_id)
+        return record.state == invocation_pb2.INVOCATION_STATE_COMPLETED
+
+    await eventually(completed)  # the handler has finished; nobody has the outcome
     assert len(runs(marker_dir, "replay")) == 1
     retry = await count(client, "replay", 0.4)
     assert retry.replayed is True
@@ -160,11 +194,16 @@ async def test_received_timeout_ends_the_invocation(client: InvocationClient, ma
     assert result_of(second)["runs"] == 2
 
 
-async def test_get_invocation_reconciles(client: InvocationClient, ledger_system: LocalSystem) -> None:
-    pending = asyncio.ensure_future(count(client, "lookup", 0.5, confirm_delivery=False))
-    await asyncio.sleep(0.2)
+async def test_get_invocation_reconciles(
+    client: InvocationClient, marker_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
+    pending = asyncio.ensure_future(held(client, "lookup", confirm_delivery=False))
+    await eventually(lambda: runs(marker_dir, "lookup"))  # it runs
     # The retry joins; its id names the running invocation.
-    joined = asyncio.ensure_future(count(client, "lookup", 0.5, confirm_delivery=False))
+    joined = asyncio.ensure_future(held(client, "lookup", confirm_delivery=False))
+    await eventually(lambda: logged(caplog.records, JOINED) == 1)
+    release(marker_dir, "lookup")
     first = await pending
     assert first.tool_request_id is not None
     assert (await joined).joined
@@ -206,13 +245,11 @@ async def test_host_lost_mid_call(
     )
     key = f"lost-{tool}"
     async with InvocationClient(ledger_system.invocation_target) as client:
-        call = asyncio.ensure_future(client.invoke(session, tool, {"key": key, "sleep": 1.0}, turn_id="turn"))
-        for _ in range(100):
-            if runs(marker_dir, key):
-                break
-            await asyncio.sleep(0.02)
+        call = asyncio.ensure_future(client.invoke(session, tool, {"key": key, "hold": 1}, turn_id="turn"))
+        await eventually(lambda: runs(marker_dir, key))
         first_host.kill()
         await first_host.stop()
+        release(marker_dir, key)  # a redelivered call runs to the end on the next host
         second_host = await start_host_process(
             ledger_system.bridge_target, session, "ledger_handlers:HANDLERS", marker_dir
         )

@@ -10,6 +10,8 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.invocation.ledger import InvocationState, Ledger, LedgerPolicy, identity_of
 from toolmesh.store.memory import InMemoryStore
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self) -> None:

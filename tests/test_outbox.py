@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+
+import pytest
 
 from toolmesh.core.outbox import Outbox
+from toolmesh_testing import eventually
+
+pytestmark = pytest.mark.unit
 
 
 async def test_takes_everything_ready_at_once_in_order() -> None:
@@ -17,8 +23,10 @@ async def test_takes_everything_ready_at_once_in_order() -> None:
 
 async def test_waits_for_the_next_item() -> None:
     outbox: Outbox[str] = Outbox(len)
-    taking = asyncio.ensure_future(outbox.take())
-    await asyncio.sleep(0.01)
+    take = outbox.take()
+    taking = asyncio.ensure_future(take)
+    # Started, and suspended on something: with nothing to take, it waits.
+    await eventually(lambda: inspect.getcoroutinestate(take) == inspect.CORO_SUSPENDED)
     assert not taking.done()
     outbox.put("late")
     assert await asyncio.wait_for(taking, 1) == ["late"]

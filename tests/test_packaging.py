@@ -1,4 +1,5 @@
-"""The two distributions: the client installs and runs without the servers or their dependencies."""
+"""What each part pulls in: the client installs and runs without the servers or their dependencies,
+and the error table and the services' domain load without gRPC."""
 
 from __future__ import annotations
 
@@ -46,16 +47,19 @@ def _closure(root: str) -> set[str]:
     return seen
 
 
+@pytest.mark.unit
 def test_the_client_distribution_requires_nothing_of_the_servers() -> None:
     closure = _closure("toolmesh")
     assert "grpcio" in closure
     assert not closure & SERVER_ONLY
 
 
+@pytest.mark.unit
 def test_the_server_distribution_depends_on_the_client() -> None:
     assert "toolmesh" in _closure("toolmesh-server")
 
 
+@pytest.mark.integration
 def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     probe = (
         "import sys, toolmesh.host, toolmesh.client, toolmesh.cli.main;"
@@ -73,6 +77,31 @@ def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     assert not [m for m in loaded if m.startswith("httpx")]
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ["toolmesh.core.errors", "toolmesh.invocation.ledger"],
+        # The services' domain modules: the transport and the telemetry sit behind their seams.
+        [
+            "toolmesh.invocation.invoker",
+            "toolmesh.invocation.catalog_cache",
+            "toolmesh.bridge.router",
+            "toolmesh.registry.registry",
+        ],
+    ],
+)
+def test_the_error_table_and_the_domain_load_without_grpc(modules: list[str]) -> None:
+    probe = (
+        f"import sys, {', '.join(modules)}\n"
+        "prefixes = ('grpc', 'opentelemetry')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(prefixes)}))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pip_install_of_the_client_alone_installs_and_runs_without_the_servers(tmp_path: Path) -> None:

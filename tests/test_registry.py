@@ -17,7 +17,7 @@ from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_registry
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc, tool_pb2
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

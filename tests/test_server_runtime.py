@@ -6,13 +6,13 @@ import os
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
 
 from toolmesh.server.system import LocalSystem
-from toolmesh_testing import start_service_process
+from toolmesh_testing import health_check, reflection_info, start_service_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SERVICES = {
     "registry": "toolmesh.v1.RegistryService",
@@ -25,16 +25,13 @@ SERVICES = {
 async def test_health_and_reflection(system: LocalSystem, name: str) -> None:
     target = getattr(system, f"{name}_target")
     async with grpc.aio.insecure_channel(target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
+        check = health_check(channel)
         for service in ("", SERVICES[name]):
-            response = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            response = await check(health_pb2.HealthCheckRequest(service=service))
             assert response.status == health_pb2.HealthCheckResponse.SERVING
-        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        responses = reflection.ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
-        )
-        async for response in responses:
-            names = {service.name for service in response.list_services_response.service}
+        responses = reflection_info(channel)(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        async for listing in responses:
+            names = {service.name for service in listing.list_services_response.service}
             assert SERVICES[name] in names and "grpc.health.v1.Health" in names
             break
 
@@ -43,7 +40,7 @@ async def test_health_and_reflection(system: LocalSystem, name: str) -> None:
 async def test_service_process_stops_gracefully_on_sigterm(service: str) -> None:
     running = await start_service_process(service, env=dict(os.environ))
     async with grpc.aio.insecure_channel(running.target) as channel:
-        response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        response = await health_check(channel)(health_pb2.HealthCheckRequest(), timeout=5)
         assert response.status == health_pb2.HealthCheckResponse.SERVING
     await running.stop()
     assert running.process.returncode == 0

@@ -12,7 +12,8 @@ from toolmesh.store.base import Store, VersionConflict
 from toolmesh.store.memory import InMemoryStore
 
 
-@pytest_asyncio.fixture(params=["memory"])
+# Each backend's marks: the in-process one is a unit test, one behind a server an integration test.
+@pytest_asyncio.fixture(params=[pytest.param("memory", marks=pytest.mark.unit)])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     backend = InMemoryStore()
     yield backend
@@ -51,7 +52,7 @@ async def test_delete(store: Store) -> None:
 async def test_expiry(store: Store) -> None:
     await store.put("e", b"x", ttl_s=0.05)
     assert await store.get("e") is not None
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # past the TTL: the time passing is what is tested
     assert await store.get("e") is None
     assert await store.create("e", b"y", ttl_s=10) is None
 
@@ -69,6 +70,7 @@ async def test_watch_sees_current_then_changes(store: Store) -> None:
     await watcher.aclose()  # type: ignore[attr-defined]
 
 
+@pytest.mark.unit
 async def test_memory_store_forgets_expired_keys_it_never_reads() -> None:
     clock = [0.0]
     store = InMemoryStore(clock=lambda: clock[0])

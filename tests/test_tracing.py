@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import pytest
@@ -20,16 +21,22 @@ from toolmesh.core import otel, telemetry
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh_testing import eventually, logged
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 SESSION = "traced"
 EXPORTER = InMemorySpanExporter()
 METRICS = InMemoryMetricReader()
+# Calls of `ok` with {"hold": true} wait here until released.
+HELD: list[str] = []
+RELEASE = asyncio.Event()
 
 
 async def ok(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    await asyncio.sleep(float(args.get("sleep", 0)))
+    if args.get("hold"):
+        HELD.append(ctx.tool_request_id)
+        await RELEASE.wait()
     return {"fine": True}
 
 
@@ -74,22 +81,6 @@ def spans_of(trace_id: int) -> list[ReadableSpan]:
     ]
 
 
-async def traced_call(
-    client: InvocationClient, tool: str, args: Any = None
-) -> tuple[CallResult, list[ReadableSpan]]:
-    result = await client.invoke(SESSION, tool, args or {}, turn_id=f"turn-{tool}")
-    await asyncio.sleep(0.3)  # let the host's span and the submit finish
-    roots = [
-        span
-        for span in EXPORTER.get_finished_spans()
-        if span.name == "toolmesh.call_tool"
-        and span.attributes
-        and span.attributes.get(telemetry.TOOL_REQUEST_ID) == result.tool_request_id
-    ]
-    assert len(roots) == 1 and roots[0].context is not None
-    return result, spans_of(roots[0].context.trace_id)
-
-
 EXPECTED_HOPS = {
     "toolmesh.call_tool",
     "toolmesh.v1.InvocationService/InvokeTool",
@@ -97,6 +88,39 @@ EXPECTED_HOPS = {
     "toolmesh.host.handle",
     "toolmesh.v1.BridgeService/SubmitToolResult",
 }
+
+
+# Spans made on one side only; every other hop is a gRPC call, with a client and a server span.
+ONE_SIDED = {"toolmesh.call_tool": "CLIENT", "toolmesh.host.handle": "SERVER"}
+
+
+def sides(hop: str) -> tuple[str, ...]:
+    return (ONE_SIDED[hop],) if hop in ONE_SIDED else ("CLIENT", "SERVER")
+
+
+async def traced_call(
+    client: InvocationClient, tool: str, args: Any = None, hops: Collection[str] = EXPECTED_HOPS
+) -> tuple[CallResult, list[ReadableSpan]]:
+    """Make the call, and wait until the spans of every one of `hops` have ended."""
+    result = await client.invoke(SESSION, tool, args or {}, turn_id=f"turn-{tool}")
+
+    def trace_id() -> int | None:
+        roots = [
+            span
+            for span in EXPORTER.get_finished_spans()
+            if span.name == "toolmesh.call_tool"
+            and span.attributes
+            and span.attributes.get(telemetry.TOOL_REQUEST_ID) == result.tool_request_id
+        ]
+        assert len(roots) <= 1, roots
+        return roots[0].context.trace_id if roots and roots[0].context else None
+
+    found = await eventually(trace_id)
+    expected = {(hop, side) for hop in hops for side in sides(hop)}
+    await eventually(lambda: expected <= {(span.name, span.kind.name) for span in spans_of(found)})
+    return result, spans_of(found)
+
+
 # The tool request id exists once the ledger has the call: the registry lookup and
 # the caller's InvokeTool span come before it (the caller's own span gets it from the response).
 BEFORE_ID = {
@@ -159,7 +183,8 @@ async def test_handler_error_marks_spans_as_errors(traced: Any) -> None:
 
 
 async def test_timeout_trace_includes_the_cancelled_handler(traced: Any) -> None:
-    result, spans = await traced_call(traced[1], "slow")
+    hops = {"toolmesh.call_tool", "toolmesh.host.handle", "toolmesh.v1.BridgeService/DispatchToolRequests"}
+    result, spans = await traced_call(traced[1], "slow", hops=hops)
     assert result.outcome is not None and result.outcome.code == "TOOL_TIMEOUT"
     handle = [span for span in spans if span.name == "toolmesh.host.handle"]
     assert len(handle) == 1 and (handle[0].attributes or {}).get("toolmesh.cancelled") is True
@@ -168,28 +193,53 @@ async def test_timeout_trace_includes_the_cancelled_handler(traced: Any) -> None
     assert dispatch[0].status.status_code is StatusCode.ERROR
 
 
-async def test_joined_retry_links_to_the_original_invocation(traced: Any) -> None:
+async def test_joined_retry_links_to_the_original_invocation(
+    traced: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     client: InvocationClient = traced[1]
-    first = asyncio.ensure_future(client.invoke(SESSION, "ok", {"sleep": 0.2}, turn_id="turn-ok"))
-    await asyncio.sleep(0.05)
-    second = await client.invoke(SESSION, "ok", {"sleep": 0.2}, turn_id="turn-ok")
-    original = await first
+    HELD.clear()
+    RELEASE.clear()
+    with caplog.at_level(logging.INFO, logger="toolmesh.invocation"):
+        first = asyncio.ensure_future(client.invoke(SESSION, "ok", {"hold": True}, turn_id="turn-ok"))
+        await eventually(lambda: HELD)  # the original runs
+        retry = asyncio.ensure_future(client.invoke(SESSION, "ok", {"hold": True}, turn_id="turn-ok"))
+        await eventually(lambda: logged(caplog.records, "joined a running invocation"))
+        RELEASE.set()
+        original, second = await first, await retry
     assert second.joined and second.tool_request_id == original.tool_request_id
-    await asyncio.sleep(0.2)
-    joined = [span for span in EXPORTER.get_finished_spans() if span.name == "toolmesh.joined"]
-    assert joined, "no span for the joined call"
-    span = joined[-1]
-    assert (span.attributes or {})[telemetry.TOOL_REQUEST_ID] == original.tool_request_id
-    originals = [
-        s
-        for s in EXPORTER.get_finished_spans()
-        if s.name == "toolmesh.v1.InvocationService/InvokeTool"
-        and s.kind.name == "SERVER"
-        and (s.attributes or {}).get(telemetry.TOOL_REQUEST_ID) == original.tool_request_id
-        and not (s.attributes or {}).get(telemetry.JOINED)
-    ]
-    assert originals and originals[0].context is not None
-    assert [link.context.trace_id for link in span.links] == [originals[0].context.trace_id]
+    assert [original.tool_request_id] == HELD  # it ran once
+
+    def attributes(span: ReadableSpan) -> dict[str, Any]:
+        return dict(span.attributes or {})
+
+    def joined_span() -> ReadableSpan | None:
+        return next(
+            (
+                span
+                for span in EXPORTER.get_finished_spans()
+                if span.name == "toolmesh.joined"
+                and attributes(span).get(telemetry.TOOL_REQUEST_ID) == original.tool_request_id
+            ),
+            None,
+        )
+
+    def original_span() -> ReadableSpan | None:
+        return next(
+            (
+                span
+                for span in EXPORTER.get_finished_spans()
+                if span.name == "toolmesh.v1.InvocationService/InvokeTool"
+                and span.kind.name == "SERVER"
+                and attributes(span).get(telemetry.TOOL_REQUEST_ID) == original.tool_request_id
+                and not attributes(span).get(telemetry.JOINED)
+            ),
+            None,
+        )
+
+    span = await eventually(joined_span, message="no span for the joined call, with the original's id")
+    invocation = await eventually(original_span, message="no span for the original invocation")
+    assert invocation.context is not None
+    assert [link.context.trace_id for link in span.links] == [invocation.context.trace_id]
 
 
 async def test_metrics_count_calls_by_tool_and_outcome(traced: Any) -> None:
@@ -215,11 +265,11 @@ async def test_metrics_count_calls_by_tool_and_outcome(traced: Any) -> None:
 
 async def test_a_call_on_the_invoke_tools_stream_is_one_connected_trace(traced: Any) -> None:
     system: LocalSystem = traced[0]
-    async with InvocationClient(system.invocation_target, multiplex=True) as client:
-        result, spans = await traced_call(client, "ok")
     streamed_hops = EXPECTED_HOPS - {"toolmesh.v1.InvocationService/InvokeTool"} | {
         "toolmesh.v1.InvocationService/InvokeTools"
     }
+    async with InvocationClient(system.invocation_target, multiplex=True) as client:
+        result, spans = await traced_call(client, "ok", hops=streamed_hops)
     assert {span.name for span in spans} >= streamed_hops
     kinds = {span.kind.name for span in spans if span.name == "toolmesh.v1.InvocationService/InvokeTools"}
     assert kinds == {"CLIENT", "SERVER"}

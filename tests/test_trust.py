@@ -7,22 +7,33 @@ error (an ErrorInfo reason of the error table), or at the TLS handshake.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import http.server
 import json
 import os
+import ssl
 import sys
-from collections.abc import AsyncIterator, Callable
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
+import jwt
 import pytest
 import pytest_asyncio
-from trust_testing import SECRET, Pki, token
+from google.rpc import error_details_pb2
+from trust_testing import SECRET, Pki, rsa_jwk, token
 
 from toolmesh.assistant import AssistantError, ToolServices
+from toolmesh.assistant.errors import TurnCode
 from toolmesh.assistant.grpc_channel import GrpcToolChannel
 from toolmesh.auth.grants import Role
+from toolmesh.auth.tokens import JwksUrl, Verifier
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code, error_info
@@ -41,7 +52,7 @@ from toolmesh.v1 import (
 )
 from toolmesh_testing import TESTS, run_cli, start_host_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
 VICTIM = "victim"
 ATTACKER = "attacker"
@@ -353,6 +364,47 @@ async def test_internal_rpcs_are_served_only_on_the_internal_listener_with_a_cli
         assert_refused(await failure(opened), Code.WRONG_LISTENER)
 
 
+def reason(response: httpx.Response) -> str:
+    """The ErrorInfo reason of a Connect error response."""
+    (detail,) = response.json()["details"]
+    info = error_details_pb2.ErrorInfo.FromString(base64.b64decode(detail["value"] + "=="))
+    return info.reason
+
+
+async def test_the_web_port_for_pages_applies_the_same_policy_over_https(secured: Secured) -> None:
+    """Connect (JSON) calls of the host RPCs on the bridge's web port, as a page makes them."""
+    url = secured.system.web_url
+    assert url.startswith("https://")
+    submit = {
+        "hostSessionId": secured.host.host_session_id,
+        "toolRequestId": "tr_web",
+        "outcome": {"resultJson": "{}"},
+    }
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(secured.pki.ca_file))) as web:
+
+        async def call(method: str, body: dict[str, Any], role: Role | None, session: str = VICTIM) -> Any:
+            headers = {"content-type": "application/json"}
+            if role is not None:
+                headers["authorization"] = f"Bearer {token(role, session)}"
+            return await web.post(f"{url}/toolmesh.v1.BridgeService/{method}", json=body, headers=headers)
+
+        missing = await call("SubmitToolResult", submit, None)
+        assert missing.status_code == 401 and reason(missing) == Code.UNAUTHENTICATED
+        foreign = await call("SubmitToolResult", submit, Role.HOST, ATTACKER)
+        assert foreign.status_code == 404 and reason(foreign) == Code.HOST_SESSION_UNKNOWN
+        declared = await call(
+            "DeclareHostTools", {"hostSessionId": secured.host.host_session_id}, Role.HOST, ATTACKER
+        )
+        assert declared.status_code == 404 and reason(declared) == Code.HOST_SESSION_UNKNOWN
+        own = await call("SubmitToolResult", submit, Role.HOST, VICTIM)
+        assert own.status_code == 404 and reason(own) == Code.REQUEST_UNKNOWN  # past authorization
+    async with httpx.AsyncClient() as plain:
+        with pytest.raises(httpx.HTTPError):
+            await plain.post(
+                url.replace("https://", "http://") + "/toolmesh.v1.BridgeService/SubmitToolResult"
+            )
+
+
 async def test_a_plaintext_client_cannot_reach_a_tls_server(secured: Secured) -> None:
     async with grpc.aio.insecure_channel(secured.system.invocation_target) as channel:
         stub = invocation_pb2_grpc.InvocationServiceStub(channel)
@@ -401,9 +453,8 @@ async def test_the_assistant_reads_tools_with_its_token_and_only_its_sessions(
             else:
                 with pytest.raises(AssistantError) as refused:
                     await channel.list_tools()
-                assert refused.value.code is Code.DISCOVERY_FAILED and "PERMISSION_DENIED" in str(
-                    refused.value
-                )
+                assert refused.value.code is TurnCode.DISCOVERY_FAILED
+                assert "PERMISSION_DENIED" in str(refused.value)
         finally:
             await channel.close()
 
@@ -529,3 +580,48 @@ async def test_listeners_off_loopback_without_protection_are_refused_at_startup(
         _, err = await asyncio.wait_for(process.communicate(), 30)
         assert process.returncode == 2, err
         assert b"refusing to serve" in err and b"--insecure" in err
+
+
+@contextlib.contextmanager
+def https_jwks(pki: Pki, document: dict[str, Any]) -> Iterator[str]:
+    """A real HTTPS server on loopback serving one JWKS document."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(document).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    files = pki.files("server")
+    assert files.cert is not None and files.key is not None
+    context.load_cert_chain(files.cert, files.key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/jwks.json"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_jwks_url_keys_are_fetched_off_the_loop(tmp_path: Path) -> None:
+    pki = Pki.make(tmp_path)
+    private, jwk = rsa_jwk("k1")
+    with https_jwks(pki, {"keys": [jwk]}) as url:
+        trust = ssl.create_default_context(cafile=str(pki.ca_file))
+        checking = Verifier(JwksUrl(url, ssl_context=trust))
+        claims = {"iss": "toolmesh", "aud": "toolmesh", "exp": time.time() + 60}
+        token = jwt.encode(
+            claims | {"roles": ["host"], "sessions": ["h"]}, private, algorithm="RS256", headers={"kid": "k1"}
+        )
+        grant = await asyncio.wait_for(checking.grant(token), 10)
+        assert grant.roles == {Role.HOST}

@@ -1,19 +1,77 @@
-"""Helpers for tests that run real `toolmesh host` processes."""
+"""Helpers for the tests: awaiting a condition, and real `toolmesh` processes and services."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
+import logging
 import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
+
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
 
 TESTS = Path(__file__).resolve().parent
+
+T = TypeVar("T")
+
+
+@overload
+async def eventually(
+    condition: Callable[[], Awaitable[T | None]],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    message: str = ...,
+) -> T: ...
+@overload
+async def eventually(
+    condition: Callable[[], T | None], *, timeout: float = ..., interval: float = ..., message: str = ...
+) -> T: ...
+async def eventually(
+    condition: Callable[[], Any],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    message: str = "",
+) -> Any:
+    """Poll `condition` until it holds and return what it returned: a wait for a condition, not a sleep.
+
+    `condition` (plain or async) holds when it returns a truthy value; a falsy
+    value or an AssertionError means "not yet". Once `timeout` seconds have
+    passed, the last AssertionError is raised, or one saying `message`.
+    """
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while True:
+        try:
+            value = condition()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            failure = AssertionError(
+                message or f"never held: {getattr(condition, '__qualname__', condition)}"
+            )
+        except AssertionError as not_yet:
+            failure = not_yet
+        if loop.time() >= give_up:
+            raise failure
+        await asyncio.sleep(interval)
+
+
+def logged(records: Iterable[logging.LogRecord], message: str) -> int:
+    """How many of `records` (e.g. caplog.records) have the message `message`."""
+    return sum(record.getMessage() == message for record in records)
 
 
 @dataclass
@@ -33,16 +91,15 @@ class HostProcess:
     async def wait_for_log(self, timeout: float = 10.0, **fields: str) -> dict[str, Any]:
         """The first JSON log record whose fields include `fields`."""
 
-        async def scan() -> dict[str, Any]:
-            while True:
-                for record in self.logs():
-                    if all(record.get(key) == value for key, value in fields.items()):
-                        return record
-                if self._reader is not None and self._reader.done():
-                    raise AssertionError(f"host exited without logging {fields}: {self.stderr_lines}")
-                await asyncio.sleep(0.02)
+        def found() -> dict[str, Any] | None:
+            for record in self.logs():
+                if all(record.get(key) == value for key, value in fields.items()):
+                    return record
+            if self._reader is not None and self._reader.done():
+                raise RuntimeError(f"host exited without logging {fields}: {self.stderr_lines}")
+            return None
 
-        return await asyncio.wait_for(scan(), timeout)
+        return await eventually(found, timeout=timeout, message=f"no log record with {fields}")
 
     async def stop(self) -> int:
         if self.process.returncode is None:
@@ -146,7 +203,12 @@ async def start_service_process(
     internal_listen: str = "127.0.0.1:0",
 ) -> ServiceProcess:
     """`python -m toolmesh.<service> --listen LISTEN [--internal-listen ...] ...`, with its ports and all
-    it prints."""
+    it prints.
+
+    A bridge's web port is a free one too, unless `args` name it.
+    """
+    if service == "bridge" and "--web-listen" not in args:
+        args = ("--web-listen", "127.0.0.1:0", *args)
     internal = ["--internal-listen", internal_listen] if service in INTERNAL_LISTENERS else []
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -188,3 +250,31 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+# The standard services' methods, made as their generated stubs make them: the stubs'
+# typing leaves the methods out.
+
+
+def health_check(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]:
+    """grpc.health.v1.Health/Check on `channel`."""
+    return channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+
+
+def reflection_info(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.StreamStreamMultiCallable[
+    reflection_pb2.ServerReflectionRequest, reflection_pb2.ServerReflectionResponse
+]:
+    """grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo on `channel`."""
+    return channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
+import jwt
 import trustme
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
@@ -57,3 +61,10 @@ class Pki:
 
 def token(role: Role | str, *sessions: str, ttl_s: float = 600, secret: bytes = SECRET) -> str:
     return mint(secret, roles=[Role(role)], sessions=sessions, ttl_s=ttl_s, subject="test")
+
+
+def rsa_jwk(kid: str) -> tuple[Any, dict[str, Any]]:
+    """A new RSA private key, and its public key as a JWK (RS256) named `kid`."""
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key()))
+    return private, public | {"kid": kid, "alg": "RS256", "use": "sig"}

@@ -48,14 +48,18 @@ PUBLIC: Mapping[str, Rule] = MappingProxyType(
         "toolmesh.v1.BridgeService/OpenHostSession": Rule(frozenset({HOST}), "session_id"),
         # The host session's own session must be one the token names.
         "toolmesh.v1.BridgeService/SubmitToolResult": Rule(frozenset({HOST}), None),
+        "toolmesh.v1.BridgeService/DeclareHostTools": Rule(frozenset({HOST}), None),
     }
 )
 
 INTERNAL: frozenset[str] = frozenset(
     {
-        # The invocation service's tool lookups and watches.
+        # The invocation service's tool lookups and watches, and the bridge keeping
+        # the tools its hosts declare in their sessions' lists.
         "toolmesh.v1.RegistryService/GetTool",
         "toolmesh.v1.RegistryService/WatchTools",
+        "toolmesh.v1.RegistryService/ListTools",
+        "toolmesh.v1.RegistryService/PutTools",
         # Runs any session's tool: only the invocation service may, after its checks.
         "toolmesh.v1.BridgeService/DispatchToolRequest",
         "toolmesh.v1.BridgeService/DispatchToolRequests",

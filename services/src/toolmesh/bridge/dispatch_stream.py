@@ -15,7 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from toolmesh.bridge.router import Router
-from toolmesh.core import telemetry
+from toolmesh.core import correlation, telemetry
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outbox import Outbox
 from toolmesh.core.outcome import Outcome
@@ -80,7 +80,7 @@ class DispatchStream:
                 attributes=_SPAN_ATTRIBUTES,
                 end_on_exit=False,
             ) as span,
-            telemetry.correlation(
+            correlation.ids(
                 session_id=request.session_id,
                 turn_id=request.turn_id,
                 tool_request_id=tool_request_id,

@@ -17,8 +17,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from toolmesh.core import jsontext, telemetry
+from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_RESULT_BYTES
@@ -26,10 +27,6 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 
 log = logging.getLogger("toolmesh.bridge")
-
-CONNECTED_HOSTS = telemetry.METER.create_up_down_counter(
-    "toolmesh.bridge.hosts", unit="{host}", description="Handler hosts connected to this bridge"
-)
 
 
 class EndReason(enum.Enum):
@@ -40,7 +37,9 @@ class EndReason(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Cancellation:
+class ToolRequestCancelled:
+    """Tells a host to stop a request it holds (the wire's ToolRequestCancelled)."""
+
     tool_request_id: str
     reason: EndReason
 
@@ -54,7 +53,7 @@ class _Close:
     """Tells a host stream to end because the bridge is stopping."""
 
 
-HostEvent = ToolRequest | Cancellation | Heartbeat
+HostEvent = ToolRequest | ToolRequestCancelled | Heartbeat
 _CLOSE = _Close()
 
 
@@ -65,6 +64,8 @@ class HostSession:
     host_name: str
     handler_names: frozenset[str]
     has_generic_handler: bool
+    # The tools it declared (DeclareHostTools): served as by named handlers.
+    declared_names: frozenset[str] = frozenset()
     _events: asyncio.Queue[HostEvent | _Close] = field(default_factory=asyncio.Queue)
     in_flight: dict[str, PendingRequest] = field(default_factory=dict)
     closed: bool = False
@@ -72,7 +73,7 @@ class HostSession:
 
     def preference(self, tool_name: str) -> int:
         """2: a named handler, 1: a generic one, 0: none (the host SDK will say so)."""
-        if tool_name in self.handler_names:
+        if tool_name in self.handler_names or tool_name in self.declared_names:
             return 2
         return 1 if self.has_generic_handler else 0
 
@@ -126,9 +127,41 @@ class _Ended:
     reason: EndReason
 
 
+class RouterObserver(Protocol):
+    """What the router tells whoever watches it (metrics): the one seam for it.
+
+    Called on the router's loop at fixed points; the router knows nothing of what it does.
+    """
+
+    def host_opened(self, host: HostSession) -> None: ...
+
+    def host_closed(self, host: HostSession) -> None: ...
+
+
+class NoRouterObserver:
+    """The default RouterObserver: tells nobody anything."""
+
+    __slots__ = ()
+
+    def host_opened(self, host: HostSession) -> None:
+        return None
+
+    def host_closed(self, host: HostSession) -> None:
+        return None
+
+
 class Router:
-    def __init__(self, *, heartbeat_s: float = 5.0, ended_memory: int = 50_000) -> None:
+    """Connected hosts and pending requests; tells `observer` what happens (by default, nobody)."""
+
+    def __init__(
+        self,
+        *,
+        heartbeat_s: float = 5.0,
+        ended_memory: int = 50_000,
+        observer: RouterObserver | None = None,
+    ) -> None:
         self.heartbeat_s = heartbeat_s
+        self._observer: RouterObserver = observer or NoRouterObserver()
         self._hosts: dict[str, HostSession] = {}
         self._by_session: dict[str, list[HostSession]] = {}
         self._pending: dict[str, PendingRequest] = {}
@@ -138,10 +171,16 @@ class Router:
         self._ended: OrderedDict[str, _Ended] = OrderedDict()
         self._ended_memory = ended_memory
         self._turn = itertools.count()
+        # Called with each host session that ends, after its requests are settled.
+        self.closed_hooks: list[Callable[[HostSession], None]] = []
+        self._shutting_down = False
 
     def open_host(
         self, session_id: str, host_name: str, handler_names: Iterable[str], has_generic_handler: bool
     ) -> HostSession:
+        if self._shutting_down:
+            # A host opening now would be cut off at once: let it find a bridge that stays.
+            raise ToolmeshError(Code.SHUTTING_DOWN)
         require_id(session_id, "session_id")
         names = frozenset(handler_names)
         for name in names:
@@ -156,7 +195,7 @@ class Router:
         self._hosts[host.host_session_id] = host
         self._by_session.setdefault(session_id, []).append(host)
         host.start_heartbeats(self.heartbeat_s)
-        CONNECTED_HOSTS.add(1)
+        self._observer.host_opened(host)
         log.info(
             "host connected",
             extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
@@ -164,6 +203,18 @@ class Router:
         for pending in self._waiting.pop(session_id, []):
             self._deliver(pending, host)
         return host
+
+    def host(self, host_session_id: str, sessions: Container[str] | None = None) -> HostSession:
+        """The open host session of that id; raise ToolmeshError(HOST_SESSION_UNKNOWN) if there is none,
+        or if it serves a session other than `sessions` (None: all)."""
+        host = self._hosts.get(host_session_id)
+        if host is None or (sessions is not None and host.session_id not in sessions):
+            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"host_session_id": host_session_id})
+        return host
+
+    def serves(self, session_id: str) -> bool:
+        """Whether a host of the session is connected."""
+        return bool(self._by_session.get(session_id))
 
     def _deliver(self, pending: PendingRequest, host: HostSession) -> None:
         pending.host = host
@@ -175,7 +226,7 @@ class Router:
             return
         host.closed = True
         host.stop_heartbeats()
-        CONNECTED_HOSTS.add(-1)
+        self._observer.host_closed(host)
         self._hosts.pop(host.host_session_id, None)
         peers = self._by_session.get(host.session_id, [])
         if host in peers:
@@ -209,8 +260,11 @@ class Router:
             "host disconnected",
             extra={"session_id": host.session_id, "host_session_id": host.host_session_id},
         )
+        for hook in self.closed_hooks:
+            hook(host)
 
     def shutdown(self) -> None:
+        self._shutting_down = True
         for host in list(self._hosts.values()):
             host.send(_CLOSE)
 
@@ -304,7 +358,7 @@ class Router:
         host = pending.host
         self._end(pending, reason)
         if host is not None:
-            host.send(Cancellation(pending.request.tool_request_id, reason))
+            host.send(ToolRequestCancelled(pending.request.tool_request_id, reason))
 
     def submit(
         self,

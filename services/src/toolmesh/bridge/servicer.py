@@ -1,16 +1,21 @@
-"""BridgeService over gRPC: a thin adapter onto Router."""
+"""BridgeService over gRPC: a thin adapter onto Router and Declarations.
+
+The host-facing methods (`host_events`, `submit`, `declare`) are shared with the
+web port (toolmesh.bridge.web), which serves them over Connect and gRPC-Web.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 from dataclasses import replace
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import scope
+from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
-from toolmesh.bridge.router import Cancellation, EndReason, Heartbeat, Router
-from toolmesh.core import telemetry
-from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb
+from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
+from toolmesh.core import correlation, telemetry
+from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import Service
@@ -22,52 +27,81 @@ _CANCEL_REASONS = {
 }
 
 
+async def host_events(
+    router: Router, request: bridge_pb2.OpenHostSessionRequest
+) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
+    """A host session's stream: opened, then requests, cancellations and heartbeats until it ends."""
+    host = router.open_host(
+        request.session_id, request.host_name, request.handler_names, request.has_generic_handler
+    )
+    try:
+        yield bridge_pb2.OpenHostSessionResponse(
+            opened=bridge_pb2.HostSessionOpened(
+                host_session_id=host.host_session_id,
+                heartbeat_interval_ms=round(router.heartbeat_s * 1000),
+            )
+        )
+        while True:
+            event = await host.next_event()
+            if isinstance(event, Heartbeat):
+                yield bridge_pb2.OpenHostSessionResponse(heartbeat=bridge_pb2.Heartbeat())
+            elif isinstance(event, ToolRequestCancelled):
+                yield bridge_pb2.OpenHostSessionResponse(
+                    cancelled=bridge_pb2.ToolRequestCancelled(
+                        tool_request_id=event.tool_request_id, reason=_CANCEL_REASONS[event.reason]
+                    )
+                )
+            else:
+                yield bridge_pb2.OpenHostSessionResponse(tool_request=request_to_pb(event))
+    finally:
+        router.close_host(host)
+
+
+def submit(
+    router: Router, request: bridge_pb2.SubmitToolResultRequest, sessions: Container[str] | None
+) -> bridge_pb2.SubmitToolResultResponse:
+    """`sessions`: those the host may serve (None: all); another's host session is unknown to it."""
+    outcome = outcome_from_pb(request.outcome)
+    telemetry.record_outcome(outcome)
+    router.submit(request.host_session_id, request.tool_request_id, outcome, sessions)
+    return bridge_pb2.SubmitToolResultResponse()
+
+
+async def declare(
+    declarations: Declarations, request: bridge_pb2.DeclareHostToolsRequest, sessions: Container[str] | None
+) -> bridge_pb2.DeclareHostToolsResponse:
+    """`sessions`: as for `submit`."""
+    tools = [tool_from_pb(tool) for tool in request.tools]
+    revision = await declarations.declare(request.host_session_id, tools, sessions)
+    return bridge_pb2.DeclareHostToolsResponse(revision=revision)
+
+
 class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, declarations: Declarations) -> None:
         self._router = router
+        self._declarations = declarations
 
     async def OpenHostSession(
         self, request: bridge_pb2.OpenHostSessionRequest, context: ServicerContext
     ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
-        router = self._router
-        host = router.open_host(
-            request.session_id, request.host_name, request.handler_names, request.has_generic_handler
-        )
-        try:
-            yield bridge_pb2.OpenHostSessionResponse(
-                opened=bridge_pb2.HostSessionOpened(
-                    host_session_id=host.host_session_id,
-                    heartbeat_interval_ms=round(router.heartbeat_s * 1000),
-                )
-            )
-            while True:
-                event = await host.next_event()
-                if isinstance(event, Heartbeat):
-                    yield bridge_pb2.OpenHostSessionResponse(heartbeat=bridge_pb2.Heartbeat())
-                elif isinstance(event, Cancellation):
-                    yield bridge_pb2.OpenHostSessionResponse(
-                        cancelled=bridge_pb2.ToolRequestCancelled(
-                            tool_request_id=event.tool_request_id, reason=_CANCEL_REASONS[event.reason]
-                        )
-                    )
-                else:
-                    yield bridge_pb2.OpenHostSessionResponse(tool_request=request_to_pb(event))
-        finally:
-            router.close_host(host)
+        async for event in host_events(self._router, request):
+            yield event
 
     async def SubmitToolResult(
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
-        outcome = outcome_from_pb(request.outcome)
-        telemetry.record_outcome(outcome)
-        self._router.submit(request.host_session_id, request.tool_request_id, outcome, scope(Role.HOST))
-        return bridge_pb2.SubmitToolResultResponse()
+        return submit(self._router, request, scope(Role.HOST))
+
+    async def DeclareHostTools(
+        self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext
+    ) -> bridge_pb2.DeclareHostToolsResponse:
+        return await declare(self._declarations, request, scope(Role.HOST))
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext
     ) -> bridge_pb2.DispatchToolRequestResponse:
         tool_request = request_from_pb(request.request)
-        with telemetry.correlation(
+        with correlation.ids(
             session_id=tool_request.session_id,
             turn_id=tool_request.turn_id,
             tool_request_id=tool_request.tool_request_id,
@@ -88,11 +122,12 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
             yield response
 
 
-def bridge_service(router: Router) -> Service:
-    servicer = BridgeServicer(router)
+def bridge_service(router: Router, declarations: Declarations) -> Service:
+    servicer = BridgeServicer(router, declarations)
 
     async def on_shutdown() -> None:
         router.shutdown()
+        await declarations.aclose()
 
     return Service(
         descriptor=bridge_pb2.DESCRIPTOR.services_by_name["BridgeService"],

@@ -1,7 +1,8 @@
-"""One InvokeTools stream: many callers' tool calls in, each result out as soon as it ends.
+"""The service's end of one InvokeTools stream: calls in, each result out as soon as it ends.
 
 A call on the stream costs this service a task and the invocation's own state,
-not a gRPC call held for as long as the tool runs.
+not a gRPC call held for as long as the tool runs. The caller's end is
+toolmesh.client.call_link.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class CallStream:
             with telemetry.span(SPAN_NAME, SpanKind.SERVER, call.trace_context) as span:
                 try:
                     # This task waits for the outcome whatever the caller does: no task of its own needed.
-                    invocation = await self._invoker.invoke(
+                    result = await self._invoker.invoke(
                         call_from_pb(request),
                         request.idempotency_key,
                         request.confirmed_tool_request_ids,
@@ -86,7 +87,7 @@ class CallStream:
                     log.error("unexpected error in %s: %s", SPAN_NAME, type(exc).__name__, exc_info=exc)
                     self._send(_error_result(call.call_id, ToolmeshError(Code.INTERNAL)))
                     return
-                response = response_to_pb(invocation)
+                response = response_to_pb(result)
                 self._send(invocation_pb2.StreamedToolResult(call_id=call.call_id, response=response))
         finally:
             self._open.pop(call.call_id, None)

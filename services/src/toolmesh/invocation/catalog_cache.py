@@ -37,9 +37,10 @@ Bounds: at most `max_sessions` sessions are watched (least recently used
 dropped first) and a session not looked up for `idle_s` is dropped; dropping
 cancels its stream. `aclose()` cancels every stream and task.
 
-The cache itself is plain asyncio: it takes a `WatchSource` (a session id → an
-async generator of ToolSets) and a fallback ToolCatalog for the direct
-lookups. `cached_registry_catalog` builds both over a registry channel.
+The cache is plain asyncio and knows nothing of gRPC: it takes a `WatchSource`
+(a session id → an async generator of ToolSets) and a fallback ToolCatalog for
+the direct lookups. toolmesh.invocation.remote builds both over a registry
+channel (`cached_registry_catalog`).
 """
 
 from __future__ import annotations
@@ -54,13 +55,9 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
-from toolmesh.client.registry import RegistryClient
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tools import ToolSet, ToolSpec
-from toolmesh.invocation.ports import ToolCatalog
-from toolmesh.invocation.remote import REGISTRY_TIMEOUT_S, RemoteCatalog
+from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, ToolCatalog
 
 log = logging.getLogger("toolmesh.invocation.catalog")
 
@@ -72,7 +69,8 @@ DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_IDLE_S = 300.0
 
 
-def _unavailable(session_id: str, **metadata: str) -> ToolmeshError:
+def unavailable(session_id: str, **metadata: str) -> ToolmeshError:
+    """REGISTRY_UNAVAILABLE for `session_id`'s tools."""
     return ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"session_id": session_id, **metadata})
 
 
@@ -138,7 +136,7 @@ class WatchedCatalog:
         """Cancel every watch and the idle sweeper, and wait for them to end. Lookups then fail."""
         self._closed = True
         for watch in self._watches.values():
-            watch.error = _unavailable(watch.session_id, cause="closed")
+            watch.error = unavailable(watch.session_id, cause="closed")
         self._watches.clear()
         tasks = list(self._tasks)
         for task in tasks:
@@ -147,7 +145,7 @@ class WatchedCatalog:
 
     def _use(self, session_id: str) -> _Watch:
         if self._closed:
-            raise _unavailable(session_id, cause="closed")
+            raise unavailable(session_id, cause="closed")
         now = time.monotonic()
         watch = self._watches.get(session_id)
         if watch is not None:
@@ -186,10 +184,10 @@ class WatchedCatalog:
                     async with asyncio.timeout(self._open_timeout_s):
                         watch.tools = await anext(updates)
                 except TimeoutError:
-                    watch.error = _unavailable(session_id, cause="watch_timeout")
+                    watch.error = unavailable(session_id, cause="watch_timeout")
                     return
                 except StopAsyncIteration:
-                    watch.error = _unavailable(session_id, cause="watch_ended")
+                    watch.error = unavailable(session_id, cause="watch_ended")
                     return
                 watch.settled.set()
                 async for tools in updates:
@@ -201,7 +199,7 @@ class WatchedCatalog:
                 "tool watch failed", extra={"session_id": session_id, "code": error.code, **error.metadata}
             )
         except Exception as error:
-            watch.error = _unavailable(session_id, cause=type(error).__name__)
+            watch.error = unavailable(session_id, cause=type(error).__name__)
             log.warning("tool watch failed", extra={"session_id": session_id}, exc_info=True)
         finally:
             watch.settled.set()
@@ -221,33 +219,3 @@ class WatchedCatalog:
                 del self._watches[oldest.session_id]
                 self._drop(oldest, "idle")
             await asyncio.sleep(wait)
-
-
-def registry_watch_source(client: RegistryClient) -> WatchSource:
-    """WatchTools through `client`, its gRPC failures as REGISTRY_UNAVAILABLE."""
-
-    async def watch(session_id: str) -> AsyncGenerator[ToolSet, None]:
-        try:
-            async with contextlib.aclosing(client.watch_tools(session_id)) as updates:
-                async for tools in updates:
-                    yield tools
-        except grpc.aio.AioRpcError as error:
-            raise _unavailable(session_id, grpc_status=error.code().name) from None
-
-    return watch
-
-
-def cached_registry_catalog(
-    registry_target: str,
-    channel: grpc.aio.Channel,
-    *,
-    max_sessions: int = DEFAULT_MAX_SESSIONS,
-    idle_s: float = DEFAULT_IDLE_S,
-) -> WatchedCatalog:
-    """The invocation service's catalog: watches over `channel`, direct GetTool as the fallback."""
-    return WatchedCatalog(
-        registry_watch_source(RegistryClient(registry_target, channel=channel)),
-        RemoteCatalog(channel),
-        max_sessions=max_sessions,
-        idle_s=idle_s,
-    )

@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from opentelemetry import trace
-
-from toolmesh.core import jsontext, telemetry
+from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
@@ -22,8 +19,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.ledger import InvocationRecord, Ledger
-from toolmesh.invocation.observability import IN_FLIGHT, attaching, observe
-from toolmesh.invocation.ports import Dispatcher, ToolCatalog
+from toolmesh.invocation.ports import Dispatcher, InvocationObserver, NoInvocationObserver, ToolCatalog
 
 log = logging.getLogger("toolmesh.invocation")
 
@@ -31,7 +27,9 @@ MAX_CONFIRMATIONS = 1000
 
 
 @dataclass(frozen=True, slots=True)
-class Invocation:
+class InvokeResult:
+    """What one call got: the invocation it ran, joined or replayed, and its outcome."""
+
     tool_request_id: str
     outcome: Outcome
     # This call joined an identical running invocation, or replayed a finished one.
@@ -117,12 +115,21 @@ def _json_type(value: object) -> str:
 
 
 class Invoker:
+    """Runs, joins or replays tool calls; tells `observer` what happens (by default, nobody)."""
+
     def __init__(
-        self, catalog: ToolCatalog, dispatcher: Dispatcher, ledger: Ledger, max_in_flight: int = 20_000
+        self,
+        catalog: ToolCatalog,
+        dispatcher: Dispatcher,
+        ledger: Ledger,
+        max_in_flight: int = 20_000,
+        *,
+        observer: InvocationObserver | None = None,
     ) -> None:
         self._catalog = catalog
         self._dispatcher = dispatcher
         self.ledger = ledger
+        self._observer: InvocationObserver = observer or NoInvocationObserver()
         # Above this many calls waiting here, new ones are refused (OVERLOADED)
         # rather than slowing every call down.
         self._max_in_flight = max_in_flight
@@ -141,7 +148,7 @@ class Invoker:
         *,
         leaves_early: bool = True,
         sessions: Container[str] | None = None,
-    ) -> Invocation:
+    ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
 
         A caller that may be cancelled before the outcome (`leaves_early`, a
@@ -165,41 +172,38 @@ class Invoker:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
             raise ToolmeshError(Code.OVERLOADED, "", {"max_in_flight": str(self._max_in_flight)})
-        started = time.monotonic()
+        observed = self._observer.call(call)
         self._in_flight += 1
         try:
-            with telemetry.correlation(
-                session_id=call.session_id, turn_id=call.turn_id, tool_name=call.tool_name
-            ):
-                invocation = await self._invoke(call, idempotency_key, leaves_early)
-                trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, invocation.tool_request_id)
-                observe(call.tool_name, invocation.tool_request_id, invocation.outcome, started)
-            return invocation
+            with observed:
+                result = await self._invoke(call, idempotency_key, leaves_early)
+                observed.answered(result.tool_request_id, result.outcome)
+            return result
         finally:
             self._in_flight -= 1
 
-    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> Invocation:
+    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> InvokeResult:
         tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
             outcome = Outcome.runtime_error(
                 Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
             )
-            return Invocation(tool_request_id, outcome)
+            return InvokeResult(tool_request_id, outcome)
         arguments = parse_arguments(call.arguments_json)
         invalid = arguments if isinstance(arguments, Outcome) else check_parsed_arguments(tool, arguments)
         if invalid is not None:
-            return Invocation(tool_request_id, invalid)
+            return InvokeResult(tool_request_id, invalid)
         claim = await self.ledger.claim(
             call,
             tool_request_id,
             tool.effective_timeout_ms,
             idempotency_key,
-            telemetry.trace_carrier(),
+            self._observer.trace_context(),
             arguments=arguments,
         )
         record = claim.record
-        with telemetry.correlation(tool_request_id=record.tool_request_id):
+        with self._observer.invocation(record.tool_request_id):
             if claim.is_new:
                 request = ToolRequest(
                     session_id=call.session_id,
@@ -210,14 +214,14 @@ class Invoker:
                     timeout_ms=tool.effective_timeout_ms,
                     redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
                 )
-                return Invocation(tool_request_id, await self._start(request, record, leaves_early))
+                return InvokeResult(tool_request_id, await self._start(request, record, leaves_early))
             if record.outcome is not None:
-                with attaching(record, "replayed"):
+                with self._observer.attached(record, "replayed"):
                     log.info("replayed an unconfirmed outcome")
-                    return Invocation(record.tool_request_id, record.outcome, replayed=True)
-            with attaching(record, "joined"):
+                    return InvokeResult(record.tool_request_id, record.outcome, replayed=True)
+            with self._observer.attached(record, "joined"):
                 log.info("joined a running invocation")
-                return Invocation(
+                return InvokeResult(
                     record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
                 )
 
@@ -250,7 +254,7 @@ class Invoker:
         self._running.pop(tool_request_id, None)
 
     async def _run(self, request: ToolRequest, claimed: InvocationRecord) -> Outcome:
-        IN_FLIGHT.add(1)
+        self._observer.in_flight(1)
         try:
             outcome = await self._dispatcher.dispatch(request)
         except ToolmeshError as error:
@@ -263,7 +267,7 @@ class Invoker:
             )
             raise
         finally:
-            IN_FLIGHT.add(-1)
+            self._observer.in_flight(-1)
         await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
         return outcome
 

@@ -6,7 +6,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.wire import outcome_to_pb
-from toolmesh.invocation.invoker import Invocation
+from toolmesh.invocation.invoker import InvokeResult
 from toolmesh.invocation.ledger import InvocationRecord, InvocationState
 from toolmesh.v1 import invocation_pb2
 
@@ -27,12 +27,12 @@ def call_from_pb(request: invocation_pb2.InvokeToolRequest) -> ToolCall:
     )
 
 
-def response_to_pb(invocation: Invocation) -> invocation_pb2.InvokeToolResponse:
+def response_to_pb(result: InvokeResult) -> invocation_pb2.InvokeToolResponse:
     return invocation_pb2.InvokeToolResponse(
-        tool_request_id=invocation.tool_request_id,
-        outcome=outcome_to_pb(invocation.outcome),
-        joined=invocation.joined,
-        replayed=invocation.replayed,
+        tool_request_id=result.tool_request_id,
+        outcome=outcome_to_pb(result.outcome),
+        joined=result.joined,
+        replayed=result.replayed,
     )
 
 

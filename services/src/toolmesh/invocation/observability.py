@@ -1,4 +1,9 @@
-"""What the invocation service tells operators: span attributes, links and metrics."""
+"""What the invocation service tells operators: the InvocationObserver over OpenTelemetry and the log.
+
+Correlation ids (for logs always, as baggage when tracing), span attributes,
+links from joined and replayed calls to the original invocation, metrics,
+and one log line per call.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from collections.abc import Iterator
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
-from toolmesh.core import telemetry
+from toolmesh.core import correlation, telemetry
+from toolmesh.core.calls import ToolCall
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.invocation.ledger import InvocationRecord
 
@@ -28,6 +34,48 @@ IN_FLIGHT = telemetry.METER.create_up_down_counter(
 ATTACHED = telemetry.METER.create_counter(
     "toolmesh.invocations.attached", unit="{call}", description="Calls that joined or replayed an invocation"
 )
+
+
+class _ObservedCall(correlation.ids):
+    """The call's ids made current, and when it began; one object per call, as `ids` alone was."""
+
+    __slots__ = ("_started", "_tool_name")
+
+    def __init__(self, call: ToolCall) -> None:
+        # As ids(session_id=..., turn_id=..., tool_name=...), without the keywords: a checked
+        # call has all three.
+        self._given = (
+            ("session_id", call.session_id),
+            ("turn_id", call.turn_id),
+            ("tool_name", call.tool_name),
+        )
+        self._tool_name = call.tool_name
+        self._started = time.monotonic()
+
+    def answered(self, tool_request_id: str, outcome: Outcome) -> None:
+        trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, tool_request_id)
+        observe(self._tool_name, tool_request_id, outcome, self._started)
+
+
+class InvocationTelemetry:
+    """The invocation service's InvocationObserver in every process that serves it."""
+
+    __slots__ = ()
+
+    def call(self, call: ToolCall) -> _ObservedCall:
+        return _ObservedCall(call)
+
+    def invocation(self, tool_request_id: str) -> correlation.ids:
+        return correlation.ids(tool_request_id=tool_request_id)
+
+    def attached(self, record: InvocationRecord, how: str) -> contextlib.AbstractContextManager[None]:
+        return attaching(record, how)
+
+    def in_flight(self, change: int) -> None:
+        IN_FLIGHT.add(change)
+
+    def trace_context(self) -> dict[str, str]:
+        return telemetry.trace_carrier()
 
 
 def observe(tool_name: str, tool_request_id: str, outcome: Outcome, started: float) -> None:

@@ -1,12 +1,18 @@
-"""What the invoker needs from the rest of the system, independent of transport."""
+"""What the invoker needs from the rest of the system, independent of transport: tools, hosts, an observer."""
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from typing import Protocol
 
-from toolmesh.core.calls import ToolRequest
+from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
+from toolmesh.invocation.ledger import InvocationRecord
+
+# How long a tool lookup may take before it fails as REGISTRY_UNAVAILABLE.
+REGISTRY_TIMEOUT_S = 5.0
 
 
 class ToolCatalog(Protocol):
@@ -25,3 +31,82 @@ class Dispatcher(Protocol):
         Raises ToolmeshError(BRIDGE_UNAVAILABLE) when the bridge cannot be reached.
         """
         ...
+
+
+class CallObservation(Protocol):
+    """One call as the observer sees it: entered around the call, told its answer."""
+
+    def __enter__(self) -> None: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+    def answered(self, tool_request_id: str, outcome: Outcome) -> None:
+        """The call got `outcome` from invocation `tool_request_id` (run, joined or replayed)."""
+        ...
+
+
+class InvocationObserver(Protocol):
+    """What the invoker tells whoever watches it (spans, metrics, logs): the one seam for all of it.
+
+    The invoker calls these at fixed points and knows nothing of what they do.
+    Every method is on the call path: an implementation must cost next to
+    nothing when there is no one to tell.
+    """
+
+    def call(self, call: ToolCall) -> CallObservation:
+        """A call begins (its envelope is valid, it is admitted)."""
+        ...
+
+    def invocation(self, tool_request_id: str) -> AbstractContextManager[None]:
+        """Entered once the ledger has given the call its invocation, for the rest of the call."""
+        ...
+
+    def attached(self, record: InvocationRecord, how: str) -> AbstractContextManager[None]:
+        """Entered around a call that `how` ("joined" or "replayed") the invocation `record`."""
+        ...
+
+    def in_flight(self, change: int) -> None:
+        """Invocations running in this process went up (1) or down (-1)."""
+        ...
+
+    def trace_context(self) -> dict[str, str]:
+        """What the ledger keeps with a new invocation so that later calls can refer to it."""
+        ...
+
+
+class _Unobserved:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def answered(self, tool_request_id: str, outcome: Outcome) -> None:
+        return None
+
+
+_UNOBSERVED = _Unobserved()
+_NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
+
+
+class NoInvocationObserver:
+    """The default InvocationObserver: tells nobody anything."""
+
+    __slots__ = ()
+
+    def call(self, call: ToolCall) -> CallObservation:
+        return _UNOBSERVED
+
+    def invocation(self, tool_request_id: str) -> AbstractContextManager[None]:
+        return _NOTHING
+
+    def attached(self, record: InvocationRecord, how: str) -> AbstractContextManager[None]:
+        return _NOTHING
+
+    def in_flight(self, change: int) -> None:
+        return None
+
+    def trace_context(self) -> dict[str, str]:
+        return {}

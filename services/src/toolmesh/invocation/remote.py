@@ -1,26 +1,35 @@
-"""The invoker's ports over gRPC: the registry and the bridge as remote services."""
+"""The invoker's ports over gRPC: the registry (lookups, and watches for the cache) and the bridge."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncGenerator
 
 import grpc
 
+from toolmesh.client.registry import RegistryClient
 from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.stream_link import StreamBroken, StreamLink
-from toolmesh.core.tools import ToolSpec
+from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.core.wire import outcome_from_pb, request_to_pb, tool_from_pb
+from toolmesh.invocation.catalog_cache import (
+    DEFAULT_IDLE_S,
+    DEFAULT_MAX_SESSIONS,
+    WatchedCatalog,
+    WatchSource,
+    unavailable,
+)
+from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger("toolmesh.invocation")
 
-# How long a registry lookup may take before the call fails as REGISTRY_UNAVAILABLE.
-REGISTRY_TIMEOUT_S = 5.0
 # The bridge enforces the tool's deadline itself; this margin only catches a
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
@@ -44,6 +53,36 @@ class RemoteCatalog:
                 return None
             raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpc_status": error.code().name}) from None
         return tool_from_pb(response.tool)
+
+
+def registry_watch_source(client: RegistryClient) -> WatchSource:
+    """WatchTools through `client`, its gRPC failures as REGISTRY_UNAVAILABLE."""
+
+    async def watch(session_id: str) -> AsyncGenerator[ToolSet, None]:
+        try:
+            async with contextlib.aclosing(client.watch_tools(session_id)) as updates:
+                async for tools in updates:
+                    yield tools
+        except grpc.aio.AioRpcError as error:
+            raise unavailable(session_id, grpc_status=error.code().name) from None
+
+    return watch
+
+
+def cached_registry_catalog(
+    registry_target: str,
+    channel: grpc.aio.Channel,
+    *,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    idle_s: float = DEFAULT_IDLE_S,
+) -> WatchedCatalog:
+    """The invocation service's catalog: watches over `channel`, direct GetTool as the fallback."""
+    return WatchedCatalog(
+        registry_watch_source(RegistryClient(registry_target, channel=channel)),
+        RemoteCatalog(channel),
+        max_sessions=max_sessions,
+        idle_s=idle_s,
+    )
 
 
 class RemoteDispatcher:

@@ -22,13 +22,13 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def InvokeTool(
         self, request: invocation_pb2.InvokeToolRequest, context: ServicerContext
     ) -> invocation_pb2.InvokeToolResponse:
-        invocation = await self._invoker.invoke(
+        result = await self._invoker.invoke(
             call_from_pb(request),
             request.idempotency_key,
             request.confirmed_tool_request_ids,
             sessions=scope(Role.CALL),
         )
-        return response_to_pb(invocation)
+        return response_to_pb(result)
 
     async def InvokeTools(
         self, request_iterator: AsyncIterator[invocation_pb2.InvokeToolsRequest], context: ServicerContext

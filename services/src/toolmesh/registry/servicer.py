@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from toolmesh.core.wire import tool_from_pb, tool_to_pb
-from toolmesh.registry.catalog import Registry
+from toolmesh.registry.registry import Registry
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import Service
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc

@@ -24,7 +24,11 @@ INTERNAL_ENV_VARS = {
 EXIT_CONFIG = 2
 
 
-def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Namespace:
+def parse_args(
+    service: str,
+    dependencies: tuple[str, ...] = (),
+    extend: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m toolmesh.{service}")
     parser.add_argument(
         "--listen",
@@ -45,6 +49,8 @@ def parse_args(service: str, dependencies: tuple[str, ...] = ()) -> argparse.Nam
             f"default 127.0.0.1:{INTERNAL_PORTS[dependency]})",
         )
     security.add_arguments(parser)
+    if extend is not None:
+        extend(parser)
     return parser.parse_args()
 
 
@@ -67,6 +73,10 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
         if server.internal is not None:
             print(f"toolmesh {service} internal listener on port {server.internal.port}", flush=True)
         print(f"toolmesh {service} listening on port {server.port}", flush=True)
+        if server.web_port is not None:
+            print(
+                f"toolmesh {service} serves pages (Connect, gRPC-Web) on port {server.web_port}", flush=True
+            )
         await serve_until_signalled([server])
 
     try:

@@ -70,6 +70,8 @@ class RunningServer:
     services: Sequence[Service] = field(default_factory=list)
     # Run after the server stopped, e.g. closing the channels it used.
     after_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # The bridge's web port (Connect and gRPC-Web for pages), when it serves one.
+    web_port: int | None = None
     # The internal listener, for services with internal RPCs.
     internal: Listening | None = None
 

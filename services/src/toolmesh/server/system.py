@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from toolmesh.bridge.declarations import Declarations
+from toolmesh.bridge.observability import RouterTelemetry
+from toolmesh.bridge.registry_lists import RegistryToolLists
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import bridge_service
+from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.core.channels import open_channel
-from toolmesh.invocation.catalog_cache import cached_registry_catalog
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
-from toolmesh.invocation.remote import RemoteDispatcher
+from toolmesh.invocation.observability import InvocationTelemetry
+from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
-from toolmesh.registry.catalog import Registry
+from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
 from toolmesh.server.security import LOOPBACK, Security
@@ -41,14 +45,46 @@ async def start_bridge(
     address: str = "127.0.0.1:0",
     heartbeat_s: float = 5.0,
     *,
+    registry_target: str | None = None,
+    web_address: str | None = None,
+    web_origins: Sequence[str] = (),
     security: Security = LOOPBACK,
     internal_address: str = INTERNAL_ADDRESS,
 ) -> tuple[RunningServer, Router]:
-    router = Router(heartbeat_s=heartbeat_s)
-    server = await start_server(
-        [bridge_service(router)], address, security=security, internal_address=internal_address
+    """The bridge on `address`, its internal listener (Dispatch, for the invocation service) on
+    `internal_address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
+
+    With `registry_target` (the registry's internal listener), hosts may declare their tools
+    (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own.
+    """
+    if web_address is not None:
+        security.check_public(web_address)
+    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry())
+    lists = (
+        RegistryToolLists(registry_target, security.peer_credentials())
+        if registry_target is not None
+        else None
     )
-    return server, router
+    declarations = Declarations(router, lists)
+    service = bridge_service(router, declarations)
+    running = await start_server([service], address, security=security, internal_address=internal_address)
+    if lists is not None:
+        running.after_stop.append(lists.aclose)
+    if web_address is not None:
+        app = web_app(router, declarations, web_origins, security.verifier)
+        web = await start_web_server(app, web_address, security.tls)
+        running.web_port = web.port
+        shutdown = service.on_shutdown
+
+        async def on_shutdown() -> None:
+            web.stop_accepting()
+            if shutdown is not None:
+                await shutdown()
+
+        service.on_shutdown = on_shutdown
+        # After the gRPC server's stop: the host streams have ended by then.
+        running.after_stop.insert(0, lambda: web.stop(1.0))
+    return running, router
 
 
 async def start_invocation(
@@ -69,7 +105,7 @@ async def start_invocation(
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
-    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight)
+    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     running = await start_server([invocation_service(invoker)], address, security=security)
     running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
     return running
@@ -84,6 +120,8 @@ class LocalSystem:
     bridge: RunningServer
     router: Router
     host: str
+    # The web port serves HTTPS (the services have a certificate).
+    web_tls: bool = False
 
     @property
     def registry_target(self) -> str:
@@ -96,6 +134,12 @@ class LocalSystem:
     @property
     def bridge_target(self) -> str:
         return f"{self.host}:{self.bridge.port}"
+
+    @property
+    def web_url(self) -> str:
+        """Where pages reach the bridge (Connect, gRPC-Web)."""
+        scheme = "https" if self.web_tls else "http"
+        return f"{scheme}://{self.host}:{self.bridge.web_port}"
 
     @property
     def registry_internal_target(self) -> str:
@@ -121,18 +165,29 @@ async def start_local_system(
     registry_port: int = 0,
     invocation_port: int = 0,
     bridge_port: int = 0,
+    web_port: int = 0,
+    web_origins: Sequence[str] = (),
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
     security: Security = LOOPBACK,
 ) -> LocalSystem:
     """All three services; their internal listeners on free loopback ports, used only by each other."""
-    for port in (registry_port, invocation_port, bridge_port):
+    for port in (registry_port, invocation_port, bridge_port, web_port):
         security.check_public(f"{host}:{port}")
-    registry, (bridge, router) = await asyncio.gather(
-        start_registry(f"{host}:{registry_port}", security=security),
-        start_bridge(f"{host}:{bridge_port}", heartbeat_s, security=security),
-    )
+    registry = await start_registry(f"{host}:{registry_port}", security=security)
+    try:
+        bridge, router = await start_bridge(
+            f"{host}:{bridge_port}",
+            heartbeat_s,
+            registry_target=f"127.0.0.1:{registry.internal_port}",
+            web_address=f"{host}:{web_port}",
+            web_origins=web_origins,
+            security=security,
+        )
+    except BaseException:
+        await registry.stop(0)
+        raise
     try:
         invocation = await start_invocation(
             f"127.0.0.1:{registry.internal_port}",
@@ -143,6 +198,7 @@ async def start_local_system(
             security=security,
         )
     except BaseException:
-        await asyncio.gather(registry.stop(0), bridge.stop(0))
+        await bridge.stop(0)
+        await registry.stop(0)
         raise
-    return LocalSystem(registry, invocation, bridge, router, host)
+    return LocalSystem(registry, invocation, bridge, router, host, web_tls=security.serves_tls)

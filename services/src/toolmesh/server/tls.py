@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
+from typing import cast
 
 import grpc
 
@@ -70,6 +72,8 @@ def server_credentials(files: TlsFiles, *, require_client_cert: bool) -> grpc.Se
     if require_client_cert and files.ca is None:
         raise ValueError("requiring client certificates needs a CA (--tls-ca)")
     rotating = _Rotating(files)
+    # None from the fetcher means "no change" (grpc's documentation); its type stub says otherwise.
+    fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], rotating.fetch)
     return grpc.dynamic_ssl_server_credentials(
-        rotating.current, rotating.fetch, require_client_authentication=require_client_cert
+        rotating.current, fetch, require_client_authentication=require_client_cert
     )

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.server import security
 from toolmesh.server.runtime import serve_until_signalled
@@ -28,6 +29,13 @@ def add_parser(commands: Any) -> None:
         parser.add_argument(
             f"--{service}-port", type=int, default=port, help=f"default {port}; 0 picks a free port"
         )
+    parser.add_argument(
+        "--web-port",
+        type=int,
+        default=DEFAULT_WEB_PORT,
+        help=f"the bridge's port for pages, Connect and gRPC-Web (default {DEFAULT_WEB_PORT}; 0 picks one)",
+    )
+    add_web_arguments(parser)
     security.add_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -40,6 +48,8 @@ async def run(args: argparse.Namespace) -> int:
             registry_port=args.registry_port,
             invocation_port=args.invocation_port,
             bridge_port=args.bridge_port,
+            web_port=args.web_port,
+            web_origins=web_origins(args.web_origins),
             security=protection,
         )
     except (OSError, ValueError) as error:
@@ -49,6 +59,7 @@ async def run(args: argparse.Namespace) -> int:
     print(f"  registry    {system.registry_target}")
     print(f"  invocation  {system.invocation_target}")
     print(f"  bridge      {system.bridge_target}")
+    print(f"  pages       {system.web_url}  (Connect, gRPC-Web)")
     if protection.verifier is not None:
         print("  tokens required (mint one with `toolmesh token`)")
     print("Press Ctrl-C to stop.", flush=True)

@@ -3,13 +3,14 @@
 from toolmesh.assistant.assistant import Assistant
 from toolmesh.assistant.config import ModelEndpoint, ToolServices, TurnLimits
 from toolmesh.assistant.confirmation import Confirm, ConfirmationRequest
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import TURN_TABLE, AssistantError, TurnCode
 from toolmesh.assistant.messages import Message, Role, ToolCallRequest
 from toolmesh.assistant.results import TEXT_LIMIT, ToolResult
 from toolmesh.assistant.state import AssistantState, Status
 
 __all__ = [
     "TEXT_LIMIT",
+    "TURN_TABLE",
     "Assistant",
     "AssistantError",
     "AssistantState",
@@ -22,5 +23,6 @@ __all__ = [
     "ToolCallRequest",
     "ToolResult",
     "ToolServices",
+    "TurnCode",
     "TurnLimits",
 ]

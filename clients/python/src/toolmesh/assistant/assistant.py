@@ -11,18 +11,18 @@ from toolmesh.assistant.channel import ToolChannel
 from toolmesh.assistant.chat_completions import OpenAIChatModel
 from toolmesh.assistant.config import ModelEndpoint, ToolServices, TurnLimits
 from toolmesh.assistant.confirmation import Confirm
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.grpc_channel import GrpcToolChannel
 from toolmesh.assistant.messages import Message
 from toolmesh.assistant.model import ChatModel
 from toolmesh.assistant.state import AssistantState, StateStore, Status, Subscriber
 from toolmesh.assistant.turn import Turn, TurnDeps
-from toolmesh.core.errors import Code
 
 log = logging.getLogger("toolmesh.assistant")
 
 
 def new_turn_id() -> str:
+    """A fresh turn id: `turn_` and 16 random hex digits."""
     return f"turn_{uuid.uuid4().hex[:16]}"
 
 
@@ -31,7 +31,15 @@ class Assistant:
 
     A send while a turn runs raises AssistantError(BUSY) and changes nothing.
     A turn that ends without an answer raises the AssistantError that is also
-    the state's `error`.
+    the state's `error`. For applications that embed an agent: most build one
+    with `connect()`; the constructor takes any ToolChannel and ChatModel.
+
+    Args:
+        session_id: The session whose tools the assistant may call.
+        channel: The session's tool services.
+        model: The model that plans the turns.
+        confirm: Asked before a tool that needs confirmation runs; without it such tools are refused.
+        limits: Rounds per turn, a cap on each tool call, the system prompt.
     """
 
     def __init__(
@@ -70,6 +78,7 @@ class Assistant:
 
     @property
     def state(self) -> AssistantState:
+        """The state now: status, conversation, the last turn's error and turn id."""
         return self._store.state
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
@@ -77,10 +86,20 @@ class Assistant:
         return self._store.subscribe(subscriber)
 
     async def send(self, text: str) -> str:
+        """Run one turn on the user's `text`; returns the model's answer.
+
+        Tool failures do not raise: the model reads them as failed results and
+        goes on, unless their code ends the turn. Raises AssistantError with BUSY
+        while another turn runs (nothing changes), ABORTED when the turn is
+        cancelled or the assistant disposed, and the turn code that ended the turn
+        otherwise (TIMEOUT, MODEL_ERROR, TURN_LIMIT, DISCOVERY_FAILED,
+        UNSUPPORTED_WEBMCP, INVALID_SCHEMA, ...; INTERNAL for a bug). If the caller
+        of `send` is itself cancelled, the turn is cancelled and CancelledError raised.
+        """
         if self._store.state.status is Status.DISPOSED:
-            raise AssistantError(Code.ABORTED, "The assistant was disposed.")
+            raise AssistantError(TurnCode.ABORTED, "The assistant was disposed.")
         if self._task is not None:
-            raise AssistantError(Code.BUSY)
+            raise AssistantError(TurnCode.BUSY)
         turn_id = new_turn_id()
         generation = self._store.begin_turn(turn_id, Message.user(text))
         turn = Turn(
@@ -97,7 +116,7 @@ class Assistant:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # whoever awaits send() was cancelled; the turn was cancelled with it
-            raise AssistantError(Code.ABORTED) from None
+            raise AssistantError(TurnCode.ABORTED) from None
 
     async def _run(self, turn: Turn, turn_id: str, generation: int) -> str:
         error: AssistantError | None = None
@@ -107,13 +126,13 @@ class Assistant:
             error = ended
             raise
         except asyncio.CancelledError:
-            error = AssistantError(Code.ABORTED)
+            error = AssistantError(TurnCode.ABORTED)
             raise
         except Exception as exc:
             log.exception(
                 "an assistant turn failed", extra={"session_id": self.session_id, "turn_id": turn_id}
             )
-            error = AssistantError(Code.INTERNAL, type(exc).__name__)
+            error = AssistantError(TurnCode.INTERNAL, type(exc).__name__)
             raise error from exc
         finally:
             self._store.end_turn(generation, error)
@@ -133,7 +152,7 @@ class Assistant:
         task, self._task = self._task, None
         if task is None:
             return False
-        self._store.abort(AssistantError(Code.ABORTED))
+        self._store.abort(AssistantError(TurnCode.ABORTED))
         task.cancel()
         return True
 

@@ -9,6 +9,8 @@ from toolmesh.core.tools import ToolSet
 
 
 class ToolChannel(Protocol):
+    """The tool services of one session, as a turn uses them (implemented by GrpcToolChannel)."""
+
     async def check(self) -> None:
         """Raise AssistantError(UNSUPPORTED_WEBMCP) when the services cannot serve an assistant."""
         ...
@@ -27,4 +29,6 @@ class ToolChannel(Protocol):
         """One tool call. Never raises: every failure is a CallResult."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Release the connections; pending delivery confirmations are sent first."""
+        ...

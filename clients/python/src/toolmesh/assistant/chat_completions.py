@@ -10,17 +10,24 @@ from typing import Any
 import httpx
 
 from toolmesh.assistant.config import ModelEndpoint
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.messages import Message, Role, ToolCallRequest
 from toolmesh.assistant.model import FunctionTool, ModelReply
 from toolmesh.core import jsontext
-from toolmesh.core.errors import Code
 
 # A reply larger than this is not a chat answer.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 
 
 class OpenAIChatModel:
+    """ChatModel over an OpenAI-compatible chat-completions endpoint with tool calling.
+
+    Args:
+        endpoint: The endpoint's URL, model name, API key and timeout.
+        system_prompt: Sent first in every request, when not empty.
+        client: An httpx client to use instead of making one (it is then not closed here).
+    """
+
     def __init__(
         self, endpoint: ModelEndpoint, *, system_prompt: str = "", client: httpx.AsyncClient | None = None
     ) -> None:
@@ -30,6 +37,12 @@ class OpenAIChatModel:
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(endpoint.timeout_s))
 
     async def complete(self, messages: Sequence[Message], tools: Sequence[FunctionTool]) -> ModelReply:
+        """POST the conversation and tools; the reply's text and tool calls.
+
+        Raises AssistantError with TIMEOUT when no answer came within the
+        endpoint's timeout, and MODEL_ERROR when the endpoint cannot be reached,
+        answers HTTP 4xx/5xx, or replies with something unusable.
+        """
         body = request_body(self._endpoint.model, messages, tools, self._system_prompt)
         headers = {"Authorization": f"Bearer {self._endpoint.api_key}"} if self._endpoint.api_key else {}
         timeout = self._endpoint.timeout_s
@@ -38,18 +51,21 @@ class OpenAIChatModel:
             async with asyncio.timeout(timeout):
                 response = await self._client.post(self._endpoint.chat_url, json=body, headers=headers)
         except (TimeoutError, httpx.TimeoutException):
-            raise AssistantError(Code.TIMEOUT, f"The model did not answer within {timeout:g} s.") from None
+            raise AssistantError(
+                TurnCode.TIMEOUT, f"The model did not answer within {timeout:g} s."
+            ) from None
         except httpx.HTTPError as exc:
             raise AssistantError(
-                Code.MODEL_ERROR, f"The model endpoint could not be reached ({type(exc).__name__})."
+                TurnCode.MODEL_ERROR, f"The model endpoint could not be reached ({type(exc).__name__})."
             ) from None
         if response.status_code >= 400:
             raise AssistantError(
-                Code.MODEL_ERROR, f"The model endpoint answered HTTP {response.status_code}."
+                TurnCode.MODEL_ERROR, f"The model endpoint answered HTTP {response.status_code}."
             )
         return parse_reply(response.content)
 
     async def close(self) -> None:
+        """Close the httpx client, if this model made it."""
         if self._own_client:
             await self._client.aclose()
 
@@ -57,6 +73,7 @@ class OpenAIChatModel:
 def request_body(
     model: str, messages: Sequence[Message], tools: Sequence[FunctionTool], system_prompt: str = ""
 ) -> dict[str, Any]:
+    """The chat-completions request body for the conversation, with the tools as functions."""
     wire = [{"role": "system", "content": system_prompt}] if system_prompt else []
     wire += [_message(message) for message in messages]
     body: dict[str, Any] = {"model": model, "messages": wire}
@@ -88,7 +105,7 @@ def _message(message: Message) -> dict[str, Any]:
 
 
 def _unusable(detail: str) -> AssistantError:
-    return AssistantError(Code.MODEL_ERROR, f"The model's reply is unusable: {detail}.")
+    return AssistantError(TurnCode.MODEL_ERROR, f"The model's reply is unusable: {detail}.")
 
 
 def parse_reply(content: bytes) -> ModelReply:

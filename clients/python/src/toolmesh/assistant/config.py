@@ -30,6 +30,7 @@ class ModelEndpoint:
 
     @property
     def chat_url(self) -> str:
+        """The full chat-completions URL."""
         return self.url if self.url.endswith(CHAT_COMPLETIONS) else self.url.rstrip("/") + CHAT_COMPLETIONS
 
     @classmethod
@@ -84,8 +85,13 @@ class ToolServices:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ) -> ToolServices:
-        """Arguments first, then TOOLMESH_*_ADDR, TOOLMESH_REQUIRE_TLS, TOOLMESH_TLS(_CA/_CERT/_KEY)
-        and TOOLMESH_TOKEN. A CA or client certificate implies TLS."""
+        """Arguments first, then the environment, then local defaults.
+
+        Addresses from TOOLMESH_REGISTRY_ADDR / TOOLMESH_INVOCATION_ADDR; `require_tls`
+        from TOOLMESH_REQUIRE_TLS (1, true or yes); TLS from TOOLMESH_TLS and
+        TOOLMESH_TLS_CA / _CERT / _KEY (a CA or a client certificate implies TLS); the
+        token from TOOLMESH_TOKEN.
+        """
         if require_tls is None:
             require_tls = _flag(ENV_REQUIRE_TLS)
         files = TlsFiles.from_env(tls_cert, tls_key, tls_ca)
@@ -107,6 +113,8 @@ def _flag(name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TurnLimits:
+    """The bounds of one turn, and the system prompt. Raises ValueError for negative `max_rounds`."""
+
     # Rounds of tool calls one turn may take; the model asking for one more is TURN_LIMIT.
     max_rounds: int = 8
     # The assistant's own cap on one tool call, in seconds. None: the tool's

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from toolmesh.assistant.channel import ToolChannel
-from toolmesh.core.errors import Code
+from toolmesh.assistant.errors import TurnCode
 from toolmesh.core.jsontext import JsonValue
 from toolmesh.core.tools import ToolSpec
 
@@ -24,6 +24,8 @@ log = logging.getLogger("toolmesh.assistant")
 
 @dataclass(frozen=True, slots=True)
 class ConfirmationRequest:
+    """What a person is asked to confirm: the tool and the arguments the model gave it."""
+
     session_id: str
     turn_id: str
     tool: ToolSpec
@@ -43,10 +45,10 @@ async def _ask(confirm: Confirm, request: ConfirmationRequest) -> bool:
 
 async def confirm_call(
     confirm: Confirm | None, request: ConfirmationRequest, channel: ToolChannel, revision: int
-) -> Code | None:
+) -> TurnCode | None:
     """None when the person confirmed; else CONFIRMATION_DENIED or STALE_TOOLS."""
     if confirm is None:
-        return Code.CONFIRMATION_DENIED
+        return TurnCode.CONFIRMATION_DENIED
     prompt = asyncio.ensure_future(_ask(confirm, request))
     moved = asyncio.ensure_future(channel.wait_for_change(revision))
     try:
@@ -58,11 +60,13 @@ async def confirm_call(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     if not prompt.done() or prompt.cancelled():
-        return Code.STALE_TOOLS if moved.done() and not moved.cancelled() else Code.CONFIRMATION_DENIED
+        return (
+            TurnCode.STALE_TOOLS if moved.done() and not moved.cancelled() else TurnCode.CONFIRMATION_DENIED
+        )
     if prompt.exception() is not None:
         log.warning(
             "the confirmation callback failed",
             extra={"tool": request.tool.name, "error": type(prompt.exception()).__name__},
         )
-        return Code.CONFIRMATION_DENIED
-    return None if prompt.result() else Code.CONFIRMATION_DENIED
+        return TurnCode.CONFIRMATION_DENIED
+    return None if prompt.result() else TurnCode.CONFIRMATION_DENIED

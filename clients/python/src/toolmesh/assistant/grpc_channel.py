@@ -17,10 +17,10 @@ import asyncio
 import contextlib
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from toolmesh.assistant.config import ToolServices
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
 from toolmesh.core.channels import open_channel
@@ -32,6 +32,7 @@ from toolmesh.v1 import invocation_pb2, registry_pb2
 REGISTRY_SERVICE = registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name
 INVOCATION_SERVICE = invocation_pb2.DESCRIPTOR.services_by_name["InvocationService"].full_name
 PROBE_TIMEOUT_S = 5.0
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
 def _channel(target: str, services: ToolServices) -> grpc.aio.Channel:
@@ -44,6 +45,13 @@ def _channel(target: str, services: ToolServices) -> grpc.aio.Channel:
 
 
 class GrpcToolChannel:
+    """ToolChannel over the registry and invocation services of one session.
+
+    Args:
+        session_id: The session whose tools are listed and called.
+        services: The services' addresses and TLS settings.
+    """
+
     def __init__(self, session_id: str, services: ToolServices) -> None:
         self._session_id = session_id
         self._services = services
@@ -60,31 +68,42 @@ class GrpcToolChannel:
         self._checked = False
 
     async def check(self) -> None:
+        """Raise AssistantError(UNSUPPORTED_WEBMCP) if TLS is required but off, or a service is not offered.
+
+        A server that cannot be reached is not refused here: reading the tools
+        then fails with DISCOVERY_FAILED.
+        """
         if self._checked:
             return
         if self._services.require_tls and not self._services.tls:
             raise AssistantError(
-                Code.UNSUPPORTED_WEBMCP, "TLS is required, but the channel to the tool services is plaintext."
+                TurnCode.UNSUPPORTED_WEBMCP,
+                "TLS is required, but the channel to the tool services is plaintext.",
             )
         answers = await asyncio.gather(*(_offers(name, channel) for name, channel in self._channels.items()))
         for name, offered in zip(self._channels, answers, strict=True):
             if offered is False:
                 raise AssistantError(
-                    Code.UNSUPPORTED_WEBMCP, f"The server does not offer {name}.", {"service": name}
+                    TurnCode.UNSUPPORTED_WEBMCP, f"The server does not offer {name}.", {"service": name}
                 )
         self._checked = all(answers)
 
     async def list_tools(self) -> ToolSet:
+        """The session's tools; raises AssistantError(DISCOVERY_FAILED) when the registry refuses or fails."""
         try:
             return await self._registry.list_tools(self._session_id)
         except grpc.aio.AioRpcError as error:
             code = error_code(error)
             reason = code.value if code is not None else error.code().name
             raise AssistantError(
-                Code.DISCOVERY_FAILED, f"The registry refused or could not answer ({reason})."
+                TurnCode.DISCOVERY_FAILED, f"The registry refused or could not answer ({reason})."
             ) from None
 
     async def wait_for_change(self, revision: int) -> None:
+        """Return once the registry's watch shows a revision other than `revision`; never raises.
+
+        If the watch fails, waits until cancelled (the next `list_tools` finds the change).
+        """
         try:
             async with contextlib.aclosing(self._registry.watch_tools(self._session_id)) as watch:
                 async for tools in watch:
@@ -98,6 +117,7 @@ class GrpcToolChannel:
     async def invoke(
         self, tool_name: str, arguments_json: str, *, turn_id: str, timeout: float
     ) -> CallResult:
+        """One tool call within `timeout` seconds; never raises: a refused request is a CallResult too."""
         try:
             return await self._invocation.invoke(
                 self._session_id, tool_name, turn_id=turn_id, arguments_json=arguments_json, timeout=timeout
@@ -108,6 +128,7 @@ class GrpcToolChannel:
             return CallResult(None, None, Code.INTERNAL, error.message)
 
     async def close(self) -> None:
+        """Close the invocation client (it sends its pending confirmations), then the channels."""
         # The client first: it sends the delivery confirmations it still holds.
         await self._invocation.close()
         for channel in self._channels.values():
@@ -116,9 +137,14 @@ class GrpcToolChannel:
 
 async def _offers(service: str, channel: grpc.aio.Channel) -> bool | None:
     """Whether the server offers `service`: True, False, or None when it could not be asked."""
-    stub = health_pb2_grpc.HealthStub(channel)
+    # The method itself, as health_pb2_grpc.HealthStub makes it: the stub's typing leaves its methods out.
+    check = channel.unary_unary(
+        HEALTH_CHECK,
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
     try:
-        await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=PROBE_TIMEOUT_S)
+        await check(health_pb2.HealthCheckRequest(service=service), timeout=PROBE_TIMEOUT_S)
     except grpc.aio.AioRpcError as error:
         if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
             return False

@@ -15,8 +15,8 @@
 | and any code this version does not know       |                    |            |
 | TOOL_TIMEOUT, CALLER_DEADLINE_EXCEEDED         | TIMEOUT            | ends       |
 
-Whether the turn ends is the turn code's `ends_turn` in the error table; the
-rows of the runtime codes above carry the same value (a test checks it).
+Whether the turn ends is the turn code's `ends_turn` in the turn-code table
+(toolmesh.assistant.errors); the runtime table has no say in it.
 """
 
 from __future__ import annotations
@@ -24,39 +24,40 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from toolmesh.assistant.errors import TurnCode
 from toolmesh.assistant.results import ToolResult
 from toolmesh.client.invocation import CallResult
 from toolmesh.core import jsontext
 from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind
 
-RUNTIME_TO_TURN: Mapping[Code, Code] = MappingProxyType(
+RUNTIME_TO_TURN: Mapping[Code, TurnCode] = MappingProxyType(
     {
-        Code.TOOL_NOT_FOUND: Code.TOOL_UNAVAILABLE,
-        Code.TOOL_HANDLER_NOT_FOUND: Code.TOOL_UNAVAILABLE,
-        Code.TOOL_HOST_UNAVAILABLE: Code.TOOL_UNAVAILABLE,
-        Code.REGISTRY_UNAVAILABLE: Code.TOOL_UNAVAILABLE,
-        Code.OVERLOADED: Code.TOOL_UNAVAILABLE,
-        Code.SHUTTING_DOWN: Code.TOOL_UNAVAILABLE,
-        Code.UNAUTHENTICATED: Code.TOOL_UNAVAILABLE,
-        Code.PERMISSION_DENIED: Code.TOOL_UNAVAILABLE,
-        Code.TOOL_ARGS_INVALID: Code.INVALID_ARGUMENTS,
-        Code.TOOL_HANDLER_ERROR: Code.EXECUTION_FAILED,
-        Code.TOOL_RESULT_INVALID: Code.EXECUTION_FAILED,
-        Code.TOOL_HOST_DISCONNECTED: Code.EXECUTION_FAILED,
-        Code.BRIDGE_UNAVAILABLE: Code.EXECUTION_FAILED,
-        Code.TRANSPORT_FAILED: Code.EXECUTION_FAILED,
-        Code.INVALID_REQUEST: Code.EXECUTION_FAILED,
-        Code.INTERNAL: Code.EXECUTION_FAILED,
-        Code.TOOL_TIMEOUT: Code.TIMEOUT,
-        Code.CALLER_DEADLINE_EXCEEDED: Code.TIMEOUT,
+        Code.TOOL_NOT_FOUND: TurnCode.TOOL_UNAVAILABLE,
+        Code.TOOL_HANDLER_NOT_FOUND: TurnCode.TOOL_UNAVAILABLE,
+        Code.TOOL_HOST_UNAVAILABLE: TurnCode.TOOL_UNAVAILABLE,
+        Code.REGISTRY_UNAVAILABLE: TurnCode.TOOL_UNAVAILABLE,
+        Code.OVERLOADED: TurnCode.TOOL_UNAVAILABLE,
+        Code.SHUTTING_DOWN: TurnCode.TOOL_UNAVAILABLE,
+        Code.UNAUTHENTICATED: TurnCode.TOOL_UNAVAILABLE,
+        Code.PERMISSION_DENIED: TurnCode.TOOL_UNAVAILABLE,
+        Code.TOOL_ARGS_INVALID: TurnCode.INVALID_ARGUMENTS,
+        Code.TOOL_HANDLER_ERROR: TurnCode.EXECUTION_FAILED,
+        Code.TOOL_RESULT_INVALID: TurnCode.EXECUTION_FAILED,
+        Code.TOOL_HOST_DISCONNECTED: TurnCode.EXECUTION_FAILED,
+        Code.BRIDGE_UNAVAILABLE: TurnCode.EXECUTION_FAILED,
+        Code.TRANSPORT_FAILED: TurnCode.EXECUTION_FAILED,
+        Code.INVALID_REQUEST: TurnCode.EXECUTION_FAILED,
+        Code.INTERNAL: TurnCode.EXECUTION_FAILED,
+        Code.TOOL_TIMEOUT: TurnCode.TIMEOUT,
+        Code.CALLER_DEADLINE_EXCEEDED: TurnCode.TIMEOUT,
     }
 )
-DOMAIN_ERROR = Code.EXECUTION_FAILED
-UNKNOWN_CODE = Code.EXECUTION_FAILED
+DOMAIN_ERROR = TurnCode.EXECUTION_FAILED
+UNKNOWN_CODE = TurnCode.EXECUTION_FAILED
 
 
-def turn_code(outcome_code: str, kind: ErrorKind = ErrorKind.RUNTIME) -> Code:
+def turn_code(outcome_code: str, kind: ErrorKind = ErrorKind.RUNTIME) -> TurnCode:
     """The turn code of a failed call: its runtime code, or a domain error's own code."""
     if kind is ErrorKind.DOMAIN:
         return DOMAIN_ERROR
@@ -78,7 +79,7 @@ def tool_result(call: CallResult) -> ToolResult:
         try:
             return ToolResult.success(call.outcome.result_json)
         except jsontext.NotPlainJson:
-            return ToolResult.failure(Code.EXECUTION_FAILED, "The result is not JSON.", cause="not_json")
+            return ToolResult.failure(TurnCode.EXECUTION_FAILED, "The result is not JSON.", cause="not_json")
     detail = f"[{failure.code}] {failure.message}"
     details = failure.details or {}
     violations = details.get("violations")

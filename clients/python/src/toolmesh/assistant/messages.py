@@ -9,6 +9,8 @@ from toolmesh.assistant.results import ToolResult
 
 
 class Role(enum.StrEnum):
+    """Who wrote a message: the person, the model, or a tool's result."""
+
     USER = "user"
     ASSISTANT = "assistant"
     TOOL = "tool"
@@ -25,6 +27,8 @@ class ToolCallRequest:
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """One message of the conversation; make them with `user`, `assistant` and `tool`."""
+
     role: Role
     text: str = ""
     # The model's tool calls (assistant messages).
@@ -35,14 +39,17 @@ class Message:
 
     @classmethod
     def user(cls, text: str) -> Message:
+        """What the person typed."""
         return cls(Role.USER, text)
 
     @classmethod
     def assistant(cls, text: str, tool_calls: tuple[ToolCallRequest, ...] = ()) -> Message:
+        """The model's reply: its text and the tool calls it asked for."""
         return cls(Role.ASSISTANT, text, tool_calls)
 
     @classmethod
     def tool(cls, call: ToolCallRequest, result: ToolResult) -> Message:
+        """The answer to one tool call; its text is what the model reads."""
         return cls(Role.TOOL, result.text, call=call, result=result)
 
 

@@ -20,13 +20,19 @@ class FunctionTool:
 
 @dataclass(frozen=True, slots=True)
 class ModelReply:
+    """A model's reply: text, tool calls, or both."""
+
     text: str
     tool_calls: tuple[ToolCallRequest, ...] = ()
 
 
 class ChatModel(Protocol):
+    """What a turn needs from a model (implemented by OpenAIChatModel)."""
+
     async def complete(self, messages: Sequence[Message], tools: Sequence[FunctionTool]) -> ModelReply:
         """The model's next reply. Raises AssistantError with MODEL_ERROR or TIMEOUT."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Release the model's connections."""
+        ...

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.model import FunctionTool
 from toolmesh.core import jsontext
-from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.errors import ToolmeshError
 from toolmesh.core.schemas import compile_schema
 from toolmesh.core.tools import ToolSet
 
@@ -25,13 +25,13 @@ def offer(tool_set: ToolSet) -> tuple[FunctionTool, ...]:
     for tool in tool_set.tools:
         if not FUNCTION_NAME.fullmatch(tool.name):
             raise AssistantError(
-                Code.INVALID_SCHEMA,
+                TurnCode.INVALID_SCHEMA,
                 f"{tool.name}: a tool offered to a model needs a name matching [A-Za-z0-9_-]{{1,64}}.",
                 {"tool": tool.name},
             )
         try:
             compile_schema(tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True)
         except ToolmeshError as refused:
-            raise AssistantError(Code.INVALID_SCHEMA, refused.detail, refused.metadata) from None
+            raise AssistantError(TurnCode.INVALID_SCHEMA, refused.detail, refused.metadata) from None
         functions.append(FunctionTool(tool.name, tool.description, jsontext.parse(tool.input_schema_json)))
     return tuple(functions)

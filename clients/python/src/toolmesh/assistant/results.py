@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from toolmesh.assistant.errors import TURN_TABLE, TurnCode
 from toolmesh.core import jsontext
-from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.jsontext import JsonValue
 
 TEXT_LIMIT = 8_192
@@ -26,6 +26,7 @@ def cap_text(text: str, limit: int = TEXT_LIMIT) -> str:
 
 
 def json_length(value: JsonValue) -> int:
+    """The length in characters of `value`'s compact JSON form."""
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
 
@@ -40,7 +41,7 @@ class ToolResult:
 
     ok: bool
     text: str
-    code: Code | None = None
+    code: TurnCode | None = None
     data: JsonValue = None
     cause: str = ""
 
@@ -53,10 +54,14 @@ class ToolResult:
 
     @classmethod
     def success(cls, result_json: str) -> ToolResult:
+        """The result of a call that succeeded; raises jsontext.NotPlainJson if `result_json` is not JSON."""
         value = jsontext.parse(result_json)
         return cls(True, value if isinstance(value, str) else result_json, data=value)
 
     @classmethod
-    def failure(cls, code: Code, detail: str = "", *, cause: str = "", data: JsonValue = None) -> ToolResult:
-        text = f"{code.value}: {ERROR_TABLE[code].message}"
+    def failure(
+        cls, code: TurnCode, detail: str = "", *, cause: str = "", data: JsonValue = None
+    ) -> ToolResult:
+        """A failed result: the text is `CODE: <table message> <detail>`."""
+        text = f"{code.value}: {TURN_TABLE[code].message}"
         return cls(False, f"{text} {detail}" if detail else text, code, data, cause)

@@ -21,6 +21,8 @@ log = logging.getLogger("toolmesh.assistant")
 
 
 class Status(enum.StrEnum):
+    """Whether a turn is running, none is, or the assistant was disposed."""
+
     IDLE = "idle"
     RUNNING = "running"
     DISPOSED = "disposed"
@@ -28,6 +30,8 @@ class Status(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class AssistantState:
+    """One immutable snapshot of an assistant, as subscribers receive it."""
+
     status: Status = Status.IDLE
     messages: tuple[Message, ...] = ()
     # The error that ended the last turn; None after a turn that answered.
@@ -39,6 +43,12 @@ Subscriber = Callable[[AssistantState], None]
 
 
 class StateStore:
+    """The assistant's state and its subscribers: every change goes through here.
+
+    Changes on behalf of a turn name its generation and are dropped once the
+    generation has moved on (the turn was cancelled, cleared or disposed).
+    """
+
     def __init__(self) -> None:
         self._state = AssistantState()
         self._generation = 0
@@ -46,9 +56,11 @@ class StateStore:
 
     @property
     def state(self) -> AssistantState:
+        """The current state."""
         return self._state
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Call `subscriber` with every new state; returns the function that unsubscribes."""
         self._subscribers.append(subscriber)
 
         def unsubscribe() -> None:
@@ -58,6 +70,7 @@ class StateStore:
         return unsubscribe
 
     def begin_turn(self, turn_id: str, message: Message) -> int:
+        """Start a turn with the user's message; returns the turn's generation."""
         self._generation += 1
         self._set(
             replace(
@@ -71,10 +84,12 @@ class StateStore:
         return self._generation
 
     def append(self, generation: int, message: Message) -> None:
+        """Add a message of the turn `generation`, unless that turn is no longer current."""
         if generation == self._generation:
             self._set(replace(self._state, messages=(*self._state.messages, message)))
 
     def end_turn(self, generation: int, error: AssistantError | None) -> None:
+        """End the turn `generation` (with `error`, or answered), unless it is no longer current."""
         if generation == self._generation:
             self._end(error)
 
@@ -84,10 +99,12 @@ class StateStore:
         self._end(error)
 
     def reset(self) -> None:
+        """Forget everything: a new, idle state; a running turn can no longer change it."""
         self._generation += 1
         self._set(AssistantState())
 
     def dispose(self) -> None:
+        """Mark the state disposed and drop every subscriber."""
         self._generation += 1
         self._set(replace(self._state, status=Status.DISPOSED))
         self._subscribers.clear()

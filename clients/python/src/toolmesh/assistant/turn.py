@@ -2,7 +2,7 @@
 
 A failed tool call becomes a failed ToolResult the model reads in the same
 turn. The turn ends with an AssistantError when the code of a failure ends
-turns (the error table's `ends_turn`), or when the model, the registry or the
+turns (`ends_turn` in the turn-code table), or when the model, the registry or the
 channel fail.
 """
 
@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from toolmesh.assistant.channel import ToolChannel
 from toolmesh.assistant.config import TOOL_GRACE_S, TurnLimits
 from toolmesh.assistant.confirmation import Confirm, ConfirmationRequest, confirm_call
-from toolmesh.assistant.errors import AssistantError
+from toolmesh.assistant.errors import TURN_TABLE, AssistantError, TurnCode
 from toolmesh.assistant.mapping import describe_violations, tool_result
 from toolmesh.assistant.messages import Message, ToolCallRequest
 from toolmesh.assistant.model import ChatModel
 from toolmesh.assistant.offer import offer
 from toolmesh.assistant.results import ToolResult
 from toolmesh.core import jsontext
-from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSet, ToolSpec
 
@@ -32,6 +31,8 @@ log = logging.getLogger("toolmesh.assistant")
 
 @dataclass(frozen=True, slots=True)
 class TurnDeps:
+    """What every turn of one assistant uses."""
+
     session_id: str
     channel: ToolChannel
     model: ChatModel
@@ -40,6 +41,15 @@ class TurnDeps:
 
 
 class Turn:
+    """One turn, run once.
+
+    Args:
+        deps: The assistant's channel, model, confirmation callback and limits.
+        turn_id: The id every tool call of the turn carries.
+        history: Reads the conversation so far.
+        record: Adds a message to the conversation.
+    """
+
     def __init__(
         self,
         deps: TurnDeps,
@@ -64,13 +74,13 @@ class Turn:
                 return reply.text
             if round_number > deps.limits.max_rounds:
                 raise AssistantError(
-                    Code.TURN_LIMIT,
+                    TurnCode.TURN_LIMIT,
                     f"The model asked for tools in more than {deps.limits.max_rounds} rounds.",
                 )
             for call in reply.tool_calls:
                 result = await self._call_tool(call, planned)
                 self._record(Message.tool(call, result))
-                if result.code is not None and ERROR_TABLE[result.code].ends_turn:
+                if result.code is not None and TURN_TABLE[result.code].ends_turn:
                     raise AssistantError(result.code, f"{call.name}: {result.cause}.", {"tool": call.name})
         raise AssertionError("unreachable")
 
@@ -78,15 +88,19 @@ class Turn:
         tool = planned.find(call.name)
         if tool is None:
             return ToolResult.failure(
-                Code.TOOL_UNAVAILABLE, f"No tool is named {call.name!r} in this session.", cause="not_listed"
+                TurnCode.TOOL_UNAVAILABLE,
+                f"No tool is named {call.name!r} in this session.",
+                cause="not_listed",
             )
         try:
             arguments = jsontext.parse(call.arguments_json)
         except jsontext.NotPlainJson:
-            return ToolResult.failure(Code.INVALID_ARGUMENTS, "The arguments are not JSON.", cause="not_json")
+            return ToolResult.failure(
+                TurnCode.INVALID_ARGUMENTS, "The arguments are not JSON.", cause="not_json"
+            )
         if not isinstance(arguments, dict):
             return ToolResult.failure(
-                Code.INVALID_ARGUMENTS, "The arguments must be a JSON object.", cause="not_object"
+                TurnCode.INVALID_ARGUMENTS, "The arguments must be a JSON object.", cause="not_object"
             )
         if tool.annotations.requires_confirmation:
             refused = await self._confirm(tool, arguments, planned.revision)
@@ -124,10 +138,10 @@ class Turn:
         found = violations(validator, arguments)
         if found:
             detail = describe_violations((v.path, v.message) for v in found)
-            return ToolResult.failure(Code.INVALID_ARGUMENTS, detail, cause="schema")
+            return ToolResult.failure(TurnCode.INVALID_ARGUMENTS, detail, cause="schema")
         request = ConfirmationRequest(self._deps.session_id, self._turn_id, tool, arguments)
         refused = await confirm_call(self._deps.confirm, request, self._deps.channel, revision)
-        if refused is Code.STALE_TOOLS:
+        if refused is TurnCode.STALE_TOOLS:
             return _stale(revision, None)
         if refused is not None:
             return ToolResult.failure(refused, "The person did not confirm the call.", cause="not_confirmed")
@@ -137,7 +151,7 @@ class Turn:
 def _stale(planned: int, current: int | None) -> ToolResult:
     now = f" to {current}" if current is not None else ""
     return ToolResult.failure(
-        Code.STALE_TOOLS,
+        TurnCode.STALE_TOOLS,
         f"The tool list moved from revision {planned}{now} after the call was planned; it was not run.",
         cause="revision_moved",
     )

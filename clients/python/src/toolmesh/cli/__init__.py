@@ -1,0 +1,1 @@
+"""The `toolmesh` command line: one module per command, assembled in toolmesh.cli.main."""

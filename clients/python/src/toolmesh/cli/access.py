@@ -11,6 +11,7 @@ from toolmesh.core.tls import ENV_CA, ENV_CERT, ENV_KEY, ENV_TLS, client_credent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --token, --tls, --tls-ca, --tls-cert and --tls-key to a command that calls a service."""
     parser.add_argument("--token", help=f"bearer token (env {ENV_TOKEN}, preferred: flags show in ps)")
     parser.add_argument(
         "--tls", action="store_true", help=f"use TLS, trusting the system's CAs (env {ENV_TLS}=1)"
@@ -21,12 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def token(args: argparse.Namespace) -> str | None:
+    """The --token flag, else TOOLMESH_TOKEN, else None."""
     return token_from_env(args.token)
 
 
 def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
     """TLS credentials from the flags and environment, or None for plaintext.
 
-    Raises ValueError or OSError when the files are incomplete or cannot be read.
+    Raises:
+        ValueError: a certificate without its key.
+        OSError: a file that cannot be read.
     """
     return client_credentials(args.tls, args.tls_cert, args.tls_key, args.tls_ca)

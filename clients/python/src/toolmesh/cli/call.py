@@ -22,6 +22,7 @@ from toolmesh.client.invocation import InvocationClient
 
 
 def add_parser(commands: Any) -> None:
+    """Add `tool-call` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "tool-call", help="call one tool and print the outcome"
     )
@@ -38,6 +39,10 @@ def add_parser(commands: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    """Make the call and print its CallResult as JSON; returns the exit code (0, 75 or 2, see above).
+
+    A malformed request prints the refusal as JSON on stderr instead.
+    """
     turn_id = args.turn_id or f"turn_{uuid.uuid4().hex[:16]}"
     try:
         credentials = access.credentials(args)

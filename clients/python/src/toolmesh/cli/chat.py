@@ -15,6 +15,7 @@ from toolmesh.cli.output import EXIT_USAGE
 
 
 def add_parser(commands: Any) -> None:
+    """Add `chat` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "chat", help="talk with an assistant that uses a thread's tools"
     )

@@ -45,6 +45,7 @@ class Lines:
         threading.Thread(target=read, name="toolmesh-chat-stdin", daemon=True).start()
 
     def close(self) -> None:
+        """End the input: the waiting and every later `read` return None."""
         self._queue.put_nowait(None)
 
     async def read(self, prompt: str, *, fresh: bool = False) -> str | None:
@@ -61,15 +62,18 @@ class Lines:
 
 
 def say(text: str, end: str = "\n") -> None:
+    """Print to the terminal at once (flushed)."""
     print(text, end=end, flush=True)
 
 
 def preview(value: object) -> str:
+    """`value` as JSON, cut to PREVIEW_CHARS characters: enough to recognise arguments, not to dump them."""
     text = jsontext.dumps(value)
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 def describe_error(error: AssistantError) -> str:
+    """The error as a person reads it: the table's message and the code."""
     return f"{error.human_message} ({error.code.value})"
 
 
@@ -80,6 +84,7 @@ class Transcript:
         self._shown = 0
 
     def __call__(self, state: AssistantState) -> None:
+        """Print what is new in `state` since the last call (a subscriber of the assistant)."""
         self._shown = min(self._shown, len(state.messages))
         for message in state.messages[self._shown :]:
             for call in message.tool_calls:
@@ -98,6 +103,7 @@ class Transcript:
 
 
 async def run(args: argparse.Namespace) -> int:
+    """Chat until /quit or the end of input; returns the exit code (2 for a bad model setting)."""
     try:
         endpoint = ModelEndpoint.from_env(args.model_url, args.model, args.model_api_key, args.model_timeout)
         limits = TurnLimits(max_rounds=args.max_rounds, system_prompt=args.system)

@@ -23,6 +23,7 @@ log = logging.getLogger("toolmesh.cli.host")
 
 
 def add_parser(commands: Any) -> None:
+    """Add `host` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser("host", help="run a handler host for a thread")
     parser.add_argument("--thread-id", required=True)
     parser.add_argument(
@@ -37,6 +38,11 @@ def add_parser(commands: Any) -> None:
 
 
 def load_handlers(spec: str) -> Mapping[str, Any]:
+    """Import `MODULE:ATTR`, a mapping of tool name to handler (the working directory is on the path).
+
+    Raises ValueError when `spec` is not MODULE:ATTR or ATTR is not a mapping
+    of callables, and ImportError or AttributeError when it cannot be found.
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError("--handlers takes MODULE:ATTR")
@@ -63,6 +69,10 @@ def _log_error(error: HostError) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    """Serve the handlers until SIGTERM or SIGINT; returns the exit code (2 when they cannot be loaded).
+
+    Logs "host ready" once connected, and every HostError as "host error".
+    """
     try:
         handlers = load_handlers(args.handlers)
     except (ImportError, AttributeError, ValueError) as exc:

@@ -17,6 +17,7 @@ from toolmesh.client.invocation import InvocationClient
 
 
 def add_parser(commands: Any) -> None:
+    """Add `invocations show` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser("invocations", help="look up invocations")
     verbs = parser.add_subparsers(dest="verb", required=True)
     show = verbs.add_parser("show", help="state, outcome, delivery and times of one invocation, as JSON")
@@ -27,6 +28,7 @@ def add_parser(commands: Any) -> None:
 
 
 async def run_show(args: argparse.Namespace) -> int:
+    """Print one invocation as JSON; returns 0, or the exit code of a refused lookup (2 when not found)."""
     try:
         credentials = access.credentials(args)
     except (OSError, ValueError) as exc:

@@ -14,6 +14,7 @@ from toolmesh.core.logs import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `toolmesh` parser: the built-in commands and those plugged in through `toolmesh.commands`."""
     parser = argparse.ArgumentParser(
         prog="toolmesh", description="A runtime for AI agents calling application tools."
     )

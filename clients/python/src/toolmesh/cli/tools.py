@@ -20,6 +20,7 @@ from toolmesh.core.tools import ToolSpec
 
 
 def add_parser(commands: Any) -> None:
+    """Add `tools put` and `tools list` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser("tools", help="read or replace a thread's tools")
     verbs = parser.add_subparsers(dest="verb", required=True)
     put = verbs.add_parser("put", help="replace the thread's tools with those of a tools.json file")
@@ -50,6 +51,11 @@ def _client(args: argparse.Namespace) -> RegistryClient:
 
 
 async def run_put(args: argparse.Namespace) -> int:
+    """Replace the thread's tools with the file's; prints the new revision and names as JSON.
+
+    Returns 0, 2 for a file that cannot be read or holds a malformed tool, or
+    the exit code of the registry's refusal.
+    """
     try:
         specs = read_tools_file(args.file)
     except (OSError, ValueError) as exc:
@@ -73,6 +79,7 @@ async def run_put(args: argparse.Namespace) -> int:
 
 
 async def run_list(args: argparse.Namespace) -> int:
+    """Print the thread's revision and tools as JSON; returns 0 or the exit code of a refused call."""
     try:
         client = _client(args)
     except (OSError, ValueError) as exc:

@@ -14,6 +14,10 @@ ENV_VARS = {
 
 
 def address(service: str, flag: str | None = None) -> str:
+    """The address of `service` ("registry", "invocation" or "bridge"): `flag`, else its variable, else local.
+
+    Raises KeyError for another service name.
+    """
     if flag:
         return flag
     return os.environ.get(ENV_VARS[service]) or f"{DEFAULT_HOST}:{DEFAULT_PORTS[service]}"

@@ -20,6 +20,10 @@ class PendingConfirmations:
     Until confirmed, an outcome stays replayable for an exact retry; so a
     confirmation that is late costs little, and one that is lost (the process
     died) is harmless: the replay window ends it.
+
+    Args:
+        send: Sends a batch of ids to the service; returns False when it could not.
+        delay_s: How long an id waits for a call to carry it before it is sent alone.
     """
 
     def __init__(self, send: Sender, delay_s: float = CONFIRM_DELAY_S) -> None:
@@ -30,6 +34,7 @@ class PendingConfirmations:
         self._check: asyncio.Handle | None = None
 
     def add(self, tool_request_id: str) -> None:
+        """Queue one confirmation: the next call carries it, or it goes alone after `delay_s`."""
         self._ids.append(tool_request_id)
         self._schedule()
 
@@ -57,6 +62,7 @@ class PendingConfirmations:
             self._schedule()
 
     async def flush(self) -> None:
+        """Send every pending id now, in batches; stop quietly at the first batch that cannot be sent."""
         while self._ids:
             batch = self.take()
             if not await self._send(batch):

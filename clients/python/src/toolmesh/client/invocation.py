@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from toolmesh.client.call_stream import CallLink
+from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
-from toolmesh.core import jsontext, telemetry
+from toolmesh.core import correlation, jsontext, telemetry
 from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
@@ -24,7 +24,14 @@ from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 
 @dataclass(frozen=True, slots=True)
 class CallResult:
-    """A formal outcome (`outcome` set), or none: `code` says why none arrived."""
+    """What one tool call gave its caller: a formal outcome (`outcome` set), or none.
+
+    With an outcome, the tool's result or its error (domain or runtime) is in
+    `outcome`, and `joined` / `replayed` say whether an identical invocation
+    answered it. Without one, `code` says why none arrived (for example
+    CALLER_DEADLINE_EXCEEDED or TRANSPORT_FAILED) and `detail` adds what is known;
+    the error table says whether an exact retry is safe.
+    """
 
     tool_request_id: str | None
     outcome: Outcome | None
@@ -36,13 +43,14 @@ class CallResult:
 
     @property
     def outcome_received(self) -> bool:
+        """Whether a formal outcome arrived (a result or an error of the tool call)."""
         return self.outcome is not None
 
     def _attachment(self) -> dict[str, bool]:
         return {"joined": self.joined, "replayed": self.replayed}
 
     def to_json(self) -> dict[str, Any]:
-        """The structured response the CLI prints."""
+        """The structured response the CLI prints: `ok`, `outcomeReceived`, ids, and `result` or `error`."""
         if self.outcome is None:
             code = self.code or Code.TRANSPORT_FAILED
             return {
@@ -82,29 +90,28 @@ class CallResult:
 
 
 LOOKUP_TIMEOUT_S = 10.0
-# The caller's own mistakes (a malformed request, a token that does not allow the call): nothing ran,
-# and retrying as it is cannot help, so they are raised as the gRPC error instead of a CallResult.
-RAISED = frozenset(
-    {
-        Code.INVALID_REQUEST,
-        Code.IDEMPOTENCY_KEY_REUSED,
-        Code.UNAUTHENTICATED,
-        Code.PERMISSION_DENIED,
-        Code.WRONG_LISTENER,
-    }
-)
+
+
+def _callers_fault(code: Code | None) -> TypeGuard[Code]:
+    """A failed call the client raises rather than returns: the request itself is wrong."""
+    return code is not None and ERROR_TABLE[code].caller_fault
 
 
 class InvocationClient:
-    """Calls tools on an invocation service.
+    """Calls tools on an invocation service: for agents, gateways and the CLI.
 
     With `multiplex`, all calls share one InvokeTools stream instead of each
     being its own InvokeTool call: for callers that keep many calls open at
     once (the service then holds no gRPC call per waiting call). Results and
-    errors are the same either way.
+    errors are the same either way. Close it (`close()` or `async with`) so that
+    pending delivery confirmations are sent.
 
-    `credentials`: TLS (toolmesh.core.tls.client_credentials); `token`: the
-    caller's token, as text or a callback asked before each call (refresh).
+    Args:
+        target: The invocation service's address, `host:port`.
+        channel: A channel to use instead of opening one (the client then does not close it).
+        multiplex: Send every call on one InvokeTools stream.
+        credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
+        token: The caller's token: text, or a callback (sync or async) asked before each call.
     """
 
     def __init__(
@@ -143,8 +150,10 @@ class InvocationClient:
         it joins or replays the same invocation. Once an outcome arrived, its
         delivery is confirmed (unless `confirm_delivery` is false): on the next
         call, or alone within a fraction of a second, or at `close()`; a later
-        identical call then runs anew. A malformed request (INVALID_REQUEST,
-        IDEMPOTENCY_KEY_REUSED) raises the gRPC error.
+        identical call then runs anew. A request at fault (a code the error
+        table marks `caller_fault`: INVALID_REQUEST, IDEMPOTENCY_KEY_REUSED, or
+        a token that does not allow the call: UNAUTHENTICATED, PERMISSION_DENIED)
+        raises the gRPC error: nothing ran, and sending it again as it is cannot help.
         """
         text = (
             arguments_json
@@ -161,7 +170,7 @@ class InvocationClient:
         )
         with (
             telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
-            telemetry.correlation(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
+            correlation.ids(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
         ):
             call = self._call_on_stream if self._multiplex else self._call
             result = await call(request, timeout)
@@ -185,7 +194,7 @@ class InvocationClient:
         except grpc.aio.AioRpcError as error:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             code = error_code(error)
-            if code in RAISED:
+            if _callers_fault(code):
                 raise
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
@@ -214,7 +223,7 @@ class InvocationClient:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             if isinstance(failure, TimeoutError):
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
-            if failure.error is not None and error_code(failure.error) in RAISED:
+            if failure.error is not None and _callers_fault(error_code(failure.error)):
                 raise failure.error from None  # the stream itself was refused: as InvokeTool would be
             return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
         if streamed.HasField("response"):
@@ -228,21 +237,28 @@ class InvocationClient:
         self._confirmations.give_back(list(request.confirmed_tool_request_ids))
         error = streamed.error
         code = code_for_reason(error.reason)
-        if code in RAISED:
-            # As InvokeTool would: the caller's own mistake, raised as the gRPC error.
+        if _callers_fault(code):
+            # As InvokeTool would: the caller's bug, raised as the gRPC error.
             status = grpc_status(code, error.message, error.metadata)
             trailing = grpc.aio.Metadata(*status.trailing_metadata)
             raise grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailing, status.details)
         return CallResult(None, None, code or Code.TRANSPORT_FAILED, error.message)
 
     async def confirm_delivery(self, *tool_request_ids: str) -> bool:
-        """Confirm now (with any confirmations still pending). False when the service could not be told:
-        harmless, the outcomes are then replayed to an exact retry for a short while."""
+        """Confirm the delivery of these outcomes now, with any confirmations still pending.
+
+        Returns False when the service could not be told: harmless, the outcomes
+        are then replayed to an exact retry until the ledger's replay window ends.
+        """
         for tool_request_id in tool_request_ids:
             self._confirmations.add(tool_request_id)
         return await self._send_confirmations(self._confirmations.take())
 
     async def flush_confirmations(self) -> None:
+        """Send the pending delivery confirmations now; a failure to send is not raised.
+
+        See `confirm_delivery` for why an unsent confirmation is harmless.
+        """
         await self._confirmations.flush()
 
     async def _send_confirmations(self, tool_request_ids: list[str]) -> bool:
@@ -260,8 +276,14 @@ class InvocationClient:
         return True
 
     async def get_invocation(self, tool_request_id: str) -> invocation_pb2.Invocation:
-        """The ledger's view of one invocation (after this client's pending confirmations are applied);
-        raises the gRPC error (NOT_FOUND when unknown)."""
+        """The ledger's view of one invocation: state, outcome, delivery and times.
+
+        For reconciling after a call ended without an outcome. This client's
+        pending confirmations are sent first, so the view includes them. Raises
+        grpc.aio.AioRpcError: NOT_FOUND (INVOCATION_NOT_FOUND) when the ledger
+        does not know the id or no longer keeps it, INVALID_ARGUMENT for a
+        malformed id, or the transport's status.
+        """
         await self._confirmations.flush()
         with telemetry.client_call("toolmesh.v1.InvocationService/GetInvocation") as metadata:
             response: invocation_pb2.GetInvocationResponse = await self._stub.GetInvocation(
@@ -272,6 +294,7 @@ class InvocationClient:
         return response.invocation
 
     async def close(self) -> None:
+        """Send the pending confirmations, end the InvokeTools stream, and close an owned channel."""
         await self._confirmations.close()
         if self._link is not None:
             await self._link.aclose()

@@ -15,10 +15,17 @@ from toolmesh.v1 import registry_pb2, registry_pb2_grpc
 
 
 class RegistryClient:
-    """Reads, watches and replaces sessions' tools.
+    """Reads and replaces a session's tool definitions in the registry service.
 
-    `credentials`: TLS (toolmesh.core.tls.client_credentials); `token`: the
-    caller's token, as text or a callback asked before each call (refresh).
+    For applications that publish their tools and for callers that list them.
+    Errors are raised as grpc.aio.AioRpcError, whose ErrorInfo reason is a code
+    of the error table (read it with toolmesh.core.rpcstatus.error_code).
+
+    Args:
+        target: The registry service's address, `host:port`.
+        channel: A channel to use instead of opening one (the client then does not close it).
+        credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
+        token: The caller's token: text, or a callback (sync or async) asked before each call.
     """
 
     def __init__(
@@ -37,6 +44,16 @@ class RegistryClient:
     async def put_tools(
         self, session_id: str, tools: Sequence[ToolSpec], *, expected_revision: int | None = None
     ) -> int:
+        """Replace the session's whole tool list with `tools`; returns the new revision.
+
+        With `expected_revision`, the list is replaced only if the session is
+        still at that revision. The whole list is refused if any tool is.
+        Raises grpc.aio.AioRpcError: INVALID_ARGUMENT with INVALID_REQUEST (a bad
+        session id, a bad or repeated tool name, too many tools) or INVALID_SCHEMA
+        (a schema that is not an object or of an unsupported dialect, a timeout
+        out of range); ABORTED with REVISION_CONFLICT when the revision moved;
+        or the transport's status.
+        """
         request = registry_pb2.PutToolsRequest(session_id=session_id, tools=[tool_to_pb(t) for t in tools])
         if expected_revision is not None:
             request.expected_revision = expected_revision
@@ -47,6 +64,11 @@ class RegistryClient:
         return response.revision
 
     async def list_tools(self, session_id: str) -> ToolSet:
+        """The session's tools and their revision (revision 0 and no tools for an unknown session).
+
+        Raises grpc.aio.AioRpcError: INVALID_ARGUMENT (INVALID_REQUEST) for a bad
+        session id, or the transport's status.
+        """
         with telemetry.client_call("toolmesh.v1.RegistryService/ListTools") as metadata:
             response = await self._stub.ListTools(
                 registry_pb2.ListToolsRequest(session_id=session_id),
@@ -71,6 +93,7 @@ class RegistryClient:
             call.cancel()
 
     async def close(self) -> None:
+        """Close the channel, if this client opened it."""
         if self._own_channel:
             await self._channel.close()
 

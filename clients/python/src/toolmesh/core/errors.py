@@ -1,11 +1,13 @@
-"""The one error table of toolmesh.
+"""The one error table of toolmesh's runtime.
 
 Every code the runtime, the bridge, the host SDK or the CLI can produce is a
-row here: its gRPC status when it fails an RPC, whether the same call may be
-retried as it is, whether it ends an assistant turn, and the message shown to
-people. Nothing else decides these. (A tool call's code reaches an assistant
-turn through toolmesh.assistant.mapping; its `ends_turn` is that of the turn code
-it maps to, and a test keeps the two in step.)
+row here: the status it fails an RPC with, whether the same call may be
+retried as it is, whether the request itself is at fault, and the message
+shown to people. Nothing else decides these. The assistant's turn codes have
+their own table beside the assistant (toolmesh.assistant.errors).
+
+This module knows nothing of gRPC: `Status` numbers the canonical statuses,
+and toolmesh.core.rpcstatus maps them to grpc.StatusCode.
 """
 
 from __future__ import annotations
@@ -14,13 +16,36 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-
-import grpc
+from typing import Any
 
 DOMAIN = "toolmesh"
 
 
+class Status(enum.IntEnum):
+    """The canonical RPC status codes (google.rpc.Code), with gRPC's numbers and names."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
 class Code(enum.StrEnum):
+    """A runtime error code: the reason of a failed RPC's ErrorInfo, or the code of a runtime outcome."""
+
     # Outcomes of a tool call (carried inside a successful InvokeTool response).
     TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
     TOOL_ARGS_INVALID = "TOOL_ARGS_INVALID"
@@ -60,166 +85,179 @@ class Code(enum.StrEnum):
     # Seen by a caller that received no outcome at all.
     CALLER_DEADLINE_EXCEEDED = "CALLER_DEADLINE_EXCEEDED"
     TRANSPORT_FAILED = "TRANSPORT_FAILED"
-    # Turn codes of the assistant (toolmesh.assistant); INVALID_SCHEMA above is one too.
-    # How tool-call outcomes become these: toolmesh/assistant/mapping.py.
-    UNSUPPORTED_WEBMCP = "UNSUPPORTED_WEBMCP"
-    DISCOVERY_FAILED = "DISCOVERY_FAILED"
-    TOOL_UNAVAILABLE = "TOOL_UNAVAILABLE"
-    STALE_TOOLS = "STALE_TOOLS"
-    INVALID_ARGUMENTS = "INVALID_ARGUMENTS"
-    EXECUTION_FAILED = "EXECUTION_FAILED"
-    CONFIRMATION_DENIED = "CONFIRMATION_DENIED"
-    ABORTED = "ABORTED"
-    TIMEOUT = "TIMEOUT"
-    MODEL_ERROR = "MODEL_ERROR"
-    TURN_LIMIT = "TURN_LIMIT"
-    BUSY = "BUSY"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorSpec:
-    status: grpc.StatusCode
+    """One row of the table.
+
+    `status`: what an RPC failing with the code carries. `retryable`: the same
+    call, sent again as it is, may succeed. `caller_fault`: the request itself
+    is wrong (sending it again fails the same way): a client library raises
+    such a failure to the program instead of reporting a call without an
+    outcome. `message`: for people, the same for every occurrence.
+    """
+
+    status: Status
     retryable: bool
-    ends_turn: bool
     message: str
+    caller_fault: bool = False
 
 
-S = grpc.StatusCode
+S = Status
 
 _TABLE: dict[Code, ErrorSpec] = {
-    Code.TOOL_NOT_FOUND: ErrorSpec(S.NOT_FOUND, False, False, "The session has no tool of that name."),
+    Code.TOOL_NOT_FOUND: ErrorSpec(
+        status=S.NOT_FOUND, retryable=False, message="The session has no tool of that name."
+    ),
     Code.TOOL_ARGS_INVALID: ErrorSpec(
-        S.INVALID_ARGUMENT, False, False, "The arguments are not a JSON object or do not match the schema."
+        status=S.INVALID_ARGUMENT,
+        retryable=False,
+        caller_fault=True,
+        message="The arguments are not a JSON object or do not match the schema.",
     ),
     Code.TOOL_HANDLER_NOT_FOUND: ErrorSpec(
-        S.UNIMPLEMENTED, False, False, "The handler host has no handler for this tool."
+        status=S.UNIMPLEMENTED, retryable=False, message="The handler host has no handler for this tool."
     ),
-    Code.TOOL_HANDLER_ERROR: ErrorSpec(S.INTERNAL, False, False, "The tool's handler failed."),
+    Code.TOOL_HANDLER_ERROR: ErrorSpec(
+        status=S.INTERNAL, retryable=False, message="The tool's handler failed."
+    ),
     Code.TOOL_RESULT_INVALID: ErrorSpec(
-        S.INTERNAL, False, False, "The tool's handler returned a value that is not plain JSON, or too much."
+        status=S.INTERNAL,
+        retryable=False,
+        message="The tool's handler returned a value that is not plain JSON, or too much.",
     ),
     Code.TOOL_TIMEOUT: ErrorSpec(
-        S.DEADLINE_EXCEEDED, False, True, "The tool did not answer before its deadline; the call has ended."
+        status=S.DEADLINE_EXCEEDED,
+        retryable=False,
+        message="The tool did not answer before its deadline; the call has ended.",
     ),
     Code.TOOL_HOST_UNAVAILABLE: ErrorSpec(
-        S.UNAVAILABLE, True, False, "No handler host serves this session right now; the tool did not run."
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message="No handler host serves this session right now; the tool did not run.",
     ),
     Code.TOOL_HOST_DISCONNECTED: ErrorSpec(
-        S.UNAVAILABLE, False, False, "The handler host went away during the call; the tool may have run."
+        status=S.UNAVAILABLE,
+        retryable=False,
+        message="The handler host went away during the call; the tool may have run.",
     ),
     Code.SUBMIT_TOOL_RESULT_FAILED: ErrorSpec(
-        S.FAILED_PRECONDITION, False, False, "The tool's result could not be handed back to the runtime."
+        status=S.FAILED_PRECONDITION,
+        retryable=False,
+        message="The tool's result could not be handed back to the runtime.",
     ),
-    Code.INVALID_REQUEST: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The request is malformed."),
-    Code.INVALID_SCHEMA: ErrorSpec(S.INVALID_ARGUMENT, False, True, "A tool definition is not valid."),
+    Code.INVALID_REQUEST: ErrorSpec(
+        status=S.INVALID_ARGUMENT, retryable=False, caller_fault=True, message="The request is malformed."
+    ),
+    Code.INVALID_SCHEMA: ErrorSpec(
+        status=S.INVALID_ARGUMENT,
+        retryable=False,
+        caller_fault=True,
+        message="A tool definition is not valid.",
+    ),
     Code.REVISION_CONFLICT: ErrorSpec(
-        S.ABORTED, False, False, "The tool list changed since the revision the caller expected."
+        status=S.ABORTED,
+        retryable=False,
+        message="The tool list changed since the revision the caller expected.",
     ),
     Code.REGISTRY_UNAVAILABLE: ErrorSpec(
-        S.UNAVAILABLE, True, False, "The tool registry could not be reached; the tool did not run."
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message="The tool registry could not be reached; the tool did not run.",
     ),
     Code.BRIDGE_UNAVAILABLE: ErrorSpec(
-        S.UNAVAILABLE, True, False, "The bridge could not be reached; the outcome is unknown."
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message="The bridge could not be reached; the outcome is unknown.",
     ),
-    Code.OVERLOADED: ErrorSpec(S.RESOURCE_EXHAUSTED, True, False, "The service is overloaded; try again."),
-    Code.SHUTTING_DOWN: ErrorSpec(S.UNAVAILABLE, True, False, "The service is shutting down; try again."),
-    Code.INTERNAL: ErrorSpec(S.INTERNAL, False, False, "An internal error occurred."),
-    Code.REQUEST_UNKNOWN: ErrorSpec(S.NOT_FOUND, False, False, "No tool request has that id."),
+    Code.OVERLOADED: ErrorSpec(
+        status=S.RESOURCE_EXHAUSTED, retryable=True, message="The service is overloaded; try again."
+    ),
+    Code.SHUTTING_DOWN: ErrorSpec(
+        status=S.UNAVAILABLE, retryable=True, message="The service is shutting down; try again."
+    ),
+    Code.INTERNAL: ErrorSpec(status=S.INTERNAL, retryable=False, message="An internal error occurred."),
+    Code.REQUEST_UNKNOWN: ErrorSpec(
+        status=S.NOT_FOUND, retryable=False, message="No tool request has that id."
+    ),
     Code.REQUEST_FOREIGN: ErrorSpec(
-        S.PERMISSION_DENIED, False, False, "The tool request was sent to another host session."
+        status=S.PERMISSION_DENIED,
+        retryable=False,
+        message="The tool request was sent to another host session.",
     ),
     Code.REQUEST_ENDED: ErrorSpec(
-        S.FAILED_PRECONDITION,
-        False,
-        False,
-        "The tool request has already ended (timed out, cancelled or answered).",
+        status=S.FAILED_PRECONDITION,
+        retryable=False,
+        message="The tool request has already ended (timed out, cancelled or answered).",
     ),
     Code.REQUEST_DUPLICATE: ErrorSpec(
-        S.ALREADY_EXISTS, False, False, "A tool request with that id is pending."
+        status=S.ALREADY_EXISTS, retryable=False, message="A tool request with that id is pending."
     ),
     Code.IDEMPOTENCY_KEY_REUSED: ErrorSpec(
-        S.INVALID_ARGUMENT, False, True, "That idempotency key was used with other arguments; nothing ran."
+        status=S.INVALID_ARGUMENT,
+        retryable=False,
+        caller_fault=True,
+        message="That idempotency key was used with other arguments; nothing ran.",
     ),
     Code.INVOCATION_NOT_FOUND: ErrorSpec(
-        S.NOT_FOUND, False, False, "No invocation has that id, or it is older than the ledger keeps."
+        status=S.NOT_FOUND,
+        retryable=False,
+        message="No invocation has that id, or it is older than the ledger keeps.",
     ),
     Code.INVOCATION_RUNNING: ErrorSpec(
-        S.FAILED_PRECONDITION, False, False, "The invocation has no outcome yet."
+        status=S.FAILED_PRECONDITION, retryable=False, message="The invocation has no outcome yet."
     ),
     Code.HOST_SESSION_UNKNOWN: ErrorSpec(
-        S.NOT_FOUND, False, False, "The host session does not exist or has ended."
+        status=S.NOT_FOUND, retryable=False, message="The host session does not exist or has ended."
     ),
-    Code.RESULT_NOT_JSON: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The result is not valid JSON."),
-    Code.RESULT_TOO_LARGE: ErrorSpec(S.INVALID_ARGUMENT, False, False, "The result is larger than allowed."),
+    Code.RESULT_NOT_JSON: ErrorSpec(
+        status=S.INVALID_ARGUMENT, retryable=False, caller_fault=True, message="The result is not valid JSON."
+    ),
+    Code.RESULT_TOO_LARGE: ErrorSpec(
+        status=S.INVALID_ARGUMENT,
+        retryable=False,
+        caller_fault=True,
+        message="The result is larger than allowed.",
+    ),
     Code.UNAUTHENTICATED: ErrorSpec(
-        S.UNAUTHENTICATED,
-        False,
-        False,
-        "The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
+        status=S.UNAUTHENTICATED,
+        retryable=False,
+        caller_fault=True,
+        message="The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
     ),
     Code.PERMISSION_DENIED: ErrorSpec(
-        S.PERMISSION_DENIED, False, False, "The token does not allow this call for this session."
+        status=S.PERMISSION_DENIED,
+        retryable=False,
+        caller_fault=True,
+        message="The token does not allow this call for this session.",
     ),
     Code.WRONG_LISTENER: ErrorSpec(
-        S.PERMISSION_DENIED,
-        False,
-        False,
-        "This RPC is not served on this port: internal RPCs only on the internal listener, "
+        status=S.PERMISSION_DENIED,
+        retryable=False,
+        caller_fault=True,
+        message="This RPC is not served on this port: internal RPCs only on the internal listener, "
         "the others only on the public one.",
     ),
     Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
-        S.DEADLINE_EXCEEDED,
-        True,
-        True,
-        "No outcome arrived before the caller's own deadline; an exact retry joins the same call.",
+        status=S.DEADLINE_EXCEEDED,
+        retryable=True,
+        message="No outcome arrived before the caller's own deadline; an exact retry joins the same call.",
     ),
     Code.TRANSPORT_FAILED: ErrorSpec(
-        S.UNAVAILABLE, True, False, "The connection failed before an outcome arrived; an exact retry is safe."
-    ),
-    # Turn codes. A code that does not end the turn reaches the model as a failed tool result.
-    Code.UNSUPPORTED_WEBMCP: ErrorSpec(
-        S.FAILED_PRECONDITION,
-        False,
-        True,
-        "The tool services this assistant needs are missing, incomplete or not secure.",
-    ),
-    Code.DISCOVERY_FAILED: ErrorSpec(
-        S.UNAVAILABLE, True, True, "The assistant could not read the tools of this session."
-    ),
-    Code.TOOL_UNAVAILABLE: ErrorSpec(S.NOT_FOUND, False, False, "That tool cannot be used right now."),
-    Code.STALE_TOOLS: ErrorSpec(
-        S.ABORTED, True, False, "The tools changed while the assistant was working; please ask again."
-    ),
-    Code.INVALID_ARGUMENTS: ErrorSpec(
-        S.INVALID_ARGUMENT, False, False, "The assistant gave the tool input that it does not accept."
-    ),
-    Code.EXECUTION_FAILED: ErrorSpec(S.UNKNOWN, False, False, "The tool ran into a problem."),
-    Code.CONFIRMATION_DENIED: ErrorSpec(
-        S.PERMISSION_DENIED, False, False, "The action was not confirmed, so it did not run."
-    ),
-    Code.ABORTED: ErrorSpec(S.CANCELLED, False, True, "The assistant stopped because it was cancelled."),
-    Code.TIMEOUT: ErrorSpec(
-        S.DEADLINE_EXCEEDED, False, True, "The assistant waited too long for an answer and stopped."
-    ),
-    Code.MODEL_ERROR: ErrorSpec(
-        S.UNAVAILABLE, True, True, "The assistant's model failed or gave an answer it could not use."
-    ),
-    Code.TURN_LIMIT: ErrorSpec(
-        S.RESOURCE_EXHAUSTED,
-        False,
-        True,
-        "The assistant stopped after taking too many steps for one message.",
-    ),
-    Code.BUSY: ErrorSpec(
-        S.FAILED_PRECONDITION, True, False, "The assistant is still working on the previous message."
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message="The connection failed before an outcome arrived; an exact retry is safe.",
     ),
 }
 
 ERROR_TABLE: Mapping[Code, ErrorSpec] = MappingProxyType(_TABLE)
 
-
-def spec(code: Code) -> ErrorSpec:
-    return ERROR_TABLE[code]
+# A failed RPC that carries no code of ours (the transport's own failure, or a
+# peer that is not toolmesh) may pass when sent again if its status is one the
+# retryable codes fail with: the service was briefly unable, nothing says the
+# request is wrong.
+RETRYABLE_STATUSES: frozenset[Status] = frozenset(spec.status for spec in _TABLE.values() if spec.retryable)
 
 
 def code_for_reason(reason: str) -> Code | None:
@@ -245,13 +283,17 @@ class ToolmeshError(Exception):
     def __post_init__(self) -> None:
         super().__init__(self.message)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own reduce rebuilds from `args` (the message), which is not a code.
+        return (type(self), (self.code, self.detail, self.metadata), self.__dict__)
+
     @property
     def message(self) -> str:
         base = ERROR_TABLE[self.code].message
         return f"{base} {self.detail}".strip()
 
     @property
-    def status(self) -> grpc.StatusCode:
+    def status(self) -> Status:
         return ERROR_TABLE[self.code].status
 
     @property

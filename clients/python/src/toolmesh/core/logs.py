@@ -15,7 +15,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from toolmesh.core.telemetry import correlation_ids
+from toolmesh.core.correlation import current_ids
 
 # LogRecord attributes that are not extra fields.
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
@@ -35,7 +35,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        entry.update(correlation_ids())
+        entry.update(current_ids())
         span_context = trace.get_current_span().get_span_context()
         if span_context.is_valid:
             entry["trace_id"] = format(span_context.trace_id, "032x")

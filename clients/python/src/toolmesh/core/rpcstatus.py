@@ -1,4 +1,4 @@
-"""google.rpc.Status with ErrorInfo on failed RPCs, both ways (AIP-193)."""
+"""The error table over gRPC: statuses both ways, and google.rpc.Status with ErrorInfo (AIP-193)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,21 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from toolmesh.core.errors import DOMAIN, ERROR_TABLE, Code, ToolmeshError, code_for_reason
+from toolmesh.core.errors import DOMAIN, ERROR_TABLE, Code, Status, ToolmeshError, code_for_reason
+
+# The trailer that carries a google.rpc.Status (grpc_status.rpc_status reads the same one).
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+_GRPC_CODES: Mapping[Status, grpc.StatusCode] = {Status(code.value[0]): code for code in grpc.StatusCode}
+
+
+def grpc_code(status: Status) -> grpc.StatusCode:
+    """The grpc.StatusCode of a table status."""
+    return _GRPC_CODES[status]
+
+
+def status_of(code: grpc.StatusCode) -> Status:
+    """The table status of a grpc.StatusCode."""
+    return Status(code.value[0])
 
 
 def to_grpc_status(error: ToolmeshError) -> grpc.Status:
@@ -21,28 +35,38 @@ def grpc_status(code: Code, message: str, metadata: Mapping[str, str]) -> grpc.S
     info = error_details_pb2.ErrorInfo(reason=code.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=ERROR_TABLE[code].status.value[0], message=message, details=[detail])
+    status = status_pb2.Status(code=ERROR_TABLE[code].status, message=message, details=[detail])
     status_for_grpc: grpc.Status = rpc_status.to_status(status)
     return status_for_grpc
 
 
-def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+def rich_status(error: grpc.aio.AioRpcError) -> status_pb2.Status | None:
+    """The google.rpc.Status a failed call carries, unless its code or message contradict the call's own.
+
+    As grpc_status.rpc_status.from_call, which takes a grpc.Call: an AioRpcError is not one.
+    """
+    for key, value in error.trailing_metadata() or ():
+        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+            if status.code != error.code().value[0] or status.message != error.details():
+                return None
+            return status
+    return None
+
+
+def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
     """The ErrorInfo of a failed call, when the server attached one."""
-    try:
-        status = rpc_status.from_call(error)
-    except ValueError:
-        return None
+    status = rich_status(error)
     if status is None:
         return None
     for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):  # False for a detail of another type
             return info
     return None
 
 
-def error_code(error: grpc.RpcError) -> Code | None:
+def error_code(error: grpc.aio.AioRpcError) -> Code | None:
     """The table code a failed call carries, or None when it carries none we know."""
     info = error_info(error)
     if info is None or info.domain != DOMAIN:

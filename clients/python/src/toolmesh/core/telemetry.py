@@ -1,12 +1,9 @@
-"""Spans and correlation ids for every toolmesh process, on the OpenTelemetry API alone.
+"""Spans for every toolmesh process, on the OpenTelemetry API alone.
 
-Correlation ids travel as W3C baggage entries named `toolmesh.*` (through gRPC
-metadata on unary calls, and inside ToolRequest.trace_context across the
-bridge stream). A span processor copies them onto every span as attributes,
-so each span of a call (caller, invocation, registry, bridge, handler host)
-carries the same `toolmesh.session_id`, `toolmesh.turn_id`,
-`toolmesh.tool_request_id` and `toolmesh.tool_name`; spans that see the
-outcome add `toolmesh.outcome_code`.
+Whether spans are recorded at all, the client and server span of each RPC,
+trace context carried in messages, and the outcome on a span (spans that see
+it add `toolmesh.outcome_code`). The correlation ids every span also carries
+are toolmesh.core.correlation's.
 
 Installing the SDK and exporting is toolmesh.core.otel's job (the `otlp`
 extra); without it every helper here is a no-op that costs next to nothing.
@@ -15,14 +12,13 @@ extra); without it every helper here is a no-op that costs next to nothing.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import time
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import grpc
-from opentelemetry import baggage, context, metrics, propagate, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -30,6 +26,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from toolmesh.core.errors import ToolmeshError
 from toolmesh.core.outcome import ErrorKind, Outcome
 
+# Span attributes, all in the `toolmesh.` namespace.
 PREFIX = "toolmesh."
 SESSION_ID = "toolmesh.session_id"
 TURN_ID = "toolmesh.turn_id"
@@ -40,11 +37,6 @@ JOINED = "toolmesh.joined"
 REPLAYED = "toolmesh.replayed"
 
 TRACER = trace.get_tracer("toolmesh")
-# The correlation ids of the work in hand, for logs; a plain context variable
-# so that it costs next to nothing when nothing is traced.
-_IDS: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
-    "toolmesh_ids", default=MappingProxyType({})
-)
 METER = metrics.get_meter("toolmesh")
 
 
@@ -173,43 +165,6 @@ def span(
     return TRACER.start_as_current_span(
         name, context=parent, kind=kind, attributes=attributes, end_on_exit=end_on_exit
     )
-
-
-class correlation:
-    """Make ids (session_id=..., turn_id=...) current: for logs always; when tracing, also as
-    `toolmesh.*` baggage (so they travel with the next call) and on the current span.
-
-    A small class rather than a generator: calls hold it across awaits, by the thousand.
-    """
-
-    __slots__ = ("_context_token", "_given", "_ids_token")
-
-    def __init__(self, **ids: str) -> None:
-        self._given = tuple((name, value) for name, value in ids.items() if value)
-
-    def __enter__(self) -> None:
-        given = self._given
-        ids = dict(_IDS.get())
-        ids.update(given)
-        self._ids_token = _IDS.set(ids)
-        self._context_token: contextvars.Token[Context] | None = None
-        if enabled():
-            ctx = context.get_current()
-            current = trace.get_current_span()
-            for name, value in given:
-                ctx = baggage.set_baggage(PREFIX + name, value, ctx)
-                current.set_attribute(PREFIX + name, value)
-            self._context_token = context.attach(ctx)
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._context_token is not None:
-            context.detach(self._context_token)
-        _IDS.reset(self._ids_token)
-
-
-def correlation_ids() -> dict[str, str]:
-    """The ids made current by `correlation` (for logs)."""
-    return dict(_IDS.get())
 
 
 def inject() -> dict[str, str]:

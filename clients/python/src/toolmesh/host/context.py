@@ -25,9 +25,11 @@ class Cancellation:
         self.reason: str | None = None
 
     def is_set(self) -> bool:
+        """Whether the runtime said stop; safe to ask from a handler's worker thread."""
         return self.reason is not None
 
     async def wait(self) -> None:
+        """Wait until the runtime says stop (returns at once if it has). For async handlers."""
         if self.reason is not None:
             return
         if self._async_event is None:
@@ -35,6 +37,11 @@ class Cancellation:
         await self._async_event.wait()
 
     def wait_blocking(self, timeout: float | None = None) -> bool:
+        """Block the calling thread until the runtime says stop, or `timeout` seconds pass.
+
+        For sync handlers, which run in a worker thread; never call it on the
+        event loop. Returns True when stopped, False when the timeout passed first.
+        """
         event = self._event
         if event is None:
             with _MAKING_EVENTS:
@@ -47,7 +54,10 @@ class Cancellation:
         return event.wait(timeout)
 
     def set(self, reason: str) -> None:
-        """Called on the event loop by the SDK."""
+        """Record why the call stops ("timeout" or "cancelled") and wake every waiter; the first reason stays.
+
+        Called on the event loop by the SDK, not by handlers.
+        """
         if self.reason is None:
             self.reason = reason
             if self._event is not None:
@@ -58,6 +68,12 @@ class Cancellation:
 
 @dataclass(frozen=True)
 class ToolContext:
+    """What a handler is told about the call it serves: ids, deadline and cancellation.
+
+    The ids are for the handler's own logs and correlation; `deadline` is a
+    `time.monotonic()` value, past which the runtime no longer waits for the result.
+    """
+
     session_id: str
     turn_id: str
     tool_request_id: str
@@ -67,8 +83,10 @@ class ToolContext:
     cancellation: Cancellation = field(default_factory=Cancellation)
 
     def time_remaining(self) -> float:
+        """Seconds left before the deadline, never negative: a budget for the handler's own calls."""
         return max(0.0, self.deadline - time.monotonic())
 
     @property
     def cancelled(self) -> bool:
+        """Whether the runtime said stop: the deadline passed or the call was cancelled."""
         return self.cancellation.is_set()

@@ -12,6 +12,8 @@ from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 
 @dataclass(frozen=True, slots=True)
 class Converted:
+    """A handler's return value as the outcome to submit, and whether it had to be refused."""
+
     outcome: Outcome
     # Set when the handler's own value could not be handed back as it was:
     # RESULT_NOT_JSON or RESULT_TOO_LARGE.

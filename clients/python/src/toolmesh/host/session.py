@@ -17,13 +17,14 @@ from typing import Any
 import grpc
 from opentelemetry.trace import SpanKind
 
-from toolmesh.core import telemetry
+from toolmesh.core import correlation, telemetry
 from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError, code_for_reason
+from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_code, error_info
-from toolmesh.core.wire import outcome_to_pb
+from toolmesh.core.rpcstatus import error_code, error_info, status_of
+from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ToolContext
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
@@ -35,7 +36,13 @@ Handler = Callable[[dict[str, Any], ToolContext], Any]
 
 @dataclass(frozen=True, slots=True)
 class HostError:
-    """Reported to `on_error` callbacks. Never carries arguments or results."""
+    """What went wrong on the host side of one call, as `on_error` callbacks receive it.
+
+    `code` is TOOL_HANDLER_ERROR (a handler raised; `message` is the exception's
+    type) or SUBMIT_TOOL_RESULT_FAILED (the result could not be handed to the
+    bridge; `cause` says why). Carries ids only: never arguments, results or
+    exception text.
+    """
 
     code: Code
     message: str
@@ -97,23 +104,31 @@ class _ActiveCall:
 # Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
 MAX_CONCURRENT_SUBMITS = 256
 SUBMIT_GRACE_S = 5.0
-_TRANSIENT = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-)
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
 # The bridge refused the host itself: its token, or the address it was given.
 _REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
+DECLARE_TIMEOUT_S = 10.0
 
 
 class ToolHost:
-    """A handler host for one session.
+    """One handler host: serves one session's tools from application code, over the bridge.
 
-    `credentials`: TLS (toolmesh.core.tls.client_credentials); `token`: a
-    token naming the session with the role host, as text or a callback asked
-    before each call (so that a long-lived host can refresh it).
+    For applications that own tools. Register handlers with `on_tool` / `on_any`,
+    then `start()` (or `async with`); the host keeps a stream to the bridge open,
+    reconnecting when it drops, runs each tool request it receives and hands the
+    outcome back. A handler's failures never reach the caller as exceptions: they
+    become runtime errors of the call (see `on_tool`), and problems the caller
+    cannot see are reported to `on_error` callbacks.
+
+    Args:
+        bridge_target: The bridge's address, `host:port`.
+        session_id: The session whose tools this host serves.
+        host_name: How the bridge's logs name this host; default `<hostname>:python`.
+        channel: A channel to use instead of opening one (the host then does not close it).
+        credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
+        token: A token naming the session with the role host: text, or a callback (sync or
+            async) asked before each call, so that a long-lived host can refresh it.
     """
 
     def __init__(
@@ -132,10 +147,13 @@ class ToolHost:
         self._channel = channel or open_channel(bridge_target, credentials)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
         self._bearer = Bearer(token)
-        # Set once the bridge took the host, or refused it (`_refusal` then says why).
-        self._answered = asyncio.Event()
+        # Set while the bridge refuses the host (`_refusal` says why); cleared once it takes it.
+        self._refused_now = asyncio.Event()
         self._refusal: HostError | None = None
         self._handlers: dict[str, _Registered] = {}
+        self._declared: dict[str, ToolSpec] = {}
+        # Set once a host session is open and its tools were declared (or there were none).
+        self._ready = asyncio.Event()
         self._generic: _Registered | None = None
         self._error_callbacks: list[ErrorCallback] = []
         self._active: dict[str, _ActiveCall] = {}
@@ -148,30 +166,80 @@ class ToolHost:
         self.host_session_id = ""
 
     # -- registration -----------------------------------------------------
-    def on_tool(self, name: str, handler: Handler) -> None:
-        """Serve `name` with `handler(args, ctx)`, sync or async. Register before `start()`."""
+    def on_tool(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        description: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | None = None,
+        timeout_ms: int = 0,
+        annotations: ToolAnnotations | None = None,
+    ) -> None:
+        """Serve the tool `name` with `handler(args, ctx)`. Register before `start()`.
+
+        `args` is the call's JSON object, `ctx` its ToolContext. An async handler
+        runs on the event loop and is cancelled when the runtime says stop; a sync
+        one runs in a worker thread and should watch `ctx.cancellation`. The handler
+        returns a JSON value (the result) or `{"error": {"code", "message",
+        "details"?, "retryable"?}}` (a domain error). Anything it raises becomes
+        TOOL_HANDLER_ERROR for the caller (only the exception's type is sent); a
+        value that is not plain JSON or is larger than MAX_RESULT_BYTES becomes
+        TOOL_RESULT_INVALID, and is reported to `on_error`.
+
+        With a `description`, the tool is also declared: its definition goes into
+        the session's list each time the host connects (DeclareHostTools), so no
+        separate `tools put` is needed, and it comes back by itself when the
+        registry restarts. `input_schema` defaults to `{"type": "object"}`. A
+        declaration the bridge refuses (INVALID_SCHEMA, ...) is reported to `on_error`.
+        """
         self._handlers[name] = _Registered.of(handler)
+        if description is not None:
+            self._declared[name] = ToolSpec(
+                name=name,
+                description=description,
+                input_schema_json=json.dumps(
+                    input_schema if input_schema is not None else {"type": "object"}
+                ),
+                output_schema_json="" if output_schema is None else json.dumps(output_schema),
+                timeout_ms=timeout_ms,
+                annotations=annotations or ToolAnnotations(),
+            )
 
     def on_any(self, handler: Handler) -> None:
-        """Serve every tool without a named handler; `ctx.tool_name` says which."""
+        """Serve every tool without a named handler; `ctx.tool_name` says which.
+
+        The bridge prefers hosts with a named handler for a tool. Without either,
+        a call gets TOOL_HANDLER_NOT_FOUND. The handler behaves as in `on_tool`.
+        """
         self._generic = _Registered.of(handler)
 
     def on_error(self, callback: ErrorCallback) -> None:
+        """Call `callback(HostError)` for each failure the caller cannot see from here.
+
+        That is a handler that raised, a result that could not be sent as it was,
+        and a result the bridge refused or could not be reached for (after
+        retrying transport failures until the call's deadline). A callback that
+        raises is logged and does not stop the others.
+        """
         self._error_callbacks.append(callback)
 
     # -- lifecycle --------------------------------------------------------
     @property
     def connected(self) -> bool:
+        """Whether the stream to the bridge is open now (the bridge said it opened the session)."""
         return self._connected.is_set()
 
     async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until connected. Raises ToolmeshError (UNAUTHENTICATED, PERMISSION_DENIED,
-        WRONG_LISTENER) when the bridge refused the host instead; it keeps trying meanwhile."""
-        while not self._connected.is_set():
-            await asyncio.wait_for(self._answered.wait(), timeout)
-            refusal = self._refusal
-            if refusal is not None and not self._connected.is_set():
-                raise ToolmeshError(refusal.code, refusal.message)
+        """Wait until the stream to the bridge is open.
+
+        Raises:
+            TimeoutError: not connected after `timeout` seconds.
+            ToolmeshError: the bridge refused the host first (UNAUTHENTICATED,
+                PERMISSION_DENIED, WRONG_LISTENER); it keeps trying meanwhile.
+        """
+        await self._until(self._connected, timeout)
 
     async def start(self, timeout: float | None = 10.0) -> None:
         """Connect in the background, reconnecting whenever the stream drops; wait for the first connection.
@@ -182,9 +250,27 @@ class ToolHost:
         trying until `stop()` (a token callback may give a better token).
         """
         self._runner = asyncio.create_task(self.run())
-        await self.wait_connected(timeout)
+        await self._until(self._ready, timeout)
+
+    async def _until(self, event: asyncio.Event, timeout: float | None) -> None:
+        """Wait for `event`, or raise ToolmeshError as soon as the bridge refuses the host."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._refused_now.wait())]
+        try:
+            await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        refusal = self._refusal
+        if not event.is_set() and refusal is not None:
+            raise ToolmeshError(refusal.code, refusal.message)
 
     async def run(self) -> None:
+        """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
+
+        Reconnects after a jittered backoff (0.1 s doubling up to 5 s). A stream
+        counts as silent when the bridge sends nothing for three heartbeat
+        intervals. Failures are logged, never raised. `start()` runs this in a task.
+        """
         backoff = 0.1
         while not self._stopping:
             try:
@@ -200,8 +286,7 @@ class ToolHost:
                 log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
             finally:
                 self._connected.clear()
-                if self._refusal is None:
-                    self._answered.clear()
+                self._ready.clear()
                 self._call = None
             if self._stopping:
                 break
@@ -219,11 +304,16 @@ class ToolHost:
         # The details start with the table's message; keep what the bridge added.
         detail = (error.details() or "").removeprefix(ERROR_TABLE[code].message).strip()
         self._refusal = HostError(code, detail, self.session_id)
-        self._answered.set()
+        self._refused_now.set()
         if first:  # once until the next connection: a host that keeps trying does not flood on_error
             self._report(self._refusal)
 
     async def stop(self) -> None:
+        """Close the stream, cancel the async handlers still running, and close an owned channel.
+
+        Returns without waiting out a reconnect backoff. A sync handler's thread
+        cannot be cancelled: it finishes, and its result is not sent.
+        """
         self._stopping = True
         self._stop_requested.set()
         if self._call is not None:
@@ -280,16 +370,40 @@ class ToolHost:
                 self.host_session_id = event.opened.host_session_id
                 silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
                 self._refusal = None
+                self._refused_now.clear()
                 self._connected.set()
-                self._answered.set()
                 log.info(
                     "host connected",
                     extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
                 )
+                if self._declared:
+                    declaring = asyncio.create_task(self._declare(self.host_session_id))
+                    declaring.add_done_callback(lambda _: self._ready.set())
+                else:
+                    self._ready.set()
             elif kind == "tool_request":
                 self._begin(event.tool_request, self.host_session_id)
             elif kind == "cancelled":
                 self._cancel(event.cancelled)
+
+    async def _declare(self, host_session_id: str) -> None:
+        """Send the declared tools; a refusal goes to the error callbacks.
+
+        After REGISTRY_UNAVAILABLE the bridge keeps the declaration and puts it later.
+        """
+        request = bridge_pb2.DeclareHostToolsRequest(
+            host_session_id=host_session_id, tools=[tool_to_pb(spec) for spec in self._declared.values()]
+        )
+        try:
+            with telemetry.client_call("toolmesh.v1.BridgeService/DeclareHostTools") as metadata:
+                await self._stub.DeclareHostTools(
+                    request, timeout=DECLARE_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+                )
+        except grpc.aio.AioRpcError as error:
+            info = error_info(error)
+            code = (code_for_reason(info.reason) if info is not None else None) or Code.TRANSPORT_FAILED
+            log.warning("declaring tools failed", extra={"session_id": self.session_id, "code": code.value})
+            self._report(HostError(code, error.details() or "", self.session_id))
 
     def _begin(self, request: bridge_pb2.ToolRequest, host_session_id: str) -> None:
         ctx = ToolContext(
@@ -329,7 +443,7 @@ class ToolHost:
         # The invocation's trace continues here: the request carried its context.
         with (
             telemetry.span("toolmesh.host.handle", SpanKind.SERVER, trace_context) as span,
-            telemetry.correlation(
+            correlation.ids(
                 session_id=ctx.session_id,
                 turn_id=ctx.turn_id,
                 tool_request_id=ctx.tool_request_id,
@@ -418,7 +532,9 @@ class ToolHost:
                     and info.metadata.get("ended") == "answered"
                 ):
                     return  # an earlier attempt got through; its answer was lost on the way back
-                retry = reason is None and error.code() in _TRANSIENT and ctx.time_remaining() > 0
+                # No code of ours: the transport's own failure, retried while the table says it may pass.
+                transient = reason is None and status_of(error.code()) in RETRYABLE_STATUSES
+                retry = transient and ctx.time_remaining() > 0
                 if retry and not self._stopping:
                     await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                     continue

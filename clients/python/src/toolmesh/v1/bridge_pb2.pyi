@@ -289,6 +289,54 @@ class SubmitToolResultResponse(_message.Message):
 Global___SubmitToolResultResponse: _TypeAlias = SubmitToolResultResponse  # noqa: Y015
 
 @_typing.final
+class DeclareHostToolsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    host_session_id: _builtins.str
+    """From HostSessionOpened."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]:
+        """The host's tools, names unique, at most as many as a session holds
+        (512). Empty withdraws every tool the host declared.
+        """
+
+    def __init__(
+        self,
+        *,
+        host_session_id: _builtins.str = ...,
+        tools: _abc.Iterable[_tool_pb2.ToolDefinition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_session_id", b"host_session_id", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeclareHostToolsRequest: _TypeAlias = DeclareHostToolsRequest  # noqa: Y015
+
+@_typing.final
+class DeclareHostToolsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The session's revision once its list holds the declared tools."""
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeclareHostToolsResponse: _TypeAlias = DeclareHostToolsResponse  # noqa: Y015
+
+@_typing.final
 class DispatchToolRequestRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -30,7 +30,10 @@ class BridgeServiceStub:
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too.
+    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
+    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
@@ -62,6 +65,11 @@ class BridgeServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultResponse.FromString,
                 _registered_method=True)
+        self.DeclareHostTools = channel.unary_unary(
+                '/toolmesh.v1.BridgeService/DeclareHostTools',
+                request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsResponse.FromString,
+                _registered_method=True)
         self.DispatchToolRequest = channel.unary_unary(
                 '/toolmesh.v1.BridgeService/DispatchToolRequest',
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.SerializeToString,
@@ -79,7 +87,10 @@ class BridgeServiceServicer:
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too.
+    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
+    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
@@ -120,6 +131,35 @@ class BridgeServiceServicer:
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
         INVALID_REQUEST (no outcome, malformed error). A host session of a session
         the token does not name is HOST_SESSION_UNKNOWN too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeclareHostTools(self, request, context):
+        """DeclareHostTools sets the tools a connected host declares for its
+        session, so that a host (a web page above all) brings its own tool
+        definitions and no separate PutTools is needed. The bridge merges them
+        by name into the session's list in the registry, and routes calls of
+        those names to this host as to a named handler. Each call replaces the
+        host's previous declaration: a tool it declared before and leaves out now
+        is withdrawn from the session's list.
+
+        While the host stays connected, the bridge puts its tools back whenever
+        the session's list loses them (the registry restarted, or a PutTools left
+        them out). When the host goes away its tools stay listed, so a call then
+        ends with TOOL_HOST_UNAVAILABLE (nothing ran) rather than TOOL_NOT_FOUND,
+        until a host of the session connects again. Hosts of one session should
+        not declare one name differently: the host that connected last wins.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
+        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
+        the declaration is kept, and the bridge puts it once the registry answers).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -169,6 +209,11 @@ def add_BridgeServiceServicer_to_server(servicer, server):
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultResponse.SerializeToString,
             ),
+            'DeclareHostTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeclareHostTools,
+                    request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsResponse.SerializeToString,
+            ),
             'DispatchToolRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.DispatchToolRequest,
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.FromString,
@@ -192,7 +237,10 @@ class BridgeService:
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too.
+    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
+    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
@@ -252,6 +300,33 @@ class BridgeService:
             '/toolmesh.v1.BridgeService/SubmitToolResult',
             toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultRequest.SerializeToString,
             toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeclareHostTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.BridgeService/DeclareHostTools',
+            toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsRequest.SerializeToString,
+            toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,7 +31,10 @@ class BridgeServiceStub:
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too.
+    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
+    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
@@ -73,6 +76,31 @@ class BridgeServiceStub:
     INVALID_REQUEST (no outcome, malformed error). A host session of a session
     the token does not name is HOST_SESSION_UNKNOWN too.
     """
+    DeclareHostTools: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DeclareHostToolsRequest, _bridge_pb2.DeclareHostToolsResponse]
+    """DeclareHostTools sets the tools a connected host declares for its
+    session, so that a host (a web page above all) brings its own tool
+    definitions and no separate PutTools is needed. The bridge merges them
+    by name into the session's list in the registry, and routes calls of
+    those names to this host as to a named handler. Each call replaces the
+    host's previous declaration: a tool it declared before and leaves out now
+    is withdrawn from the session's list.
+
+    While the host stays connected, the bridge puts its tools back whenever
+    the session's list loses them (the registry restarted, or a PutTools left
+    them out). When the host goes away its tools stay listed, so a call then
+    ends with TOOL_HOST_UNAVAILABLE (nothing ran) rather than TOOL_NOT_FOUND,
+    until a host of the session connects again. Hosts of one session should
+    not declare one name differently: the host that connected last wins.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
+    INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+    UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
+    the declaration is kept, and the bridge puts it once the registry answers).
+    """
     DispatchToolRequest: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -103,7 +131,10 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too.
+    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
+    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
@@ -142,6 +173,31 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     INVALID_REQUEST (no outcome, malformed error). A host session of a session
     the token does not name is HOST_SESSION_UNKNOWN too.
     """
+    DeclareHostTools: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DeclareHostToolsRequest, _bridge_pb2.DeclareHostToolsResponse]  # type: ignore[assignment]
+    """DeclareHostTools sets the tools a connected host declares for its
+    session, so that a host (a web page above all) brings its own tool
+    definitions and no separate PutTools is needed. The bridge merges them
+    by name into the session's list in the registry, and routes calls of
+    those names to this host as to a named handler. Each call replaces the
+    host's previous declaration: a tool it declared before and leaves out now
+    is withdrawn from the session's list.
+
+    While the host stays connected, the bridge puts its tools back whenever
+    the session's list loses them (the registry restarted, or a PutTools left
+    them out). When the host goes away its tools stay listed, so a call then
+    ends with TOOL_HOST_UNAVAILABLE (nothing ran) rather than TOOL_NOT_FOUND,
+    until a host of the session connects again. Hosts of one session should
+    not declare one name differently: the host that connected last wins.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
+    INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+    UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
+    the declaration is kept, and the bridge puts it once the registry answers).
+    """
     DispatchToolRequest: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]  # type: ignore[assignment]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -171,7 +227,10 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too.
+    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
+    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
@@ -219,6 +278,37 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
         INVALID_REQUEST (no outcome, malformed error). A host session of a session
         the token does not name is HOST_SESSION_UNKNOWN too.
+        """
+
+    @_abc_1.abstractmethod
+    def DeclareHostTools(
+        self,
+        request: _bridge_pb2.DeclareHostToolsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bridge_pb2.DeclareHostToolsResponse, _abc.Awaitable[_bridge_pb2.DeclareHostToolsResponse]]:
+        """DeclareHostTools sets the tools a connected host declares for its
+        session, so that a host (a web page above all) brings its own tool
+        definitions and no separate PutTools is needed. The bridge merges them
+        by name into the session's list in the registry, and routes calls of
+        those names to this host as to a named handler. Each call replaces the
+        host's previous declaration: a tool it declared before and leaves out now
+        is withdrawn from the session's list.
+
+        While the host stays connected, the bridge puts its tools back whenever
+        the session's list loses them (the registry restarted, or a PutTools left
+        them out). When the host goes away its tools stay listed, so a call then
+        ends with TOOL_HOST_UNAVAILABLE (nothing ran) rather than TOOL_NOT_FOUND,
+        until a host of the session connects again. Hosts of one session should
+        not declare one name differently: the host that connected last wins.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
+        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
+        the declaration is kept, and the bridge puts it once the registry answers).
         """
 
     @_abc_1.abstractmethod

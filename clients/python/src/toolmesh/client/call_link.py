@@ -1,4 +1,7 @@
-"""Many tool calls on one InvokeTools stream, for callers that keep many open at once."""
+"""The caller's end of one InvokeTools stream: many tool calls on it, for callers that keep many open.
+
+The invocation service's end is toolmesh.invocation.call_stream.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ class CallLink:
     """One open InvokeTools stream and the calls waiting on it. Open a new one when `closed`."""
 
     def __init__(
-        self, stub: invocation_pb2_grpc.InvocationServiceStub, metadata: Sequence[tuple[str, str]] = ()
+        self, stub: invocation_pb2_grpc.InvocationServiceAsyncStub, metadata: Sequence[tuple[str, str]] = ()
     ) -> None:
         """`metadata` goes with the stream's opening (the caller's token)."""
         self._ids = itertools.count(1)
@@ -35,6 +38,7 @@ class CallLink:
 
     @property
     def closed(self) -> bool:
+        """Whether the stream has ended (broken or closed): new calls need a new link."""
         return self._link.closed
 
     async def call(
@@ -43,8 +47,11 @@ class CallLink:
         trace_context: Mapping[str, str],
         timeout: float | None,
     ) -> invocation_pb2.StreamedToolResult:
-        """Send one call and wait for its result, at most `timeout` (TimeoutError); StreamBroken if the
-        stream ends first."""
+        """Send one call on the stream and wait for its result.
+
+        Raises TimeoutError after `timeout` seconds (a late result is dropped),
+        and StreamBroken when the stream ends before the result arrives.
+        """
         call_id = next(self._ids)
         result = self._link.expect(call_id)
         self._link.send(
@@ -56,4 +63,5 @@ class CallLink:
             self._link.forget(call_id)  # on time or not: a late result is dropped
 
     async def aclose(self) -> None:
+        """End the stream; calls still waiting on it get StreamBroken."""
         await self._link.aclose()

@@ -1,0 +1,107 @@
+import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
+import { ConnectError } from "@connectrpc/connect";
+
+/**
+ * The codes of toolmesh's error table that a host meets. The table itself
+ * (status, retryability, message) lives with the runtime; these names match it.
+ */
+export const Codes = {
+  TOOL_HANDLER_NOT_FOUND: "TOOL_HANDLER_NOT_FOUND",
+  TOOL_HANDLER_ERROR: "TOOL_HANDLER_ERROR",
+  TOOL_RESULT_INVALID: "TOOL_RESULT_INVALID",
+  SUBMIT_TOOL_RESULT_FAILED: "SUBMIT_TOOL_RESULT_FAILED",
+  TRANSPORT_FAILED: "TRANSPORT_FAILED",
+  RESULT_NOT_JSON: "RESULT_NOT_JSON",
+  RESULT_TOO_LARGE: "RESULT_TOO_LARGE",
+  REQUEST_ENDED: "REQUEST_ENDED",
+  INVALID_SCHEMA: "INVALID_SCHEMA",
+  INVALID_REQUEST: "INVALID_REQUEST",
+  REGISTRY_UNAVAILABLE: "REGISTRY_UNAVAILABLE",
+  HOST_SESSION_UNKNOWN: "HOST_SESSION_UNKNOWN",
+} as const;
+
+/** The table's messages for the codes the SDK writes into outcomes itself. */
+export const MESSAGES = {
+  TOOL_HANDLER_NOT_FOUND: "The handler host has no handler for this tool.",
+  TOOL_HANDLER_ERROR: "The tool's handler failed.",
+  TOOL_RESULT_INVALID: "The tool's handler returned a value that is not plain JSON, or too much.",
+} as const;
+
+/**
+ * What `onError` callbacks receive. Never carries arguments, results or an
+ * exception's text: a handler's exception is named by its `name` alone.
+ */
+export interface HostError {
+  /** TOOL_HANDLER_ERROR, SUBMIT_TOOL_RESULT_FAILED, or for a declaration, the refusal's code. */
+  readonly code: string;
+  readonly message: string;
+  readonly sessionId: string;
+  readonly turnId: string;
+  readonly toolRequestId: string;
+  readonly toolName: string;
+  /**
+   * For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...), or
+   * TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE.
+   */
+  readonly cause: string;
+}
+
+/** The google.rpc.ErrorInfo a toolmesh service attaches to a failed call. */
+export interface ErrorInfo {
+  readonly reason: string;
+  readonly domain: string;
+  readonly metadata: Readonly<Record<string, string>>;
+}
+
+const ERROR_INFO = "google.rpc.ErrorInfo";
+
+/** The ErrorInfo of a failed call, when the server attached one. */
+export function errorInfo(error: unknown): ErrorInfo | undefined {
+  if (!(error instanceof ConnectError)) {
+    return undefined;
+  }
+  for (const detail of error.details) {
+    if ("type" in detail && detail.type === ERROR_INFO) {
+      return decodeErrorInfo(detail.value);
+    }
+  }
+  return undefined;
+}
+
+// ErrorInfo is three fields; reading them here keeps googleapis' protos out of the bundle.
+function decodeErrorInfo(bytes: Uint8Array): ErrorInfo | undefined {
+  let reason = "";
+  let domain = "";
+  const metadata: Record<string, string> = {};
+  try {
+    const reader = new BinaryReader(bytes);
+    while (reader.pos < reader.len) {
+      const [field, wireType] = reader.tag();
+      if (field === 1 && wireType === WireType.LengthDelimited) {
+        reason = reader.string();
+      } else if (field === 2 && wireType === WireType.LengthDelimited) {
+        domain = reader.string();
+      } else if (field === 3 && wireType === WireType.LengthDelimited) {
+        const entry = new BinaryReader(reader.bytes());
+        let key = "";
+        let value = "";
+        while (entry.pos < entry.len) {
+          const [entryField, entryType] = entry.tag();
+          if (entryField === 1) {
+            key = entry.string();
+          } else if (entryField === 2) {
+            value = entry.string();
+          } else {
+            entry.skip(entryType);
+          }
+        }
+        metadata[key] = value;
+      } else {
+        reader.skip(wireType);
+      }
+    }
+  } catch {
+    return undefined;
+  }
+  return { reason, domain, metadata };
+}

@@ -1,0 +1,486 @@
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
+import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
+import {
+  BridgeService,
+  CancelReason,
+  type ToolRequest,
+  type ToolRequestCancelled,
+} from "./gen/toolmesh/v1/bridge_pb.js";
+import { ToolDefinitionSchema, type ToolDefinition, type ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
+import { Codes, errorInfo, type HostError } from "./errors.js";
+import { convertReturn, runtimeError } from "./results.js";
+
+/** What a handler is told about the call it serves. */
+export interface ToolContext {
+  readonly sessionId: string;
+  readonly turnId: string;
+  readonly toolRequestId: string;
+  readonly toolName: string;
+  /** When the runtime stops waiting for the result, in Date.now() milliseconds. */
+  readonly deadline: number;
+  /**
+   * Aborted when the runtime tells the host to stop the call: its deadline
+   * passed (reason: a "TimeoutError" DOMException) or it was cancelled, or
+   * the host stopped ("AbortError"). After that, whatever the handler
+   * returns is dropped: the call has ended.
+   */
+  readonly signal: AbortSignal;
+  /** Milliseconds left before the deadline, 0 when it has passed. */
+  timeRemainingMs(): number;
+}
+
+/** A JSON object: the arguments of a call. */
+export type ToolArguments = Record<string, unknown>;
+
+/**
+ * Serves one tool. It returns the result (plain JSON), or
+ * `{ error: { code, message, details?, retryable? } }` for a domain error, or
+ * a promise of either. What it throws becomes TOOL_HANDLER_ERROR.
+ */
+export type ToolHandler = (args: ToolArguments, ctx: ToolContext) => unknown;
+
+/** Hints about a tool's behaviour, as in toolmesh's ToolAnnotations. */
+export interface ToolAnnotations {
+  /** The tool only reads state; running it twice changes nothing. */
+  readOnly?: boolean;
+  /** Running it again with the same arguments has no further effect. */
+  idempotent?: boolean;
+  /** A person must confirm before it runs. */
+  requiresConfirmation?: boolean;
+}
+
+/** A tool's definition, declared by the host so that no separate `tools put` is needed. */
+export interface ToolDeclaration {
+  description: string;
+  /** JSON Schema (2020-12 or draft-07) of the arguments; an object. Default `{ "type": "object" }`. */
+  inputSchema?: Record<string, unknown>;
+  /** JSON Schema of the result. */
+  outputSchema?: Record<string, unknown>;
+  /** How long the runtime waits for a result; 0 or absent: its default (60 s). */
+  timeoutMs?: number;
+  annotations?: ToolAnnotations;
+}
+
+export interface ToolHostOptions {
+  /** The bridge's port for pages, e.g. "http://127.0.0.1:7404". Ignored when `transport` is given. */
+  baseUrl?: string;
+  /** The session (thread) whose tools this page serves. */
+  sessionId: string;
+  /** A name for the host in the bridge's logs; default the page's origin and path. */
+  hostName?: string;
+  /** "connect" (default) or "grpc-web". Ignored when `transport` is given. */
+  protocol?: "connect" | "grpc-web";
+  /** A transport of your own (interceptors for credentials, another fetch). */
+  transport?: Transport;
+  /** Longest wait between reconnection attempts, in ms (default 5000). */
+  maxBackoffMs?: number;
+}
+
+/** Submits that fail in transport are tried again until the call's deadline, this much past it at most. */
+const SUBMIT_GRACE_MS = 5_000;
+const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.ResourceExhausted, Code.Unknown]);
+/** Missing this many heartbeats in a row means the bridge is gone. */
+const MISSED_HEARTBEATS = 3;
+const DECLARE_TIMEOUT_MS = 10_000;
+
+interface Registered {
+  readonly handler: ToolHandler;
+  readonly declaration: ToolDeclaration | undefined;
+}
+
+interface Active {
+  readonly controller: AbortController;
+  ended: boolean;
+}
+
+/**
+ * One handler host for one session, inside a page: it opens a host session
+ * with the bridge over Connect or gRPC-Web, runs the tool requests it
+ * receives, and hands each outcome back. It reconnects with backoff whenever
+ * the stream drops or the bridge's heartbeats stop, and declares its tools
+ * again each time.
+ */
+export class ToolHost {
+  readonly sessionId: string;
+  readonly hostName: string;
+  /** The current host session's id; empty while not connected. */
+  hostSessionId = "";
+
+  private readonly client: Client<typeof BridgeService>;
+  private readonly maxBackoffMs: number;
+  private readonly handlers = new Map<string, Registered>();
+  private generic: ToolHandler | undefined;
+  private readonly errorCallbacks = new Set<(error: HostError) => void>();
+  private readonly active = new Map<string, Active>();
+  private stopping = false;
+  private running: Promise<void> | undefined;
+  private stream: AbortController | undefined;
+  private wake: (() => void) | undefined;
+  private connectedNow = false;
+  private readyWaiters: (() => void)[] = [];
+  private declaring: Promise<void> = Promise.resolve();
+  private declaredOnce = false;
+  private hadDeclarations = false;
+
+  constructor(options: ToolHostOptions) {
+    this.sessionId = options.sessionId;
+    this.hostName = (options.hostName ?? defaultHostName()).slice(0, 128);
+    this.maxBackoffMs = options.maxBackoffMs ?? 5_000;
+    this.client = createClient(BridgeService, options.transport ?? transportFor(options));
+  }
+
+  /**
+   * Serve `name` with `handler`. With a `declaration`, the tool's definition
+   * goes into the session's list (now if connected, else on connecting).
+   * Returns a function that removes the handler (and withdraws the declaration).
+   */
+  onTool(name: string, handler: ToolHandler, declaration?: ToolDeclaration): () => void {
+    const registered: Registered = { handler, declaration };
+    this.handlers.set(name, registered);
+    if (declaration !== undefined) {
+      this.redeclare();
+    }
+    return () => {
+      if (this.handlers.get(name) === registered) {
+        this.handlers.delete(name);
+        if (declaration !== undefined) {
+          this.redeclare();
+        }
+      }
+    };
+  }
+
+  /** Serve every tool without a named handler; `ctx.toolName` says which. */
+  onAny(handler: ToolHandler): void {
+    this.generic = handler;
+  }
+
+  /** Be told of handler errors and results that could not be handed back. Returns an unsubscribe function. */
+  onError(callback: (error: HostError) => void): () => void {
+    this.errorCallbacks.add(callback);
+    return () => this.errorCallbacks.delete(callback);
+  }
+
+  /** Whether a host session is open now. */
+  get connected(): boolean {
+    return this.connectedNow;
+  }
+
+  /**
+   * Connect in the background, reconnecting whenever the stream drops; resolve
+   * once the first host session is open and the declared tools were sent.
+   * Rejects when that took longer than `timeoutMs`; the host keeps trying until `stop()`.
+   */
+  async start(options: { timeoutMs?: number } = {}): Promise<void> {
+    this.stopping = false;
+    this.running ??= this.run().finally(() => {
+      this.running = undefined;
+    });
+    await this.ready(options.timeoutMs ?? 10_000);
+  }
+
+  /** Close the host session, abort every running handler's signal, and stop reconnecting. */
+  async stop(): Promise<void> {
+    this.stopping = true;
+    this.stream?.abort();
+    this.wake?.();
+    for (const active of this.active.values()) {
+      active.ended = true;
+      active.controller.abort(new DOMException("The tool host stopped.", "AbortError"));
+    }
+    await this.running;
+  }
+
+  private ready(timeoutMs: number): Promise<void> {
+    if (this.connectedNow && this.declaredOnce) {
+      return Promise.resolve();
+    }
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.readyWaiters = this.readyWaiters.filter((waiter) => waiter !== done);
+        reject(new Error(`toolmesh: no host session within ${timeoutMs} ms; still trying`));
+      }, timeoutMs);
+      const done = (): void => {
+        clearTimeout(timer);
+        resolve();
+      };
+      this.readyWaiters.push(done);
+    });
+  }
+
+  private async run(): Promise<void> {
+    let backoff = 100;
+    while (!this.stopping) {
+      try {
+        await this.serveOnce();
+        backoff = 100;
+      } catch {
+        // The stream failed or went silent: reconnect below.
+      } finally {
+        this.connectedNow = false;
+        this.hostSessionId = "";
+      }
+      if (this.stopping) {
+        break;
+      }
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, backoff * (0.5 + Math.random()));
+        // stop() cuts the wait short: it would last as long as the backoff.
+        this.wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+      this.wake = undefined;
+      backoff = Math.min(backoff * 2, this.maxBackoffMs);
+    }
+  }
+
+  private async serveOnce(): Promise<void> {
+    const stream = new AbortController();
+    this.stream = stream;
+    // Until the bridge says how often it beats, allow a generous first wait.
+    let limitMs = 30_000;
+    let last = Date.now();
+    const watchdog = setInterval(
+      () => {
+        if (Date.now() - last > limitMs) {
+          stream.abort(new DOMException("The bridge's heartbeats stopped.", "TimeoutError"));
+        }
+      },
+      Math.min(limitMs / 3, 1_000),
+    );
+    try {
+      const events = this.client.openHostSession(
+        {
+          sessionId: this.sessionId,
+          hostName: this.hostName,
+          handlerNames: [...this.handlers.keys()].sort(),
+          hasGenericHandler: this.generic !== undefined,
+        },
+        { signal: stream.signal },
+      );
+      for await (const response of events) {
+        last = Date.now();
+        const event = response.event;
+        switch (event.case) {
+          case "opened": {
+            this.hostSessionId = event.value.hostSessionId;
+            limitMs = (MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100));
+            this.connectedNow = true;
+            this.declaredOnce = false;
+            this.redeclare();
+            break;
+          }
+          case "toolRequest":
+            this.begin(event.value, this.hostSessionId);
+            break;
+          case "cancelled":
+            this.cancel(event.value);
+            break;
+          default:
+            break;
+        }
+      }
+    } finally {
+      clearInterval(watchdog);
+      if (this.stream === stream) {
+        this.stream = undefined;
+      }
+    }
+  }
+
+  /** Send the declared tools now (in order after any declaration under way), if connected. */
+  private redeclare(): void {
+    this.declaring = this.declaring.then(() => this.declare());
+  }
+
+  private async declare(): Promise<void> {
+    const hostSessionId = this.hostSessionId;
+    if (!this.connectedNow || hostSessionId === "") {
+      return;
+    }
+    const tools: ToolDefinition[] = [];
+    for (const [name, registered] of this.handlers) {
+      if (registered.declaration !== undefined) {
+        tools.push(toDefinition(name, registered.declaration));
+      }
+    }
+    // A host that never declared anything has nothing to withdraw either.
+    if (tools.length > 0 || this.hadDeclarations) {
+      this.hadDeclarations = tools.length > 0;
+      try {
+        await this.client.declareHostTools({ hostSessionId, tools }, { timeoutMs: DECLARE_TIMEOUT_MS });
+      } catch (error) {
+        const info = errorInfo(error);
+        this.report({
+          code: info?.reason ?? Codes.TRANSPORT_FAILED,
+          message: error instanceof ConnectError ? error.rawMessage : "The tools could not be declared.",
+          sessionId: this.sessionId,
+          turnId: "",
+          toolRequestId: "",
+          toolName: "",
+          cause: "",
+        });
+      }
+    }
+    if (hostSessionId === this.hostSessionId) {
+      this.declaredOnce = true;
+      const waiters = this.readyWaiters;
+      this.readyWaiters = [];
+      waiters.forEach((waiter) => waiter());
+    }
+  }
+
+  private begin(request: ToolRequest, hostSessionId: string): void {
+    const controller = new AbortController();
+    const ctx: ToolContext = {
+      sessionId: request.sessionId,
+      turnId: request.turnId,
+      toolRequestId: request.toolRequestId,
+      toolName: request.toolName,
+      deadline: Date.now() + request.timeoutMs,
+      signal: controller.signal,
+      timeRemainingMs() {
+        return Math.max(0, this.deadline - Date.now());
+      },
+    };
+    const active: Active = { controller, ended: false };
+    this.active.set(ctx.toolRequestId, active);
+    void this.serve(request.argumentsJson, ctx, active, hostSessionId).finally(() => {
+      this.active.delete(ctx.toolRequestId);
+    });
+  }
+
+  private cancel(cancelled: ToolRequestCancelled): void {
+    const active = this.active.get(cancelled.toolRequestId);
+    if (active === undefined) {
+      return;
+    }
+    active.ended = true;
+    active.controller.abort(
+      cancelled.reason === CancelReason.TIMEOUT
+        ? new DOMException("The tool call reached its deadline.", "TimeoutError")
+        : new DOMException("The tool call was cancelled.", "AbortError"),
+    );
+  }
+
+  private async serve(argumentsJson: string, ctx: ToolContext, active: Active, hostSessionId: string): Promise<void> {
+    const outcome = await this.execute(argumentsJson, ctx);
+    // Cancelled or stopped: the call has ended, and the bridge would refuse the result.
+    if (outcome !== undefined && !active.ended) {
+      await this.submit(outcome, ctx, hostSessionId);
+    }
+  }
+
+  /** Run the handler; undefined when the call ended (its signal aborted) before it settled. */
+  private async execute(argumentsJson: string, ctx: ToolContext): Promise<ToolOutcome | undefined> {
+    const handler = this.handlers.get(ctx.toolName)?.handler ?? this.generic;
+    if (handler === undefined) {
+      return runtimeError("TOOL_HANDLER_NOT_FOUND", `No handler for ${ctx.toolName}.`, { tool: ctx.toolName });
+    }
+    let value: unknown;
+    try {
+      value = await handler(JSON.parse(argumentsJson) as ToolArguments, ctx);
+    } catch (thrown) {
+      if (ctx.signal.aborted) {
+        return undefined; // it gave up as it was told to
+      }
+      // The caller gets a compact error: the exception's name, never its text or stack.
+      const name = thrown instanceof Error ? thrown.name : typeof thrown;
+      this.report({ ...ids(ctx), code: Codes.TOOL_HANDLER_ERROR, message: name, cause: "" });
+      return runtimeError("TOOL_HANDLER_ERROR", "", { tool: ctx.toolName, exception: name });
+    }
+    if (ctx.signal.aborted) {
+      return undefined;
+    }
+    const converted = convertReturn(value);
+    if (converted.refusedBecause !== undefined) {
+      const failure = converted.outcome.outcome;
+      this.report({
+        ...ids(ctx),
+        code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+        message: failure.case === "error" ? failure.value.message : "",
+        cause: converted.refusedBecause,
+      });
+    }
+    return converted.outcome;
+  }
+
+  /**
+   * Hand the outcome to the bridge, trying transport failures again until the
+   * call's deadline. Sending the same outcome twice is safe: the bridge keeps
+   * one outcome per request and says whether it was this one.
+   */
+  private async submit(outcome: ToolOutcome, ctx: ToolContext, hostSessionId: string): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.client.submitToolResult(
+          { hostSessionId, toolRequestId: ctx.toolRequestId, outcome },
+          { timeoutMs: Math.max(ctx.timeRemainingMs(), 1_000) + SUBMIT_GRACE_MS },
+        );
+        return;
+      } catch (error) {
+        const info = errorInfo(error);
+        if (attempt > 1 && info?.reason === Codes.REQUEST_ENDED && info.metadata["ended"] === "answered") {
+          return; // an earlier attempt got through; its answer was lost on the way back
+        }
+        const transient = error instanceof ConnectError && TRANSIENT.has(error.code) && info === undefined;
+        if (transient && ctx.timeRemainingMs() > 0 && !this.stopping) {
+          await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
+          continue;
+        }
+        this.report({
+          ...ids(ctx),
+          code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+          message: error instanceof ConnectError ? error.rawMessage : "",
+          cause: info?.reason ?? Codes.TRANSPORT_FAILED,
+        });
+        return;
+      }
+    }
+  }
+
+  private report(error: HostError): void {
+    for (const callback of this.errorCallbacks) {
+      try {
+        callback(error);
+      } catch {
+        // One callback's failure must not keep the others from hearing.
+      }
+    }
+  }
+}
+
+function ids(ctx: ToolContext): Pick<HostError, "sessionId" | "turnId" | "toolRequestId" | "toolName"> {
+  return { sessionId: ctx.sessionId, turnId: ctx.turnId, toolRequestId: ctx.toolRequestId, toolName: ctx.toolName };
+}
+
+function toDefinition(name: string, declaration: ToolDeclaration): ToolDefinition {
+  return create(ToolDefinitionSchema, {
+    name,
+    description: declaration.description,
+    inputSchemaJson: JSON.stringify(declaration.inputSchema ?? { type: "object" }),
+    outputSchemaJson: declaration.outputSchema === undefined ? "" : JSON.stringify(declaration.outputSchema),
+    timeoutMs: declaration.timeoutMs ?? 0,
+    annotations: {
+      readOnly: declaration.annotations?.readOnly ?? false,
+      idempotent: declaration.annotations?.idempotent ?? false,
+      requiresConfirmation: declaration.annotations?.requiresConfirmation ?? false,
+    },
+  });
+}
+
+function transportFor(options: ToolHostOptions): Transport {
+  if (options.baseUrl === undefined) {
+    throw new TypeError("toolmesh: ToolHost needs a baseUrl (the bridge's port for pages) or a transport");
+  }
+  const settings = { baseUrl: options.baseUrl };
+  return options.protocol === "grpc-web" ? createGrpcWebTransport(settings) : createConnectTransport(settings);
+}
+
+function defaultHostName(): string {
+  const location = (globalThis as { location?: { origin: string; pathname: string } }).location;
+  return location === undefined ? "page" : `page:${location.origin}${location.pathname}`;
+}

@@ -1,0 +1,103 @@
+// Drives Debian's Chromium (playwright-core, no browser download) for the Python tests and benchmark.
+//
+// It serves the test page (page.html and the bundled build/test/page.js) on two
+// origins, the second meant to be one the bridge does not allow, then prints
+// one JSON line {"origins": [...]} and reads commands, one JSON object a line,
+// answering each with {"id", "ok", "value"} or {"id", "ok": false, "error"}:
+//   open {tab, origin (index), query, webmcp}  load the page in a new tab
+//   eval {tab, expression}                     evaluate in the tab, awaited
+//   wait {tab, expression, timeoutMs}          until the expression is truthy
+//   close {tab}
+// Browsers launched with and without WebMCP (--enable-features=WebMCP) as tabs need them.
+import { chromium } from "playwright-core";
+import { readFile } from "node:fs/promises";
+import http from "node:http";
+import path from "node:path";
+import readline from "node:readline";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const files = {
+  "/": ["page.html", "text/html"],
+  "/page.js": ["../../build/test/page.js", "text/javascript"],
+  "/page.js.map": ["../../build/test/page.js.map", "application/json"],
+};
+const executablePath = process.env.TOOLMESH_CHROMIUM ?? "/usr/bin/chromium";
+
+async function serve() {
+  const server = http.createServer(async (request, response) => {
+    const file = files[new URL(request.url, "http://page").pathname];
+    if (file === undefined) {
+      response.writeHead(404).end();
+      return;
+    }
+    response.writeHead(200, { "content-type": file[1], "cache-control": "no-store" });
+    response.end(await readFile(path.join(here, file[0])));
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return server;
+}
+
+const servers = [await serve(), await serve()];
+const origins = servers.map((server) => `http://127.0.0.1:${server.address().port}`);
+const browsers = new Map();
+const tabs = new Map();
+
+async function browser(webmcp) {
+  if (!browsers.has(webmcp)) {
+    const args = ["--no-sandbox", "--disable-dev-shm-usage"];
+    if (webmcp) {
+      args.push("--enable-features=WebMCP");
+    }
+    browsers.set(webmcp, chromium.launch({ executablePath, args }));
+  }
+  return browsers.get(webmcp);
+}
+
+const commands = {
+  async open({ tab, origin = 0, query = {}, webmcp = false }) {
+    const page = await (await browser(webmcp)).newPage();
+    tabs.set(tab, page);
+    const logs = [];
+    page.on("pageerror", (error) => logs.push(`pageerror: ${error.message}`));
+    await page.goto(`${origins[origin]}/?${new URLSearchParams(query)}`);
+    // The page has run its start(): resolved or rejected.
+    await page.waitForFunction(() => window.toolmesh && (window.toolmesh.started || window.toolmesh.startError), null, {
+      timeout: 30_000,
+    });
+    return page.evaluate(() => ({ started: window.toolmesh.started, startError: window.toolmesh.startError }));
+  },
+  async eval({ tab, expression }) {
+    return tabs.get(tab).evaluate(`(async () => (${expression}))()`);
+  },
+  async wait({ tab, expression, timeoutMs = 10_000 }) {
+    await tabs.get(tab).waitForFunction(expression, null, { timeout: timeoutMs, polling: 20 });
+    return true;
+  },
+  async close({ tab }) {
+    await tabs.get(tab)?.close();
+    tabs.delete(tab);
+    return true;
+  },
+};
+
+const write = (message) => process.stdout.write(`${JSON.stringify(message)}\n`);
+write({ origins });
+const lines = readline.createInterface({ input: process.stdin });
+for await (const line of lines) {
+  const command = JSON.parse(line);
+  // Commands run concurrently: a test may open a tab while another waits.
+  (async () => {
+    try {
+      write({ id: command.id, ok: true, value: (await commands[command.op](command)) ?? null });
+    } catch (error) {
+      write({ id: command.id, ok: false, error: String(error) });
+    }
+  })();
+}
+for (const pending of browsers.values()) {
+  await (await pending).close();
+}
+for (const server of servers) {
+  server.close();
+}

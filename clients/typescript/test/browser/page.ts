@@ -1,0 +1,143 @@
+// The page the browser tests drive: a ToolHost serving test tools, its state on `window.toolmesh`.
+// Query: session, baseUrl, protocol (connect|grpc-web), mode (handlers|webmcp).
+import { ToolHost, serveWebMCP, type HostError, type ToolContext } from "../../src/index.js";
+
+interface Seen {
+  tool: string;
+  sessionId: string;
+  toolRequestId: string;
+}
+
+interface AbortRecord {
+  toolRequestId: string;
+  reason: string;
+}
+
+interface WebMCPDocument {
+  modelContext: {
+    registerTool(tool: object, options?: { signal?: AbortSignal }): Promise<void>;
+    getTools?(): Promise<{ name: string }[]>;
+  };
+}
+
+const query = new URLSearchParams(location.search);
+const protocol = query.get("protocol") === "grpc-web" ? "grpc-web" : "connect";
+const host = new ToolHost({
+  baseUrl: query.get("baseUrl") ?? "",
+  sessionId: query.get("session") ?? "",
+  protocol,
+  maxBackoffMs: 500,
+});
+const seen: Seen[] = [];
+const aborts: AbortRecord[] = [];
+const errors: HostError[] = [];
+const controllers = new Map<string, AbortController>();
+const todos: string[] = [];
+
+const state = {
+  seen,
+  aborts,
+  errors,
+  todos,
+  started: false,
+  startError: "",
+  connected: () => host.connected,
+  hostSessionId: () => host.hostSessionId,
+  /** Withdraw a WebMCP tool by aborting the signal it was registered with. */
+  unregister: (name: string) => controllers.get(name)?.abort(),
+  nativeTools: async () => {
+    const context = (document as unknown as WebMCPDocument).modelContext;
+    return context.getTools ? (await context.getTools()).map((tool) => tool.name) : null;
+  },
+};
+(window as unknown as { toolmesh: typeof state }).toolmesh = state;
+
+function note(tool: string, ctx: ToolContext): void {
+  seen.push({ tool, sessionId: ctx.sessionId, toolRequestId: ctx.toolRequestId });
+}
+
+host.onError((error) => errors.push(error));
+
+if (query.get("mode") === "webmcp") {
+  serveWebMCP(host);
+  const context = (document as unknown as WebMCPDocument).modelContext;
+  await context.registerTool({
+    name: "add_todo",
+    description: "Add an item to the to-do list.",
+    inputSchema: { type: "object", properties: { text: { type: "string" } }, required: ["text"] },
+    annotations: { idempotentHint: false },
+    execute: async (input: { text: string }) => {
+      todos.push(input.text);
+      return { content: [{ type: "text", text: `Added ${input.text}` }] };
+    },
+  });
+  for (const [name, description, execute] of [
+    ["list_todos", "List the to-do items.", async () => ({ todos })],
+    ["fail_todo", "Always reports an error.", async () => ({ isError: true, content: [{ type: "text", text: "No such list." }] })],
+  ] as const) {
+    const controller = new AbortController();
+    controllers.set(name, controller);
+    await context.registerTool(
+      { name, description, annotations: { readOnlyHint: true }, execute },
+      { signal: controller.signal },
+    );
+  }
+} else {
+  host.onTool(
+    "echo",
+    (args, ctx) => {
+      note("echo", ctx);
+      return { echo: args, sessionId: ctx.sessionId, turnId: ctx.turnId, toolRequestId: ctx.toolRequestId };
+    },
+    {
+      description: "Echo the arguments.",
+      inputSchema: { type: "object", properties: { text: { type: "string" } } },
+      annotations: { readOnly: true, idempotent: true },
+    },
+  );
+  host.onTool(
+    "domain_fail",
+    () => ({
+      error: {
+        code: "NO_ACTIVE_SELECTION",
+        message: "Select text before using replace_selection.",
+        details: { documentId: "doc-7" },
+        retryable: true,
+      },
+    }),
+    { description: "Answers with a domain error." },
+  );
+  host.onTool(
+    "boom",
+    () => {
+      throw new RangeError("database password is hunter2");
+    },
+    { description: "Throws." },
+  );
+  host.onTool("not_json", () => ({ value: new Map([["a", 1]]) }), { description: "Returns a Map." });
+  host.onTool(
+    "slow",
+    (_args, ctx) =>
+      new Promise((_resolve, reject) => {
+        note("slow", ctx);
+        ctx.signal.addEventListener("abort", () => {
+          aborts.push({ toolRequestId: ctx.toolRequestId, reason: (ctx.signal.reason as DOMException).name });
+          reject(ctx.signal.reason);
+        });
+      }),
+    { description: "Waits until told to stop.", timeoutMs: 700 },
+  );
+  host.onTool("noop", () => ({ ok: true }), {
+    description: "Does nothing (the benchmark's tool).",
+    inputSchema: { type: "object", properties: { n: { type: "integer" } } },
+  });
+  // Served but not declared: the tests put it themselves.
+  host.onTool("undeclared", () => "served");
+}
+
+try {
+  await host.start({ timeoutMs: Number(query.get("startTimeoutMs") ?? 10_000) });
+  state.started = true;
+} catch (error) {
+  state.startError = String(error);
+}

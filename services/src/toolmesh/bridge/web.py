@@ -1,0 +1,286 @@
+"""The bridge's web port: the host-facing RPCs over Connect and gRPC-Web, for pages.
+
+A browser cannot send gRPC (HTTP/2 with trailers), so the bridge also serves
+OpenHostSession, SubmitToolResult and DeclareHostTools over the Connect
+protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
+and Declarations of its gRPC port. The routes come from protoc-gen-connectrpc
+(connectrpc, on our protobuf messages); uvicorn serves them.
+
+Who may call: the hosts, as on the gRPC port: the same policy and tokens
+(`authorization: Bearer <token>`, a header browsers may send here), and TLS
+with the bridge's certificate when it has one. The internal Dispatch RPCs are
+never served here (any other path is 404). A browser page may call only from
+an origin it is allowed: one of the configured origins, or the port's own
+origin; a request from another origin is refused (403) before any RPC runs,
+and preflights for it get no CORS grant. Requests without an Origin header
+(not from a browser) are served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+import uvicorn
+from connectrpc.code import Code as ConnectCode
+from connectrpc.errors import ConnectError, ErrorDetail
+from connectrpc.request import RequestContext
+from google.rpc import error_details_pb2
+from protobuf.wkt import Any as AnyMessage
+
+from toolmesh.auth.grants import Role
+from toolmesh.auth.guard import Admit, Listener, admission, scope
+from toolmesh.auth.tokens import Verifier
+from toolmesh.bridge.declarations import Declarations
+from toolmesh.bridge.router import Router
+from toolmesh.bridge.servicer import declare, host_events, submit
+from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
+from toolmesh.core.limits import MAX_MESSAGE_BYTES
+from toolmesh.core.tls import TlsFiles
+from toolmesh.v1 import bridge_pb2
+from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
+
+log = logging.getLogger("toolmesh.bridge.web")
+
+DEFAULT_WEB_PORT = 7404
+ORIGINS_ENV = "TOOLMESH_WEB_ORIGINS"
+
+_SERVICE = "/toolmesh.v1.BridgeService/"
+HOST_FACING_PATHS = frozenset(
+    _SERVICE + name for name in ("OpenHostSession", "SubmitToolResult", "DeclareHostTools")
+)
+# What Connect and gRPC-Web clients send, and the token a host will present.
+_ALLOWED_HEADERS = (
+    "authorization, content-type, connect-protocol-version, connect-timeout-ms, "
+    "connect-accept-encoding, connect-content-encoding, grpc-timeout, x-grpc-web, x-user-agent"
+)
+# gRPC-Web sends a status without messages in headers, which a page may only read when exposed.
+_EXPOSED_HEADERS = "grpc-status, grpc-message, grpc-status-details-bin, connect-content-encoding"
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _connect_error(error: ToolmeshError) -> ConnectError:
+    """The error a Connect or gRPC-Web client sees: the table's status, with ErrorInfo as on the gRPC port."""
+    info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN, metadata=error.metadata)
+    detail = AnyMessage(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info.SerializeToString())
+    # gRPC status names and Connect code names agree but for the spelling of CANCELLED.
+    name = error.status.name.lower().replace("cancelled", "canceled")
+    return ConnectError(ConnectCode(name), error.message, [ErrorDetail(detail)])
+
+
+def _fail(method: str, exc: Exception) -> NoReturn:
+    if isinstance(exc, ConnectError):
+        raise exc
+    if not isinstance(exc, ToolmeshError):
+        # The exception text may quote request data: log only its type.
+        log.error("unexpected error in %s: %s", method, type(exc).__name__, exc_info=exc)
+        exc = ToolmeshError(Code.INTERNAL)
+    raise _connect_error(exc) from None
+
+
+class _Headers:
+    """A Connect request's headers where the policy reads gRPC metadata."""
+
+    def __init__(self, ctx: RequestContext[Any, Any]) -> None:
+        self._ctx = ctx
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return [(key.lower(), value) for key, value in self._ctx.request_headers.items()]
+
+
+async def _admit(admit: Admit | None, request: Any, ctx: RequestContext[Any, Any]) -> None:
+    if admit is not None:
+        await admit(request, _Headers(ctx))
+
+
+class WebBridge(BridgeService):
+    """The host-facing BridgeService methods for connectrpc: thin, on the gRPC port's own functions,
+    each admitted by the same policy as on the gRPC port.
+
+    The Dispatch methods keep the generated bodies (UNIMPLEMENTED), and `guarded`
+    never lets a request reach them.
+    """
+
+    def __init__(self, router: Router, declarations: Declarations, verifier: Verifier | None) -> None:
+        self._router = router
+        self._declarations = declarations
+        self._admit = {
+            name: admission(f"toolmesh.v1.BridgeService/{name}", Listener.PUBLIC, verifier)
+            for name in ("OpenHostSession", "SubmitToolResult", "DeclareHostTools")
+        }
+
+    async def open_host_session(
+        self, request: bridge_pb2.OpenHostSessionRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
+        try:
+            await _admit(self._admit["OpenHostSession"], request, ctx)
+            async for event in host_events(self._router, request):
+                yield event
+        except Exception as exc:
+            _fail("OpenHostSession", exc)
+
+    async def submit_tool_result(
+        self, request: bridge_pb2.SubmitToolResultRequest, ctx: RequestContext[Any, Any]
+    ) -> bridge_pb2.SubmitToolResultResponse:
+        try:
+            await _admit(self._admit["SubmitToolResult"], request, ctx)
+            return submit(self._router, request, scope(Role.HOST))
+        except Exception as exc:
+            _fail("SubmitToolResult", exc)
+
+    async def declare_host_tools(
+        self, request: bridge_pb2.DeclareHostToolsRequest, ctx: RequestContext[Any, Any]
+    ) -> bridge_pb2.DeclareHostToolsResponse:
+        try:
+            await _admit(self._admit["DeclareHostTools"], request, ctx)
+            return await declare(self._declarations, request, scope(Role.HOST))
+        except Exception as exc:
+            _fail("DeclareHostTools", exc)
+
+
+def add_web_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--web-origins",
+        help=f"comma-separated browser origins allowed on the web port besides its own, "
+        f"e.g. http://localhost:5173 (env {ORIGINS_ENV}; default none)",
+    )
+
+
+def web_origins(flag: str | None) -> list[str]:
+    """The allowed origins: the flag, else the environment, else none (never `*`)."""
+    raw = flag if flag is not None else os.environ.get(ORIGINS_ENV, "")
+    origins = [origin.strip().rstrip("/") for origin in raw.split(",") if origin.strip()]
+    for origin in origins:
+        parts = urlsplit(origin)
+        if origin == "*" or parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
+            raise SystemExit(f"not an origin (scheme://host[:port]): {origin}")
+    return origins
+
+
+def allowed_origin(origin: str, host_header: str, origins: frozenset[str]) -> bool:
+    """A configured origin, or the port's own (the Host the request was sent to)."""
+    return origin in origins or (host_header != "" and urlsplit(origin).netloc == host_header)
+
+
+def guarded(app: App, origins: Iterable[str]) -> App:
+    """Only the host-facing paths, and only from allowed origins, with CORS for those."""
+    allowed = frozenset(origin.rstrip("/") for origin in origins)
+
+    async def guard(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+        if scope["path"] not in HOST_FACING_PATHS:
+            await _respond(send, 404, [])
+            return
+        origin = headers.get("origin")
+        cors: list[tuple[bytes, bytes]] = []
+        if origin is not None:
+            if not allowed_origin(origin, headers.get("host", ""), allowed):
+                log.info("refused a request from an origin not allowed", extra={"origin": origin[:200]})
+                await _respond(send, 403, [(b"vary", b"origin")])
+                return
+            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"origin")]
+        if scope["method"] == "OPTIONS":
+            await _respond(
+                send,
+                204,
+                [
+                    *cors,
+                    (b"access-control-allow-methods", b"POST, GET"),
+                    (b"access-control-allow-headers", _ALLOWED_HEADERS.encode()),
+                    (b"access-control-max-age", b"7200"),
+                ],
+            )
+            return
+
+        async def send_with_cors(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and cors:
+                message["headers"] = [
+                    *message.get("headers", []),
+                    *cors,
+                    (b"access-control-expose-headers", _EXPOSED_HEADERS.encode()),
+                ]
+            await send(message)
+
+        await app(scope, receive, send_with_cors)
+
+    return guard
+
+
+async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def web_app(
+    router: Router, declarations: Declarations, origins: Iterable[str], verifier: Verifier | None = None
+) -> App:
+    """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port."""
+    connect = BridgeServiceASGIApplication(
+        WebBridge(router, declarations, verifier),
+        read_max_bytes=MAX_MESSAGE_BYTES,
+    )
+    return guarded(connect, origins)
+
+
+@dataclass
+class WebServer:
+    """A running web port."""
+
+    server: uvicorn.Server
+    port: int
+
+    def stop_accepting(self) -> None:
+        """Take no new connections (a page reconnecting must find the next bridge, not this one)."""
+        for server in self.server.servers:
+            server.close()
+
+    async def stop(self, grace: float) -> None:
+        self.server.config.timeout_graceful_shutdown = max(1, round(grace))
+        self.server.should_exit = True
+        await self.server.shutdown()
+
+
+async def start_web_server(app: App, address: str, tls: TlsFiles | None = None) -> WebServer:
+    """Serve `app` on `address` (port 0 picks a free port) over HTTP/1.1, on the running loop.
+
+    With `tls` (a certificate and key), over HTTPS; the files are read once, at start.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.setblocking(False)
+    config = uvicorn.Config(
+        app,
+        http="h11",
+        ws="none",
+        lifespan="off",
+        interface="asgi3",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        ssl_certfile=tls.cert if tls is not None and tls.cert is not None else None,
+        ssl_keyfile=tls.key if tls is not None and tls.key is not None else None,
+    )
+    server = uvicorn.Server(config)
+    # startup() and shutdown(), not serve(): that would take over the process's signals.
+    config.load()
+    server.lifespan = config.lifespan_class(config)
+    await server.startup(sockets=[sock])
+    return WebServer(server, sock.getsockname()[1])

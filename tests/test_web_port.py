@@ -1,0 +1,133 @@
+"""The bridge's web port from outside a browser: what it serves, to whom, and how it fails."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from google.rpc import error_details_pb2
+
+from toolmesh.bridge.web import web_origins
+from toolmesh.server.system import LocalSystem, start_local_system
+
+ALLOWED = "http://app.example:5173"
+SERVICE = "/toolmesh.v1.BridgeService/"
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[LocalSystem]:
+    running = await start_local_system(heartbeat_s=0.3, web_origins=[ALLOWED])
+    yield running
+    await running.stop(0.2)
+
+
+@pytest.fixture
+async def http(system: LocalSystem) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=system.web_url, timeout=10) as client:
+        yield client
+
+
+SUBMIT = {"hostSessionId": "hs_x", "toolRequestId": "tr_x", "outcome": {"resultJson": "1"}}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("method", ["DispatchToolRequest", "DispatchToolRequests", "NoSuchMethod"])
+async def test_only_the_host_facing_rpcs_are_served(http: httpx.AsyncClient, method: str) -> None:
+    for content_type in ("application/json", "application/grpc-web+proto", "application/connect+proto"):
+        response = await http.post(SERVICE + method, content=b"{}", headers={"content-type": content_type})
+        assert response.status_code == 404
+    assert (await http.post("/toolmesh.v1.InvocationService/InvokeTool", json={})).status_code == 404
+
+
+@pytest.mark.integration
+async def test_a_failed_call_carries_the_tables_status_and_error_info(http: httpx.AsyncClient) -> None:
+    response = await http.post(SERVICE + "SubmitToolResult", json=SUBMIT)
+    assert response.status_code == 404
+    body = response.json()
+    assert body["code"] == "not_found"
+    assert body["message"] == "The host session does not exist or has ended."
+    (detail,) = body["details"]
+    assert detail["type"] == "google.rpc.ErrorInfo"
+    info = error_details_pb2.ErrorInfo.FromString(base64.b64decode(detail["value"] + "=="))
+    assert (info.reason, info.domain) == ("HOST_SESSION_UNKNOWN", "toolmesh")
+    assert dict(info.metadata) == {"host_session_id": "hs_x", "tool_request_id": "tr_x"}
+
+
+@pytest.mark.integration
+async def test_a_malformed_request_is_refused_without_echoing_it(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        SERVICE + "SubmitToolResult", json={"hostSessionId": "hs_x", "toolRequestId": "tr_x", "outcome": {}}
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_argument"
+    garbage = await http.post(
+        SERVICE + "SubmitToolResult",
+        content=b"{not json secret-42",
+        headers={"content-type": "application/json"},
+    )
+    assert garbage.status_code == 400 and "secret-42" not in garbage.text
+
+
+@pytest.mark.integration
+async def test_origins_not_allowed_are_refused_before_any_rpc(
+    http: httpx.AsyncClient, system: LocalSystem
+) -> None:
+    for origin in ("http://evil.example", "null", "http://app.example:5174"):
+        refused = await http.post(SERVICE + "SubmitToolResult", json=SUBMIT, headers={"origin": origin})
+        assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
+        preflight = await http.options(
+            SERVICE + "OpenHostSession",
+            headers={"origin": origin, "access-control-request-method": "POST"},
+        )
+        assert "access-control-allow-origin" not in preflight.headers
+
+
+@pytest.mark.integration
+async def test_allowed_and_same_origin_pages_get_cors(http: httpx.AsyncClient, system: LocalSystem) -> None:
+    for origin in (ALLOWED, system.web_url):
+        preflight = await http.options(
+            SERVICE + "OpenHostSession",
+            headers={
+                "origin": origin,
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "content-type,connect-protocol-version",
+            },
+        )
+        assert preflight.status_code == 204
+        assert preflight.headers["access-control-allow-origin"] == origin
+        assert "connect-protocol-version" in preflight.headers["access-control-allow-headers"]
+        call = await http.post(SERVICE + "SubmitToolResult", json=SUBMIT, headers={"origin": origin})
+        assert call.status_code == 404  # served: the host session is unknown
+        assert call.headers["access-control-allow-origin"] == origin
+        assert "grpc-status" in call.headers["access-control-expose-headers"]
+
+
+@pytest.mark.integration
+async def test_a_host_session_over_connect_streaming(http: httpx.AsyncClient) -> None:
+    request = json.dumps({"sessionId": "plain"}).encode()
+    envelope = b"\x00" + len(request).to_bytes(4, "big") + request
+    async with http.stream(
+        "POST",
+        SERVICE + "OpenHostSession",
+        content=envelope,
+        headers={"content-type": "application/connect+json"},
+    ) as response:
+        assert response.status_code == 200
+        chunks = response.aiter_bytes()
+        first = await anext(chunks)
+    assert json.loads(first[5:])["opened"]["heartbeatIntervalMs"] == 300
+
+
+@pytest.mark.unit
+def test_configured_origins_never_include_a_wildcard(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOOLMESH_WEB_ORIGINS", raising=False)
+    assert web_origins(None) == []
+    monkeypatch.setenv("TOOLMESH_WEB_ORIGINS", "http://a.example, https://b.example:8443/")
+    assert web_origins(None) == ["http://a.example", "https://b.example:8443"]
+    assert web_origins("http://c.example") == ["http://c.example"]
+    for bad in ("*", "a.example", "http://a.example/path", "ftp://a.example"):
+        with pytest.raises(SystemExit):
+            web_origins(bad)
