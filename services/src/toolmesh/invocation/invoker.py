@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Container, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -155,6 +155,7 @@ class Invoker:
         confirmed: Sequence[str] = (),
         *,
         leaves_early: bool = True,
+        sessions: Container[str] | None = None,
     ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
 
@@ -162,11 +163,21 @@ class Invoker:
         unary RPC whose client gives up) gets the invocation run in a task of
         its own, which goes on without it. One that always waits for the
         outcome (a call on an InvokeTools stream) runs it itself and saves the task.
+        `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
         """
         check_envelope(call)
+        if sessions is not None and call.session_id not in sessions:
+            raise ToolmeshError(
+                Code.PERMISSION_DENIED,
+                "Its sessions do not include this one.",
+                {"session_id": call.session_id},
+            )
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
         check_confirmations(confirmed)
+        if confirmed and sessions is not None:
+            # Only the caller's own sessions' deliveries: a read first (the claim then carries them).
+            confirmed = await self.ledger.permitted(confirmed, sessions)
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
@@ -315,23 +326,29 @@ class Invoker:
             )
         return record.outcome
 
-    async def confirm_delivery(self, tool_request_ids: Sequence[str]) -> None:
-        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are.
+    async def confirm_delivery(
+        self, tool_request_ids: Sequence[str], sessions: Container[str] | None = None
+    ) -> None:
+        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are,
+        and so are those of sessions other than `sessions` (None: all).
 
         Raises ToolmeshError(STORE_UNAVAILABLE) when the ledger's store cannot be reached.
         """
         check_confirmations(tool_request_ids)
-        await self._confirm(tool_request_ids)
+        await self._confirm(await self.ledger.permitted(tool_request_ids, sessions))
 
     async def _confirm(self, tool_request_ids: Sequence[str]) -> None:
         if tool_request_ids:
             # Those still running have nothing to confirm yet: the ledger leaves them as they are.
             await self.ledger.confirm_all(tool_request_ids)
 
-    async def get_invocation(self, tool_request_id: str) -> InvocationRecord:
+    async def get_invocation(
+        self, tool_request_id: str, sessions: Container[str] | None = None
+    ) -> InvocationRecord:
+        """The ledger's record; INVOCATION_NOT_FOUND when unknown or of a session not in `sessions`."""
         require_id(tool_request_id, "tool_request_id")
         record = await self.ledger.get(tool_request_id)
-        if record is None:
+        if record is None or (sessions is not None and record.session_id not in sessions):
             raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"tool_request_id": tool_request_id})
         return record
 

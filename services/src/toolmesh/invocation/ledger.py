@@ -5,7 +5,10 @@ atomic step per stage of a call (claim, finish, confirm), with expiry on
 everything so the ledger stays bounded. What it stores per invocation: the
 record (state, outcome, times), the pointer from the call's logical identity
 (session, tool, canonical arguments) to the running or unconfirmed
-invocation, and an idempotency key's claim.
+invocation, and an idempotency key's claim. An idempotency key is scoped to
+its session as `<length of session>:<session>:<key>`: the length keeps pairs
+apart when ids contain `:` (session `a:b` with key `c` is not session `a`
+with key `b:c`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,7 +266,7 @@ class Ledger:
                 existing = await self._store.claim_keyed(
                     new_id,
                     self._encode(record),
-                    f"{call.session_id}:{idempotency_key}",
+                    f"{len(call.session_id)}:{call.session_id}:{idempotency_key}",
                     identity,
                     running_ttl_s=running_ttl,
                     key_ttl_s=self.policy.idempotency_retention_s,
@@ -355,17 +358,32 @@ class Ledger:
         """How many finished invocations wait for the store to take their outcome."""
         return len(self._unrecorded)
 
-    async def confirm(self, tool_request_id: str) -> None:
-        """Mark the outcome delivered (nothing to do when unknown or expired).
+    async def confirm(self, tool_request_id: str, sessions: Container[str] | None = None) -> None:
+        """Mark the outcome delivered; nothing when unknown, expired, or of another session than
+        `sessions` (None: all).
 
         Raises ToolmeshError(INVOCATION_RUNNING) when it has no outcome yet.
         """
-        if await self.confirm_all([tool_request_id]):
+        if await self.confirm_all(await self.permitted([tool_request_id], sessions)):
             raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"tool_request_id": tool_request_id})
 
     async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
         """Mark these outcomes delivered, in one step; return the ids still running (left as they are)."""
         return await self._store.confirm(tool_request_ids)
+
+    async def permitted(
+        self, tool_request_ids: Sequence[str], sessions: Container[str] | None
+    ) -> Sequence[str]:
+        """Those of `tool_request_ids` whose invocation is of one of `sessions` (None: all, unread)."""
+        if sessions is None or not tool_request_ids:
+            return tool_request_ids
+        # Read together: on Redis, one round trip for all of them.
+        records = await asyncio.gather(*(self.get(tool_request_id) for tool_request_id in tool_request_ids))
+        return [
+            tool_request_id
+            for tool_request_id, record in zip(tool_request_ids, records, strict=True)
+            if record is not None and record.session_id in sessions
+        ]
 
     async def wait_finished(self, tool_request_id: str) -> InvocationRecord | None:
         """Wait until the invocation has ended (it may run in another process); None if it vanished."""

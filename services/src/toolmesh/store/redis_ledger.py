@@ -7,7 +7,7 @@ Keys, under the connection's prefix:
   none). Finishing it publishes on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
-- `ledger:idem:<session>:<key>`: a hash: `id`, `identity`.
+- `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
 
 Every key expires. The scripts read keys named by other keys (the invocation
 a pointer names), so the ledger lives on one Redis primary; on a cluster, a

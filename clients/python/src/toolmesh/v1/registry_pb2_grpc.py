@@ -35,6 +35,14 @@ class RegistryServiceStub:
     the store cannot be reached (a PutTools whose answer was lost may have been
     stored: read the revision); WatchTools waits instead, and sends the list
     again once the store is back if it changed meanwhile.
+
+    Who may call: when the registry verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) naming the request's
+    session: PutTools with the role admin or host (a host declares its own
+    session's tools), the others with any role (call, host, admin). Without a
+    valid token: UNAUTHENTICATED (reason UNAUTHENTICATED); otherwise refused:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). GetTool and WatchTools are
+    also served on the registry's internal listener, to the invocation service.
     """
 
     def __init__(self, channel):
@@ -75,6 +83,14 @@ class RegistryServiceServicer:
     the store cannot be reached (a PutTools whose answer was lost may have been
     stored: read the revision); WatchTools waits instead, and sends the list
     again once the store is back if it changed meanwhile.
+
+    Who may call: when the registry verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) naming the request's
+    session: PutTools with the role admin or host (a host declares its own
+    session's tools), the others with any role (call, host, admin). Without a
+    valid token: UNAUTHENTICATED (reason UNAUTHENTICATED); otherwise refused:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). GetTool and WatchTools are
+    also served on the registry's internal listener, to the invocation service.
     """
 
     def PutTools(self, request, context):
@@ -164,6 +180,14 @@ class RegistryService:
     the store cannot be reached (a PutTools whose answer was lost may have been
     stored: read the revision); WatchTools waits instead, and sends the list
     again once the store is back if it changed meanwhile.
+
+    Who may call: when the registry verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) naming the request's
+    session: PutTools with the role admin or host (a host declares its own
+    session's tools), the others with any role (call, host, admin). Without a
+    valid token: UNAUTHENTICATED (reason UNAUTHENTICATED); otherwise refused:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). GetTool and WatchTools are
+    also served on the registry's internal listener, to the invocation service.
     """
 
     @staticmethod
