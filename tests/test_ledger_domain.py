@@ -233,3 +233,17 @@ async def test_confirmations_carried_on_a_claim_apply_before_it(ledger: Ledger) 
     assert keyed.is_new
     second = await ledger.get("tr_2")
     assert second is not None and second.delivered
+
+
+async def test_confirmations_of_other_sessions_change_nothing(ledger: Ledger) -> None:
+    for session, request_id in (("mine", "tr_mine"), ("theirs", "tr_theirs")):
+        await ledger.claim(call(session=session), request_id, 10_000)
+        await ledger.finish(request_id, Outcome.success("1"))
+    allowed = await ledger.permitted(["tr_mine", "tr_theirs", "tr_unknown"], {"mine"})
+    assert list(allowed) == ["tr_mine"]
+    await ledger.confirm("tr_theirs", {"mine"})
+    theirs = await ledger.get("tr_theirs")
+    assert theirs is not None and not theirs.delivered
+    await ledger.confirm("tr_mine", {"mine"})
+    mine = await ledger.get("tr_mine")
+    assert mine is not None and mine.delivered

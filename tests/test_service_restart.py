@@ -37,12 +37,20 @@ async def prefix() -> AsyncIterator[str]:
 
 
 async def start_services(prefix: str, ports: dict[str, int]) -> list[ServiceProcess]:
+    """The three services on these ports (public, and internal for registry and bridge)."""
     store = ["--store", SHARED_URL, "--store-prefix", prefix]
     registry, bridge = await asyncio.gather(
-        start_service_process("registry", *store, listen=f"127.0.0.1:{ports['registry']}"),
-        start_service_process("bridge", *store, listen=f"127.0.0.1:{ports['bridge']}"),
+        *(
+            start_service_process(
+                name,
+                *store,
+                listen=f"127.0.0.1:{ports[name]}",
+                internal_listen=f"127.0.0.1:{ports[f'{name}-internal']}",
+            )
+            for name in ("registry", "bridge")
+        )
     )
-    dependencies = ["--registry", registry.target, "--bridge", bridge.target]
+    dependencies = ["--registry", registry.internal_target, "--bridge", bridge.internal_target]
     invocation = await start_service_process(
         "invocation", *dependencies, *store, listen=f"127.0.0.1:{ports['invocation']}"
     )
@@ -76,7 +84,8 @@ async def until_host_serves(client: InvocationClient) -> CallResult:
 
 @pytest.mark.timeout(120)
 async def test_every_service_killed_and_restarted(prefix: str, marker_dir: Path) -> None:
-    ports = {name: free_port() for name in ("registry", "bridge", "invocation")}
+    names = ("registry", "registry-internal", "bridge", "bridge-internal", "invocation")
+    ports = {name: free_port() for name in names}
     services = await start_services(prefix, ports)
     target = f"127.0.0.1:{ports['invocation']}"
     host = await start_host_process(
