@@ -171,6 +171,8 @@ class Router:
         self._ended: OrderedDict[str, _Ended] = OrderedDict()
         self._ended_memory = ended_memory
         self._turn = itertools.count()
+        # Called with each host session that opens, before requests waiting for it are delivered.
+        self.opened_hooks: list[Callable[[HostSession], None]] = []
         # Called with each host session that ends, after its requests are settled.
         self.closed_hooks: list[Callable[[HostSession], None]] = []
         self._shutting_down = False
@@ -200,6 +202,8 @@ class Router:
             "host connected",
             extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
         )
+        for hook in self.opened_hooks:
+            hook(host)
         for pending in self._waiting.pop(session_id, []):
             self._deliver(pending, host)
         return host

@@ -9,9 +9,11 @@ from collections.abc import AsyncGenerator
 
 import grpc
 
+from toolmesh.bridge.routes import route_of
 from toolmesh.client.registry import RegistryClient
 from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
+from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
@@ -26,6 +28,7 @@ from toolmesh.invocation.catalog_cache import (
     unavailable,
 )
 from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S
+from toolmesh.store.base import Store
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger("toolmesh.invocation")
@@ -34,6 +37,8 @@ log = logging.getLogger("toolmesh.invocation")
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
 DISPATCH_METHOD = "toolmesh.v1.BridgeService/DispatchToolRequests"
+# A link to a bridge replica other than the default closes after this long without requests.
+LINK_IDLE_S = 30.0
 
 
 class RemoteCatalog:
@@ -185,3 +190,84 @@ def _outcome_of(result: bridge_pb2.DispatchResult) -> Outcome:
 
 def _size(item: bridge_pb2.ToolRequest | str) -> int:
     return len(item) if isinstance(item, str) else item.ByteSize()
+
+
+class _Bridge:
+    """One bridge replica's channel and dispatch stream, and how many requests ride it now."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
+        self.channel = open_channel(target, credentials)
+        self.dispatcher = RemoteDispatcher(self.channel)
+        self.busy = 0
+        self.idle: asyncio.TimerHandle | None = None
+
+    async def aclose(self) -> None:
+        await self.dispatcher.aclose()
+        await self.channel.close()
+
+
+class RoutedDispatcher:
+    """Tool requests to the bridge replica that holds a host of their session.
+
+    Each bridge replica writes its address under the sessions it holds hosts of
+    (toolmesh.bridge.routes); a request goes to the replica its session's route
+    names, over one DispatchToolRequests stream per replica, opened on demand and
+    closed after `idle_s` without requests. Without a route it goes to
+    `default_target`, which answers TOOL_HOST_UNAVAILABLE when it holds no host either.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        default_target: str,
+        credentials: grpc.ChannelCredentials | None = None,
+        *,
+        idle_s: float = LINK_IDLE_S,
+    ) -> None:
+        self._store = store
+        self._default = default_target
+        self._credentials = credentials
+        self._idle_s = idle_s
+        self._bridges: dict[str, _Bridge] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def targets(self) -> list[str]:
+        """The bridge replicas with an open link."""
+        return list(self._bridges)
+
+    async def dispatch(self, request: ToolRequest) -> Outcome:
+        """The outcome from the session's bridge replica; ToolmeshError(BRIDGE_UNAVAILABLE or
+        STORE_UNAVAILABLE, when the route cannot be read) when it has none."""
+        target = await route_of(self._store, request.session_id) or self._default
+        bridge = self._bridges.get(target)
+        if bridge is None:
+            bridge = self._bridges[target] = _Bridge(target, self._credentials)
+        if bridge.idle is not None:
+            bridge.idle.cancel()
+            bridge.idle = None
+        bridge.busy += 1
+        try:
+            return await bridge.dispatcher.dispatch(request)
+        finally:
+            bridge.busy -= 1
+            if bridge.busy == 0 and target != self._default:
+                bridge.idle = asyncio.get_running_loop().call_later(self._idle_s, self._close_idle, target)
+
+    def _close_idle(self, target: str) -> None:
+        bridge = self._bridges.get(target)
+        if bridge is None or bridge.busy:
+            return
+        del self._bridges[target]
+        task = asyncio.create_task(bridge.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        bridges, self._bridges = list(self._bridges.values()), {}
+        for bridge in bridges:
+            if bridge.idle is not None:
+                bridge.idle.cancel()
+            await bridge.aclose()
+        if self._closing:
+            await asyncio.wait(set(self._closing))

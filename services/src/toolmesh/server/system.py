@@ -9,13 +9,14 @@ from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.observability import RouterTelemetry
 from toolmesh.bridge.registry_lists import RegistryToolLists
 from toolmesh.bridge.router import Router
+from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.core.channels import open_channel
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.observability import InvocationTelemetry
-from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
+from toolmesh.invocation.remote import RoutedDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
@@ -55,9 +56,15 @@ async def start_bridge(
     web_origins: Sequence[str] = (),
     security: Security = LOOPBACK,
     internal_address: str = INTERNAL_ADDRESS,
+    stores: Stores | None = None,
+    advertise: str | None = None,
 ) -> tuple[RunningServer, Router]:
     """The bridge on `address`, its internal listener (Dispatch, for the invocation service) on
     `internal_address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
+
+    With `stores` (closed when it stops), it writes there the routes of the sessions it holds
+    hosts of, under `advertise` (default: its internal listener's address), for invocation
+    replicas to find it (toolmesh.bridge.routes).
 
     With `registry_target` (the registry's internal listener), hosts may declare their tools
     (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own.
@@ -73,6 +80,11 @@ async def start_bridge(
     declarations = Declarations(router, lists)
     service = bridge_service(router, declarations)
     running = await start_server([service], address, security=security, internal_address=internal_address)
+    if stores is not None:
+        host = internal_address.rsplit(":", 1)[0]
+        routes = Routes(stores.store, advertise or f"{host}:{running.internal_port}", router)
+        routes.start()
+        running.after_stop += [routes.aclose, stores.close]
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
@@ -109,18 +121,16 @@ async def start_invocation(
     security.check_public(address)
     stores = stores or open_stores()
     registry_channel = open_channel(registry_target, security.peer_credentials())
-    bridge_channel = open_channel(bridge_target, security.peer_credentials())
     ledger = Ledger(stores.ledger, policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
-    dispatcher = RemoteDispatcher(bridge_channel)
+    dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_credentials())
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     running = await start_server([invocation_service(invoker)], address, security=security)
     running.after_stop += [
         catalog.aclose,
         registry_channel.close,
         dispatcher.aclose,
-        bridge_channel.close,
         ledger.aclose,
         stores.close,
     ]
@@ -207,6 +217,7 @@ async def start_local_system(
             web_address=f"{host}:{web_port}",
             web_origins=web_origins,
             security=security,
+            stores=None if store_url == MEMORY else open_stores(store_url, store_prefix),
         )
     except BaseException:
         await registry.stop(0)

@@ -1,0 +1,176 @@
+"""Two bridge replicas and two invocation replicas on one Redis: every call reaches the host,
+whichever replicas it goes through."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from redis_testing import SHARED_URL, delete_prefixed, new_prefix
+
+from toolmesh.bridge.router import Router
+from toolmesh.bridge.routes import route_of
+from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.core.calls import ToolRequest
+from toolmesh.core.tools import ToolSpec
+from toolmesh.invocation.remote import RoutedDispatcher
+from toolmesh.server.runtime import RunningServer
+from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.store.backends import Stores, open_stores
+from toolmesh_testing import HostProcess, eventually, start_host_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+OBJECT = '{"type": "object"}'
+SESSION = "replicas"
+TOOLS = [
+    ToolSpec("echo", "Echo the arguments", OBJECT),
+    ToolSpec("slow_async", "Waits, cancellable", OBJECT, timeout_ms=400),
+    ToolSpec("slow_sync", "Sleeps in a thread", OBJECT, timeout_ms=10_000),
+]
+
+
+@dataclass
+class Cluster:
+    prefix: str
+    registry: RunningServer
+    bridges: list[tuple[RunningServer, Router]]
+    invocations: list[RunningServer]
+    stores: Stores
+
+    def bridge_internal(self, index: int) -> str:
+        return f"127.0.0.1:{self.bridges[index][0].internal_port}"
+
+    def invocation(self, index: int) -> str:
+        return f"127.0.0.1:{self.invocations[index].port}"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster() -> AsyncIterator[Cluster]:
+    prefix = new_prefix()
+
+    def stores() -> Stores:
+        return open_stores(SHARED_URL, prefix)
+
+    registry = await start_registry(stores=stores())
+    registry_internal = f"127.0.0.1:{registry.internal_port}"
+    bridges = [await start_bridge(registry_target=registry_internal, stores=stores()) for _ in range(2)]
+    # Both invocation replicas default to bridge 0: only a route takes them to bridge 1.
+    default = f"127.0.0.1:{bridges[0][0].internal_port}"
+    invocations = [await start_invocation(registry_internal, default, stores=stores()) for _ in range(2)]
+    reader = stores()
+    yield Cluster(prefix, registry, bridges, invocations, reader)
+    await reader.close()
+    for server in [*invocations, *(bridge for bridge, _ in bridges), registry]:
+        await server.stop(0.5)
+    await delete_prefixed(SHARED_URL, prefix)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def host(cluster: Cluster, marker_dir: Path) -> AsyncIterator[HostProcess]:
+    """A host of SESSION on bridge 1 (not the invocation replicas' default)."""
+    async with RegistryClient(f"127.0.0.1:{cluster.registry.port}") as registry:
+        await registry.put_tools(SESSION, TOOLS)
+    bridge = cluster.bridges[1][0]
+    process = await start_host_process(
+        f"127.0.0.1:{bridge.port}", SESSION, "e2e_handlers:HANDLERS", marker_dir
+    )
+    # The route is written right after the host opens.
+    await eventually(lambda: route_of(cluster.stores.store, SESSION))
+    yield process
+    await process.stop()
+
+
+async def test_the_route_names_the_bridge_replica_holding_the_host(
+    cluster: Cluster, host: HostProcess
+) -> None:
+    assert await route_of(cluster.stores.store, SESSION) == cluster.bridge_internal(1)
+    assert await route_of(cluster.stores.store, "nobody-home") is None
+
+
+@pytest.mark.parametrize("through", [0, 1])
+async def test_calls_through_either_invocation_replica_reach_the_host(
+    cluster: Cluster, host: HostProcess, through: int
+) -> None:
+    async with InvocationClient(cluster.invocation(through)) as client:
+        result = await client.invoke(SESSION, "echo", {"n": through}, turn_id="t")
+    assert result.outcome is not None and result.outcome.failure is None, result
+    assert json.loads(result.outcome.result_json or "") == {
+        "echo": {"n": through},
+        "turnId": "t",
+        "toolRequestId": result.tool_request_id,
+    }
+
+
+async def test_a_session_without_a_route_goes_to_the_default_bridge(
+    cluster: Cluster, host: HostProcess
+) -> None:
+    async with RegistryClient(f"127.0.0.1:{cluster.registry.port}") as registry:
+        await registry.put_tools("nobody-home", TOOLS)
+    async with InvocationClient(cluster.invocation(0)) as client:
+        result = await client.invoke("nobody-home", "echo", {}, turn_id="t")
+    assert result.outcome is not None and result.outcome.failure is not None
+    assert result.outcome.failure.code == "TOOL_HOST_UNAVAILABLE"
+
+
+@pytest.mark.parametrize("through", [0, 1])
+async def test_a_timeout_reaches_the_host_across_replicas(
+    cluster: Cluster, host: HostProcess, marker_dir: Path, through: int
+) -> None:
+    name = f"timeout-{uuid.uuid4().hex}"
+    async with InvocationClient(cluster.invocation(through)) as client:
+        result = await client.invoke(SESSION, "slow_async", {"marker": name}, turn_id="t")
+    assert result.outcome is not None and result.outcome.failure is not None
+    assert result.outcome.failure.code == "TOOL_TIMEOUT"
+    marker = marker_dir / f"cancelled-{name}"
+    await eventually(lambda: marker.exists() and marker.read_text())
+    assert marker.read_text() == "timeout"
+
+
+async def test_a_dispatch_given_up_cancels_the_request_on_the_routed_replica(
+    cluster: Cluster, host: HostProcess, marker_dir: Path
+) -> None:
+    name = f"cancel-{uuid.uuid4().hex}"
+    dispatcher = RoutedDispatcher(cluster.stores.store, cluster.bridge_internal(0))
+    request = ToolRequest(
+        session_id=SESSION,
+        turn_id="t",
+        tool_request_id=f"tr_{uuid.uuid4().hex}",
+        tool_name="slow_async",
+        arguments_json=f'{{"marker": "{name}"}}',
+        timeout_ms=30_000,
+    )
+    dispatching = asyncio.create_task(dispatcher.dispatch(request))
+    await eventually((marker_dir / f"started-{name}").exists)
+    assert dispatcher.targets == [cluster.bridge_internal(1)]
+    dispatching.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await dispatching
+    marker = marker_dir / f"cancelled-{name}"
+    await eventually(lambda: marker.exists() and marker.read_text())
+    assert marker.read_text() == "cancelled"
+    await dispatcher.aclose()
+
+
+async def test_the_route_goes_when_the_last_host_of_the_session_leaves(
+    cluster: Cluster, marker_dir: Path
+) -> None:
+    session = f"leaving-{uuid.uuid4().hex[:8]}"
+    bridge = cluster.bridges[0][0]
+    process = await start_host_process(
+        f"127.0.0.1:{bridge.port}", session, "e2e_handlers:HANDLERS", marker_dir
+    )
+    await eventually(lambda: route_of(cluster.stores.store, session))
+    assert await route_of(cluster.stores.store, session) == cluster.bridge_internal(0)
+    await process.stop()
+
+    async def gone() -> bool:
+        return await route_of(cluster.stores.store, session) is None
+
+    await eventually(gone)
