@@ -247,3 +247,14 @@ async def test_confirmations_of_other_sessions_change_nothing(ledger: Ledger) ->
     await ledger.confirm("tr_mine", {"mine"})
     mine = await ledger.get("tr_mine")
     assert mine is not None and mine.delivered
+
+
+async def test_the_first_finish_wins_and_an_unknown_invocation_is_not_made(ledger: Ledger) -> None:
+    # The bridge replica and the invocation replica may both record the outcome.
+    await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.success("1"))
+    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_TIMEOUT))
+    record = await ledger.get("tr_1")
+    assert record is not None and record.outcome == Outcome.success("1")
+    await ledger.finish("tr_never_claimed", Outcome.success("1"))
+    assert await ledger.get("tr_never_claimed") is None

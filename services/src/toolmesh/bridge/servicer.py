@@ -13,6 +13,7 @@ from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import scope
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
+from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
@@ -77,9 +78,12 @@ async def declare(
 
 
 class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
-    def __init__(self, router: Router, declarations: Declarations) -> None:
+    def __init__(
+        self, router: Router, declarations: Declarations, recorder: OutcomeRecorder | None = None
+    ) -> None:
         self._router = router
         self._declarations = declarations
+        self._recorder = recorder
 
     async def OpenHostSession(
         self, request: bridge_pb2.OpenHostSessionRequest, context: ServicerContext
@@ -118,12 +122,15 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         request_iterator: AsyncIterator[bridge_pb2.DispatchToolRequestsRequest],
         context: ServicerContext,
     ) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
-        async for response in relay(DispatchStream(self._router), request_iterator):
+        async for response in relay(DispatchStream(self._router, self._recorder), request_iterator):
             yield response
 
 
-def bridge_service(router: Router, declarations: Declarations) -> Service:
-    servicer = BridgeServicer(router, declarations)
+def bridge_service(
+    router: Router, declarations: Declarations, recorder: OutcomeRecorder | None = None
+) -> Service:
+    """`recorder`: the shared ledger outcomes are recorded in too (None: only sent back)."""
+    servicer = BridgeServicer(router, declarations, recorder)
 
     async def on_shutdown() -> None:
         router.shutdown()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.observability import RouterTelemetry
+from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.registry_lists import RegistryToolLists
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.routes import Routes
@@ -78,13 +79,18 @@ async def start_bridge(
         else None
     )
     declarations = Declarations(router, lists)
-    service = bridge_service(router, declarations)
+    recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger))
+    service = bridge_service(router, declarations, recorder)
     running = await start_server([service], address, security=security, internal_address=internal_address)
     if stores is not None:
         host = internal_address.rsplit(":", 1)[0]
         routes = Routes(stores.store, advertise or f"{host}:{running.internal_port}", router)
         routes.start()
-        running.after_stop += [routes.aclose, stores.close]
+        running.after_stop.append(routes.aclose)
+    if recorder is not None:
+        running.after_stop.append(recorder.aclose)
+    if stores is not None:
+        running.after_stop.append(stores.close)
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:

@@ -91,6 +91,8 @@ return false
 # KEYS: the record, and the identity pointer when there is one. ARGV: id,
 # record, keep ms, replay ms ('' drops the pointer if it names this id), identity.
 _FINISH = Script("""
+local state = redis.call('HMGET', KEYS[1], 'rec', 'end')
+if not state[1] or state[2] then return 0 end
 redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if KEYS[2] then
@@ -98,7 +100,7 @@ if KEYS[2] then
   elseif redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 end
 redis.call('PUBLISH', KEYS[1], '1')
-return 0
+return 1
 """)
 
 # KEYS: the records. ARGV: the pointer key prefix, then the ids. Returns the ids still running.
@@ -179,7 +181,7 @@ class RedisLedgerStore:
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> None:
+    ) -> bool:
         keys = [self._records + tool_request_id]
         if identity:
             keys.append(self._identities + identity)
@@ -190,7 +192,7 @@ class RedisLedgerStore:
             milliseconds(replay_s),
             identity,
         ]
-        await self._run(_FINISH, keys, args)
+        return bool(await self._run(_FINISH, keys, args))
 
     async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
         if not tool_request_ids:
