@@ -27,7 +27,7 @@ from toolmesh.invocation.catalog_cache import (
     WatchSource,
     unavailable,
 )
-from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S
+from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere
 from toolmesh.store.base import Store
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
@@ -214,6 +214,9 @@ class RoutedDispatcher:
     names, over one DispatchToolRequests stream per replica, opened on demand and
     closed after `idle_s` without requests. Without a route it goes to
     `default_target`, which answers TOOL_HOST_UNAVAILABLE when it holds no host either.
+
+    With `recorded` (bridges record outcomes in a ledger shared with this process), a link
+    that breaks under a request raises OutcomeElsewhere rather than BRIDGE_UNAVAILABLE.
     """
 
     def __init__(
@@ -223,8 +226,10 @@ class RoutedDispatcher:
         credentials: grpc.ChannelCredentials | None = None,
         *,
         idle_s: float = LINK_IDLE_S,
+        recorded: bool = False,
     ) -> None:
         self._store = store
+        self._recorded = recorded
         self._default = default_target
         self._credentials = credentials
         self._idle_s = idle_s
@@ -249,6 +254,12 @@ class RoutedDispatcher:
         bridge.busy += 1
         try:
             return await bridge.dispatcher.dispatch(request)
+        except ToolmeshError as error:
+            # Not a refusal (a configuration to fix): the bridge went away, maybe with the request.
+            broke = error.code is Code.BRIDGE_UNAVAILABLE and "reason" not in error.metadata
+            if broke and self._recorded:
+                raise OutcomeElsewhere from None
+            raise
         finally:
             bridge.busy -= 1
             if bridge.busy == 0 and target != self._default:

@@ -130,7 +130,9 @@ async def start_invocation(
     ledger = Ledger(stores.ledger, policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
-    dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_credentials())
+    dispatcher = RoutedDispatcher(
+        stores.store, bridge_target, security.peer_credentials(), recorded=stores.shared
+    )
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     running = await start_server([invocation_service(invoker)], address, security=security)
     running.after_stop += [
