@@ -121,3 +121,60 @@ async def test_a_retry_on_another_invocation_replica_gets_the_outcome_of_a_kille
     assert (retried.joined, retried.replayed) == (retry_when == "running", retry_when == "finished")
     assert json.loads(retried.outcome.result_json or "")["runs"] == 1
     assert runs(tmp_path, key) == [tool_request_id]
+
+
+@dataclass
+class Bridges:
+    prefix: str
+    registry: RunningServer
+    # Two bridge replicas, processes of their own; the host connects to the first one first.
+    bridges: list[ServiceProcess]
+    invocation: RunningServer
+    host: HostProcess
+
+
+@pytest_asyncio.fixture
+async def bridges(tmp_path: Path) -> AsyncIterator[Bridges]:
+    prefix = new_prefix()
+    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+    registry_internal = f"127.0.0.1:{registry.internal_port}"
+    env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
+    replicas = [
+        await start_service_process("bridge", "--registry", registry_internal, env=env) for _ in range(2)
+    ]
+    invocation = await start_invocation(
+        registry_internal, replicas[1].internal_target, stores=open_stores(SHARED_URL, prefix)
+    )
+    async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
+        await client.put_tools(SESSION, TOOLS)
+    targets = ",".join(replica.target for replica in replicas)
+    host = await start_host_process(targets, SESSION, "ledger_handlers:HANDLERS", tmp_path)
+    yield Bridges(prefix, registry, replicas, invocation, host)
+    await host.stop()
+    for replica in replicas:
+        if replica.process.returncode is None:
+            replica.process.kill()
+        await replica.stop()
+    for server in (invocation, registry):
+        await server.stop(0.5)
+    await delete_prefixed(SHARED_URL, prefix)
+
+
+async def test_a_result_outlives_the_bridge_replica_that_sent_the_request(
+    bridges: Bridges, tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex
+    arguments = {"key": key, "hold": True}
+    async with InvocationClient(f"127.0.0.1:{bridges.invocation.port}") as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "count", arguments, turn_id="t"))
+        [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+        # The bridge replica holding the host (and the request) dies mid-handler.
+        bridges.bridges[0].process.kill()
+        # Connected again, to the other replica, while the handler still runs.
+        await eventually(lambda: [r for r in bridges.host.logs() if r.get("msg") == "host connected"][1:])
+        (tmp_path / f"release-{key}").touch()
+        result = await asyncio.wait_for(calling, 15)
+    assert result.outcome is not None and result.outcome.failure is None, result
+    assert result.tool_request_id == tool_request_id
+    assert json.loads(result.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]

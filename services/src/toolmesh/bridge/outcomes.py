@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from toolmesh.core.errors import ToolmeshError
+from toolmesh.bridge.router import HostSession, check_result
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.invocation.ledger import Ledger
 
@@ -37,6 +38,24 @@ class OutcomeRecorder:
             log.warning(
                 "outcome not recorded", extra={"tool_request_id": tool_request_id, "code": error.code.value}
             )
+
+    async def adopt(self, host: HostSession, tool_request_id: str, outcome: Outcome) -> None:
+        """Record the outcome a host hands in for a request this replica does not hold: one another
+        replica sent it, which died while the handler ran, and the host reconnected here.
+
+        Taken only while the ledger has the invocation running, for the host's own session; else
+        ToolmeshError(REQUEST_UNKNOWN, or REQUEST_ENDED when it has ended), as for any submit.
+        """
+        metadata = {"host_session_id": host.host_session_id, "tool_request_id": tool_request_id}
+        record = await self.ledger.get(tool_request_id)
+        if record is None or record.session_id != host.session_id:
+            raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
+        if record.finished:
+            ended = "answered" if record.outcome == outcome else record.state.value
+            raise ToolmeshError(Code.REQUEST_ENDED, f"It ended ({ended}).", {**metadata, "ended": ended})
+        check_result(outcome, metadata)
+        await self.ledger.finish(tool_request_id, outcome, claimed=record)
+        log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
 
     async def aclose(self) -> None:
         """Wait for the writes under way, then stop the ledger's later writes."""

@@ -394,12 +394,13 @@ class Router:
             )
         if pending.host is not host:
             raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
-        _check_result(outcome, metadata)
+        check_result(outcome, metadata)
         self._end(pending, EndReason.ANSWERED)
         pending.settle(outcome)
 
 
-def _check_result(outcome: Outcome, metadata: dict[str, str]) -> None:
+def check_result(outcome: Outcome, metadata: dict[str, str]) -> None:
+    """Raise ToolmeshError(RESULT_TOO_LARGE or RESULT_NOT_JSON) for a result the bridge refuses."""
     if outcome.result_json is None:
         return
     size = len(outcome.result_json.encode())

@@ -16,6 +16,7 @@ from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
@@ -94,7 +95,16 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     async def SubmitToolResult(
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
-        return submit(self._router, request, scope(Role.HOST))
+        sessions = scope(Role.HOST)
+        try:
+            return submit(self._router, request, sessions)
+        except ToolmeshError as error:
+            if error.code is not Code.REQUEST_UNKNOWN or self._recorder is None:
+                raise
+        # Sent by a replica that died while the host ran it: the ledger says whether it still runs.
+        host = self._router.host(request.host_session_id, sessions)
+        await self._recorder.adopt(host, request.tool_request_id, outcome_from_pb(request.outcome))
+        return bridge_pb2.SubmitToolResultResponse()
 
     async def DeclareHostTools(
         self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext

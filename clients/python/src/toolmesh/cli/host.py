@@ -31,7 +31,10 @@ def add_parser(commands: Any) -> None:
         required=True,
         help='MODULE:ATTR, a mapping of tool name to callable(args, ctx); the key "*" is the generic handler',
     )
-    parser.add_argument("--bridge", help="bridge address (env TOOLMESH_BRIDGE_ADDR)")
+    parser.add_argument(
+        "--bridge",
+        help="bridge address, or several replicas' separated by commas (env TOOLMESH_BRIDGE_ADDR)",
+    )
     parser.add_argument("--name", help="host name shown in the bridge's logs")
     access.add_arguments(parser)
     parser.set_defaults(run=run)
