@@ -5,25 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.routes import route_of
-from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.calls import ToolRequest
+from toolmesh.core.errors import Code
+from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.remote import RoutedDispatcher
 from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
 from toolmesh.store.backends import Stores, open_stores
-from toolmesh_testing import HostProcess, eventually, start_host_process
+from toolmesh_testing import HostProcess, eventually, logged, start_host_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -174,3 +178,74 @@ async def test_the_route_goes_when_the_last_host_of_the_session_leaves(
         return await route_of(cluster.stores.store, session) is None
 
     await eventually(gone)
+
+
+COUNTED = "counted"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def counting_host(cluster: Cluster, marker_dir: Path) -> AsyncIterator[HostProcess]:
+    """A host of COUNTED on bridge 1, whose handler counts its executions in marker files."""
+    async with RegistryClient(f"127.0.0.1:{cluster.registry.port}") as registry:
+        await registry.put_tools(COUNTED, [ToolSpec("count", "Counts its runs", OBJECT, timeout_ms=10_000)])
+    bridge = cluster.bridges[1][0]
+    process = await start_host_process(
+        f"127.0.0.1:{bridge.port}", COUNTED, "ledger_handlers:HANDLERS", marker_dir
+    )
+    await eventually(lambda: route_of(cluster.stores.store, COUNTED))
+    yield process
+    await process.stop()
+
+
+def runs(marker_dir: Path, key: str) -> list[str]:
+    path = marker_dir / f"runs-{key}"
+    return path.read_text().split() if path.exists() else []
+
+
+async def count(client: InvocationClient, arguments: dict[str, object], key: str = "") -> CallResult:
+    return await client.invoke(COUNTED, "count", arguments, turn_id="t", idempotency_key=key)
+
+
+async def test_fifty_identical_calls_over_two_invocation_replicas_run_once(
+    cluster: Cluster, counting_host: HostProcess, marker_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
+    key = uuid.uuid4().hex
+    async with (
+        InvocationClient(cluster.invocation(0)) as one,
+        InvocationClient(cluster.invocation(1)) as other,
+    ):
+        pending = asyncio.gather(
+            *(count(client, {"key": key, "hold": True}) for _ in range(25) for client in (one, other))
+        )
+        await eventually(lambda: logged(caplog.records, "joined a running invocation") == 49)
+        (marker_dir / f"release-{key}").touch()
+        calls = await pending
+    [tool_request_id] = runs(marker_dir, key)
+    assert {call.tool_request_id for call in calls} == {tool_request_id}
+    assert {call.outcome for call in calls} == {calls[0].outcome}
+    assert calls[0].outcome is not None and calls[0].outcome.result_json is not None
+    assert json.loads(calls[0].outcome.result_json)["runs"] == 1
+    assert sum(call.joined for call in calls) == 49
+
+
+async def test_get_invocation_and_idempotency_keys_work_from_every_replica(
+    cluster: Cluster, counting_host: HostProcess, marker_dir: Path
+) -> None:
+    key = uuid.uuid4().hex
+    async with (
+        InvocationClient(cluster.invocation(0)) as one,
+        InvocationClient(cluster.invocation(1)) as other,
+    ):
+        first = await count(one, {"key": key}, key=f"k-{key}")
+        again = await count(other, {"key": key}, key=f"k-{key}")
+        assert first.tool_request_id is not None
+        assert again.replayed and again.tool_request_id == first.tool_request_id
+        assert again.outcome == first.outcome
+        with pytest.raises(grpc.aio.AioRpcError) as reused:
+            await count(other, {"key": f"{key}-other"}, key=f"k-{key}")
+        assert error_code(reused.value) is Code.IDEMPOTENCY_KEY_REUSED
+        for client in (one, other):
+            found = await client.get_invocation(first.tool_request_id)
+            assert found.tool_request_id == first.tool_request_id and found.session_id == COUNTED
+    assert runs(marker_dir, key) == [first.tool_request_id]
