@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,7 +29,15 @@ from toolmesh.invocation.remote import RoutedDispatcher
 from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
 from toolmesh.store.backends import Stores, open_stores
-from toolmesh_testing import HostProcess, eventually, logged, start_host_process
+from toolmesh_testing import (
+    TESTS,
+    HostProcess,
+    eventually,
+    logged,
+    run_cli,
+    start_host_process,
+    toolmesh_command,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -249,3 +259,52 @@ async def test_get_invocation_and_idempotency_keys_work_from_every_replica(
             found = await client.get_invocation(first.tool_request_id)
             assert found.tool_request_id == first.tool_request_id and found.session_id == COUNTED
     assert runs(marker_dir, key) == [first.tool_request_id]
+
+
+async def test_up_starts_replicas_of_each_service_on_one_store(marker_dir: Path) -> None:
+    prefix = new_prefix()
+    ports = ["--registry-port", "0", "--invocation-port", "0", "--bridge-port", "0", "--web-port", "0"]
+    store = ["--store", SHARED_URL, "--store-prefix", prefix]
+    up = await asyncio.create_subprocess_exec(
+        *toolmesh_command(),
+        "up",
+        *ports,
+        *store,
+        "--replicas",
+        "2",
+        stdout=asyncio.subprocess.PIPE,
+        cwd=TESTS,
+    )
+    try:
+        assert up.stdout is not None
+        lines = [(await asyncio.wait_for(up.stdout.readline(), 20)).decode() for _ in range(6)]
+        first = dict(line.split() for line in lines[1:4])
+        words = lines[5].split()
+        assert words[:2] == ["replica", "2:"], lines
+        second = dict(zip(words[2::2], words[3::2], strict=True))
+        # Tools put on one registry replica, the host on the second bridge replica, the call through
+        # the first invocation replica: the route takes it there.
+        env = dict(
+            os.environ,
+            TOOLMESH_REGISTRY_ADDR=second["registry"],
+            TOOLMESH_INVOCATION_ADDR=first["invocation"],
+        )
+        async with RegistryClient(second["registry"]) as registry:
+            await registry.put_tools("up-replicas", TOOLS)
+        host = await start_host_process(second["bridge"], "up-replicas", "e2e_handlers:HANDLERS", marker_dir)
+        try:
+            code, out, err = await run_cli(
+                "tool-call", "--thread-id", "up-replicas", "--tool", "echo", "--args", "{}", env=env
+            )
+            assert code == 0 and json.loads(out)["ok"] is True, (out, err)
+        finally:
+            await host.stop()
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(up.wait(), 20) == 0
+        await delete_prefixed(SHARED_URL, prefix)
+
+
+async def test_up_refuses_replicas_without_a_shared_store() -> None:
+    code, _, err = await run_cli("up", "--replicas", "2", "--store", "memory", env=dict(os.environ))
+    assert code == 2 and "needs a shared --store" in err

@@ -245,3 +245,44 @@ async def start_local_system(
         await registry.stop(0)
         raise
     return LocalSystem(registry, invocation, bridge, router, host, web_tls=security.serves_tls)
+
+
+async def start_replicas(
+    system: LocalSystem,
+    count: int,
+    store_url: str,
+    store_prefix: str | None = None,
+    *,
+    security: Security = LOOPBACK,
+) -> list[RunningServer]:
+    """`count` more replicas of each service beside `system`, on free ports, keeping their state in
+    the same shared store (a Redis: replicas share nothing else). Each invocation replica uses its
+    own registry replica and, for sessions without a route, its own bridge replica."""
+    started: list[RunningServer] = []
+    try:
+        for _ in range(count):
+            registry = await start_registry(
+                f"{system.host}:0", open_stores(store_url, store_prefix), security=security
+            )
+            started.append(registry)
+            registry_internal = f"127.0.0.1:{registry.internal_port}"
+            bridge, _ = await start_bridge(
+                f"{system.host}:0",
+                registry_target=registry_internal,
+                security=security,
+                stores=open_stores(store_url, store_prefix),
+            )
+            started.append(bridge)
+            invocation = await start_invocation(
+                registry_internal,
+                f"127.0.0.1:{bridge.internal_port}",
+                f"{system.host}:0",
+                stores=open_stores(store_url, store_prefix),
+                security=security,
+            )
+            started.append(invocation)
+    except BaseException:
+        for server in reversed(started):
+            await server.stop(0)
+        raise
+    return started
