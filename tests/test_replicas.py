@@ -308,3 +308,31 @@ async def test_up_starts_replicas_of_each_service_on_one_store(marker_dir: Path)
 async def test_up_refuses_replicas_without_a_shared_store() -> None:
     code, _, err = await run_cli("up", "--replicas", "2", "--store", "memory", env=dict(os.environ))
     assert code == 2 and "needs a shared --store" in err
+
+
+async def test_a_host_that_moves_to_another_bridge_replica_is_found_at_once(
+    cluster: Cluster, marker_dir: Path
+) -> None:
+    session = f"moving-{uuid.uuid4().hex[:8]}"
+    # Routes kept longer than the test: the second dispatch finds the first one's route stale.
+    dispatcher = RoutedDispatcher(cluster.stores.store, cluster.bridge_internal(0), route_cache_s=600)
+    try:
+        for index in (0, 1):
+            bridge = cluster.bridges[index][0]
+            process = await start_host_process(
+                f"127.0.0.1:{bridge.port}", session, "e2e_handlers:HANDLERS", marker_dir
+            )
+            try:
+
+                async def routed(index: int = index) -> bool:
+                    return await route_of(cluster.stores.store, session) == cluster.bridge_internal(index)
+
+                await eventually(routed)
+                request = ToolRequest(session, "t", f"tr_{uuid.uuid4().hex}", "echo", "{}", timeout_ms=5000)
+                outcome = await dispatcher.dispatch(request)
+                assert outcome.failure is None, outcome
+            finally:
+                await process.stop()
+        assert cluster.bridge_internal(1) in dispatcher.targets
+    finally:
+        await dispatcher.aclose()

@@ -99,7 +99,7 @@ class DispatchStream:
 
             def settle(outcome: Outcome) -> None:
                 self._held.pop(tool_request_id, None)
-                if self._recorder is not None:
+                if self._recorder is not None and not _nothing_ran(outcome):
                     self._recorder.record(tool_request_id, outcome)
                 if span.is_recording():
                     with trace.use_span(span, end_on_exit=True):
@@ -133,6 +133,12 @@ class DispatchStream:
     def _end_when_answered(self) -> None:
         if not self._reading and not self._held:
             self._results.close()
+
+
+def _nothing_ran(outcome: Outcome) -> bool:
+    """No host here: answered at once, so the invocation replica records it, and may send the
+    request to another bridge replica that has one."""
+    return outcome.failure is not None and outcome.failure.code == Code.TOOL_HOST_UNAVAILABLE
 
 
 def _result_size(result: bridge_pb2.DispatchResult) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator
 
 import grpc
@@ -39,6 +40,9 @@ BRIDGE_GRACE_S = 2.0
 DISPATCH_METHOD = "toolmesh.v1.BridgeService/DispatchToolRequests"
 # A link to a bridge replica other than the default closes after this long without requests.
 LINK_IDLE_S = 30.0
+# A session's route is read again after this long; sooner when the replica it named has no host.
+ROUTE_CACHE_S = 1.0
+ROUTE_CACHE_SIZE = 10_000
 
 
 class RemoteCatalog:
@@ -227,13 +231,17 @@ class RoutedDispatcher:
         *,
         idle_s: float = LINK_IDLE_S,
         recorded: bool = False,
+        route_cache_s: float = ROUTE_CACHE_S,
     ) -> None:
         self._store = store
+        self._route_cache_s = route_cache_s
         self._recorded = recorded
         self._default = default_target
         self._credentials = credentials
         self._idle_s = idle_s
         self._bridges: dict[str, _Bridge] = {}
+        # Each session's route as last read, and when (time.monotonic()).
+        self._routes: dict[str, tuple[str, float]] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     @property
@@ -243,8 +251,32 @@ class RoutedDispatcher:
 
     async def dispatch(self, request: ToolRequest) -> Outcome:
         """The outcome from the session's bridge replica; ToolmeshError(BRIDGE_UNAVAILABLE or
-        STORE_UNAVAILABLE, when the route cannot be read) when it has none."""
-        target = await route_of(self._store, request.session_id) or self._default
+        STORE_UNAVAILABLE, when the route cannot be read) when it has none.
+
+        A route read within `route_cache_s` is used again without reading the store; when the
+        replica it names holds no host of the session (TOOL_HOST_UNAVAILABLE: nothing ran), the
+        route is read again and, if it names another replica, the request goes there.
+        """
+        session_id = request.session_id
+        cached = self._routes.get(session_id)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < self._route_cache_s:
+            target = cached[0]
+            outcome = await self._send(target, request)
+            if not _no_host(outcome):
+                return outcome
+            fresh = await self._read_route(session_id)
+            return outcome if fresh == target else await self._send(fresh, request)
+        return await self._send(await self._read_route(session_id), request)
+
+    async def _read_route(self, session_id: str) -> str:
+        target = await route_of(self._store, session_id) or self._default
+        if len(self._routes) >= ROUTE_CACHE_SIZE:
+            self._routes.clear()
+        self._routes[session_id] = (target, time.monotonic())
+        return target
+
+    async def _send(self, target: str, request: ToolRequest) -> Outcome:
         bridge = self._bridges.get(target)
         if bridge is None:
             bridge = self._bridges[target] = _Bridge(target, self._credentials)
@@ -282,3 +314,7 @@ class RoutedDispatcher:
             await bridge.aclose()
         if self._closing:
             await asyncio.wait(set(self._closing))
+
+
+def _no_host(outcome: Outcome) -> bool:
+    return outcome.failure is not None and outcome.failure.code == Code.TOOL_HOST_UNAVAILABLE
