@@ -19,7 +19,7 @@ from typing import Any
 
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall
-from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.store.base import Store
 
@@ -33,6 +33,20 @@ class InvocationState(enum.Enum):
     COMPLETED = "completed"
     TIMED_OUT = "timed_out"
     FAILED = "failed"
+
+
+def replayable(outcome: Outcome) -> bool:
+    """Whether an exact retry (or a retry with the same idempotency key) may be given `outcome` again.
+
+    Not a runtime error the table marks retryable (BRIDGE_UNAVAILABLE,
+    TOOL_HOST_UNAVAILABLE, OVERLOADED, ...): it says "try again", and a replay
+    would answer every retry with it until the window ends.
+    """
+    failure = outcome.failure
+    if failure is None or failure.kind is ErrorKind.DOMAIN:
+        return True
+    code = code_for_reason(failure.code)
+    return code is None or not ERROR_TABLE[code].retryable
 
 
 def state_of(outcome: Outcome) -> InvocationState:
@@ -302,11 +316,13 @@ class Ledger:
                 {"session_id": call.session_id, "idempotency_key": key, "tool_request_id": claimed["id"]},
             )
         record = await self.get(claimed["id"])
-        if record is None:
-            # The first call's record expired or never got written: start over under this key.
+        if record is None or (record.outcome is not None and not replayable(record.outcome)):
+            # The first call's record expired or never got written, or it ended with a
+            # "try again" (nothing to replay): start over under this key.
             await self._store.put(
                 self._idempotency_key(call.session_id, key), entry, ttl_s=self.policy.idempotency_retention_s
             )
+            return None
         return record
 
     def _ttl(self, record: InvocationRecord) -> float:
@@ -324,10 +340,9 @@ class Ledger:
         tool_request_id: str,
         outcome: Outcome,
         *,
-        replayable: bool = True,
         claimed: InvocationRecord | None = None,
     ) -> None:
-        """Record the outcome. With `replayable`, an exact retry replays it until delivery is confirmed.
+        """Record the outcome. An exact retry replays it until delivery is confirmed, if `replayable`.
 
         `claimed` is the record `claim` returned, when the caller has it: it
         saves reading it back (only the claimant finishes an invocation).
@@ -341,7 +356,7 @@ class Ledger:
         )
         if finished.idempotency_key:
             return
-        if replayable:
+        if replayable(outcome):
             await self._store.put(
                 self._identity_key(finished.identity),
                 tool_request_id.encode(),
