@@ -177,6 +177,12 @@ def test_malformed_returned_error_is_tool_result_invalid(bad: dict[str, Any]) ->
     assert failure.details == {"reason": "malformed_error"}
 
 
+def test_returned_error_with_a_runtime_code_is_tool_result_invalid() -> None:
+    failure = convert_return({"error": {"code": "TOOL_TIMEOUT", "message": "m"}}).outcome.failure
+    assert failure is not None and failure.code == "TOOL_RESULT_INVALID"
+    assert failure.details == {"reason": "runtime_code"}
+
+
 def test_error_key_among_others_is_an_ordinary_result() -> None:
     assert convert_return({"error": {"code": "E"}, "more": 1}).outcome.ok
     assert convert_return({"error": "text"}).outcome.ok
