@@ -240,12 +240,21 @@ def test_tool_definition_survives_the_wire_and_json_form() -> None:
         {"name": "t"},
         {"name": "t", "inputSchema": {}, "timeoutMs": "5"},
         {"name": "t", "inputSchema": {}, "annotations": {"readOnly": "yes"}},
+        {"name": "t", "inputSchema": {}, "annotations": {"requiresConfirmaton": True}},
+        {"name": "t", "inputSchema": {}, "timeout": 5},
     ],
 )
 def test_malformed_tools_json_entries_are_invalid_schema(raw: Any) -> None:
     with pytest.raises(ToolmeshError) as raised:
         ToolSpec.from_json_dict(raw)
     assert raised.value.code is Code.INVALID_SCHEMA
+
+
+def test_an_unknown_key_is_refused_by_name() -> None:
+    with pytest.raises(ToolmeshError) as raised:
+        ToolSpec.from_json_dict({"name": "t", "inputSchema": {}, "annotations": {"requiresConfirmaton": True}})
+    assert '"requiresConfirmaton" in annotations' in raised.value.detail
+    assert "requiresConfirmation" in raised.value.detail
 
 
 def test_an_sdk_installed_later_is_seen_at_the_next_recheck(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,11 +24,18 @@ from toolmesh.invocation.ports import Dispatcher, InvocationObserver, NoInvocati
 log = logging.getLogger("toolmesh.invocation")
 
 MAX_CONFIRMATIONS = 1000
+# Told the id of the invocation a call waits on (see Invoker.invoke).
+Announce = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
 class InvokeResult:
-    """What one call got: the invocation it ran, joined or replayed, and its outcome."""
+    """What one call got: the invocation it ran, joined or replayed, and its outcome.
+
+    `tool_request_id` is empty when the call was refused before it became an
+    invocation (TOOL_NOT_FOUND, TOOL_ARGS_INVALID): nothing was recorded, so
+    there is no id to look up.
+    """
 
     tool_request_id: str
     outcome: Outcome
@@ -147,6 +154,7 @@ class Invoker:
         confirmed: Sequence[str] = (),
         *,
         leaves_early: bool = True,
+        on_invocation: Announce | None = None,
     ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
 
@@ -154,6 +162,9 @@ class Invoker:
         unary RPC whose client gives up) gets the invocation run in a task of
         its own, which goes on without it. One that always waits for the
         outcome (a call on an InvokeTools stream) runs it itself and saves the task.
+        `on_invocation` is awaited with the invocation's id once the call has
+        one and waits for its outcome (it ran anew or joined), so that a
+        caller who gives up still knows what to reconcile.
         """
         check_envelope(call)
         if idempotency_key:
@@ -168,24 +179,26 @@ class Invoker:
         self._in_flight += 1
         try:
             with observed:
-                result = await self._invoke(call, idempotency_key, leaves_early)
+                result = await self._invoke(call, idempotency_key, leaves_early, on_invocation)
                 observed.answered(result.tool_request_id, result.outcome)
             return result
         finally:
             self._in_flight -= 1
 
-    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> InvokeResult:
-        tool_request_id = new_tool_request_id()
+    async def _invoke(
+        self, call: ToolCall, idempotency_key: str, leaves_early: bool, on_invocation: Announce | None
+    ) -> InvokeResult:
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
             outcome = Outcome.runtime_error(
                 Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
             )
-            return InvokeResult(tool_request_id, outcome)
+            return InvokeResult("", outcome)
         arguments = parse_arguments(call.arguments_json)
         invalid = arguments if isinstance(arguments, Outcome) else check_parsed_arguments(tool, arguments)
         if invalid is not None:
-            return InvokeResult(tool_request_id, invalid)
+            return InvokeResult("", invalid)
+        tool_request_id = new_tool_request_id()
         claim = await self.ledger.claim(
             call,
             tool_request_id,
@@ -195,6 +208,8 @@ class Invoker:
             arguments=arguments,
         )
         record = claim.record
+        if on_invocation is not None and record.outcome is None:
+            await on_invocation(record.tool_request_id)
         with self._observer.invocation(record.tool_request_id):
             if claim.is_new:
                 request = ToolRequest(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.messages import call_from_pb, record_to_pb, response_to_pb
@@ -20,8 +21,16 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def InvokeTool(
         self, request: invocation_pb2.InvokeToolRequest, context: ServicerContext
     ) -> invocation_pb2.InvokeToolResponse:
+
+        async def announce(tool_request_id: str) -> None:
+            # Sent ahead of the outcome: a caller whose own deadline passes still has the id.
+            await context.send_initial_metadata(((TOOL_REQUEST_ID_METADATA, tool_request_id),))
+
         result = await self._invoker.invoke(
-            call_from_pb(request), request.idempotency_key, request.confirmed_tool_request_ids
+            call_from_pb(request),
+            request.idempotency_key,
+            request.confirmed_tool_request_ids,
+            on_invocation=announce,
         )
         return response_to_pb(result)
 
