@@ -252,7 +252,9 @@ def test_malformed_tools_json_entries_are_invalid_schema(raw: Any) -> None:
 
 def test_an_unknown_key_is_refused_by_name() -> None:
     with pytest.raises(ToolmeshError) as raised:
-        ToolSpec.from_json_dict({"name": "t", "inputSchema": {}, "annotations": {"requiresConfirmaton": True}})
+        ToolSpec.from_json_dict(
+            {"name": "t", "inputSchema": {}, "annotations": {"requiresConfirmaton": True}}
+        )
     assert '"requiresConfirmaton" in annotations' in raised.value.detail
     assert "requiresConfirmation" in raised.value.detail
 

@@ -93,7 +93,9 @@ async def test_unreachable_bridge_is_not_replayed(ledger: Ledger) -> None:
 
 
 @pytest.mark.parametrize("code", [Code.BRIDGE_UNAVAILABLE, Code.TOOL_HOST_UNAVAILABLE, Code.OVERLOADED])
-async def test_a_try_again_outcome_is_not_replayed_under_an_idempotency_key(ledger: Ledger, code: Code) -> None:
+async def test_a_try_again_outcome_is_not_replayed_under_an_idempotency_key(
+    ledger: Ledger, code: Code
+) -> None:
     assert (await ledger.claim(call(), "tr_1", 1000, "key-1")).is_new
     await ledger.finish("tr_1", Outcome.runtime_error(code))
     again = await ledger.claim(call(), "tr_2", 1000, "key-1")

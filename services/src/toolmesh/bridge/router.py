@@ -436,7 +436,9 @@ def _check_result(outcome: Outcome, metadata: dict[str, str]) -> None:
 
 
 # The runtime codes a host may answer with; every other runtime code is the runtime's own to give.
-HOST_RUNTIME_CODES = frozenset({Code.TOOL_HANDLER_NOT_FOUND, Code.TOOL_HANDLER_ERROR, Code.TOOL_RESULT_INVALID})
+HOST_RUNTIME_CODES = frozenset(
+    {Code.TOOL_HANDLER_NOT_FOUND, Code.TOOL_HANDLER_ERROR, Code.TOOL_RESULT_INVALID}
+)
 
 
 def _check_error_code(outcome: Outcome, metadata: dict[str, str]) -> None:

@@ -266,7 +266,9 @@ class Invoker:
             outcome = await self._dispatcher.dispatch(request)
         except ToolmeshError as error:
             # The bridge could not be reached: record why; an exact retry runs anew (not replayable).
-            await self.ledger.finish(request.tool_request_id, Outcome.runtime_error(error.code), claimed=claimed)
+            await self.ledger.finish(
+                request.tool_request_id, Outcome.runtime_error(error.code), claimed=claimed
+            )
             raise
         finally:
             self._observer.in_flight(-1)

@@ -39,7 +39,9 @@ def add_parser(commands: Any) -> None:
         "--args", default="{}", metavar="JSON", help="the arguments, a JSON object (default {})"
     )
     parser.add_argument(
-        "--turn-id", metavar="ID", help="the turn this call belongs to, for logs and traces (default: a new id)"
+        "--turn-id",
+        metavar="ID",
+        help="the turn this call belongs to, for logs and traces (default: a new id)",
     )
     parser.add_argument(
         "--timeout",

@@ -55,7 +55,7 @@ class ToolsFileError(ValueError):
 
 
 def read_tools_file(path: Path) -> list[ToolSpec]:
-    """Parse a tools.json file; raise ToolsFileError (where: line and column, or which tool) when malformed."""
+    """Parse a tools.json file; raise ToolsFileError saying where (line and column, or which tool)."""
     try:
         text = path.read_text()
     except OSError as error:
@@ -68,7 +68,9 @@ def read_tools_file(path: Path) -> list[ToolSpec]:
         raise ToolsFileError('the file must hold {"tools": [...]}')
     unknown = [key for key in document if key not in FILE_KEYS]
     if unknown:
-        raise ToolsFileError(f'unknown key {", ".join(map(json.dumps, unknown))}; the file holds only "tools"')
+        raise ToolsFileError(
+            f'unknown key {", ".join(map(json.dumps, unknown))}; the file holds only "tools"'
+        )
     specs = []
     for index, raw in enumerate(document["tools"]):
         try:

@@ -80,7 +80,7 @@ class CallResult:
 
 
 def outcome_json(outcome: Outcome) -> dict[str, Any]:
-    """`{"result": value}`, or `{"error": {code, kind, message, retryable, details}}`, as the CLI prints them."""
+    """`{"result": value}` or `{"error": {code, kind, message, retryable, details}}`, as the CLI prints it."""
     failure = outcome.failure
     if failure is None:
         assert outcome.result_json is not None

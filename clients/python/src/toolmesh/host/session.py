@@ -130,9 +130,9 @@ class ToolHost:
     `start()` / `async with host:` (connects and returns, serving in the
     background until `stop()` or the end of the block). The host keeps a
     stream to the bridge open, reconnecting when it drops, runs each tool
-    request it receives and hands the outcome back. A handler's failures never reach the caller as exceptions: they
-    become runtime errors of the call (see `on_tool`), and problems the caller
-    cannot see are reported to `on_error` callbacks.
+    request it receives and hands the outcome back. A handler's failures never
+    reach the caller as exceptions: they become runtime errors of the call (see
+    `on_tool`), and problems the caller cannot see are reported to `on_error`.
 
     Args:
         bridge_target: The bridge's address, `host:port`.
