@@ -109,6 +109,34 @@ def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue) -> Out
     return None
 
 
+def check_result(tool: ToolSpec, outcome: Outcome) -> Outcome:
+    """`outcome`, or TOOL_RESULT_INVALID with the violations when its result does not fit the tool's outputSchema.
+
+    Errors pass as they are: the schema describes results only.
+    """
+    if not tool.output_schema_json or outcome.result_json is None:
+        return outcome
+    try:
+        validator = compile_schema(
+            tool.output_schema_json, tool=tool.name, which="outputSchema", require_object=False
+        )
+        found = violations(validator, jsontext.parse(outcome.result_json))
+    except Exception as exc:  # a schema the registry took but this validator cannot use
+        log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
+        return Outcome.runtime_error(
+            Code.TOOL_RESULT_INVALID,
+            "The tool's outputSchema cannot be applied.",
+            {"reason": "schema_unusable"},
+        )
+    if not found:
+        return outcome
+    return Outcome.runtime_error(
+        Code.TOOL_RESULT_INVALID,
+        f"The result does not match the tool's outputSchema: {len(found)} violation(s).",
+        {"reason": "output_schema", "violations": [{"path": v.path, "message": v.message} for v in found]},
+    )
+
+
 def _json_type(value: object) -> str:
     if value is None:
         return "null"
@@ -221,7 +249,7 @@ class Invoker:
                     timeout_ms=tool.effective_timeout_ms,
                     redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
                 )
-                return InvokeResult(tool_request_id, await self._start(request, record, leaves_early))
+                return InvokeResult(tool_request_id, await self._start(request, tool, record, leaves_early))
             if record.outcome is not None:
                 with self._observer.attached(record, "replayed"):
                     log.info("replayed an unconfirmed outcome")
@@ -232,18 +260,20 @@ class Invoker:
                     record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
                 )
 
-    async def _start(self, request: ToolRequest, claimed: InvocationRecord, leaves_early: bool) -> Outcome:
+    async def _start(
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, leaves_early: bool
+    ) -> Outcome:
         """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
         tool_request_id = request.tool_request_id
         if leaves_early:
-            task = asyncio.create_task(self._run(request, claimed))
+            task = asyncio.create_task(self._run(request, tool, claimed))
             self._running[tool_request_id] = task
             task.add_done_callback(partial(self._ended, tool_request_id))
             return await asyncio.shield(task)
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._running[tool_request_id] = ran
         try:
-            outcome = await self._run(request, claimed)
+            outcome = await self._run(request, tool, claimed)
         except asyncio.CancelledError:
             ran.cancel()
             raise
@@ -260,7 +290,7 @@ class Invoker:
     def _ended(self, tool_request_id: str, _: object) -> None:
         self._running.pop(tool_request_id, None)
 
-    async def _run(self, request: ToolRequest, claimed: InvocationRecord) -> Outcome:
+    async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
         self._observer.in_flight(1)
         try:
             outcome = await self._dispatcher.dispatch(request)
@@ -272,6 +302,7 @@ class Invoker:
             raise
         finally:
             self._observer.in_flight(-1)
+        outcome = check_result(tool, outcome)
         await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
         return outcome
 
