@@ -110,7 +110,7 @@ def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue) -> Out
 
 
 def check_result(tool: ToolSpec, outcome: Outcome) -> Outcome:
-    """`outcome`, or TOOL_RESULT_INVALID with the violations when its result does not fit the tool's outputSchema.
+    """`outcome`, or TOOL_RESULT_INVALID with the violations when the result breaks the outputSchema.
 
     Errors pass as they are: the schema describes results only.
     """
