@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from toolmesh_testing import TESTS, HostProcess, eventually, run_cli, toolmesh_command
+from toolmesh.client import RegistryClient
+from toolmesh.server.system import LocalSystem
+from toolmesh_testing import TESTS, HostProcess, eventually, free_port, run_cli, toolmesh_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -368,3 +370,19 @@ async def test_up_starts_everything_and_stops_on_ctrl_c(tmp_path: Path) -> None:
 async def test_console_script_is_installed() -> None:
     script = Path(sys.executable).with_name("toolmesh")
     assert script.exists()
+
+
+@pytest.mark.parametrize("taken", ["registry", "bridge", "web"])
+async def test_a_second_up_on_ports_in_use_says_so_and_exits_1(system: LocalSystem, taken: str) -> None:
+    ports = {"registry": free_port(), "invocation": free_port(), "bridge": free_port(), "web": free_port()}
+    ports[taken] = {"registry": system.registry.port, "bridge": system.bridge.port}.get(
+        taken, system.bridge.web_port or 0
+    )
+    flags = [arg for service, port in ports.items() for arg in (f"--{service}-port", str(port))]
+    code, out, err = await run_cli("up", *flags, env=dict(os.environ), timeout=30)
+    assert code == 1, (out, err)
+    assert f"cannot listen on 127.0.0.1:{ports[taken]}: the port is in use" in err
+    assert "toolmesh is up" not in out
+    # The first system is untouched: it still answers on its ports.
+    async with RegistryClient(system.registry_target) as registry:
+        assert (await registry.list_tools("still-here")).revision == 0

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 
 from toolmesh.client.config import DEFAULT_PORTS, address
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
-from toolmesh.server.runtime import RunningServer, serve_until_signalled
+from toolmesh.server.runtime import CannotListen, RunningServer, serve_until_signalled
 
 
 def parse_args(
@@ -38,7 +39,11 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
     otel.configure(f"toolmesh-{service}")
 
     async def main() -> None:
-        server = await start()
+        try:
+            server = await start()
+        except CannotListen as exc:
+            print(f"toolmesh {service}: {exc.strerror}", file=sys.stderr)
+            sys.exit(1)
         print(f"toolmesh {service} listening on port {server.port}", flush=True)
         if server.web_port is not None:
             print(

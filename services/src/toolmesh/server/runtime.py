@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,7 +25,22 @@ SERVER_OPTIONS = [
     *TRANSPORT_OPTIONS,
     # Let clients ping this often on idle connections.
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # gRPC sets SO_REUSEPORT by default: a second server on a port in use would start, and
+    # share its connections with the first without a word. A port in use must be an error.
+    ("grpc.so_reuseport", 0),
 ]
+
+
+class CannotListen(OSError):
+    """A server could not listen on its address: another process holds the port, or it is not ours."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(
+            errno.EADDRINUSE,
+            f"cannot listen on {address}: the port is in use (is toolmesh already running?) "
+            "or the address is not one of this machine's",
+        )
+        self.address = address
 
 
 @dataclass
@@ -78,12 +94,15 @@ async def start_server(
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        raise CannotListen(address) from None
     if port == 0:
-        raise OSError(f"could not bind {address}")
+        raise CannotListen(address)
     await server.start()
     for name in ["", *names]:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)

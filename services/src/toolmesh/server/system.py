@@ -19,7 +19,7 @@ from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
-from toolmesh.server.runtime import RunningServer, start_server
+from toolmesh.server.runtime import CannotListen, RunningServer, start_server
 from toolmesh.store.base import Store
 from toolmesh.store.memory import InMemoryStore
 
@@ -50,7 +50,11 @@ async def start_bridge(
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
-        web = await start_web_server(web_app(router, declarations, web_origins), web_address)
+        try:
+            web = await start_web_server(web_app(router, declarations, web_origins), web_address)
+        except CannotListen:
+            await running.stop(0)
+            raise
         running.web_port = web.port
         shutdown = service.on_shutdown
 
@@ -81,8 +85,14 @@ async def start_invocation(
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
-    running = await start_server([invocation_service(invoker)], address)
-    running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
+    closers = [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
+    try:
+        running = await start_server([invocation_service(invoker)], address)
+    except CannotListen:
+        for close in closers:
+            await close()
+        raise
+    running.after_stop += closers
     return running
 
 
@@ -135,19 +145,28 @@ async def start_local_system(
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
 ) -> LocalSystem:
-    registry = await start_registry(f"{host}:{registry_port}")
-    bridge, router = await start_bridge(
-        f"{host}:{bridge_port}",
-        heartbeat_s,
-        registry_target=f"{host}:{registry.port}",
-        web_address=f"{host}:{web_port}",
-        web_origins=web_origins,
-    )
-    invocation = await start_invocation(
-        f"{host}:{registry.port}",
-        f"{host}:{bridge.port}",
-        f"{host}:{invocation_port}",
-        policy=policy,
-        max_in_flight=max_in_flight,
-    )
+    """Start the three services; raises CannotListen (having stopped those started) when a port is taken."""
+    started: list[RunningServer] = []
+    try:
+        registry = await start_registry(f"{host}:{registry_port}")
+        started.append(registry)
+        bridge, router = await start_bridge(
+            f"{host}:{bridge_port}",
+            heartbeat_s,
+            registry_target=f"{host}:{registry.port}",
+            web_address=f"{host}:{web_port}",
+            web_origins=web_origins,
+        )
+        started.append(bridge)
+        invocation = await start_invocation(
+            f"{host}:{registry.port}",
+            f"{host}:{bridge.port}",
+            f"{host}:{invocation_port}",
+            policy=policy,
+            max_in_flight=max_in_flight,
+        )
+    except CannotListen:
+        for server in reversed(started):
+            await server.stop(0)
+        raise
     return LocalSystem(registry, invocation, bridge, router, host)

@@ -7,11 +7,12 @@ group `toolmesh.commands`), so the client distribution never imports servers.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
-from toolmesh.server.runtime import serve_until_signalled
+from toolmesh.server.runtime import CannotListen, serve_until_signalled
 from toolmesh.server.system import start_local_system
 
 
@@ -36,14 +37,23 @@ def add_parser(commands: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    system = await start_local_system(
-        host=args.host,
-        registry_port=args.registry_port,
-        invocation_port=args.invocation_port,
-        bridge_port=args.bridge_port,
-        web_port=args.web_port,
-        web_origins=web_origins(args.web_origins),
-    )
+    """Run the three services until SIGTERM or Ctrl-C; returns 0, or 1 when a port is taken."""
+    try:
+        system = await start_local_system(
+            host=args.host,
+            registry_port=args.registry_port,
+            invocation_port=args.invocation_port,
+            bridge_port=args.bridge_port,
+            web_port=args.web_port,
+            web_origins=web_origins(args.web_origins),
+        )
+    except CannotListen as exc:
+        print(
+            f"toolmesh up: {exc.strerror}; choose other ports with --registry-port, --invocation-port, "
+            "--bridge-port and --web-port",
+            file=sys.stderr,
+        )
+        return 1
     print("toolmesh is up (embedded in-memory store)")
     print(f"  registry    {system.registry_target}")
     print(f"  invocation  {system.invocation_target}")
