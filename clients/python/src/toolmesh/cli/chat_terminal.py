@@ -1,4 +1,4 @@
-"""The terminal side of `toolmesh chat` (toolmesh.cli.chat): an assistant that uses a thread's tools.
+"""The terminal side of `toolmesh chat` (toolmesh.cli.chat): an assistant that uses a session's tools.
 
 Tool calls and the human messages of errors are shown as they happen.
 Arguments are shown only as a short preview, results only as ok or failed.
@@ -123,7 +123,7 @@ async def run(args: argparse.Namespace) -> int:
         return answer is not None and answer.strip().lower() in {"y", "yes"}
 
     assistant = Assistant.connect(
-        args.thread_id, model=endpoint, services=services, confirm=confirm, limits=limits
+        args.session_id, model=endpoint, services=services, confirm=confirm, limits=limits
     )
     assistant.subscribe(Transcript())
     loop = asyncio.get_running_loop()
@@ -134,7 +134,7 @@ async def run(args: argparse.Namespace) -> int:
             lines.close()
 
     loop.add_signal_handler(signal.SIGINT, interrupt)
-    say(f"toolmesh chat: thread {args.thread_id}, model {endpoint.model}. {HELP}")
+    say(f"toolmesh chat: session {args.session_id}, model {endpoint.model}. {HELP}")
     try:
         while (line := await lines.read("you> ")) is not None:
             text = line.strip()
