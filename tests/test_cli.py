@@ -158,7 +158,7 @@ async def test_tool_call_own_deadline_exits_75(
     assert code == 0
     invocation = json.loads(shown)
     assert invocation["toolRequestId"] == response["toolRequestId"]
-    assert invocation["tool"] == "slow_async" and invocation["state"] in {"running", "completed"}
+    assert invocation["toolName"] == "slow_async" and invocation["state"] in {"running", "completed"}
 
 
 async def test_invocations_show_prints_what_tool_call_printed(

@@ -74,7 +74,8 @@ def test_statuses_worth_retrying_without_a_code_come_from_the_retryable_rows() -
         (Code.TRANSPORT_FAILED, 75),
         (Code.REGISTRY_UNAVAILABLE, 75),
         (Code.INVALID_REQUEST, 2),
-        (Code.INVOCATION_NOT_FOUND, 2),
+        (Code.INVOCATION_NOT_FOUND, 1),
+        (Code.TOOL_ARGS_INVALID, 2),
     ],
 )
 def test_cli_exit_codes_follow_the_table(code: Code | None, exit_code: int) -> None:
@@ -98,7 +99,7 @@ def test_toolmesh_error_pickles_and_copies() -> None:
         assert (again.message, again.args, again.retryable) == (error.message, error.args, True)
         assert again.__notes__ == ["seen by the test"]
     deep = copy.deepcopy(error)
-    deep.metadata["max_in_flight"] = "3"
+    deep.metadata["maxInFlight"] = "3"
     assert error.metadata == {"max_in_flight": "2"}
 
 

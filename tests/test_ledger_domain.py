@@ -122,7 +122,7 @@ async def test_idempotency_key(ledger: Ledger, clock: Clock) -> None:
     with pytest.raises(ToolmeshError) as raised:
         await ledger.claim(call('{"a": 2}'), "tr_3", 1000, "key-1")
     assert raised.value.code is Code.IDEMPOTENCY_KEY_REUSED
-    assert raised.value.metadata["tool_request_id"] == "tr_1"
+    assert raised.value.metadata["toolRequestId"] == "tr_1"
     # Keys belong to a session.
     assert (await ledger.claim(call(session="s2"), "tr_4", 1000, "key-1")).is_new
 

@@ -12,6 +12,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -212,7 +213,7 @@ class Router:
         waiting = self._waiting.pop(session_id, [])
         for pending in waiting:
             if host.preference(pending.request.tool_name):
-                self._deliver(pending, host)
+                self._deliver(pending, host, again=True)
             else:
                 self._waiting.setdefault(session_id, []).append(pending)
         return host
@@ -221,21 +222,21 @@ class Router:
         """The open host session of that id; raise ToolmeshError(HOST_SESSION_UNKNOWN) if there is none."""
         host = self._hosts.get(host_session_id)
         if host is None:
-            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"host_session_id": host_session_id})
+            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"hostSessionId": host_session_id})
         return host
 
     def serves(self, session_id: str) -> bool:
         """Whether a host of the session is connected."""
         return bool(self._by_session.get(session_id))
 
-    def _deliver(self, pending: PendingRequest, host: HostSession) -> None:
-        """Send the request to `host`, with the time it has left (less than its timeout when redelivered)."""
+    def _deliver(self, pending: PendingRequest, host: HostSession, *, again: bool = False) -> None:
+        """Send the request to `host`; sent `again` (its first host left), with the time it has left."""
         pending.host = host
         host.in_flight[pending.request.tool_request_id] = pending
         request = pending.request
-        elapsed_ms = int((time.monotonic() - pending.started) * 1000)
-        if elapsed_ms > 0:
-            request = replace(request, timeout_ms=max(request.timeout_ms - elapsed_ms, 1))
+        if again:
+            left_ms = math.floor(request.timeout_ms - (time.monotonic() - pending.started) * 1000)
+            request = replace(request, timeout_ms=max(left_ms, 1))
         host.send(request)
 
     def close_host(self, host: HostSession) -> None:
@@ -260,7 +261,7 @@ class Router:
                     extra={"tool_request_id": pending.request.tool_request_id, "waiting": other is None},
                 )
                 if other is not None:
-                    self._deliver(pending, other)
+                    self._deliver(pending, other, again=True)
                 else:
                     pending.host = None
                     self._waiting.setdefault(host.session_id, []).append(pending)
@@ -328,7 +329,7 @@ class Router:
         """
         request_id = request.tool_request_id
         if request_id in self._pending or request_id in self._ended:
-            raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"tool_request_id": request_id})
+            raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"toolRequestId": request_id})
         host = self._pick(request.session_id, request.tool_name)
         if host is None:
             details = {"sessionId": request.session_id, "tool": request.tool_name}
@@ -395,7 +396,7 @@ class Router:
 
     def submit(self, host_session_id: str, tool_request_id: str, outcome: Outcome) -> None:
         """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not."""
-        metadata = {"host_session_id": host_session_id, "tool_request_id": tool_request_id}
+        metadata = {"hostSessionId": host_session_id, "toolRequestId": tool_request_id}
         host = self._hosts.get(host_session_id)
         if host is None:
             raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)

@@ -57,7 +57,7 @@ class CallStream:
         call_id = call.call_id
         if call_id in self._open:
             duplicate = ToolmeshError(
-                Code.INVALID_REQUEST, "The call id is already open.", {"call_id": str(call_id)}
+                Code.INVALID_REQUEST, "The call id is already open.", {"callId": str(call_id)}
             )
             self._send(_error_result(call_id, duplicate))
             return

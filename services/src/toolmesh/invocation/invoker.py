@@ -202,7 +202,7 @@ class Invoker:
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
-            raise ToolmeshError(Code.OVERLOADED, "", {"max_in_flight": str(self._max_in_flight)})
+            raise ToolmeshError(Code.OVERLOADED, "", {"maxInFlight": str(self._max_in_flight)})
         observed = self._observer.call(call)
         self._in_flight += 1
         try:
@@ -314,7 +314,7 @@ class Invoker:
         record = await self.ledger.wait_finished(tool_request_id)
         if record is None or record.outcome is None:
             raise ToolmeshError(
-                Code.INVOCATION_NOT_FOUND, "It vanished while joined.", {"tool_request_id": tool_request_id}
+                Code.INVOCATION_NOT_FOUND, "It vanished while joined.", {"toolRequestId": tool_request_id}
             )
         return record.outcome
 
@@ -332,7 +332,7 @@ class Invoker:
         require_id(tool_request_id, "tool_request_id")
         record = await self.ledger.get(tool_request_id)
         if record is None:
-            raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"tool_request_id": tool_request_id})
+            raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"toolRequestId": tool_request_id})
         return record
 
     async def drain(self, timeout_s: float = 10.0) -> None:

@@ -313,7 +313,7 @@ class Ledger:
             raise ToolmeshError(
                 Code.IDEMPOTENCY_KEY_REUSED,
                 "",
-                {"session_id": call.session_id, "idempotency_key": key, "tool_request_id": claimed["id"]},
+                {"sessionId": call.session_id, "idempotencyKey": key, "toolRequestId": claimed["id"]},
             )
         record = await self.get(claimed["id"])
         if record is None or (record.outcome is not None and not replayable(record.outcome)):
@@ -375,7 +375,7 @@ class Ledger:
         if record is None or record.delivered:
             return
         if not record.finished:
-            raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"tool_request_id": tool_request_id})
+            raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"toolRequestId": tool_request_id})
         await self._store.put(
             self._record_key(tool_request_id),
             self._encode(record.delivered_now()),

@@ -51,7 +51,7 @@ class RemoteCatalog:
         except grpc.aio.AioRpcError as error:
             if error_code(error) is Code.TOOL_NOT_FOUND:
                 return None
-            raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpc_status": error.code().name}) from None
+            raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpcStatus": error.code().name}) from None
         return tool_from_pb(response.tool)
 
 
@@ -64,7 +64,7 @@ def registry_watch_source(client: RegistryClient) -> WatchSource:
                 async for tools in updates:
                     yield tools
         except grpc.aio.AioRpcError as error:
-            raise unavailable(session_id, grpc_status=error.code().name) from None
+            raise unavailable(session_id, grpcStatus=error.code().name) from None
 
     return watch
 
@@ -125,7 +125,7 @@ class RemoteDispatcher:
             try:
                 return _outcome_of(await result)
             except StreamBroken as broken:
-                raise ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": broken.status}) from None
+                raise ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpcStatus": broken.status}) from None
             except TimeoutError:
                 detail = f"No result within {request.timeout_ms} ms."
                 return Outcome.runtime_error(Code.TOOL_TIMEOUT, detail, {"timeoutMs": request.timeout_ms})

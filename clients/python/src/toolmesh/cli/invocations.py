@@ -40,7 +40,7 @@ def invocation_json(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
         "toolRequestId": invocation.tool_request_id,
         "sessionId": invocation.session_id,
         "turnId": invocation.turn_id,
-        "tool": invocation.tool_name,
+        "toolName": invocation.tool_name,
         "state": invocation_pb2.InvocationState.Name(invocation.state)
         .removeprefix("INVOCATION_STATE_")
         .lower(),
