@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ async def test_the_first_tool_call_works_pasted_whole_every_time(up: dict[str, s
             assert pattern.fullmatch(seen), (line, pattern.pattern)
         # `kill` stopped the host it started: the next paste starts its own.
         pid = int((folder / "toolmesh-host-demo.pid").read_text())
-        await eventually(lambda pid=pid: _gone(pid), message=f"host {pid} still runs")
+        await eventually(partial(_gone, pid), message=f"host {pid} still runs")
 
 
 def _gone(pid: int) -> bool:
