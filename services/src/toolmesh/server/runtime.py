@@ -14,10 +14,10 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from toolmesh.core.channels import TRANSPORT_OPTIONS
 from toolmesh.server.instrument import instrumented
+from toolmesh.server.reflection import enable_reflection
 
 log = logging.getLogger("toolmesh.server")
 
@@ -91,9 +91,7 @@ async def start_server(
     for service in services:
         service.add_to_server(instrumented(service.servicer, service.descriptor), server)
     names = [service.full_name for service in services]
-    reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
-    )
+    enable_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server)
     try:
         if credentials is None:
             port = server.add_insecure_port(address)
