@@ -23,6 +23,29 @@ def described(path: tuple[int, ...], comments: dict[tuple[int, ...], str]) -> bo
     return bool(comments.get(path, "").strip())
 
 
+def undocumented_message(
+    proto: descriptor_pb2.DescriptorProto,
+    path: tuple[int, ...],
+    name: str,
+    comments: dict[tuple[int, ...], str],
+) -> list[str]:
+    """The parts of one message (and its nested ones) without a comment."""
+    missing = []
+    if not described(path, comments) and not proto.name.endswith(("Request", "Response")):
+        missing.append(name)
+    for index, field in enumerate(proto.field):
+        if not described((*path, FIELDS, index), comments):
+            missing.append(f"{name}.{field.name}")
+    for index, oneof in enumerate(proto.oneof_decl):
+        # A proto3 `optional` field's own oneof (_name) is not written in the file.
+        if not oneof.name.startswith("_") and not described((*path, ONEOFS, index), comments):
+            missing.append(f"{name}.{oneof.name} (oneof)")
+    for index, nested in enumerate(proto.nested_type):
+        if not nested.options.map_entry:
+            missing += undocumented_message(nested, (*path, NESTED, index), f"{name}.{nested.name}", comments)
+    return missing
+
+
 def undocumented() -> list[str]:
     files = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes()).file
     missing: list[str] = []
@@ -31,23 +54,8 @@ def undocumented() -> list[str]:
             tuple(location.path): location.leading_comments + location.trailing_comments
             for location in file.source_code_info.location
         }
-
-        def message(proto: descriptor_pb2.DescriptorProto, path: tuple[int, ...], name: str) -> None:
-            if not described(path, comments) and not proto.name.endswith(("Request", "Response")):
-                missing.append(name)
-            for index, field in enumerate(proto.field):
-                if not described((*path, FIELDS, index), comments):
-                    missing.append(f"{name}.{field.name}")
-            for index, oneof in enumerate(proto.oneof_decl):
-                # A proto3 `optional` field's own oneof (_name) is not written in the file.
-                if not oneof.name.startswith("_") and not described((*path, ONEOFS, index), comments):
-                    missing.append(f"{name}.{oneof.name} (oneof)")
-            for index, nested in enumerate(proto.nested_type):
-                if not nested.options.map_entry:
-                    message(nested, (*path, NESTED, index), f"{name}.{nested.name}")
-
         for index, proto in enumerate(file.message_type):
-            message(proto, (MESSAGES, index), proto.name)
+            missing += undocumented_message(proto, (MESSAGES, index), proto.name, comments)
         for index, enum in enumerate(file.enum_type):
             if not described((ENUMS, index), comments):
                 missing.append(enum.name)

@@ -98,7 +98,7 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
         if self.second_answer == "ended":
             status = to_grpc_status(
-                ToolmeshError(Code.REQUEST_ENDED, "", {"tool_request_id": "tr_1", "ended": "answered"})
+                ToolmeshError(Code.REQUEST_ENDED, "", {"toolRequestId": "tr_1", "ended": "answered"})
             )
             await context.abort(status.code, status.details, status.trailing_metadata)
         return bridge_pb2.SubmitToolResultResponse()

@@ -12,6 +12,7 @@ the caller's W3C trace context from the metadata; when tracing is off
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,14 +31,50 @@ from toolmesh.server.rpc_types import ServicerContext
 log = logging.getLogger("toolmesh.server")
 
 
-def instrumented(servicer: object, descriptor: ServiceDescriptor) -> Any:
-    """An object with the servicer's RPC methods, each wrapped once."""
+class OpenStreams:
+    """The server-streaming calls a server has open, so that stopping it can end them at once.
+
+    Each ends with UNAVAILABLE and ErrorInfo SHUTTING_DOWN, instead of holding
+    the server's stop until its grace runs out.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ending = False
+
+    def opened(self) -> asyncio.Task[Any] | None:
+        """Register the current call's task; None when it must not start (the server is stopping)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        return task
+
+    def closed(self, task: asyncio.Task[Any] | None) -> None:
+        """The call ended."""
+        if task is not None:
+            self._tasks.discard(task)
+
+    def end_all(self) -> None:
+        """End every open stream (and refuse new ones) with SHUTTING_DOWN."""
+        self.ending = True
+        for task in list(self._tasks):
+            task.cancel()
+
+
+def instrumented(servicer: object, descriptor: ServiceDescriptor, streams: OpenStreams | None = None) -> Any:
+    """An object with the servicer's RPC methods, each wrapped once.
+
+    Server-streaming methods register with `streams`, which ends them when the server stops.
+    """
+    streams = streams or OpenStreams()
     methods: dict[str, Any] = {}
     for method in descriptor.methods:
         inner = getattr(servicer, method.name)
         full_method = f"{descriptor.full_name}/{method.name}"
-        wrap = _stream if method.server_streaming else _unary
-        methods[method.name] = wrap(full_method, descriptor.full_name, method.name, inner)
+        if method.server_streaming:
+            methods[method.name] = _stream(full_method, descriptor.full_name, method.name, inner, streams)
+        else:
+            methods[method.name] = _unary(full_method, descriptor.full_name, method.name, inner)
     return types.SimpleNamespace(**methods)
 
 
@@ -86,14 +123,29 @@ def _unary(
 
 
 def _stream(
-    full_method: str, service: str, name: str, inner: Callable[..., AsyncIterator[Any]]
+    full_method: str,
+    service: str,
+    name: str,
+    inner: Callable[..., AsyncIterator[Any]],
+    streams: OpenStreams,
 ) -> Callable[..., AsyncIterator[Any]]:
     async def stream(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
         with _span(full_method, service, name, context):
+            task = streams.opened()
             try:
+                if streams.ending:
+                    raise ToolmeshError(Code.SHUTTING_DOWN)
                 async for item in inner(request, context):
                     yield item
+            except asyncio.CancelledError:
+                if not streams.ending:
+                    raise  # the caller went away
+                if task is not None:
+                    task.uncancel()
+                await _abort_for(full_method, context, ToolmeshError(Code.SHUTTING_DOWN))
             except Exception as exc:
                 await _abort_for(full_method, context, exc)
+            finally:
+                streams.closed(task)
 
     return stream

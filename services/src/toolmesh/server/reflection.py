@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from importlib.resources import files
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
 V1ALPHA = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"].full_name
@@ -48,18 +48,23 @@ def _describe_v1() -> None:
     pool.Add(proto)
 
 
-class CommentedReflection(ReflectionServicer):
+class CommentedReflection:
     """grpcio-reflection's servicer, with our files swapped for their commented copies."""
 
     def __init__(self, service_names: Iterable[str]) -> None:
-        super().__init__(service_names)
+        self._inner = ReflectionServicer(service_names)
         self._commented = _commented_files()
 
-    async def ServerReflectionInfo(  # noqa: N802 - the RPC's name
+    async def ServerReflectionInfo(
         self, request_iterator: Any, context: Any
     ) -> AsyncIterator[reflection_pb2.ServerReflectionResponse]:
         """Answer each reflection request (see grpc.reflection.v1alpha)."""
-        async for response in super().ServerReflectionInfo(request_iterator, context):
+        # An async generator: the typing stubs call it a coroutine.
+        answers = cast(
+            AsyncIterator[reflection_pb2.ServerReflectionResponse],
+            self._inner.ServerReflectionInfo(request_iterator, context),
+        )
+        async for response in answers:
             if response.HasField("file_descriptor_response"):
                 served = response.file_descriptor_response.file_descriptor_proto
                 for index, raw in enumerate(served):
@@ -73,12 +78,14 @@ def enable_reflection(service_names: Iterable[str], server: grpc.aio.Server) -> 
     """Serve reflection on `server` as v1 and v1alpha, for `service_names` and themselves."""
     _describe_v1()
     servicer = CommentedReflection([*service_names, V1, V1ALPHA])
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
     method = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
     )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(V1, {"ServerReflectionInfo": method}),)
+        [
+            grpc.method_handlers_generic_handler(name, {"ServerReflectionInfo": method})
+            for name in (V1, V1ALPHA)
+        ]
     )

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from toolmesh.core.channels import TRANSPORT_OPTIONS
-from toolmesh.server.instrument import instrumented
+from toolmesh.server.instrument import OpenStreams, instrumented
 from toolmesh.server.reflection import enable_reflection
 
 log = logging.getLogger("toolmesh.server")
@@ -68,12 +68,17 @@ class RunningServer:
     after_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # The bridge's web port (Connect and gRPC-Web for pages), when it serves one.
     web_port: int | None = None
+    streams: OpenStreams = field(default_factory=OpenStreams)
 
     async def stop(self, grace: float) -> None:
+        """Say NOT_SERVING, run each service's shutdown, end the open streams, then stop within `grace`."""
         await self.health.enter_graceful_shutdown()
         for service in self.services:
             if service.on_shutdown is not None:
                 await service.on_shutdown()
+        # Long-lived streams never end by themselves: end them (SHUTTING_DOWN), so that
+        # the stop waits only for unary calls, not for the whole grace.
+        self.streams.end_all()
         await self.server.stop(grace)
         for step in self.after_stop:
             await step()
@@ -88,8 +93,9 @@ async def start_server(
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    streams = OpenStreams()
     for service in services:
-        service.add_to_server(instrumented(service.servicer, service.descriptor), server)
+        service.add_to_server(instrumented(service.servicer, service.descriptor, streams), server)
     names = [service.full_name for service in services]
     enable_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server)
     try:
@@ -104,7 +110,7 @@ async def start_server(
     await server.start()
     for name in ["", *names]:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, port, health, services)
+    return RunningServer(server, port, health, services, streams=streams)
 
 
 async def serve_until_signalled(servers: Sequence[RunningServer], grace: float = 5.0) -> None:
