@@ -53,8 +53,10 @@ async def test_every_stream_ends_with_shutting_down_and_the_stop_is_quick() -> N
         dispatch = bridge_pb2_grpc.BridgeServiceStub(bridge).DispatchToolRequests()
         calls = invocation_pb2_grpc.InvocationServiceStub(invocation).InvokeTools()
         # Each is open and answering before the stop.
-        assert (await watch.read()).revision == 0
-        assert (await host.read()).opened.host_session_id
+        listed = await watch.read()
+        assert isinstance(listed, registry_pb2.WatchToolsResponse) and listed.revision == 0
+        opened = await host.read()
+        assert isinstance(opened, bridge_pb2.OpenHostSessionResponse) and opened.opened.host_session_id
         await dispatch.write(bridge_pb2.DispatchToolRequestsRequest())
         await calls.write(invocation_pb2.InvokeToolsRequest())
         endings = [asyncio.ensure_future(ending(stream)) for stream in (watch, host, dispatch, calls)]
