@@ -386,3 +386,13 @@ async def test_a_second_up_on_ports_in_use_says_so_and_exits_1(system: LocalSyst
     # The first system is untouched: it still answers on its ports.
     async with RegistryClient(system.registry_target) as registry:
         assert (await registry.list_tools("still-here")).revision == 0
+
+
+async def test_every_id_a_call_prints_can_be_looked_up(cli_env: dict[str, str], tools_file: Path) -> None:
+    # No host serves this session: TOOL_HOST_UNAVAILABLE is an outcome of an invocation that was recorded.
+    await put_tools(cli_env, tools_file, "e2e-nobody")
+    code, out, _ = await run_cli("tool-call", "--session-id", "e2e-nobody", "--tool", "echo", env=cli_env)
+    called = json.loads(out)
+    assert code == 0 and called["error"]["code"] == "TOOL_HOST_UNAVAILABLE"
+    code, shown, _ = await run_cli("invocations", "show", called["toolRequestId"], env=cli_env)
+    assert code == 0 and json.loads(shown)["error"]["code"] == "TOOL_HOST_UNAVAILABLE"
