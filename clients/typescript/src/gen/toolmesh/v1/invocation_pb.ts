@@ -510,11 +510,12 @@ export const InvocationService: GenService<{
    * InvokeTool makes one tool call (or joins or replays an identical one) and
    * waits for its outcome.
    *
-   * Once the call has an invocation that it waits on (it runs anew or joins
-   * one), the response's initial metadata carries its id under
+   * Once the call has waited 50 ms for the invocation it runs or joins (or a
+   * quarter of the caller's time left, when that is less), the response's
+   * initial metadata carries the invocation's id under
    * "toolmesh-tool-request-id", ahead of the outcome: a caller whose own
    * deadline passes still knows which invocation to look up with
-   * GetInvocation.
+   * GetInvocation. A call that ends sooner has it in its response.
    *
    * Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
    * (missing or malformed session id, turn id, tool name or idempotency key)
