@@ -4,10 +4,11 @@ Two systems in this process, identical but for that: one as served (the id
 announced once a call has waited 50 ms on its invocation), one whose
 InvokeTool answers without announcing it (the baseline). With the id sent at
 once on every call, this measured 1.13x the baseline's CPU per no-op call
-(one more HTTP/2 frame each way); held back 50 ms, a fast call sends none. Each has an in-process host with a no-op
-tool. Sequential unary calls go to each in alternating rounds, so that a busy
-machine weighs on both alike; it prints the median latency and the process's
-CPU time per call of each, and their ratio.
+(one more HTTP/2 frame each way); held back 50 ms, a fast call sends none.
+Each system has an in-process host with a no-op tool. Sequential unary calls
+go to each in alternating rounds, so that a busy machine weighs on both
+alike; it prints the median latency and the process's CPU time per call of
+each, and their ratio.
 
     python -m bench.early_id [--calls N] [--rounds N]
 """

@@ -43,7 +43,7 @@ class OpenStreams:
         self.ending = False
 
     def opened(self) -> asyncio.Task[Any] | None:
-        """Register the current call's task; None when it must not start (the server is stopping)."""
+        """Register the current call's task (to pass to `closed`); None outside a task."""
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
