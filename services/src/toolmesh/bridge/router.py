@@ -332,17 +332,18 @@ class Router:
             raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"toolRequestId": request_id})
         host = self._pick(request.session_id, request.tool_name)
         if host is None:
-            details = {"sessionId": request.session_id, "tool": request.tool_name}
             if self.serves(request.session_id):
                 # Hosts are connected, but none has a handler for this tool: nothing ran.
+                # The same details as a host SDK gives.
                 settle(
                     Outcome.runtime_error(
                         Code.TOOL_HANDLER_NOT_FOUND,
                         "No connected host of the session has a handler for it.",
-                        details,
+                        {"tool": request.tool_name},
                     )
                 )
             else:
+                details = {"sessionId": request.session_id}
                 settle(Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE, details=details))
             return
         pending = PendingRequest(request, None, settle, time.monotonic())
