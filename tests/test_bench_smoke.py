@@ -20,7 +20,9 @@ TABLE_HEADINGS = [
     "Scale:",
     "Join storm:",
     "Argument validation alone",
-    "Targets (issue 6)",
+    "TLS and tokens: plaintext without tokens",
+    "State store:",
+    "Targets (issues 6, 10 and 11)",
 ]
 
 
@@ -60,8 +62,17 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     assert set(scale_floor["memory"]) == {"front", "back", "host"}
     join = results["join_storm"]
     assert join["answered_ok"] == join["calls"]
+    secured = results["security"]
+    assert set(secured["tls+tokens"]) == set(secured["plain"]) == {"toolmesh", "toolmesh-stream"}
+    assert all(figures["calls_per_s"] > 0 for figures in secured["tls+tokens"].values())
+    assert secured["tls+tokens/plain"]["toolmesh"]["p50"]["median"] > 0
+    assert secured["signature_check_us"] > secured["admission_cached_us"] > 0
     assert join["handler_executions"] >= 1
     assert len(results["validation"]["rows"]) >= 4
+    stored = results["store"]
+    for label in ("memory", "redis"):
+        assert stored[label]["throughput"]["calls"] > 0
+    assert set(stored["redis/memory"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}
     traced = results["tracing"]
     assert traced["spans_exported"] > 0  # tracing on really exported, off really did not
     assert set(traced["on/off"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}

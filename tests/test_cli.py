@@ -158,7 +158,9 @@ async def test_tool_call_own_deadline_exits_75(
     assert code == 0
     invocation = json.loads(shown)
     assert invocation["toolRequestId"] == response["toolRequestId"]
-    assert invocation["toolName"] == "slow_async" and invocation["state"] in {"running", "completed"}
+    # The tool sleeps past its own 3 s timeoutMs: still running, or already ended by that timeout
+    # when starting this second command took long (a loaded machine); never anything else.
+    assert invocation["toolName"] == "slow_async" and invocation["state"] in {"running", "timed_out"}
 
 
 async def test_invocations_show_prints_what_tool_call_printed(

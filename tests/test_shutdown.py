@@ -40,9 +40,9 @@ async def ending(stream: Any) -> Code | None:
 async def test_every_stream_ends_with_shutting_down_and_the_stop_is_quick() -> None:
     system = await start_local_system(heartbeat_s=0.5)
     channels = [grpc.aio.insecure_channel(target) for target in (
-        system.registry_target, system.bridge_target, system.invocation_target
+        system.registry_target, system.bridge_target, system.invocation_target, system.bridge_internal_target
     )]  # fmt: skip
-    registry, bridge, invocation = channels
+    registry, bridge, invocation, bridge_internal = channels
     try:
         watch = registry_pb2_grpc.RegistryServiceStub(registry).WatchTools(
             registry_pb2.WatchToolsRequest(session_id="s")
@@ -50,7 +50,8 @@ async def test_every_stream_ends_with_shutting_down_and_the_stop_is_quick() -> N
         host = bridge_pb2_grpc.BridgeServiceStub(bridge).OpenHostSession(
             bridge_pb2.OpenHostSessionRequest(session_id="s", handler_names=["t"])
         )
-        dispatch = bridge_pb2_grpc.BridgeServiceStub(bridge).DispatchToolRequests()
+        # Dispatch is served on the bridge's internal listener: its streams end there too.
+        dispatch = bridge_pb2_grpc.BridgeServiceStub(bridge_internal).DispatchToolRequests()
         calls = invocation_pb2_grpc.InvocationServiceStub(invocation).InvokeTools()
         # Each is open and answering before the stop.
         listed = await watch.read()

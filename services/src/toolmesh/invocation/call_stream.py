@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -26,8 +26,10 @@ SPAN_NAME = "toolmesh.v1.InvocationService/InvokeTools"
 
 
 class CallStream:
-    def __init__(self, invoker: Invoker) -> None:
+    def __init__(self, invoker: Invoker, sessions: Container[str] | None = None) -> None:
         self._invoker = invoker
+        # The sessions the caller may call (None: all); a call for another is refused alone.
+        self._sessions = sessions
         # Each result, and whether it refuses a duplicate call id (sent apart: see the proto).
         self._results: Outbox[tuple[invocation_pb2.StreamedToolResult, bool]] = Outbox(_result_size)
         # Calls taken from this stream that have no result yet.
@@ -78,6 +80,7 @@ class CallStream:
                         request.idempotency_key,
                         request.confirmed_tool_request_ids,
                         leaves_early=False,
+                        sessions=self._sessions,
                     )
                 except ToolmeshError as error:
                     span.set_status(Status(StatusCode.ERROR, error.code.value))

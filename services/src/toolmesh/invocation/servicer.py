@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from toolmesh.auth.grants import Role
+from toolmesh.auth.guard import scope
 from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
@@ -67,6 +69,7 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
                 request.idempotency_key,
                 request.confirmed_tool_request_ids,
                 on_invocation=announcer.waiting,
+                sessions=scope(Role.CALL),
             )
         finally:
             await announcer.settled()
@@ -75,19 +78,19 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def InvokeTools(
         self, request_iterator: AsyncIterator[invocation_pb2.InvokeToolsRequest], context: ServicerContext
     ) -> AsyncIterator[invocation_pb2.InvokeToolsResponse]:
-        async for response in relay(CallStream(self._invoker), request_iterator):
+        async for response in relay(CallStream(self._invoker, scope(Role.CALL)), request_iterator):
             yield response
 
     async def ConfirmDelivery(
         self, request: invocation_pb2.ConfirmDeliveryRequest, context: ServicerContext
     ) -> invocation_pb2.ConfirmDeliveryResponse:
-        await self._invoker.confirm_delivery(request.tool_request_ids)
+        await self._invoker.confirm_delivery(request.tool_request_ids, scope(Role.CALL))
         return invocation_pb2.ConfirmDeliveryResponse()
 
     async def GetInvocation(
         self, request: invocation_pb2.GetInvocationRequest, context: ServicerContext
     ) -> invocation_pb2.GetInvocationResponse:
-        record = await self._invoker.get_invocation(request.tool_request_id)
+        record = await self._invoker.get_invocation(request.tool_request_id, scope(Role.CALL))
         return invocation_pb2.GetInvocationResponse(invocation=record_to_pb(record))
 
 

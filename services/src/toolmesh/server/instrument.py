@@ -1,4 +1,4 @@
-"""Wrapping each servicer method once: a span per RPC, and errors turned into statuses.
+"""Wrapping each servicer method once: who may call it, a span per RPC, and errors turned into statuses.
 
 This is done when a service is added to its server, not by a server
 interceptor: grpc.aio runs interceptors on every call and builds a new
@@ -61,20 +61,32 @@ class OpenStreams:
             task.cancel()
 
 
-def instrumented(servicer: object, descriptor: ServiceDescriptor, streams: OpenStreams | None = None) -> Any:
+# What a call must pass before the servicer runs (toolmesh.auth.guard); it raises ToolmeshError.
+Admit = Callable[[Any, ServicerContext], Awaitable[None]]
+
+
+def instrumented(
+    servicer: object,
+    descriptor: ServiceDescriptor,
+    admission: Callable[[str], Admit | None],
+    streams: OpenStreams,
+) -> Any:
     """An object with the servicer's RPC methods, each wrapped once.
 
+    `admission(full_method)` says what each call of a method must pass first (None: nothing).
     Server-streaming methods register with `streams`, which ends them when the server stops.
     """
-    streams = streams or OpenStreams()
     methods: dict[str, Any] = {}
     for method in descriptor.methods:
         inner = getattr(servicer, method.name)
         full_method = f"{descriptor.full_name}/{method.name}"
+        admit = admission(full_method)
         if method.server_streaming:
-            methods[method.name] = _stream(full_method, descriptor.full_name, method.name, inner, streams)
+            methods[method.name] = _stream(
+                full_method, descriptor.full_name, method.name, inner, admit, streams=streams
+            )
         else:
-            methods[method.name] = _unary(full_method, descriptor.full_name, method.name, inner)
+            methods[method.name] = _unary(full_method, descriptor.full_name, method.name, inner, admit)
     return types.SimpleNamespace(**methods)
 
 
@@ -107,11 +119,13 @@ def _span(full_method: str, service: str, name: str, context: ServicerContext) -
 
 
 def _unary(
-    full_method: str, service: str, name: str, inner: Callable[..., Awaitable[Any]]
+    full_method: str, service: str, name: str, inner: Callable[..., Awaitable[Any]], admit: Admit | None
 ) -> Callable[..., Awaitable[Any]]:
     async def unary(request: Any, context: ServicerContext) -> Any:
         with _span(full_method, service, name, context) as span:
             try:
+                if admit is not None:
+                    await admit(request, context)
                 response = await inner(request, context)
             except Exception as exc:
                 await _abort_for(full_method, context, exc)
@@ -127,6 +141,8 @@ def _stream(
     service: str,
     name: str,
     inner: Callable[..., AsyncIterator[Any]],
+    admit: Admit | None,
+    *,
     streams: OpenStreams,
 ) -> Callable[..., AsyncIterator[Any]]:
     async def stream(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
@@ -135,6 +151,8 @@ def _stream(
             try:
                 if streams.ending:
                     raise ToolmeshError(Code.SHUTTING_DOWN)
+                if admit is not None:
+                    await admit(request, context)
                 async for item in inner(request, context):
                     yield item
             except asyncio.CancelledError:

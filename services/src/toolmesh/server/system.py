@@ -20,13 +20,34 @@ from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import CannotListen, RunningServer, start_server
-from toolmesh.store.base import Store
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.server.security import LOOPBACK, Security
+from toolmesh.store.backends import MEMORY, Stores, open_stores
+
+# Internal listeners on a free loopback port unless told otherwise.
+INTERNAL_ADDRESS = "127.0.0.1:0"
 
 
-async def start_registry(address: str = "127.0.0.1:0", store: Store | None = None) -> RunningServer:
-    registry = Registry(store if store is not None else InMemoryStore())
-    return await start_server([registry_service(registry)], address)
+async def start_registry(
+    address: str = "127.0.0.1:0",
+    stores: Stores | None = None,
+    *,
+    security: Security = LOOPBACK,
+    internal_address: str = INTERNAL_ADDRESS,
+) -> RunningServer:
+    """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory)."""
+    stores = stores or open_stores()
+    try:
+        running = await start_server(
+            [registry_service(Registry(stores.store))],
+            address,
+            security=security,
+            internal_address=internal_address,
+        )
+    except CannotListen:
+        await stores.close()
+        raise
+    running.after_stop.append(stores.close)
+    return running
 
 
 async def start_bridge(
@@ -36,22 +57,32 @@ async def start_bridge(
     registry_target: str | None = None,
     web_address: str | None = None,
     web_origins: Sequence[str] = (),
+    security: Security = LOOPBACK,
+    internal_address: str = INTERNAL_ADDRESS,
 ) -> tuple[RunningServer, Router]:
-    """The bridge on `address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
+    """The bridge on `address`, its internal listener (Dispatch, for the invocation service) on
+    `internal_address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
 
-    With `registry_target`, hosts may declare their tools (DeclareHostTools);
-    `web_origins` are the browser origins allowed besides the web port's own.
+    With `registry_target` (the registry's internal listener), hosts may declare their tools
+    (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own.
     """
+    if web_address is not None:
+        security.check_public(web_address)
     router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry())
-    lists = RegistryToolLists(registry_target) if registry_target is not None else None
+    lists = (
+        RegistryToolLists(registry_target, security.peer_credentials())
+        if registry_target is not None
+        else None
+    )
     declarations = Declarations(router, lists)
     service = bridge_service(router, declarations)
-    running = await start_server([service], address)
+    running = await start_server([service], address, security=security, internal_address=internal_address)
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
+        app = web_app(router, declarations, web_origins, security.verifier)
         try:
-            web = await start_web_server(web_app(router, declarations, web_origins), web_address)
+            web = await start_web_server(app, web_address, security.tls)
         except CannotListen:
             await running.stop(0)
             raise
@@ -74,20 +105,34 @@ async def start_invocation(
     bridge_target: str,
     address: str = "127.0.0.1:0",
     *,
-    store: Store | None = None,
+    stores: Stores | None = None,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
+    security: Security = LOOPBACK,
 ) -> RunningServer:
-    registry_channel = open_channel(registry_target)
-    bridge_channel = open_channel(bridge_target)
-    ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
+    """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
+
+    It keeps its ledger in `stores` (closed when it stops; default: its own memory).
+    """
+    security.check_public(address)
+    stores = stores or open_stores()
+    registry_channel = open_channel(registry_target, security.peer_credentials())
+    bridge_channel = open_channel(bridge_target, security.peer_credentials())
+    ledger = Ledger(stores.ledger, policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
-    closers = [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
+    closers = [
+        catalog.aclose,
+        registry_channel.close,
+        dispatcher.aclose,
+        bridge_channel.close,
+        ledger.aclose,
+        stores.close,
+    ]
     try:
-        running = await start_server([invocation_service(invoker)], address)
+        running = await start_server([invocation_service(invoker)], address, security=security)
     except CannotListen:
         for close in closers:
             await close()
@@ -105,6 +150,8 @@ class LocalSystem:
     bridge: RunningServer
     router: Router
     host: str
+    # The web port serves HTTPS (the services have a certificate).
+    web_tls: bool = False
 
     @property
     def registry_target(self) -> str:
@@ -121,7 +168,16 @@ class LocalSystem:
     @property
     def web_url(self) -> str:
         """Where pages reach the bridge (Connect, gRPC-Web)."""
-        return f"http://{self.host}:{self.bridge.web_port}"
+        scheme = "https" if self.web_tls else "http"
+        return f"{scheme}://{self.host}:{self.bridge.web_port}"
+
+    @property
+    def registry_internal_target(self) -> str:
+        return f"127.0.0.1:{self.registry.internal_port}"
+
+    @property
+    def bridge_internal_target(self) -> str:
+        return f"127.0.0.1:{self.bridge.internal_port}"
 
     @property
     def servers(self) -> list[RunningServer]:
@@ -144,29 +200,44 @@ async def start_local_system(
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
+    security: Security = LOOPBACK,
+    store_url: str = MEMORY,
+    store_prefix: str | None = None,
 ) -> LocalSystem:
-    """Start the three services; raises CannotListen (having stopped those started) when a port is taken."""
-    started: list[RunningServer] = []
+    """All three services; their internal listeners on free loopback ports, used only by each other.
+
+    The registry and the invocation service keep their state at `store_url`. Raises
+    CannotListen (having stopped those started) when a port is taken.
+    """
+    for port in (registry_port, invocation_port, bridge_port, web_port):
+        security.check_public(f"{host}:{port}")
+    registry = await start_registry(
+        f"{host}:{registry_port}", open_stores(store_url, store_prefix), security=security
+    )
     try:
-        registry = await start_registry(f"{host}:{registry_port}")
-        started.append(registry)
         bridge, router = await start_bridge(
             f"{host}:{bridge_port}",
             heartbeat_s,
-            registry_target=f"{host}:{registry.port}",
+            registry_target=f"127.0.0.1:{registry.internal_port}",
             web_address=f"{host}:{web_port}",
             web_origins=web_origins,
+            security=security,
         )
-        started.append(bridge)
+    except BaseException:
+        await registry.stop(0)
+        raise
+    try:
         invocation = await start_invocation(
-            f"{host}:{registry.port}",
-            f"{host}:{bridge.port}",
+            f"127.0.0.1:{registry.internal_port}",
+            f"127.0.0.1:{bridge.internal_port}",
             f"{host}:{invocation_port}",
+            stores=open_stores(store_url, store_prefix),
             policy=policy,
             max_in_flight=max_in_flight,
+            security=security,
         )
-    except CannotListen:
-        for server in reversed(started):
-            await server.stop(0)
+    except BaseException:
+        await bridge.stop(0)
+        await registry.stop(0)
         raise
-    return LocalSystem(registry, invocation, bridge, router, host)
+    return LocalSystem(registry, invocation, bridge, router, host, web_tls=security.serves_tls)

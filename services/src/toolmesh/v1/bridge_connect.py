@@ -50,6 +50,16 @@ class BridgeService(Protocol):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def open_host_session(self, request: OpenHostSessionRequest, ctx: RequestContext[OpenHostSessionRequest, OpenHostSessionResponse], /) -> AsyncIterator[OpenHostSessionResponse]:
         """
@@ -62,6 +72,7 @@ class BridgeService(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -83,7 +94,8 @@ class BridgeService(Protocol):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -128,7 +140,7 @@ class BridgeService(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -141,7 +153,7 @@ class BridgeService(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -240,6 +252,16 @@ class BridgeServiceClient(ConnectClient):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def __init__(
         self,
@@ -282,6 +304,7 @@ class BridgeServiceClient(ConnectClient):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         return self.execute_server_stream(
             request=request,
@@ -320,7 +343,8 @@ class BridgeServiceClient(ConnectClient):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         return await self.execute_unary(
             request=request,
@@ -399,7 +423,7 @@ class BridgeServiceClient(ConnectClient):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         return await self.execute_unary(
             request=request,
@@ -429,7 +453,7 @@ class BridgeServiceClient(ConnectClient):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,
@@ -458,6 +482,16 @@ class BridgeServiceSync(Protocol):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def open_host_session(self, request: OpenHostSessionRequest, ctx: RequestContext[OpenHostSessionRequest, OpenHostSessionResponse], /) -> Iterator[OpenHostSessionResponse]:
         """
@@ -470,6 +504,7 @@ class BridgeServiceSync(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -491,7 +526,8 @@ class BridgeServiceSync(Protocol):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -536,7 +572,7 @@ class BridgeServiceSync(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -549,7 +585,7 @@ class BridgeServiceSync(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -646,6 +682,16 @@ class BridgeServiceClientSync(ConnectClientSync):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def __init__(
         self,
@@ -688,6 +734,7 @@ class BridgeServiceClientSync(ConnectClientSync):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         return self.execute_server_stream(
             request=request,
@@ -726,7 +773,8 @@ class BridgeServiceClientSync(ConnectClientSync):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         return self.execute_unary(
             request=request,
@@ -805,7 +853,7 @@ class BridgeServiceClientSync(ConnectClientSync):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         return self.execute_unary(
             request=request,
@@ -835,7 +883,7 @@ class BridgeServiceClientSync(ConnectClientSync):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from toolmesh.cli import access
 from toolmesh.cli.arguments import NotJson, add_address, add_session, parse_json, positive_seconds
 from toolmesh.cli.output import EXIT_NO_OUTCOME, print_rpc_error, unreachable, usage_error
 from toolmesh.client.config import address
@@ -50,6 +51,7 @@ def add_parser(commands: Any) -> None:
         help="how long this command waits for an outcome; not the tool's own timeoutMs (default: no limit)",
     )
     add_address(parser, "invocation")
+    access.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -63,8 +65,12 @@ async def run(args: argparse.Namespace) -> int:
     except NotJson as problem:
         return usage_error("tool-call", f"--args is not JSON: {problem}")
     turn_id = args.turn_id or f"turn_{uuid.uuid4().hex[:16]}"
+    try:
+        credentials = access.credentials(args)
+    except (OSError, ValueError) as exc:
+        return usage_error("tool-call", str(exc))
     target = address("invocation", args.invocation)
-    async with InvocationClient(target) as client:
+    async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
         try:
             result = await client.invoke(
                 args.session_id, args.tool, turn_id=turn_id, arguments_json=args.args, timeout=args.timeout

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from toolmesh.cli import access
 from toolmesh.cli.arguments import add_address, add_session, positive_seconds
 from toolmesh.cli.output import EXIT_USAGE
 
@@ -42,7 +43,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--system", default="", metavar="TEXT", help="the system prompt (default: none)")
     add_address(parser, "registry")
     add_address(parser, "invocation")
-    parser.add_argument("--tls", action="store_true", help="use TLS to the tool services")
+    access.add_arguments(parser)
     parser.add_argument(
         "--require-tls",
         action="store_true",

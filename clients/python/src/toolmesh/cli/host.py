@@ -24,9 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from toolmesh.cli import access
 from toolmesh.cli.arguments import add_address, add_session, positive_seconds
 from toolmesh.cli.output import EXIT_NO_OUTCOME, EXIT_USAGE, unreachable, usage_error
 from toolmesh.client.config import address
+from toolmesh.core.bearer import ENV_TOKEN
+from toolmesh.core.errors import ToolmeshError
 from toolmesh.host import HostError, ToolHost
 
 GENERIC_KEY = "*"
@@ -78,6 +81,7 @@ def add_parser(commands: Any) -> None:
     )
     # The detached process tells its parent on this descriptor that it is connected.
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    access.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -155,10 +159,16 @@ async def run(args: argparse.Namespace) -> int:
         handlers = load_handlers(args.handlers)
     except HandlersNotLoaded as exc:
         return usage_error("host", f"cannot load handlers: {exc}")
+    try:
+        credentials = access.credentials(args)
+    except (OSError, ValueError) as exc:
+        return usage_error("host", str(exc))
     target = address("bridge", args.bridge)
     if args.detach:
         return _detach(args, target, handlers)
-    host = ToolHost(target, args.session_id, host_name=args.name)
+    host = ToolHost(
+        target, args.session_id, host_name=args.name, credentials=credentials, token=access.token(args)
+    )
     for name, handler in handlers.items():
         if name == GENERIC_KEY:
             host.on_any(handler)
@@ -173,6 +183,13 @@ async def run(args: argparse.Namespace) -> int:
     waiter = asyncio.create_task(host.wait_connected())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({waiter, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    refusal = waiter.exception() if waiter.done() else None
+    if isinstance(refusal, ToolmeshError):
+        print(f"toolmesh host: refused: {refusal.code.value}: {refusal}", file=sys.stderr)
+        await host.stop()
+        runner.cancel()
+        stopping.cancel()
+        return EXIT_USAGE
     if host.connected:
         log.info(
             "host ready",
@@ -200,6 +217,16 @@ def _log_to(path: Path) -> None:
     os.close(descriptor)
 
 
+def _access_flags(args: argparse.Namespace) -> list[str]:
+    """The TLS flags of this command, for the detached process (its token goes in its environment)."""
+    flags = ["--tls"] if args.tls else []
+    files = {"--tls-ca": args.tls_ca, "--tls-cert": args.tls_cert, "--tls-key": args.tls_key}
+    for flag, path in files.items():
+        if path is not None:
+            flags += [flag, path]
+    return flags
+
+
 def _detach(args: argparse.Namespace, target: str, handlers: Mapping[str, Any]) -> int:
     """Start this host in a process of its own; return once it is connected, or has failed.
 
@@ -213,6 +240,11 @@ def _detach(args: argparse.Namespace, target: str, handlers: Mapping[str, Any]) 
     ]  # fmt: skip
     if args.name:
         command += ["--name", args.name]
+    command += _access_flags(args)
+    environment = dict(os.environ)
+    if args.token is not None:
+        # Through the environment, not the command line: a flag shows in ps.
+        environment[ENV_TOKEN] = args.token
     read_end, write_end = os.pipe()
     try:
         with open(log_file, "ab") as log_output:
@@ -222,6 +254,7 @@ def _detach(args: argparse.Namespace, target: str, handlers: Mapping[str, Any]) 
                 stdout=log_output,
                 stderr=log_output,
                 pass_fds=(write_end,),
+                env=environment,
                 # Its own session: Ctrl-C in this terminal does not reach it.
                 start_new_session=True,
             )

@@ -8,8 +8,9 @@ from typing import Any
 
 import grpc
 
+from toolmesh.cli import access
 from toolmesh.cli.arguments import add_address
-from toolmesh.cli.output import print_rpc_error
+from toolmesh.cli.output import print_rpc_error, usage_error
 from toolmesh.client.config import address
 from toolmesh.client.invocation import InvocationClient, outcome_json
 from toolmesh.core.wire import outcome_from_pb
@@ -31,6 +32,7 @@ def add_parser(commands: Any) -> None:
     )
     show.add_argument("tool_request_id", metavar="TOOL_REQUEST_ID", help="the toolRequestId a call printed")
     add_address(show, "invocation")
+    access.add_arguments(show)
     show.set_defaults(run=run_show)
 
 
@@ -56,8 +58,12 @@ def invocation_json(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
 
 async def run_show(args: argparse.Namespace) -> int:
     """Print one invocation as JSON; returns 0, 1 when the ledger has no such invocation, or 75/2."""
+    try:
+        credentials = access.credentials(args)
+    except (OSError, ValueError) as exc:
+        return usage_error("invocations", str(exc))
     target = address("invocation", args.invocation)
-    async with InvocationClient(target) as client:
+    async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
         try:
             invocation = await client.get_invocation(args.tool_request_id)
         except grpc.aio.AioRpcError as error:

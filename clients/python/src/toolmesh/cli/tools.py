@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from toolmesh.cli import access
 from toolmesh.cli.arguments import NotJson, add_address, add_session, parse_json
 from toolmesh.cli.output import print_rpc_error, usage_error
 from toolmesh.client.config import address
@@ -39,6 +40,7 @@ def add_parser(commands: Any) -> None:
     add_session(put)
     put.add_argument("--file", required=True, type=Path, metavar="PATH", help='a JSON file: {"tools": [...]}')
     add_address(put, "registry")
+    access.add_arguments(put)
     put.set_defaults(run=run_put)
     listing = verbs.add_parser(
         "list",
@@ -47,6 +49,7 @@ def add_parser(commands: Any) -> None:
     )
     add_session(listing)
     add_address(listing, "registry")
+    access.add_arguments(listing)
     listing.set_defaults(run=run_list)
 
 
@@ -80,6 +83,11 @@ def read_tools_file(path: Path) -> list[ToolSpec]:
     return specs
 
 
+def _client(args: argparse.Namespace, target: str) -> RegistryClient:
+    """Raises ValueError or OSError when the TLS files are incomplete or cannot be read."""
+    return RegistryClient(target, credentials=access.credentials(args), token=access.token(args))
+
+
 async def run_put(args: argparse.Namespace) -> int:
     """Replace the session's tools with the file's; prints the new revision and names as JSON.
 
@@ -91,7 +99,11 @@ async def run_put(args: argparse.Namespace) -> int:
     except ToolsFileError as problem:
         return usage_error("tools put", f"{args.file}: {problem}")
     target = address("registry", args.registry)
-    async with RegistryClient(target) as client:
+    try:
+        client = _client(args, target)
+    except (OSError, ValueError) as exc:
+        return usage_error("tools put", str(exc))
+    async with client:
         try:
             revision = await client.put_tools(args.session_id, specs)
         except grpc.aio.AioRpcError as error:
@@ -107,7 +119,11 @@ async def run_put(args: argparse.Namespace) -> int:
 async def run_list(args: argparse.Namespace) -> int:
     """Print the session's revision and tools as JSON; returns 0 or the exit code of a refused call."""
     target = address("registry", args.registry)
-    async with RegistryClient(target) as client:
+    try:
+        client = _client(args, target)
+    except (OSError, ValueError) as exc:
+        return usage_error("tools list", str(exc))
+    async with client:
         try:
             tool_set = await client.list_tools(args.session_id)
         except grpc.aio.AioRpcError as error:

@@ -63,6 +63,7 @@ class Code(enum.StrEnum):
     REVISION_CONFLICT = "REVISION_CONFLICT"
     REGISTRY_UNAVAILABLE = "REGISTRY_UNAVAILABLE"
     BRIDGE_UNAVAILABLE = "BRIDGE_UNAVAILABLE"
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     OVERLOADED = "OVERLOADED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
@@ -78,6 +79,10 @@ class Code(enum.StrEnum):
     INVOCATION_RUNNING = "INVOCATION_RUNNING"
     RESULT_NOT_JSON = "RESULT_NOT_JSON"
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    # Who may do what: refused before anything ran.
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    WRONG_LISTENER = "WRONG_LISTENER"
     # Seen by a caller that received no outcome at all.
     CALLER_DEADLINE_EXCEEDED = "CALLER_DEADLINE_EXCEEDED"
     TRANSPORT_FAILED = "TRANSPORT_FAILED"
@@ -167,6 +172,9 @@ _TABLE: dict[Code, ErrorSpec] = {
         retryable=True,
         message="The bridge could not be reached; the outcome is unknown.",
     ),
+    Code.STORE_UNAVAILABLE: ErrorSpec(
+        status=S.UNAVAILABLE, retryable=True, message="The state store could not be reached; no tool ran."
+    ),
     Code.OVERLOADED: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED, retryable=True, message="The service is overloaded; try again."
     ),
@@ -215,6 +223,25 @@ _TABLE: dict[Code, ErrorSpec] = {
         retryable=False,
         caller_fault=True,
         message="The result is larger than allowed.",
+    ),
+    Code.UNAUTHENTICATED: ErrorSpec(
+        status=S.UNAUTHENTICATED,
+        retryable=False,
+        caller_fault=True,
+        message="The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
+    ),
+    Code.PERMISSION_DENIED: ErrorSpec(
+        status=S.PERMISSION_DENIED,
+        retryable=False,
+        caller_fault=True,
+        message="The token does not allow this call for this session.",
+    ),
+    Code.WRONG_LISTENER: ErrorSpec(
+        status=S.PERMISSION_DENIED,
+        retryable=False,
+        caller_fault=True,
+        message="This RPC is not served on this port: internal RPCs only on the internal listener, "
+        "the others only on the public one.",
     ),
     Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
         status=S.DEADLINE_EXCEEDED,
