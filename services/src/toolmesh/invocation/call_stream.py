@@ -30,7 +30,8 @@ class CallStream:
         self._invoker = invoker
         # The sessions the caller may call (None: all); a call for another is refused alone.
         self._sessions = sessions
-        self._results: Outbox[invocation_pb2.StreamedToolResult] = Outbox(_result_size)
+        # Each result, and whether it refuses a duplicate call id (sent apart: see the proto).
+        self._results: Outbox[tuple[invocation_pb2.StreamedToolResult, bool]] = Outbox(_result_size)
         # Calls taken from this stream that have no result yet.
         self._open: dict[int, asyncio.Task[None]] = {}
         self._reading = True
@@ -48,8 +49,11 @@ class CallStream:
 
     async def responses(self) -> AsyncIterator[invocation_pb2.InvokeToolsResponse]:
         """What to send: every result ready at once in one message, until the stream may end."""
-        while results := await self._results.take():
-            yield invocation_pb2.InvokeToolsResponse(results=results)
+        while ready := await self._results.take():
+            yield invocation_pb2.InvokeToolsResponse(
+                results=[result for result, duplicate in ready if not duplicate],
+                refused_duplicates=[result for result, duplicate in ready if duplicate],
+            )
 
     def close(self) -> None:
         """The stream ended: its calls go on to their outcomes (a retry joins them), sent nowhere."""
@@ -59,9 +63,9 @@ class CallStream:
         call_id = call.call_id
         if call_id in self._open:
             duplicate = ToolmeshError(
-                Code.INVALID_REQUEST, "The call id is already open.", {"call_id": str(call_id)}
+                Code.INVALID_REQUEST, "The call id is already open.", {"callId": str(call_id)}
             )
-            self._send(_error_result(call_id, duplicate))
+            self._send(_error_result(call_id, duplicate), duplicate=True)
             return
         self._open[call_id] = asyncio.create_task(self._run(call))
 
@@ -93,9 +97,9 @@ class CallStream:
             self._open.pop(call.call_id, None)
             self._end_when_answered()
 
-    def _send(self, result: invocation_pb2.StreamedToolResult) -> None:
+    def _send(self, result: invocation_pb2.StreamedToolResult, *, duplicate: bool = False) -> None:
         if not self._closed:
-            self._results.put(result)
+            self._results.put((result, duplicate))
 
     def _end_when_answered(self) -> None:
         if not self._reading and not self._open and not self._closed:
@@ -109,5 +113,5 @@ def _error_result(call_id: int, error: ToolmeshError) -> invocation_pb2.Streamed
     return invocation_pb2.StreamedToolResult(call_id=call_id, error=failure)
 
 
-def _result_size(result: invocation_pb2.StreamedToolResult) -> int:
-    return result.ByteSize()
+def _result_size(item: tuple[invocation_pb2.StreamedToolResult, bool]) -> int:
+    return item[0].ByteSize()

@@ -14,7 +14,7 @@ from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.server import security
 from toolmesh.server.entrypoint import add_store_arguments
-from toolmesh.server.runtime import serve_until_signalled
+from toolmesh.server.runtime import CannotListen, serve_until_signalled
 from toolmesh.server.system import start_local_system, start_replicas
 from toolmesh.store.backends import MEMORY, describe_store, store_url
 
@@ -51,6 +51,7 @@ def add_parser(commands: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    """Run the services until SIGTERM or Ctrl-C; returns 0, 1 when a port is taken, 2 for bad settings."""
     url = store_url(args.store)
     if args.replicas < 1 or (args.replicas > 1 and url == MEMORY):
         print("toolmesh up: --replicas above 1 needs a shared --store (redis://...)", file=sys.stderr)
@@ -69,9 +70,20 @@ async def run(args: argparse.Namespace) -> int:
             store_url=url,
             store_prefix=args.store_prefix,
         )
-        replicas = await start_replicas(
-            system, args.replicas - 1, url, args.store_prefix, security=protection
+        try:
+            replicas = await start_replicas(
+                system, args.replicas - 1, url, args.store_prefix, security=protection
+            )
+        except BaseException:
+            await system.stop(0)
+            raise
+    except CannotListen as exc:
+        print(
+            f"toolmesh up: {exc.strerror}; choose other ports with --registry-port, --invocation-port, "
+            "--bridge-port and --web-port",
+            file=sys.stderr,
         )
+        return 1
     except (OSError, ValueError) as error:
         print(f"toolmesh up: {error}", file=sys.stderr)
         return EXIT_CONFIG

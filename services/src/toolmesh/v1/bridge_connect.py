@@ -65,8 +65,10 @@ class BridgeService(Protocol):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -77,6 +79,14 @@ class BridgeService(Protocol):
     async def submit_tool_result(self, request: SubmitToolResultRequest, ctx: RequestContext[SubmitToolResultRequest, SubmitToolResultResponse], /) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -136,7 +146,8 @@ class BridgeService(Protocol):
 
     def dispatch_tool_requests(self, request: AsyncIterator[DispatchToolRequestsRequest], ctx: RequestContext[DispatchToolRequestsRequest, DispatchToolRequestsResponse], /) -> AsyncIterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for
@@ -286,8 +297,10 @@ class BridgeServiceClient(ConnectClient):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -315,6 +328,14 @@ class BridgeServiceClient(ConnectClient):
     ) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -425,7 +446,8 @@ class BridgeServiceClient(ConnectClient):
         timeout_ms: int | None = None,
     ) -> AsyncIterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for
@@ -475,8 +497,10 @@ class BridgeServiceSync(Protocol):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -487,6 +511,14 @@ class BridgeServiceSync(Protocol):
     def submit_tool_result(self, request: SubmitToolResultRequest, ctx: RequestContext[SubmitToolResultRequest, SubmitToolResultResponse], /) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -546,7 +578,8 @@ class BridgeServiceSync(Protocol):
 
     def dispatch_tool_requests(self, request: Iterator[DispatchToolRequestsRequest], ctx: RequestContext[DispatchToolRequestsRequest, DispatchToolRequestsResponse], /) -> Iterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for
@@ -694,8 +727,10 @@ class BridgeServiceClientSync(ConnectClientSync):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -723,6 +758,14 @@ class BridgeServiceClientSync(ConnectClientSync):
     ) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -833,7 +876,8 @@ class BridgeServiceClientSync(ConnectClientSync):
         timeout_ms: int | None = None,
     ) -> Iterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for

@@ -57,8 +57,10 @@ class BridgeServiceStub:
     OpenHostSession: _grpc.UnaryStreamMultiCallable[_bridge_pb2.OpenHostSessionRequest, _bridge_pb2.OpenHostSessionResponse]
     """OpenHostSession registers a handler host for a session and streams its
     work: first a HostSessionOpened event, then tool requests, cancellations
-    and heartbeats until the host goes away or the server stops. A host that
-    sees no event for three heartbeat intervals should reconnect.
+    and heartbeats until the host goes away or the server stops (then the
+    stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+    reconnect, to another bridge if there is one). A host that sees no event
+    for three heartbeat intervals should reconnect.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -66,6 +68,14 @@ class BridgeServiceStub:
     """
     SubmitToolResult: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
+    The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+    is the application's own (never one of toolmesh's runtime codes), or a
+    runtime error with one of the codes a host may produce:
+    TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+    else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+    does not end the request. Sending the same outcome again after a lost
+    reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+    one got through.
 
     Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
     HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -116,7 +126,8 @@ class BridgeServiceStub:
     UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
     """
     DispatchToolRequests: _grpc.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]
-    """DispatchToolRequests carries many tool requests on one long-lived stream:
+    """DispatchToolRequests carries many tool requests on one long-lived stream
+    (each message at most 4 MiB):
     the invocation service keeps one open per bridge and sends requests and
     cancellations on it; the bridge answers each request once, with its
     outcome or the reason it was refused. Outcomes are as for
@@ -154,8 +165,10 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     OpenHostSession: _aio.UnaryStreamMultiCallable[_bridge_pb2.OpenHostSessionRequest, _bridge_pb2.OpenHostSessionResponse]  # type: ignore[assignment]
     """OpenHostSession registers a handler host for a session and streams its
     work: first a HostSessionOpened event, then tool requests, cancellations
-    and heartbeats until the host goes away or the server stops. A host that
-    sees no event for three heartbeat intervals should reconnect.
+    and heartbeats until the host goes away or the server stops (then the
+    stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+    reconnect, to another bridge if there is one). A host that sees no event
+    for three heartbeat intervals should reconnect.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -163,6 +176,14 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     """
     SubmitToolResult: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]  # type: ignore[assignment]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
+    The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+    is the application's own (never one of toolmesh's runtime codes), or a
+    runtime error with one of the codes a host may produce:
+    TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+    else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+    does not end the request. Sending the same outcome again after a lost
+    reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+    one got through.
 
     Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
     HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -213,7 +234,8 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
     """
     DispatchToolRequests: _aio.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]  # type: ignore[assignment]
-    """DispatchToolRequests carries many tool requests on one long-lived stream:
+    """DispatchToolRequests carries many tool requests on one long-lived stream
+    (each message at most 4 MiB):
     the invocation service keeps one open per bridge and sends requests and
     cancellations on it; the bridge answers each request once, with its
     outcome or the reason it was refused. Outcomes are as for
@@ -254,8 +276,10 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_bridge_pb2.OpenHostSessionResponse], _abc.AsyncIterator[_bridge_pb2.OpenHostSessionResponse]]:
         """OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -269,6 +293,14 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_bridge_pb2.SubmitToolResultResponse, _abc.Awaitable[_bridge_pb2.SubmitToolResultResponse]]:
         """SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -337,7 +369,8 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_bridge_pb2.DispatchToolRequestsRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_bridge_pb2.DispatchToolRequestsResponse], _abc.AsyncIterator[_bridge_pb2.DispatchToolRequestsResponse]]:
-        """DispatchToolRequests carries many tool requests on one long-lived stream:
+        """DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for
