@@ -49,8 +49,9 @@ class HostError:
     turn_id: str = ""
     tool_request_id: str = ""
     tool_name: str = ""
-    # For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...)
-    # or TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE.
+    # For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...),
+    # TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE, or SHUTTING_DOWN
+    # (stop() came first), INTERNAL (the SDK itself failed; its log says how).
     cause: str = ""
 
 
@@ -93,16 +94,22 @@ class _Registered:
         return cls(handler, inspect.iscoroutinefunction(handler))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _ActiveCall:
     task: asyncio.Task[None]
     ctx: ToolContext
     cancellable: bool
+    # Set once the handler has produced its outcome: from then on the runtime's
+    # cancellation no longer reaches the task, so the outcome is submitted (and
+    # a refusal reported), never dropped.
+    submitting: bool = False
 
 
 # Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
 MAX_CONCURRENT_SUBMITS = 256
 SUBMIT_GRACE_S = 5.0
+# How long stop() lets results already on their way to the bridge arrive.
+STOP_GRACE_S = 2.0
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
 DECLARE_TIMEOUT_S = 10.0
@@ -208,8 +215,11 @@ class ToolHost:
 
         That is a handler that raised, a result that could not be sent as it was,
         and a result the bridge refused or could not be reached for (after
-        retrying transport failures until the call's deadline). A callback that
-        raises is logged and does not stop the others.
+        retrying transport failures until the call's deadline), or that `stop()`
+        kept from arriving. Every handler run ends either with its result handed
+        to the bridge or with such a report, whatever arrives when (a
+        cancellation once the handler has finished does not stop its submit).
+        A callback that raises is logged and does not stop the others.
         """
         self._error_callbacks.append(callback)
 
@@ -263,10 +273,14 @@ class ToolHost:
             backoff = min(backoff * 2, 5.0)
 
     async def stop(self) -> None:
-        """Close the stream, cancel the async handlers still running, and close an owned channel.
+        """Close the stream, cancel the handlers still running, finish submits, close an owned channel.
 
-        Returns without waiting out a reconnect backoff. A sync handler's thread
-        cannot be cancelled: it finishes, and its result is not sent.
+        Results being handed to the bridge get up to STOP_GRACE_S to arrive.
+        Every call whose result does not reach the bridge (its handler was
+        cancelled, or its submit did not finish in time) is reported to
+        `on_error` as SUBMIT_TOOL_RESULT_FAILED with cause SHUTTING_DOWN. A sync
+        handler's thread cannot be cancelled: it finishes, and its result is not
+        sent. Returns without waiting out a reconnect backoff.
         """
         self._stopping = True
         self._stop_requested.set()
@@ -275,10 +289,16 @@ class ToolHost:
         if self._runner is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
-        tasks = [active.task for active in self._active.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        calls = list(self._active.values())
+        for call in calls:
+            if not call.submitting:
+                call.task.cancel()
+        tasks = [call.task for call in calls]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=STOP_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._own_channel:
             await self._channel.close()
 
@@ -378,7 +398,7 @@ class ToolHost:
         reason = "timeout" if cancelled.reason == bridge_pb2.CANCEL_REASON_TIMEOUT else "cancelled"
         active.ctx.cancellation.set(reason)
         log.info("tool call cancelled", extra=_ids(active.ctx) | {"reason": reason})
-        if active.cancellable:
+        if active.cancellable and not active.submitting:
             active.task.cancel()
 
     async def _serve(
@@ -404,6 +424,9 @@ class ToolHost:
             if outcome is None:
                 span.set_attribute("toolmesh.cancelled", True)
                 return
+            active = self._active.get(ctx.tool_request_id)
+            if active is not None:
+                active.submitting = True
             telemetry.record_outcome(outcome)
             await self._submit(outcome, ctx, host_session_id)
 
@@ -426,7 +449,10 @@ class ToolHost:
                 if inspect.isawaitable(value):
                     value = await value
         except asyncio.CancelledError:
-            if self._stopping or ctx.cancelled:
+            if self._stopping:
+                self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped while the handler ran.")
+                return None
+            if ctx.cancelled:  # the runtime said stop: the caller has its outcome, nothing was produced
                 return None
             raise
         except Exception as exc:
@@ -451,9 +477,29 @@ class ToolHost:
     async def _submit(self, outcome: Outcome, ctx: ToolContext, host_session_id: str) -> None:
         """Hand the outcome to the bridge, retrying transport failures until the call's deadline.
 
-        Sending the same outcome again is safe: the bridge accepts one outcome
-        per request and says whether it was this one (REQUEST_ENDED, ended=answered).
+        Ends with the outcome delivered or a SUBMIT_TOOL_RESULT_FAILED report,
+        whatever happens meanwhile: a refusal, a transport that stays down, this
+        host stopping. Sending the same outcome again is safe: the bridge accepts
+        one outcome per request and says whether it was this one (REQUEST_ENDED,
+        ended=answered).
         """
+        try:
+            cause, detail = await self._deliver(outcome, ctx, host_session_id)
+        except asyncio.CancelledError:
+            # Only stop() cancels a submit: the result goes nowhere, so say so.
+            self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped before the bridge answered.")
+            raise
+        except Exception as exc:
+            log.exception("submit raised", extra=_ids(ctx) | {"exception": type(exc).__name__})
+            self._submit_failed(ctx, Code.INTERNAL.value, type(exc).__name__)
+            return
+        if cause is not None:
+            self._submit_failed(ctx, cause, detail)
+
+    async def _deliver(
+        self, outcome: Outcome, ctx: ToolContext, host_session_id: str
+    ) -> tuple[str | None, str]:
+        """Send until the bridge takes the outcome (None) or says why not (the cause and its message)."""
         request = bridge_pb2.SubmitToolResultRequest(
             host_session_id=host_session_id,
             tool_request_id=ctx.tool_request_id,
@@ -470,7 +516,9 @@ class ToolHost:
                             timeout=max(ctx.time_remaining(), 1.0) + SUBMIT_GRACE_S,
                             metadata=metadata,
                         )
-                return
+                return None, ""
+            except grpc.aio.UsageError:
+                return Code.TRANSPORT_FAILED.value, "The channel to the bridge is closed."
             except grpc.aio.AioRpcError as error:
                 info = error_info(error)
                 reason = code_for_reason(info.reason) if info is not None else None
@@ -480,7 +528,7 @@ class ToolHost:
                     and info
                     and info.metadata.get("ended") == "answered"
                 ):
-                    return  # an earlier attempt got through; its answer was lost on the way back
+                    return None, ""  # an earlier attempt got through; its answer was lost on the way back
                 # No code of ours: the transport's own failure, retried while the table says it may pass.
                 transient = reason is None and status_of(error.code()) in RETRYABLE_STATUSES
                 retry = transient and ctx.time_remaining() > 0
@@ -491,10 +539,10 @@ class ToolHost:
                 log.warning(
                     "submit failed", extra=_ids(ctx) | {"cause": cause, "grpc_status": error.code().name}
                 )
-                self._report(
-                    HostError(Code.SUBMIT_TOOL_RESULT_FAILED, error.details() or "", cause=cause, **_ids(ctx))
-                )
-                return
+                return cause, error.details() or ""
+
+    def _submit_failed(self, ctx: ToolContext, cause: str, detail: str) -> None:
+        self._report(HostError(Code.SUBMIT_TOOL_RESULT_FAILED, detail, cause=cause, **_ids(ctx)))
 
     def _report(self, error: HostError) -> None:
         for callback in self._error_callbacks:
