@@ -13,9 +13,10 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from toolmesh.core.channels import TRANSPORT_OPTIONS
+from toolmesh.server.decoding import decoding
 from toolmesh.server.instrument import instrumented
 
 log = logging.getLogger("toolmesh.server")
@@ -71,12 +72,17 @@ async def start_server(
     """Start a server on `address` (port 0 picks a free port) and return it with its port."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, decoding(server))
     for service in services:
-        service.add_to_server(instrumented(service.servicer, service.descriptor), server)
+        service.add_to_server(instrumented(service.servicer, service.descriptor), decoding(server))
     names = [service.full_name for service in services]
-    reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    # As reflection.enable_server_reflection does for an aio server (which `decoding` is not, to it);
+    # the generated function has no annotations.
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
+        reflection.aio.ReflectionServicer(
+            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        ),
+        decoding(server),
     )
     if credentials is None:
         port = server.add_insecure_port(address)
