@@ -78,6 +78,8 @@ class Code(enum.StrEnum):
     INVOCATION_RUNNING = "INVOCATION_RUNNING"
     RESULT_NOT_JSON = "RESULT_NOT_JSON"
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    # An InvokeTools stream whose caller stopped reading its results.
+    RESULTS_NOT_READ = "RESULTS_NOT_READ"
     # Seen by a caller that received no outcome at all.
     CALLER_DEADLINE_EXCEEDED = "CALLER_DEADLINE_EXCEEDED"
     TRANSPORT_FAILED = "TRANSPORT_FAILED"
@@ -215,6 +217,11 @@ _TABLE: dict[Code, ErrorSpec] = {
         retryable=False,
         caller_fault=True,
         message="The result is larger than allowed.",
+    ),
+    Code.RESULTS_NOT_READ: ErrorSpec(
+        status=S.RESOURCE_EXHAUSTED,
+        retryable=True,
+        message="The caller did not read its results, so the stream ended; an exact retry replays them.",
     ),
     Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
         status=S.DEADLINE_EXCEEDED,

@@ -17,3 +17,16 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_REPORTED_VIOLATIONS = 20
 MAX_VIOLATION_TEXT = 200
 FULL_VIOLATION_REPORT_CHARS = 8 * 1024
+# Calls in one InvokeToolsRequest; requests and cancellations together in one
+# DispatchToolRequestsRequest. A message with more ends its stream with
+# INVALID_REQUEST (after the calls already taken are answered). Senders batch
+# at most this many, and so do the services in their responses.
+MAX_CALLS_PER_MESSAGE = 1_000
+# An InvokeTools stream whose caller reads its results slower than its calls
+# end: while more than UNREAD_RESULTS_PAUSE_BYTES of results wait to be sent,
+# the service takes no more calls from it (the caller's sends then wait, as
+# HTTP/2 flow control says); beyond UNREAD_RESULTS_MAX_BYTES (calls taken
+# earlier kept ending) it drops them and ends the stream with RESULTS_NOT_READ.
+# The dropped outcomes stay in the ledger: an exact retry replays them.
+UNREAD_RESULTS_PAUSE_BYTES = 1024 * 1024
+UNREAD_RESULTS_MAX_BYTES = 16 * 1024 * 1024
