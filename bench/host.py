@@ -14,6 +14,8 @@ import sys
 
 from bench.handlers import HANDLERS
 from toolmesh.core import otel
+from toolmesh.core.bearer import token_from_env
+from toolmesh.core.tls import client_credentials
 from toolmesh.host import HostError, ToolHost
 
 READY = "bench host: connected"
@@ -25,7 +27,9 @@ def _report(error: HostError) -> None:
 
 
 async def serve(bridge: str, session: str) -> None:
-    host = ToolHost(bridge, session, host_name="bench")
+    # TLS and a token when the environment gives them (TOOLMESH_TLS_CA, TOOLMESH_TOKEN).
+    credentials, token = client_credentials(), token_from_env()
+    host = ToolHost(bridge, session, host_name="bench", credentials=credentials, token=token)
     for name, handler in HANDLERS.items():
         host.on_tool(name, handler)
     host.on_error(_report)

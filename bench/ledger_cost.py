@@ -17,6 +17,7 @@ import gc
 import json
 import time
 import tracemalloc
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ class KeepNothing(Ledger):
     ) -> None:
         return None
 
-    async def confirm(self, tool_request_id: str) -> None:
+    async def confirm(self, tool_request_id: str, sessions: Container[str] | None = None) -> None:
         return None
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PORT_LINE = re.compile(r"listening on port (\d+)")
+# Printed before PORT_LINE by services with an internal listener (registry, bridge).
+INTERNAL_PORT_LINE = re.compile(r"internal listener on port (\d+)")
 
 
 @dataclass
@@ -36,6 +38,10 @@ class Proc:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    async def internal_target(self) -> str:
+        """The address of the service's internal listener, from the line it printed."""
+        return f"127.0.0.1:{(await self.wait_for(INTERNAL_PORT_LINE)).group(1)}"
 
     async def wait_for(self, pattern: re.Pattern[str] | str, timeout: float = 30.0) -> re.Match[str]:
         """The first output line (stdout or stderr) matching `pattern`."""

@@ -18,6 +18,8 @@ PEERS = {"floor": "floor", "mcp-http": "MCP streamable HTTP", "mcp-stdio": "MCP 
 MAX_P50_VS_FLOOR = 1.3
 MIN_THROUGHPUT_VS_FLOOR = 0.8
 MAX_KB_PER_HELD_CALL = 10.0
+# Issue 11's target: TLS on every hop and a token on every call cost at most this much.
+MAX_SECURED_VS_PLAIN = 1.15
 # The floor process that holds a held call the way each toolmesh service does.
 FLOOR_COUNTERPARTS = {"invocation": "front", "bridge": "back", "host": "host"}
 
@@ -84,6 +86,19 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "value": per_call,
                 "met": per_call < MAX_KB_PER_HELD_CALL,
             }
+    secured = results.get("security")
+    if secured is not None:
+        for name, ratio in secured["tls+tokens/plain"].items():
+            way = "unary" if name == "toolmesh" else "stream"
+            p50, rate = ratio["p50"]["median"], ratio["calls_per_s"]["median"]
+            found[f"{way}: TLS+tokens p50 <= 1.15x plain (issue 11)"] = {
+                "value": p50,
+                "met": p50 <= MAX_SECURED_VS_PLAIN,
+            }
+            found[f"{way}: TLS+tokens calls/s >= plain/1.15 (issue 11)"] = {
+                "value": rate,
+                "met": rate >= 1 / MAX_SECURED_VS_PLAIN,
+            }
     join = results.get("join_storm")
     if join is not None:
         found["join storm: one execution"] = {
@@ -147,6 +162,9 @@ def table(results: dict[str, Any]) -> str:
             f"  {'on/off':<44} {ratio['p50']:>7.2f}x {ratio['p99']:>7.2f}x {ratio['calls_per_s']:>8.2f}x"
             f" {ratio['cpu_per_call']:>11.2f}x   ({traced['spans_exported']} spans exported)"
         )
+    secured = results.get("security")
+    if secured is not None:
+        lines += _security_lines(secured)
     for key in ("scale", "scale_unary"):
         scale = results.get(key)
         if scale is not None:
@@ -173,7 +191,7 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"  {name:<44} {row['calls_per_s']:>9.0f} {row['us_per_call']:>9.1f}")
     found = results.get("targets", {})
     if found:
-        lines += ["", "Targets (issue 6)"]
+        lines += ["", "Targets (issues 6 and 11)"]
         for name, target in found.items():
             value = target["value"]
             shown = f"{value:.2f}" if isinstance(value, float) else str(value)
@@ -211,4 +229,30 @@ def _scale_lines(scale: dict[str, Any], floor: dict[str, Any] | None) -> list[st
             f"  floor: {floor['correct']}/{floor['calls']} correct, answered in {floor['seconds']:.1f} s"
             + (f"; failures: {floor['failures']}" if floor["failures"] else "")
         )
+    return lines
+
+
+def _security_lines(secured: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "TLS and tokens: plaintext without tokens against TLS on every hop (mutual between services)"
+        f" and a token verified on every call; medians of {secured['rounds']} rounds taken in turns",
+        f"  {'system':<44} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} {'CPU ms/call':>12}",
+    ]
+    for label in ("plain", "tls+tokens"):
+        for way, figures in secured[label].items():
+            lines.append(
+                f"  {f'{way}, {label}':<44} {figures['p50']:>8.2f} {figures['p99']:>8.2f}"
+                f" {figures['calls_per_s']:>9.0f} {figures['cpu_per_call']:>12.2f}"
+            )
+    lines.append(f"  {'tls+tokens/plain, per round: median (low-high)':<44}")
+    for way, ratio in secured["tls+tokens/plain"].items():
+        shown = "  ".join(
+            f"{name} {r['median']:.2f}x ({r['low']:.2f}-{r['high']:.2f})" for name, r in ratio.items()
+        )
+        lines.append(f"  {way:<16} {shown}")
+    lines.append(
+        f"  token, in process: signature check (first sight) {secured['signature_check_us']:.1f} us,"
+        f" admission of a call with a token seen before {secured['admission_cached_us']:.2f} us"
+    )
     return lines

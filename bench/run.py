@@ -17,18 +17,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from bench import floor, measure, procs, report, stack, stress, tracing, validation
+from bench import floor, measure, procs, report, security, stack, stress, tracing, validation
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("validation", "latency", "tracing", "scale", "join")
+SECTIONS = ("validation", "latency", "tracing", "security", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class Sizes:
     # Long enough for all the identical calls to arrive while the first still runs.
     join_execution_s: float = 5.0
     validation_iterations: int = 2000
+    # Turns of plaintext and TLS+tokens measurements.
+    security_rounds: int = 3
 
 
 QUICK = Sizes(
@@ -57,6 +59,7 @@ QUICK = Sizes(
     join_calls=20,
     join_execution_s=0.1,
     validation_iterations=20,
+    security_rounds=1,
 )
 
 
@@ -175,18 +178,37 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
         await system.stop()
 
 
-async def measure_toolmesh(
-    sizes: Sizes, profiler: Profiler, env: dict[str, str] | None = None, variants: bool = True
-) -> dict[str, dict[str, Any]]:
-    """`toolmesh`: unary InvokeTool calls to an async no-op. With `variants`, also
-    `toolmesh-stream` (calls on one InvokeTools stream) and `toolmesh-sync` (a plain def handler)."""
-    system = await stack.start_toolmesh(env=env)
-    unary = InvocationClient(system.invocation.target)
-    streamed = InvocationClient(system.invocation.target, multiplex=True)
+@dataclass
+class Running:
+    """A toolmesh system under test and a way to call it for each way of calling."""
+
+    calls: dict[str, measure.Call]
+    pids: dict[str, int]
+
+
+@contextlib.asynccontextmanager
+async def running_toolmesh(
+    env: dict[str, str] | None = None, secured: security.Secured | None = None
+) -> AsyncIterator[Running]:
+    """The system's callers: `toolmesh` (unary InvokeTool calls to an async no-op),
+    `toolmesh-stream` (the same calls on one InvokeTools stream), `toolmesh-sync` (unary calls to
+    a plain def handler). With `secured`, every hop uses TLS and every call carries a token."""
+    access: dict[str, Any] = {}
+    if secured is not None:
+        env = {**(env or {}), **secured.env}
+        access = {"credentials": secured.credentials, "token": secured.call_token}
+    system = await stack.start_toolmesh(
+        host_env=secured.host_env if secured else None,
+        env=env,
+        credentials=access.get("credentials"),
+        admin_token=secured.admin_token if secured else None,
+    )
+    unary = InvocationClient(system.invocation.target, **access)
+    streamed = InvocationClient(system.invocation.target, multiplex=True, **access)
     # Distinct arguments: identical calls in flight together would join one invocation.
     counter = itertools.count()
 
-    def caller(client: InvocationClient, tool: str) -> Callable[[], Awaitable[None]]:
+    def caller(client: InvocationClient, tool: str) -> measure.Call:
         async def call() -> None:
             result = await client.invoke(
                 stack.SESSION, tool, {"n": next(counter)}, turn_id="turn-1", timeout=60
@@ -196,18 +218,50 @@ async def measure_toolmesh(
 
         return call
 
-    pids = _pids(list(system.services.values()))
     try:
-        with profiler.attach("toolmesh", pids):
-            measured = {"toolmesh": await _measure(caller(unary, "noop"), sizes, pids)}
-        if variants:
-            measured["toolmesh-stream"] = await _measure(caller(streamed, "noop"), sizes, pids)
-            measured["toolmesh-sync"] = await _measure(caller(unary, "noop_sync"), sizes, pids)
-        return measured
+        yield Running(
+            {
+                "toolmesh": caller(unary, "noop"),
+                "toolmesh-stream": caller(streamed, "noop"),
+                "toolmesh-sync": caller(unary, "noop_sync"),
+            },
+            _pids(list(system.services.values())),
+        )
     finally:
         await unary.close()
         await streamed.close()
         await system.stop()
+
+
+async def measure_toolmesh(
+    sizes: Sizes,
+    profiler: Profiler,
+    env: dict[str, str] | None = None,
+    variants: tuple[str, ...] = ("toolmesh-stream", "toolmesh-sync"),
+) -> dict[str, dict[str, Any]]:
+    """`toolmesh` and the `variants` asked for (see running_toolmesh), one after the other."""
+    async with running_toolmesh(env) as system:
+        with profiler.attach("toolmesh", system.pids):
+            measured = {"toolmesh": await _measure(system.calls["toolmesh"], sizes, system.pids)}
+        for variant in variants:
+            measured[variant] = await _measure(system.calls[variant], sizes, system.pids)
+        return measured
+
+
+async def measure_security(sizes: Sizes, directory: Path) -> dict[str, Any]:
+    """Plaintext without tokens against TLS and tokens, both systems up at once and measured in
+    turns, `sizes.security_rounds` times, so that a change in the machine's load falls on both."""
+    ways = ("toolmesh", "toolmesh-stream")
+    rounds: dict[str, dict[str, list[dict[str, Any]]]] = {
+        label: {way: [] for way in ways} for label in ("plain", "tls+tokens")
+    }
+    with security.secured(directory) as secured:
+        async with running_toolmesh() as plain, running_toolmesh(secured=secured) as protected:
+            for _ in range(sizes.security_rounds):
+                for way in ways:
+                    for label, system in (("plain", plain), ("tls+tokens", protected)):
+                        rounds[label][way].append(await _measure(system.calls[way], sizes, system.pids))
+    return security.summary(rounds) | await security.token_costs(sizes.validation_iterations)
 
 
 async def measure_mcp(sizes: Sizes) -> dict[str, dict[str, Any]]:
@@ -271,17 +325,21 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
         results["ratios"] = report.ratios(systems)
     if "tracing" in sections:
         print("... tracing off, then on (exporting over OTLP)", file=sys.stderr, flush=True)
-        off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=False))[
+        off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=()))[
             "toolmesh"
         ]
         async with tracing.otlp_receiver() as (sink, env):
-            on = (await measure_toolmesh(sizes, Profiler(None), env, variants=False))["toolmesh"]
+            on = (await measure_toolmesh(sizes, Profiler(None), env, variants=()))["toolmesh"]
         results["tracing"] = {
             "off": off,
             "on": on,
             "spans_exported": sink.spans,
             "on/off": tracing.ratios(off, on),
         }
+    if "security" in sections:
+        print("... plaintext without tokens and TLS with tokens, in turns", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as pki_dir:
+            results["security"] = await measure_security(sizes, Path(pki_dir))
     if "scale" in sections:
         print(f"... scale: {sizes.scale_calls} held calls", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as work_dir:
@@ -314,6 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, help="throughput window per system")
     parser.add_argument("--scale-calls", type=int, help="calls held at once in the scale test")
     parser.add_argument("--join-calls", type=int, help="identical calls in the join storm")
+    parser.add_argument("--security-rounds", type=int, help="turns of plaintext and TLS+tokens measurements")
     parser.add_argument(
         "--profile", type=Path, help="record py-spy profiles of the toolmesh processes into this directory"
     )
@@ -324,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": args.seconds,
         "scale_calls": args.scale_calls,
         "join_calls": args.join_calls,
+        "security_rounds": args.security_rounds,
     }
     sizes = Sizes(**(asdict(sizes) | {key: value for key, value in overrides.items() if value is not None}))
     sections = tuple(args.only.split(",")) if args.only else SECTIONS

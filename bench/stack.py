@@ -6,6 +6,8 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
+import grpc
+
 from bench import procs
 from bench.host import ERROR, READY
 from bench.procs import Proc
@@ -84,21 +86,27 @@ class Toolmesh:
 
 
 async def start_toolmesh(
-    host_env: dict[str, str] | None = None, env: dict[str, str] | None = None
+    host_env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    admin_token: str | None = None,
 ) -> Toolmesh:
     """registry, bridge, invocation and a host process serving bench.handlers.
 
-    `env` is added to every process's environment (e.g. OTEL_* variables).
+    `env` is added to every process's environment (e.g. OTEL_* variables, TLS
+    files); `credentials` and `admin_token` are for putting the tools.
     """
     started: list[Proc] = []
     host_env = {**(env or {}), **(host_env or {})} or None
     try:
+        listen = ["--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0"]
         registry, bridge = await asyncio.gather(
-            procs.start("registry", ["-m", "toolmesh.registry", "--listen", "127.0.0.1:0"], env=env),
+            procs.start("registry", ["-m", "toolmesh.registry", *listen], env=env),
             procs.start(
                 "bridge",
                 # Its web port too on a free port: the default one may be taken.
-                ["-m", "toolmesh.bridge", "--listen", "127.0.0.1:0", "--web-listen", "127.0.0.1:0"],
+                ["-m", "toolmesh.bridge", *listen, "--web-listen", "127.0.0.1:0"],
                 env=env,
             ),
         )
@@ -107,9 +115,9 @@ async def start_toolmesh(
             "--listen",
             "127.0.0.1:0",
             "--registry",
-            registry.target,
+            await registry.internal_target(),
             "--bridge",
-            bridge.target,
+            await bridge.internal_target(),
         ]
         invocation = await procs.start("invocation", ["-m", "toolmesh.invocation", *invocation_args], env=env)
         started.append(invocation)
@@ -119,7 +127,7 @@ async def start_toolmesh(
         )
         started.append(host)
         await host.wait_for(READY)
-        async with RegistryClient(registry.target) as client:
+        async with RegistryClient(registry.target, credentials=credentials, token=admin_token) as client:
             await client.put_tools(SESSION, TOOLS)
     except BaseException:
         await procs.stop_all(started)

@@ -57,6 +57,8 @@ TURN_GOES_ON = {
 # Every code a tool call can come back with: outcomes and the no-outcome codes of a caller.
 CALL_CODES = {
     Code.TOOL_NOT_FOUND,
+    Code.UNAUTHENTICATED,
+    Code.PERMISSION_DENIED,
     Code.TOOL_ARGS_INVALID,
     Code.TOOL_HANDLER_NOT_FOUND,
     Code.TOOL_HANDLER_ERROR,

@@ -20,7 +20,8 @@ TABLE_HEADINGS = [
     "Scale:",
     "Join storm:",
     "Argument validation alone",
-    "Targets (issue 6)",
+    "TLS and tokens: plaintext without tokens",
+    "Targets (issues 6 and 11)",
 ]
 
 
@@ -60,6 +61,11 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     assert set(scale_floor["memory"]) == {"front", "back", "host"}
     join = results["join_storm"]
     assert join["answered_ok"] == join["calls"]
+    secured = results["security"]
+    assert set(secured["tls+tokens"]) == set(secured["plain"]) == {"toolmesh", "toolmesh-stream"}
+    assert all(figures["calls_per_s"] > 0 for figures in secured["tls+tokens"].values())
+    assert secured["tls+tokens/plain"]["toolmesh"]["p50"]["median"] > 0
+    assert secured["signature_check_us"] > secured["admission_cached_us"] > 0
     assert join["handler_executions"] >= 1
     assert len(results["validation"]["rows"]) >= 4
     traced = results["tracing"]

@@ -19,11 +19,25 @@ from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
+class BridgeStubs:
+    """Hosts' RPCs on the public listener, the invocation service's Dispatch* on the internal one."""
+
+    def __init__(self, public: grpc.aio.Channel, internal: grpc.aio.Channel) -> None:
+        self._public = bridge_pb2_grpc.BridgeServiceStub(public)
+        self._internal = bridge_pb2_grpc.BridgeServiceStub(internal)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._internal if name.startswith("Dispatch") else self._public, name)
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def bridge() -> AsyncIterator[bridge_pb2_grpc.BridgeServiceStub]:
+async def bridge() -> AsyncIterator[BridgeStubs]:
     server, _ = await start_bridge(heartbeat_s=0.2)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        yield bridge_pb2_grpc.BridgeServiceStub(channel)
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as public,
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as internal,
+    ):
+        yield BridgeStubs(public, internal)
     await server.stop(0.1)
 
 

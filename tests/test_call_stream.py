@@ -168,7 +168,7 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reconnects(
 ) -> None:
     local, counted = system
     port = free_port()
-    args = ["--registry", local.registry_target, "--bridge", local.bridge_target]
+    args = ["--registry", local.registry_internal_target, "--bridge", local.bridge_internal_target]
     invocation = await start_service_process("invocation", *args, listen=f"127.0.0.1:{port}")
     before = counted.runs
     try:

@@ -27,6 +27,7 @@ from opentelemetry.sdk import environment_variables as otel_environment_variable
 
 from toolmesh.client.config import DEFAULT_PORTS
 from toolmesh.invocation.invoker import Invoker
+from toolmesh.server.entrypoint import INTERNAL_PORTS
 from toolmesh.server.runtime import serve_until_signalled
 from toolmesh.server.system import LocalSystem
 
@@ -39,7 +40,6 @@ SERVICES = ("registry", "invocation", "bridge")
 # Set by deploy/ for work of issue 10 landing in parallel; each entry goes once the code reads it.
 PENDING_ENV = {
     "TOOLMESH_STORE": "the Redis store",
-    "TOOLMESH_AUTH_SECRET": "authentication between peers",
     "TOOLMESH_ADVERTISE_ADDR": "the bridge replica's own address in host routes",
 }
 # Longest a last telemetry export may take: one export of spans and one of metrics, each
@@ -185,14 +185,20 @@ def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(servi
     assert module == f"toolmesh.{service}"
     assert importlib.util.find_spec(module) is not None
     assert args[args.index("--listen") + 1] == f"0.0.0.0:{port}"
-    assert [p["containerPort"] for p in container["ports"]] == [port]
+    # Plaintext off loopback: protected mode would refuse it unless said explicitly.
+    assert "--insecure" in args
+    ports = [port]
+    if service in INTERNAL_PORTS:
+        ports.append(INTERNAL_PORTS[service])
+        assert args[args.index("--internal-listen") + 1] == f"0.0.0.0:{INTERNAL_PORTS[service]}"
+    assert [p["containerPort"] for p in container["ports"]] == ports
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"] == {"port": port, "service": f"toolmesh.v1.{service.title()}Service"}
     services = [s for s in k8s("Service").values() if selects(s["spec"]["selector"], pod_labels(deployment))]
     assert services
     for found in services:
-        ports = [(p["port"], p["appProtocol"]) for p in found["spec"]["ports"]]
-        assert ports == [(port, "kubernetes.io/h2c")]
+        for service_port in found["spec"]["ports"]:
+            assert service_port["port"] in ports and service_port["appProtocol"] == "kubernetes.io/h2c"
     (budget,) = [
         b
         for b in k8s("PodDisruptionBudget").values()
@@ -276,12 +282,19 @@ def test_pending_variables_are_not_read_yet() -> None:
 def test_configured_addresses_name_services_and_ports() -> None:
     services = k8s("Service")
     data = config()
-    for key, service in (("TOOLMESH_REGISTRY_ADDR", "registry"), ("TOOLMESH_BRIDGE_ADDR", "bridge")):
+    # The invocation service and the bridge reach the others' internal listeners.
+    for key, service in (
+        ("TOOLMESH_REGISTRY_INTERNAL_ADDR", "registry"),
+        ("TOOLMESH_BRIDGE_INTERNAL_ADDR", "bridge"),
+    ):
         host, port = data[key].rsplit(":", 1)
-        assert [p["port"] for p in services[host]["spec"]["ports"]] == [int(port)] == [DEFAULT_PORTS[service]]
+        assert int(port) == INTERNAL_PORTS[service]
+        assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
         assert selected(services[host]["spec"]["selector"]) == [k8s("Deployment")[service]]
-    # The invocation service dials bridge replicas one by one: the headless Service.
-    assert services[data["TOOLMESH_BRIDGE_ADDR"].split(":")[0]]["spec"]["clusterIP"] == "None"
+    # The invocation service dials bridge replicas one by one: the headless Service, internal port only.
+    bridges = services[data["TOOLMESH_BRIDGE_INTERNAL_ADDR"].split(":")[0]]["spec"]
+    assert bridges["clusterIP"] == "None"
+    assert [p["port"] for p in bridges["ports"]] == [INTERNAL_PORTS["bridge"]]
     store = urlsplit(data["TOOLMESH_STORE"])
     assert store.scheme == "redis" and store.hostname is not None
     assert [p["port"] for p in services[store.hostname]["spec"]["ports"]] == [store.port]
@@ -298,7 +311,8 @@ def test_configured_addresses_name_services_and_ports() -> None:
 def test_bridge_pods_advertise_their_own_address() -> None:
     env = k8s_env_set(only_container(k8s("Deployment")["bridge"]))
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert env["TOOLMESH_ADVERTISE_ADDR"]["value"] == f"$(POD_IP):{DEFAULT_PORTS['bridge']}"
+    # The invocation service dispatches to the replica's internal listener.
+    assert env["TOOLMESH_ADVERTISE_ADDR"]["value"] == f"$(POD_IP):{INTERNAL_PORTS['bridge']}"
     # Kubernetes expands $(POD_IP) only from a variable defined before it.
     names = [item["name"] for item in only_container(k8s("Deployment")["bridge"])["env"]]
     assert names.index("POD_IP") < names.index("TOOLMESH_ADVERTISE_ADDR")
@@ -407,7 +421,7 @@ def test_compose_invocation_reaches_the_other_services_by_their_shared_names() -
         command = replica["command"]
         for dependency in ("registry", "bridge"):
             target = command[command.index(f"--{dependency}") + 1]
-            assert target == f"{dependency}:{DEFAULT_PORTS[dependency]}"
+            assert target == f"{dependency}:{INTERNAL_PORTS[dependency]}"  # the internal listener
             assert len(compose_replicas(dependency)) == 2
         for name, service in compose_services().items():
             if service.get("command", [""])[0] in ("toolmesh.registry", "toolmesh.bridge"):
@@ -418,7 +432,9 @@ def test_compose_invocation_reaches_the_other_services_by_their_shared_names() -
 def test_compose_bridges_advertise_their_own_names() -> None:
     named = {name: s for name, s in compose_services().items() if s in compose_replicas("bridge")}
     for name, service in named.items():
-        assert service["environment"]["TOOLMESH_ADVERTISE_ADDR"] == f"{name}:{DEFAULT_PORTS['bridge']}"
+        assert service["environment"]["TOOLMESH_ADVERTISE_ADDR"] == f"{name}:{INTERNAL_PORTS['bridge']}"
+        command = service["command"]
+        assert command[command.index("--registry") + 1] == f"registry:{INTERNAL_PORTS['registry']}"
 
 
 @pytest.mark.unit
@@ -426,6 +442,52 @@ def test_compose_publishes_ports_on_loopback_only() -> None:
     published = [port for service in compose_services().values() for port in service.get("ports", [])]
     assert published
     assert all(port.startswith("127.0.0.1:") for port in published), published
+    # Internal listeners are never published.
+    internal = {str(port) for port in INTERNAL_PORTS.values()}
+    assert not [port for port in published if port.rsplit(":", 1)[1] in internal], published
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("service", SERVICES)
+def test_compose_services_off_loopback_say_insecure_explicitly(service: str) -> None:
+    """Protected mode refuses 0.0.0.0 without TLS and tokens: the compose file opts out in plain sight."""
+    for replica in compose_replicas(service):
+        command = replica["command"]
+        assert "--insecure" in command
+        if service in INTERNAL_PORTS:
+            assert command[command.index("--internal-listen") + 1] == f"0.0.0.0:{INTERNAL_PORTS[service]}"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("service", sorted(INTERNAL_PORTS))
+def test_internal_ports_admit_only_the_services_that_call_them(service: str) -> None:
+    """In the cluster, the internal listeners' port only from toolmesh services that use it."""
+    callers = {"registry": {"invocation", "bridge"}, "bridge": {"invocation"}}[service]
+    (policy,) = [
+        p
+        for p in k8s("NetworkPolicy").values()
+        if selected(p["spec"]["podSelector"]["matchLabels"]) == [k8s("Deployment")[service]]
+    ]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    for rule in policy["spec"]["ingress"]:
+        ports = {p["port"] for p in rule["ports"]}
+        if "internal" not in ports:
+            assert ports == {"grpc"}  # the public port, open to every peer with a token
+            continue
+        assert ports == {"internal"}
+        allowed = set()
+        for peer in rule["from"]:
+            selector = peer["podSelector"]
+            allowed |= {
+                name
+                for name, workload in k8s("Deployment").items()
+                if selects(selector.get("matchLabels", {}), pod_labels(workload))
+                and all(
+                    pod_labels(workload).get(e["key"]) in e["values"]
+                    for e in selector.get("matchExpressions", [])
+                )
+            }
+        assert allowed == callers
 
 
 @pytest.mark.unit
@@ -470,7 +532,8 @@ def test_image_installs_both_distributions_and_runs_as_a_user() -> None:
     assert [destination for _, destination in copied] == [w for w in install.split() if w.startswith("./")]
     assert dockerfile_user() > 0
     expose = [args for instruction, args in instructions if instruction == "EXPOSE"]
-    assert expose == [" ".join(str(port) for port in DEFAULT_PORTS.values())]
+    ports = [*DEFAULT_PORTS.values(), *INTERNAL_PORTS.values()]
+    assert expose == [" ".join(str(port) for port in ports)]
     entrypoint = [json.loads(args) for instruction, args in instructions if instruction == "ENTRYPOINT"]
     assert entrypoint == [["python", "-m"]]
     (command,) = [json.loads(args) for instruction, args in instructions if instruction == "CMD"]

@@ -18,12 +18,13 @@ import pytest
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.invocation import remote
 from toolmesh.invocation.remote import RemoteDispatcher
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
-from toolmesh.v1 import bridge_pb2
+from toolmesh.v1 import bridge_pb2, invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, free_port, start_service_process
 
 pytestmark = pytest.mark.integration
@@ -44,9 +45,10 @@ def tool_request(request_id: str, session: str = "link", timeout_ms: int = 5000)
 
 async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconnects() -> None:
     registry = await start_registry()
-    bridge_port = free_port()
-    bridge = await start_service_process("bridge", listen=f"127.0.0.1:{bridge_port}")
-    invocation = await start_invocation(f"127.0.0.1:{registry.port}", f"127.0.0.1:{bridge_port}")
+    bridge_port, internal_port = free_port(), free_port()
+    listen, internal_listen = f"127.0.0.1:{bridge_port}", f"127.0.0.1:{internal_port}"
+    bridge = await start_service_process("bridge", listen=listen, internal_listen=internal_listen)
+    invocation = await start_invocation(f"127.0.0.1:{registry.internal_port}", f"127.0.0.1:{internal_port}")
     started = asyncio.Event()
 
     async def wait(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -70,7 +72,7 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await bridge.stop()
         broken = await asyncio.wait_for(held, 10)
         assert broken.outcome is None and broken.code is Code.BRIDGE_UNAVAILABLE
-        bridge = await start_service_process("bridge", listen=f"127.0.0.1:{bridge_port}")
+        bridge = await start_service_process("bridge", listen=listen, internal_listen=internal_listen)
         await host.wait_connected(20)
         answered = await client.invoke("restart", "echo", {"again": True}, turn_id="t2")
         assert answered.outcome is not None and answered.outcome.result_json == '{"again":true}'
@@ -82,11 +84,35 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await registry.stop(0)
 
 
+async def test_an_invocation_service_pointed_at_the_public_bridge_port_says_why_it_cannot_dispatch() -> None:
+    registry = await start_registry()
+    bridge, _ = await start_bridge()
+    # Misconfigured: the bridge's public port, not its internal listener.
+    invocation = await start_invocation(f"127.0.0.1:{registry.internal_port}", f"127.0.0.1:{bridge.port}")
+    try:
+        async with RegistryClient(f"127.0.0.1:{registry.port}") as registry_client:
+            await registry_client.put_tools("wrong", [ToolSpec("echo", "", OBJECT)])
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{invocation.port}") as channel:
+            stub = invocation_pb2_grpc.InvocationServiceStub(channel)
+            call = invocation_pb2.InvokeToolRequest(
+                session_id="wrong", turn_id="t", tool_name="echo", arguments_json="{}"
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stub.InvokeTool(call, timeout=10)
+        assert error_code(failed.value) is Code.BRIDGE_UNAVAILABLE
+        info = error_info(failed.value)
+        assert info is not None and info.metadata["reason"] == "WRONG_LISTENER"
+    finally:
+        await invocation.stop(0)
+        await bridge.stop(0)
+        await registry.stop(0)
+
+
 @contextlib.asynccontextmanager
 async def dispatcher_to_bridge() -> AsyncIterator[tuple[RemoteDispatcher, str]]:
     """A dispatcher to a real bridge server, and the bridge's address."""
     bridge, _ = await start_bridge()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.port}")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bridge.internal_port}")
     dispatcher = RemoteDispatcher(channel)
     try:
         yield dispatcher, f"127.0.0.1:{bridge.port}"

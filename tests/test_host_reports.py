@@ -34,9 +34,9 @@ TIMEOUT_MS = 1500
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def services() -> AsyncIterator[dict[str, ServiceProcess]]:
     registry = await start_service_process("registry")
-    bridge = await start_service_process("bridge", "--registry", registry.target)
+    bridge = await start_service_process("bridge", "--registry", registry.internal_target)
     invocation = await start_service_process(
-        "invocation", "--registry", registry.target, "--bridge", bridge.target
+        "invocation", "--registry", registry.internal_target, "--bridge", bridge.internal_target
     )
     yield {"registry": registry, "bridge": bridge, "invocation": invocation}
     for process in (invocation, bridge, registry):

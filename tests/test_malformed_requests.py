@@ -82,7 +82,7 @@ UNARY = [
     ("invocation", "/toolmesh.v1.InvocationService/GetInvocation"),
     ("bridge", "/toolmesh.v1.BridgeService/SubmitToolResult"),
     ("bridge", "/toolmesh.v1.BridgeService/DeclareHostTools"),
-    ("bridge", "/toolmesh.v1.BridgeService/DispatchToolRequest"),
+    ("bridge-internal", "/toolmesh.v1.BridgeService/DispatchToolRequest"),
     ("registry", "/toolmesh.v1.RegistryService/PutTools"),
     ("registry", "/toolmesh.v1.RegistryService/GetTool"),
     ("registry", "/toolmesh.v1.RegistryService/ListTools"),
@@ -94,6 +94,7 @@ def target(system: LocalSystem, service: str) -> str:
     return {
         "invocation": system.invocation_target,
         "bridge": system.bridge_target,
+        "bridge-internal": system.bridge_internal_target,
         "registry": system.registry_target,
     }[service]
 
@@ -206,7 +207,7 @@ async def test_a_dispatch_stream_message_that_does_not_decode_ends_it_after_open
         timeout_ms=10_000,
     )
     good = bridge_pb2.DispatchToolRequestsRequest(requests=[request]).SerializeToString()
-    async with grpc.aio.insecure_channel(local.bridge_target) as channel:
+    async with grpc.aio.insecure_channel(local.bridge_internal_target) as channel:
         stream = raw_stream(channel, "/toolmesh.v1.BridgeService/DispatchToolRequests")()
         await stream.write(good)
         await held.started.wait()

@@ -193,7 +193,7 @@ async def test_a_dispatch_message_with_too_many_items_ends_the_stream(
     message = bridge_pb2.DispatchToolRequestsRequest(
         cancel_tool_request_ids=[f"tr_{n}" for n in range(MAX_CALLS_PER_MESSAGE + 1)]
     )
-    async with grpc.aio.insecure_channel(local.bridge_target) as channel:
+    async with grpc.aio.insecure_channel(local.bridge_internal_target) as channel:
         stream = bridge_pb2_grpc.BridgeServiceStub(channel).DispatchToolRequests()
         await stream.write(message)
         with pytest.raises(grpc.aio.AioRpcError) as raised:

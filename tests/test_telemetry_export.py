@@ -71,7 +71,7 @@ async def services(
         bridge = await start_service_process("bridge", env=env)
         processes.append(bridge)
         invocation = await start_service_process(
-            "invocation", "--registry", registry.target, "--bridge", bridge.target, env=env
+            "invocation", "--registry", registry.internal_target, "--bridge", bridge.internal_target, env=env
         )
         processes.append(invocation)
         env.update(

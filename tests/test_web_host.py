@@ -39,6 +39,8 @@ class WebStack:
     bridge_port: int
     web_port: int
     origins: list[str]
+    # The bridge's internal listener, where the invocation service dispatches.
+    bridge_internal_port: int
 
     @property
     def registry_target(self) -> str:
@@ -50,26 +52,37 @@ class WebStack:
 
     @classmethod
     async def start(cls, origins: list[str]) -> WebStack:
-        registry_port, bridge_port, web_port = free_port(), free_port(), free_port()
+        registry_port, bridge_port, web_port, internal_port = (
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        )
         registry = await start_registry(f"127.0.0.1:{registry_port}")
-        bridge = await cls._bridge(bridge_port, web_port, registry_port, origins)
-        invocation = await start_invocation(f"127.0.0.1:{registry_port}", f"127.0.0.1:{bridge_port}")
-        return cls(registry, bridge, invocation, registry_port, bridge_port, web_port, origins)
+        bridge = await cls._bridge(bridge_port, web_port, registry_port, origins, internal_port)
+        invocation = await start_invocation(f"127.0.0.1:{registry_port}", f"127.0.0.1:{internal_port}")
+        return cls(registry, bridge, invocation, registry_port, bridge_port, web_port, origins, internal_port)
 
     @staticmethod
-    async def _bridge(port: int, web_port: int, registry_port: int, origins: list[str]) -> RunningServer:
+    async def _bridge(
+        port: int, web_port: int, registry_port: int, origins: list[str], internal_port: int
+    ) -> RunningServer:
+        # The registry's public port serves the lists the bridge keeps (no tokens here).
         server, _ = await start_bridge(
             f"127.0.0.1:{port}",
             heartbeat_s=0.3,
             registry_target=f"127.0.0.1:{registry_port}",
             web_address=f"127.0.0.1:{web_port}",
             web_origins=origins,
+            internal_address=f"127.0.0.1:{internal_port}",
         )
         return server
 
     async def restart_bridge(self) -> None:
         await self.bridge.stop(0.2)
-        self.bridge = await self._bridge(self.bridge_port, self.web_port, self.registry_port, self.origins)
+        self.bridge = await self._bridge(
+            self.bridge_port, self.web_port, self.registry_port, self.origins, self.bridge_internal_port
+        )
 
     async def restart_registry(self) -> None:
         """A new, empty registry on the same port: what a restart of the embedded default is."""

@@ -172,10 +172,17 @@ class ServiceProcess:
     port: int
     output: list[str] = field(default_factory=list)
     _reader: asyncio.Task[None] | None = None
+    # The internal listener (registry and bridge), for the invocation service.
+    internal_port: int | None = None
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def internal_target(self) -> str:
+        assert self.internal_port is not None
+        return f"127.0.0.1:{self.internal_port}"
 
     async def stop(self) -> None:
         if self.process.returncode is None:
@@ -185,21 +192,31 @@ class ServiceProcess:
             await self._reader
 
 
+INTERNAL_LISTENERS = ("registry", "bridge")
+
+
 async def start_service_process(
-    service: str, *args: str, env: dict[str, str] | None = None, listen: str = "127.0.0.1:0"
+    service: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    listen: str = "127.0.0.1:0",
+    internal_listen: str = "127.0.0.1:0",
 ) -> ServiceProcess:
-    """`python -m toolmesh.<service> --listen LISTEN ...`, with its port and all it prints.
+    """`python -m toolmesh.<service> --listen LISTEN [--internal-listen ...] ...`, with its ports and all
+    it prints.
 
     A bridge's web port is a free one too, unless `args` name it.
     """
     if service == "bridge" and "--web-listen" not in args:
         args = ("--web-listen", "127.0.0.1:0", *args)
+    internal = ["--internal-listen", internal_listen] if service in INTERNAL_LISTENERS else []
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         f"toolmesh.{service}",
         "--listen",
         listen,
+        *internal,
         *args,
         env=env,
         stdout=asyncio.subprocess.PIPE,
@@ -207,14 +224,17 @@ async def start_service_process(
     )
     assert process.stdout is not None
     output: list[str] = []
+    internal_port = None
     while True:
         line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
         if not line:
             raise AssertionError(f"{service} exited: {output}")
         output.append(line)
+        if "internal listener on port" in line:
+            internal_port = int(line.rsplit(" ", 1)[1])
         if "listening on port" in line:
             break
-    running = ServiceProcess(process, int(line.rsplit(" ", 1)[1]), output)
+    running = ServiceProcess(process, int(line.rsplit(" ", 1)[1]), output, internal_port=internal_port)
 
     async def read() -> None:
         assert process.stdout is not None

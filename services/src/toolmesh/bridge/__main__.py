@@ -1,7 +1,7 @@
 import argparse
 
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
-from toolmesh.server.entrypoint import dependency_address, parse_args, run
+from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of
 from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_bridge
 
@@ -21,9 +21,12 @@ async def _start() -> RunningServer:
         registry_target=dependency_address(args, "registry"),
         web_address=None if args.web_listen == "off" else args.web_listen,
         web_origins=web_origins(args.web_origins),
+        security=security,
+        internal_address=args.internal_listen,
     )
     return server
 
 
 args = parse_args("bridge", ("registry",), _extend)
+security = security_of(args)
 run("bridge", _start)

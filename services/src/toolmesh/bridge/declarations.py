@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -91,14 +91,17 @@ class Declarations:
         self._sessions: dict[str, _Session] = {}
         router.closed_hooks.append(self._forget)
 
-    async def declare(self, host_session_id: str, tools: Sequence[ToolSpec]) -> int:
+    async def declare(
+        self, host_session_id: str, tools: Sequence[ToolSpec], sessions: Container[str] | None = None
+    ) -> int:
         """Replace what the host declares and put it in its session's list; the session's revision.
 
-        Raises ToolmeshError: HOST_SESSION_UNKNOWN, INVALID_SCHEMA or
+        Raises ToolmeshError: HOST_SESSION_UNKNOWN (also for a host session of a
+        session other than `sessions`, None: all), INVALID_SCHEMA or
         INVALID_REQUEST (nothing declared), REGISTRY_UNAVAILABLE (declared; the
         keeper puts it once the registry answers).
         """
-        host = self._router.host(host_session_id)
+        host = self._router.host(host_session_id, sessions)
         check_tools(tools)
         if self._lists is None:
             raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "This bridge has no registry address.")

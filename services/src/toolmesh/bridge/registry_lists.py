@@ -16,8 +16,10 @@ _REFUSALS = {Code.REVISION_CONFLICT, Code.INVALID_SCHEMA, Code.INVALID_REQUEST}
 
 
 class RegistryToolLists:
-    def __init__(self, target: str) -> None:
-        self._client = RegistryClient(target)
+    """`target`: the registry's internal listener; `credentials`: the bridge's mutual TLS, if any."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self._client = RegistryClient(target, credentials=credentials)
 
     async def get(self, session_id: str) -> ToolSet:
         try:

@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -204,10 +204,11 @@ class Router:
             self._deliver(pending, host)
         return host
 
-    def host(self, host_session_id: str) -> HostSession:
-        """The open host session of that id; raise ToolmeshError(HOST_SESSION_UNKNOWN) if there is none."""
+    def host(self, host_session_id: str, sessions: Container[str] | None = None) -> HostSession:
+        """The open host session of that id; raise ToolmeshError(HOST_SESSION_UNKNOWN) if there is none,
+        or if it serves a session other than `sessions` (None: all)."""
         host = self._hosts.get(host_session_id)
-        if host is None:
+        if host is None or (sessions is not None and host.session_id not in sessions):
             raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"host_session_id": host_session_id})
         return host
 
@@ -359,11 +360,21 @@ class Router:
         if host is not None:
             host.send(ToolRequestCancelled(pending.request.tool_request_id, reason))
 
-    def submit(self, host_session_id: str, tool_request_id: str, outcome: Outcome) -> None:
-        """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not."""
+    def submit(
+        self,
+        host_session_id: str,
+        tool_request_id: str,
+        outcome: Outcome,
+        sessions: Container[str] | None = None,
+    ) -> None:
+        """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not.
+
+        `sessions`: those the submitter may serve (None: all); a host session of
+        another is unknown to it.
+        """
         metadata = {"host_session_id": host_session_id, "tool_request_id": tool_request_id}
         host = self._hosts.get(host_session_id)
-        if host is None:
+        if host is None or (sessions is not None and host.session_id not in sessions):
             raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)
         pending = self._pending.get(tool_request_id)
         if pending is None:

@@ -6,9 +6,11 @@ web port (toolmesh.bridge.web), which serves them over Connect and gRPC-Web.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 from dataclasses import replace
 
+from toolmesh.auth.grants import Role
+from toolmesh.auth.guard import scope
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
@@ -56,19 +58,21 @@ async def host_events(
 
 
 def submit(
-    router: Router, request: bridge_pb2.SubmitToolResultRequest
+    router: Router, request: bridge_pb2.SubmitToolResultRequest, sessions: Container[str] | None
 ) -> bridge_pb2.SubmitToolResultResponse:
+    """`sessions`: those the host may serve (None: all); another's host session is unknown to it."""
     outcome = outcome_from_pb(request.outcome)
     telemetry.record_outcome(outcome)
-    router.submit(request.host_session_id, request.tool_request_id, outcome)
+    router.submit(request.host_session_id, request.tool_request_id, outcome, sessions)
     return bridge_pb2.SubmitToolResultResponse()
 
 
 async def declare(
-    declarations: Declarations, request: bridge_pb2.DeclareHostToolsRequest
+    declarations: Declarations, request: bridge_pb2.DeclareHostToolsRequest, sessions: Container[str] | None
 ) -> bridge_pb2.DeclareHostToolsResponse:
+    """`sessions`: as for `submit`."""
     tools = [tool_from_pb(tool) for tool in request.tools]
-    revision = await declarations.declare(request.host_session_id, tools)
+    revision = await declarations.declare(request.host_session_id, tools, sessions)
     return bridge_pb2.DeclareHostToolsResponse(revision=revision)
 
 
@@ -86,12 +90,12 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     async def SubmitToolResult(
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
-        return submit(self._router, request)
+        return submit(self._router, request, scope(Role.HOST))
 
     async def DeclareHostTools(
         self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext
     ) -> bridge_pb2.DeclareHostToolsResponse:
-        return await declare(self._declarations, request)
+        return await declare(self._declarations, request, scope(Role.HOST))
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext

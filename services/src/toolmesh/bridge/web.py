@@ -6,7 +6,9 @@ protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
 and Declarations of its gRPC port. The routes come from protoc-gen-connectrpc
 (connectrpc, on our protobuf messages); uvicorn serves them.
 
-Who may call: the hosts, as on the gRPC port. The internal Dispatch RPCs are
+Who may call: the hosts, as on the gRPC port: the same policy and tokens
+(`authorization: Bearer <token>`, a header browsers may send here), and TLS
+with the bridge's certificate when it has one. The internal Dispatch RPCs are
 never served here (any other path is 404). A browser page may call only from
 an origin it is allowed: one of the configured origins, or the port's own
 origin; a request from another origin is refused (403) before any RPC runs,
@@ -32,11 +34,15 @@ from connectrpc.request import RequestContext
 from google.rpc import error_details_pb2
 from protobuf.wkt import Any as AnyMessage
 
+from toolmesh.auth.grants import Role
+from toolmesh.auth.guard import Admit, Listener, admission, scope
+from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import declare, host_events, submit
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
+from toolmesh.core.tls import TlsFiles
 from toolmesh.v1 import bridge_pb2
 from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
 
@@ -82,21 +88,42 @@ def _fail(method: str, exc: Exception) -> NoReturn:
     raise _connect_error(exc) from None
 
 
+class _Headers:
+    """A Connect request's headers where the policy reads gRPC metadata."""
+
+    def __init__(self, ctx: RequestContext[Any, Any]) -> None:
+        self._ctx = ctx
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return [(key.lower(), value) for key, value in self._ctx.request_headers.items()]
+
+
+async def _admit(admit: Admit | None, request: Any, ctx: RequestContext[Any, Any]) -> None:
+    if admit is not None:
+        await admit(request, _Headers(ctx))
+
+
 class WebBridge(BridgeService):
-    """The host-facing BridgeService methods for connectrpc: thin, on the gRPC port's own functions.
+    """The host-facing BridgeService methods for connectrpc: thin, on the gRPC port's own functions,
+    each admitted by the same policy as on the gRPC port.
 
     The Dispatch methods keep the generated bodies (UNIMPLEMENTED), and `guarded`
     never lets a request reach them.
     """
 
-    def __init__(self, router: Router, declarations: Declarations) -> None:
+    def __init__(self, router: Router, declarations: Declarations, verifier: Verifier | None) -> None:
         self._router = router
         self._declarations = declarations
+        self._admit = {
+            name: admission(f"toolmesh.v1.BridgeService/{name}", Listener.PUBLIC, verifier)
+            for name in ("OpenHostSession", "SubmitToolResult", "DeclareHostTools")
+        }
 
     async def open_host_session(
         self, request: bridge_pb2.OpenHostSessionRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
         try:
+            await _admit(self._admit["OpenHostSession"], request, ctx)
             async for event in host_events(self._router, request):
                 yield event
         except Exception as exc:
@@ -106,7 +133,8 @@ class WebBridge(BridgeService):
         self, request: bridge_pb2.SubmitToolResultRequest, ctx: RequestContext[Any, Any]
     ) -> bridge_pb2.SubmitToolResultResponse:
         try:
-            return submit(self._router, request)
+            await _admit(self._admit["SubmitToolResult"], request, ctx)
+            return submit(self._router, request, scope(Role.HOST))
         except Exception as exc:
             _fail("SubmitToolResult", exc)
 
@@ -114,7 +142,8 @@ class WebBridge(BridgeService):
         self, request: bridge_pb2.DeclareHostToolsRequest, ctx: RequestContext[Any, Any]
     ) -> bridge_pb2.DeclareHostToolsResponse:
         try:
-            return await declare(self._declarations, request)
+            await _admit(self._admit["DeclareHostTools"], request, ctx)
+            return await declare(self._declarations, request, scope(Role.HOST))
         except Exception as exc:
             _fail("DeclareHostTools", exc)
 
@@ -194,9 +223,12 @@ async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]]) 
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def web_app(router: Router, declarations: Declarations, origins: Iterable[str]) -> App:
+def web_app(
+    router: Router, declarations: Declarations, origins: Iterable[str], verifier: Verifier | None = None
+) -> App:
+    """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port."""
     connect = BridgeServiceASGIApplication(
-        WebBridge(router, declarations),
+        WebBridge(router, declarations, verifier),
         read_max_bytes=MAX_MESSAGE_BYTES,
     )
     return guarded(connect, origins)
@@ -220,8 +252,11 @@ class WebServer:
         await self.server.shutdown()
 
 
-async def start_web_server(app: App, address: str) -> WebServer:
-    """Serve `app` on `address` (port 0 picks a free port) over HTTP/1.1, on the running loop."""
+async def start_web_server(app: App, address: str, tls: TlsFiles | None = None) -> WebServer:
+    """Serve `app` on `address` (port 0 picks a free port) over HTTP/1.1, on the running loop.
+
+    With `tls` (a certificate and key), over HTTPS; the files are read once, at start.
+    """
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -240,6 +275,8 @@ async def start_web_server(app: App, address: str) -> WebServer:
         proxy_headers=False,
         server_header=False,
         date_header=False,
+        ssl_certfile=tls.cert if tls is not None and tls.cert is not None else None,
+        ssl_keyfile=tls.key if tls is not None and tls.key is not None else None,
     )
     server = uvicorn.Server(config)
     # startup() and shutdown(), not serve(): that would take over the process's signals.

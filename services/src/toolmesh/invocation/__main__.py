@@ -1,10 +1,14 @@
-from toolmesh.server.entrypoint import dependency_address, parse_args, run
+from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of
 from toolmesh.server.system import start_invocation
 
 args = parse_args("invocation", ("registry", "bridge"))
+security = security_of(args)
 run(
     "invocation",
     lambda: start_invocation(
-        dependency_address(args, "registry"), dependency_address(args, "bridge"), args.listen
+        dependency_address(args, "registry"),
+        dependency_address(args, "bridge"),
+        args.listen,
+        security=security,
     ),
 )

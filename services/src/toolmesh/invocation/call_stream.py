@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -39,11 +39,14 @@ class CallStream:
     def __init__(
         self,
         invoker: Invoker,
+        sessions: Container[str] | None = None,
         *,
         pause_bytes: int = UNREAD_RESULTS_PAUSE_BYTES,
         max_bytes: int = UNREAD_RESULTS_MAX_BYTES,
     ) -> None:
         self._invoker = invoker
+        # The sessions the caller may call (None: all); a call for another is refused alone.
+        self._sessions = sessions
         self._results: Outbox[invocation_pb2.StreamedToolResult] = Outbox(_result_size)
         self._pause_bytes = pause_bytes
         self._max_bytes = max_bytes
@@ -123,6 +126,7 @@ class CallStream:
                         request.idempotency_key,
                         request.confirmed_tool_request_ids,
                         leaves_early=False,
+                        sessions=self._sessions,
                     )
                 except ToolmeshError as error:
                     span.set_status(Status(StatusCode.ERROR, error.code.value))

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -157,6 +157,7 @@ class Invoker:
         confirmed: Sequence[str] = (),
         *,
         leaves_early: bool = True,
+        sessions: Container[str] | None = None,
     ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
 
@@ -164,12 +165,19 @@ class Invoker:
         unary RPC whose client gives up) gets the invocation run in a task of
         its own, which goes on without it. One that always waits for the
         outcome (a call on an InvokeTools stream) runs it itself and saves the task.
+        `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
         """
         check_envelope(call)
+        if sessions is not None and call.session_id not in sessions:
+            raise ToolmeshError(
+                Code.PERMISSION_DENIED,
+                "Its sessions do not include this one.",
+                {"session_id": call.session_id},
+            )
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
         if confirmed:
-            await self.confirm_delivery(confirmed)
+            await self.confirm_delivery(confirmed, sessions)
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
@@ -289,20 +297,26 @@ class Invoker:
             )
         return record.outcome
 
-    async def confirm_delivery(self, tool_request_ids: Sequence[str]) -> None:
-        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are."""
+    async def confirm_delivery(
+        self, tool_request_ids: Sequence[str], sessions: Container[str] | None = None
+    ) -> None:
+        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are,
+        and so are those of sessions other than `sessions` (None: all)."""
         if len(tool_request_ids) > MAX_CONFIRMATIONS:
             raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
         for tool_request_id in tool_request_ids:
             require_id(tool_request_id, "tool_request_id")
         for tool_request_id in tool_request_ids:
             with contextlib.suppress(ToolmeshError):  # INVOCATION_RUNNING: nothing to confirm yet
-                await self.ledger.confirm(tool_request_id)
+                await self.ledger.confirm(tool_request_id, sessions)
 
-    async def get_invocation(self, tool_request_id: str) -> InvocationRecord:
+    async def get_invocation(
+        self, tool_request_id: str, sessions: Container[str] | None = None
+    ) -> InvocationRecord:
+        """The ledger's record; INVOCATION_NOT_FOUND when unknown or of a session not in `sessions`."""
         require_id(tool_request_id, "tool_request_id")
         record = await self.ledger.get(tool_request_id)
-        if record is None:
+        if record is None or (sessions is not None and record.session_id not in sessions):
             raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"tool_request_id": tool_request_id})
         return record
 

@@ -4,7 +4,9 @@ Keys in the store (all with expiry, so the ledger stays bounded):
 - `ledger:inv:<id>`: the invocation record (state, outcome, delivered, times).
 - `ledger:same:<session>:<tool>:<arguments digest>`: the dedupe pointer to the
   running or unconfirmed invocation with that logical identity.
-- `ledger:idem:<session>:<key>`: an idempotency key and its arguments digest.
+- `ledger:idem:<length of session>:<session>:<key>`: an idempotency key and its
+  arguments digest. The length prefix keeps pairs apart when ids contain `:`
+  (session `a:b` with key `c` is not session `a` with key `b:c`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import enum
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,7 +224,7 @@ class Ledger:
 
     @staticmethod
     def _idempotency_key(session_id: str, key: str) -> str:
-        return f"ledger:idem:{session_id}:{key}"
+        return f"ledger:idem:{len(session_id)}:{session_id}:{key}"
 
     async def get(self, tool_request_id: str) -> InvocationRecord | None:
         stored = await self._store.get(self._record_key(tool_request_id))
@@ -355,9 +357,10 @@ class Ledger:
         if pointer is not None and pointer.value.decode() == record.tool_request_id:
             await self._store.delete(self._identity_key(record.identity))
 
-    async def confirm(self, tool_request_id: str) -> None:
+    async def confirm(self, tool_request_id: str, sessions: Container[str] | None = None) -> None:
+        """Mark the outcome delivered; nothing for another session than `sessions` (None: all)."""
         record = await self.get(tool_request_id)
-        if record is None or record.delivered:
+        if record is None or record.delivered or (sessions is not None and record.session_id not in sessions):
             return
         if not record.finished:
             raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"tool_request_id": tool_request_id})

@@ -125,7 +125,7 @@ class RemoteDispatcher:
             try:
                 return _outcome_of(await result)
             except StreamBroken as broken:
-                raise ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", {"grpc_status": broken.status}) from None
+                raise _unavailable(broken) from None
             except TimeoutError:
                 detail = f"No result within {request.timeout_ms} ms."
                 return Outcome.runtime_error(Code.TOOL_TIMEOUT, detail, {"timeoutMs": request.timeout_ms})
@@ -157,6 +157,16 @@ def _dispatch_message(batch: list[bridge_pb2.ToolRequest | str]) -> bridge_pb2.D
         else:
             message.requests.append(item)
     return message
+
+
+def _unavailable(broken: StreamBroken) -> ToolmeshError:
+    metadata = {"grpc_status": broken.status}
+    refused = error_code(broken.error) if broken.error is not None else None
+    if refused is not None:
+        # The bridge answered but would not take the stream: a configuration to fix, not an outage.
+        metadata["reason"] = refused.value
+        log.error("the bridge refused the dispatch stream", extra={"reason": refused.value})
+    return ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", metadata)
 
 
 def _give_up(result: asyncio.Future[bridge_pb2.DispatchResult]) -> None:

@@ -1,5 +1,6 @@
-from toolmesh.server.entrypoint import parse_args, run
+from toolmesh.server.entrypoint import parse_args, run, security_of
 from toolmesh.server.system import start_registry
 
 args = parse_args("registry")
-run("registry", lambda: start_registry(args.listen))
+security = security_of(args)
+run("registry", lambda: start_registry(args.listen, security=security, internal_address=args.internal_listen))

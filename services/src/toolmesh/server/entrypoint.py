@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 from collections.abc import Awaitable, Callable
 
-from toolmesh.client.config import DEFAULT_PORTS, address
+from toolmesh.client.config import DEFAULT_PORTS
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
+from toolmesh.server import security
 from toolmesh.server.runtime import RunningServer, serve_until_signalled
+from toolmesh.server.security import Security
+
+# Internal listeners (registry lookups, bridge dispatch): loopback unless told otherwise.
+INTERNAL_PORTS = {"registry": 7411, "bridge": 7413}
+INTERNAL_ENV_VARS = {
+    "registry": "TOOLMESH_REGISTRY_INTERNAL_ADDR",
+    "bridge": "TOOLMESH_BRIDGE_INTERNAL_ADDR",
+}
+EXIT_CONFIG = 2
 
 
 def parse_args(
@@ -21,24 +33,45 @@ def parse_args(
     parser.add_argument(
         "--listen",
         default=f"127.0.0.1:{DEFAULT_PORTS[service]}",
-        help="address to listen on (default %(default)s; port 0 picks a free one)",
+        help="address callers and hosts connect to (default %(default)s; port 0 picks a free one)",
     )
+    if service in INTERNAL_PORTS:
+        parser.add_argument(
+            "--internal-listen",
+            default=f"127.0.0.1:{INTERNAL_PORTS[service]}",
+            help="address of the internal listener, for other toolmesh services only "
+            "(default %(default)s; off loopback it needs mutual TLS)",
+        )
     for dependency in dependencies:
         parser.add_argument(
-            f"--{dependency}", help=f"{dependency} address (env TOOLMESH_{dependency.upper()}_ADDR)"
+            f"--{dependency}",
+            help=f"the {dependency}'s internal listener (env {INTERNAL_ENV_VARS[dependency]}, "
+            f"default 127.0.0.1:{INTERNAL_PORTS[dependency]})",
         )
+    security.add_arguments(parser)
     if extend is not None:
         extend(parser)
     return parser.parse_args()
 
 
+def security_of(args: argparse.Namespace) -> Security:
+    """The flags' security, or exit with the reason it cannot be used."""
+    try:
+        return security.from_args(args)
+    except (OSError, ValueError) as error:
+        print(f"toolmesh: {error}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+
+
 def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
-    """Start the service, print its port (so a parent process can read it), serve until signalled."""
+    """Start the service, print its ports (so a parent process can read them), serve until signalled."""
     configure_logging(f"toolmesh-{service}")
     otel.configure(f"toolmesh-{service}")
 
     async def main() -> None:
         server = await start()
+        if server.internal is not None:
+            print(f"toolmesh {service} internal listener on port {server.internal.port}", flush=True)
         print(f"toolmesh {service} listening on port {server.port}", flush=True)
         if server.web_port is not None:
             print(
@@ -48,10 +81,13 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
 
     try:
         asyncio.run(main())
+    except security.Unprotected as refusal:
+        print(f"toolmesh {service}: {refusal}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     finally:
         otel.shutdown()
 
 
 def dependency_address(args: argparse.Namespace, service: str) -> str:
     flag: str | None = getattr(args, service)
-    return address(service, flag)
+    return flag or os.environ.get(INTERNAL_ENV_VARS[service]) or f"127.0.0.1:{INTERNAL_PORTS[service]}"

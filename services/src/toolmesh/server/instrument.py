@@ -1,4 +1,4 @@
-"""Wrapping each servicer method once: a span per RPC, and errors turned into statuses.
+"""Wrapping each servicer method once: who may call it, a span per RPC, and errors turned into statuses.
 
 This is done when a service is added to its server, not by a server
 interceptor: grpc.aio runs interceptors on every call and builds a new
@@ -30,14 +30,24 @@ from toolmesh.server.rpc_types import ServicerContext
 log = logging.getLogger("toolmesh.server")
 
 
-def instrumented(servicer: object, descriptor: ServiceDescriptor) -> Any:
-    """An object with the servicer's RPC methods, each wrapped once."""
+# What a call must pass before the servicer runs (toolmesh.auth.guard); it raises ToolmeshError.
+Admit = Callable[[Any, ServicerContext], Awaitable[None]]
+
+
+def instrumented(
+    servicer: object, descriptor: ServiceDescriptor, admission: Callable[[str], Admit | None]
+) -> Any:
+    """An object with the servicer's RPC methods, each wrapped once.
+
+    `admission(full_method)` says what each call of a method must pass first (None: nothing).
+    """
     methods: dict[str, Any] = {}
     for method in descriptor.methods:
         inner = getattr(servicer, method.name)
         full_method = f"{descriptor.full_name}/{method.name}"
         wrap = _stream if method.server_streaming else _unary
-        methods[method.name] = wrap(full_method, descriptor.full_name, method.name, inner)
+        admit = admission(full_method)
+        methods[method.name] = wrap(full_method, descriptor.full_name, method.name, inner, admit)
     return types.SimpleNamespace(**methods)
 
 
@@ -70,11 +80,13 @@ def _span(full_method: str, service: str, name: str, context: ServicerContext) -
 
 
 def _unary(
-    full_method: str, service: str, name: str, inner: Callable[..., Awaitable[Any]]
+    full_method: str, service: str, name: str, inner: Callable[..., Awaitable[Any]], admit: Admit | None
 ) -> Callable[..., Awaitable[Any]]:
     async def unary(request: Any, context: ServicerContext) -> Any:
         with _span(full_method, service, name, context) as span:
             try:
+                if admit is not None:
+                    await admit(request, context)
                 response = await inner(request, context)
             except Exception as exc:
                 await _abort_for(full_method, context, exc)
@@ -86,11 +98,13 @@ def _unary(
 
 
 def _stream(
-    full_method: str, service: str, name: str, inner: Callable[..., AsyncIterator[Any]]
+    full_method: str, service: str, name: str, inner: Callable[..., AsyncIterator[Any]], admit: Admit | None
 ) -> Callable[..., AsyncIterator[Any]]:
     async def stream(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
         with _span(full_method, service, name, context):
             try:
+                if admit is not None:
+                    await admit(request, context)
                 async for item in inner(request, context):
                     yield item
             except Exception as exc:

@@ -1,4 +1,9 @@
-"""Running a toolmesh gRPC server: health, reflection, limits, graceful stop."""
+"""Running a toolmesh gRPC server: health, reflection, limits, who may call what, graceful stop.
+
+A service with internal RPCs (policy.INTERNAL) also gets an internal listener:
+a second server on its own port that serves only those, to other toolmesh
+services. The public listener refuses them (WRONG_LISTENER), and the other way round.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from toolmesh.auth.guard import Listener, admission, serves
 from toolmesh.core.channels import TRANSPORT_OPTIONS
 from toolmesh.server.decoding import decoding
 from toolmesh.server.instrument import instrumented
+from toolmesh.server.security import LOOPBACK, Security
 
 log = logging.getLogger("toolmesh.server")
 
@@ -42,6 +49,19 @@ class Service:
     def full_name(self) -> str:
         return self.descriptor.full_name
 
+    def has(self, listener: Listener) -> bool:
+        """Whether any of its RPCs is served on `listener`."""
+        return any(serves(f"{self.full_name}/{m.name}", listener) for m in self.descriptor.methods)
+
+
+@dataclass
+class Listening:
+    """One gRPC server on one port, with its health service."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health_aio.HealthServicer
+
 
 @dataclass
 class RunningServer:
@@ -53,13 +73,25 @@ class RunningServer:
     after_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # The bridge's web port (Connect and gRPC-Web for pages), when it serves one.
     web_port: int | None = None
+    # The internal listener, for services with internal RPCs.
+    internal: Listening | None = None
+
+    @property
+    def internal_port(self) -> int:
+        if self.internal is None:
+            raise LookupError("this server has no internal listener")
+        return self.internal.port
 
     async def stop(self, grace: float) -> None:
-        await self.health.enter_graceful_shutdown()
+        listeners = [self.health] + ([self.internal.health] if self.internal else [])
+        for health in listeners:
+            await health.enter_graceful_shutdown()
         for service in self.services:
             if service.on_shutdown is not None:
                 await service.on_shutdown()
         await self.server.stop(grace)
+        if self.internal is not None:
+            await self.internal.server.stop(grace)
         for step in self.after_stop:
             await step()
 
@@ -67,14 +99,50 @@ class RunningServer:
 async def start_server(
     services: Sequence[Service],
     address: str = "127.0.0.1:0",
-    credentials: grpc.ServerCredentials | None = None,
+    *,
+    security: Security = LOOPBACK,
+    internal_address: str | None = None,
 ) -> RunningServer:
-    """Start a server on `address` (port 0 picks a free port) and return it with its port."""
+    """Start a server on `address` (port 0 picks a free port) and return it with its port.
+
+    With `internal_address`, services with internal RPCs serve them there. Raises
+    security.Unprotected for a listener off loopback without protection (and not --insecure).
+    """
+    security.check_public(address)
+    internal_wanted = internal_address is not None and any(s.has(Listener.INTERNAL) for s in services)
+    if internal_wanted:
+        assert internal_address is not None
+        security.check_internal(internal_address)
+    public = await _listen(services, address, Listener.PUBLIC, security, security.public_credentials())
+    internal = None
+    if internal_wanted:
+        assert internal_address is not None
+        try:
+            internal = await _listen(
+                services, internal_address, Listener.INTERNAL, security, security.internal_credentials()
+            )
+        except BaseException:
+            await public.server.stop(0)
+            raise
+    return RunningServer(public.server, public.port, public.health, services, internal=internal)
+
+
+async def _listen(
+    services: Sequence[Service],
+    address: str,
+    listener: Listener,
+    security: Security,
+    credentials: grpc.ServerCredentials | None,
+) -> Listening:
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, decoding(server))
+
+    def admit(full_method: str) -> Any:
+        return admission(full_method, listener, security.verifier)
+
     for service in services:
-        service.add_to_server(instrumented(service.servicer, service.descriptor), decoding(server))
+        service.add_to_server(instrumented(service.servicer, service.descriptor, admit), decoding(server))
     names = [service.full_name for service in services]
     # As reflection.enable_server_reflection does for an aio server (which `decoding` is not, to it);
     # the generated function has no annotations.
@@ -93,7 +161,7 @@ async def start_server(
     await server.start()
     for name in ["", *names]:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, port, health, services)
+    return Listening(server, port, health)
 
 
 async def serve_until_signalled(servers: Sequence[RunningServer], grace: float = 5.0) -> None:

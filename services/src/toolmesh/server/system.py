@@ -20,13 +20,25 @@ from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
+from toolmesh.server.security import LOOPBACK, Security
 from toolmesh.store.base import Store
 from toolmesh.store.memory import InMemoryStore
 
+# Internal listeners on a free loopback port unless told otherwise.
+INTERNAL_ADDRESS = "127.0.0.1:0"
 
-async def start_registry(address: str = "127.0.0.1:0", store: Store | None = None) -> RunningServer:
+
+async def start_registry(
+    address: str = "127.0.0.1:0",
+    store: Store | None = None,
+    *,
+    security: Security = LOOPBACK,
+    internal_address: str = INTERNAL_ADDRESS,
+) -> RunningServer:
     registry = Registry(store if store is not None else InMemoryStore())
-    return await start_server([registry_service(registry)], address)
+    return await start_server(
+        [registry_service(registry)], address, security=security, internal_address=internal_address
+    )
 
 
 async def start_bridge(
@@ -36,21 +48,31 @@ async def start_bridge(
     registry_target: str | None = None,
     web_address: str | None = None,
     web_origins: Sequence[str] = (),
+    security: Security = LOOPBACK,
+    internal_address: str = INTERNAL_ADDRESS,
 ) -> tuple[RunningServer, Router]:
-    """The bridge on `address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
+    """The bridge on `address`, its internal listener (Dispatch, for the invocation service) on
+    `internal_address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
 
-    With `registry_target`, hosts may declare their tools (DeclareHostTools);
-    `web_origins` are the browser origins allowed besides the web port's own.
+    With `registry_target` (the registry's internal listener), hosts may declare their tools
+    (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own.
     """
+    if web_address is not None:
+        security.check_public(web_address)
     router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry())
-    lists = RegistryToolLists(registry_target) if registry_target is not None else None
+    lists = (
+        RegistryToolLists(registry_target, security.peer_credentials())
+        if registry_target is not None
+        else None
+    )
     declarations = Declarations(router, lists)
     service = bridge_service(router, declarations)
-    running = await start_server([service], address)
+    running = await start_server([service], address, security=security, internal_address=internal_address)
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
-        web = await start_web_server(web_app(router, declarations, web_origins), web_address)
+        app = web_app(router, declarations, web_origins, security.verifier)
+        web = await start_web_server(app, web_address, security.tls)
         running.web_port = web.port
         shutdown = service.on_shutdown
 
@@ -73,15 +95,18 @@ async def start_invocation(
     store: Store | None = None,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
+    security: Security = LOOPBACK,
 ) -> RunningServer:
-    registry_channel = open_channel(registry_target)
-    bridge_channel = open_channel(bridge_target)
+    """The invocation service; `registry_target` and `bridge_target` are their internal listeners."""
+    security.check_public(address)
+    registry_channel = open_channel(registry_target, security.peer_credentials())
+    bridge_channel = open_channel(bridge_target, security.peer_credentials())
     ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
-    running = await start_server([invocation_service(invoker)], address)
+    running = await start_server([invocation_service(invoker)], address, security=security)
     running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
     return running
 
@@ -95,6 +120,8 @@ class LocalSystem:
     bridge: RunningServer
     router: Router
     host: str
+    # The web port serves HTTPS (the services have a certificate).
+    web_tls: bool = False
 
     @property
     def registry_target(self) -> str:
@@ -111,7 +138,16 @@ class LocalSystem:
     @property
     def web_url(self) -> str:
         """Where pages reach the bridge (Connect, gRPC-Web)."""
-        return f"http://{self.host}:{self.bridge.web_port}"
+        scheme = "https" if self.web_tls else "http"
+        return f"{scheme}://{self.host}:{self.bridge.web_port}"
+
+    @property
+    def registry_internal_target(self) -> str:
+        return f"127.0.0.1:{self.registry.internal_port}"
+
+    @property
+    def bridge_internal_target(self) -> str:
+        return f"127.0.0.1:{self.bridge.internal_port}"
 
     @property
     def servers(self) -> list[RunningServer]:
@@ -134,20 +170,35 @@ async def start_local_system(
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
+    security: Security = LOOPBACK,
 ) -> LocalSystem:
-    registry = await start_registry(f"{host}:{registry_port}")
-    bridge, router = await start_bridge(
-        f"{host}:{bridge_port}",
-        heartbeat_s,
-        registry_target=f"{host}:{registry.port}",
-        web_address=f"{host}:{web_port}",
-        web_origins=web_origins,
-    )
-    invocation = await start_invocation(
-        f"{host}:{registry.port}",
-        f"{host}:{bridge.port}",
-        f"{host}:{invocation_port}",
-        policy=policy,
-        max_in_flight=max_in_flight,
-    )
-    return LocalSystem(registry, invocation, bridge, router, host)
+    """All three services; their internal listeners on free loopback ports, used only by each other."""
+    for port in (registry_port, invocation_port, bridge_port, web_port):
+        security.check_public(f"{host}:{port}")
+    registry = await start_registry(f"{host}:{registry_port}", security=security)
+    try:
+        bridge, router = await start_bridge(
+            f"{host}:{bridge_port}",
+            heartbeat_s,
+            registry_target=f"127.0.0.1:{registry.internal_port}",
+            web_address=f"{host}:{web_port}",
+            web_origins=web_origins,
+            security=security,
+        )
+    except BaseException:
+        await registry.stop(0)
+        raise
+    try:
+        invocation = await start_invocation(
+            f"127.0.0.1:{registry.internal_port}",
+            f"127.0.0.1:{bridge.internal_port}",
+            f"{host}:{invocation_port}",
+            policy=policy,
+            max_in_flight=max_in_flight,
+            security=security,
+        )
+    except BaseException:
+        await bridge.stop(0)
+        await registry.stop(0)
+        raise
+    return LocalSystem(registry, invocation, bridge, router, host, web_tls=security.serves_tls)

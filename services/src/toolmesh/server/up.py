@@ -7,12 +7,16 @@ group `toolmesh.commands`), so the client distribution never imports servers.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
+from toolmesh.server import security
 from toolmesh.server.runtime import serve_until_signalled
 from toolmesh.server.system import start_local_system
+
+EXIT_CONFIG = 2
 
 
 def add_parser(commands: Any) -> None:
@@ -32,23 +36,32 @@ def add_parser(commands: Any) -> None:
         help=f"the bridge's port for pages, Connect and gRPC-Web (default {DEFAULT_WEB_PORT}; 0 picks one)",
     )
     add_web_arguments(parser)
+    security.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
 async def run(args: argparse.Namespace) -> int:
-    system = await start_local_system(
-        host=args.host,
-        registry_port=args.registry_port,
-        invocation_port=args.invocation_port,
-        bridge_port=args.bridge_port,
-        web_port=args.web_port,
-        web_origins=web_origins(args.web_origins),
-    )
+    try:
+        protection = security.from_args(args)
+        system = await start_local_system(
+            host=args.host,
+            registry_port=args.registry_port,
+            invocation_port=args.invocation_port,
+            bridge_port=args.bridge_port,
+            web_port=args.web_port,
+            web_origins=web_origins(args.web_origins),
+            security=protection,
+        )
+    except (OSError, ValueError) as error:
+        print(f"toolmesh up: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     print("toolmesh is up (embedded in-memory store)")
     print(f"  registry    {system.registry_target}")
     print(f"  invocation  {system.invocation_target}")
     print(f"  bridge      {system.bridge_target}")
     print(f"  pages       {system.web_url}  (Connect, gRPC-Web)")
+    if protection.verifier is not None:
+        print("  tokens required (mint one with `toolmesh token`)")
     print("Press Ctrl-C to stop.", flush=True)
     await serve_until_signalled(system.servers, grace=2.0)
     print("toolmesh stopped", flush=True)

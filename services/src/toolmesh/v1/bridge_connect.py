@@ -50,6 +50,16 @@ class BridgeService(Protocol):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def open_host_session(self, request: OpenHostSessionRequest, ctx: RequestContext[OpenHostSessionRequest, OpenHostSessionResponse], /) -> AsyncIterator[OpenHostSessionResponse]:
         """
@@ -60,6 +70,7 @@ class BridgeService(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -73,7 +84,8 @@ class BridgeService(Protocol):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -118,7 +130,7 @@ class BridgeService(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -130,7 +142,7 @@ class BridgeService(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -229,6 +241,16 @@ class BridgeServiceClient(ConnectClient):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def __init__(
         self,
@@ -269,6 +291,7 @@ class BridgeServiceClient(ConnectClient):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         return self.execute_server_stream(
             request=request,
@@ -299,7 +322,8 @@ class BridgeServiceClient(ConnectClient):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         return await self.execute_unary(
             request=request,
@@ -378,7 +402,7 @@ class BridgeServiceClient(ConnectClient):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         return await self.execute_unary(
             request=request,
@@ -407,7 +431,7 @@ class BridgeServiceClient(ConnectClient):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,
@@ -436,6 +460,16 @@ class BridgeServiceSync(Protocol):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def open_host_session(self, request: OpenHostSessionRequest, ctx: RequestContext[OpenHostSessionRequest, OpenHostSessionResponse], /) -> Iterator[OpenHostSessionResponse]:
         """
@@ -446,6 +480,7 @@ class BridgeServiceSync(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -459,7 +494,8 @@ class BridgeServiceSync(Protocol):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -504,7 +540,7 @@ class BridgeServiceSync(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -516,7 +552,7 @@ class BridgeServiceSync(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -613,6 +649,16 @@ class BridgeServiceClientSync(ConnectClientSync):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
     def __init__(
         self,
@@ -653,6 +699,7 @@ class BridgeServiceClientSync(ConnectClientSync):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         return self.execute_server_stream(
             request=request,
@@ -683,7 +730,8 @@ class BridgeServiceClientSync(ConnectClientSync):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         return self.execute_unary(
             request=request,
@@ -762,7 +810,7 @@ class BridgeServiceClientSync(ConnectClientSync):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         return self.execute_unary(
             request=request,
@@ -791,7 +839,7 @@ class BridgeServiceClientSync(ConnectClientSync):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,

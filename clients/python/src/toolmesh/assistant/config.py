@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 
 from toolmesh.client.config import address
+from toolmesh.core.bearer import TokenSource, token_from_env
+from toolmesh.core.tls import ENV_TLS, TlsFiles
 
 ENV_MODEL_URL = "TOOLMESH_MODEL_URL"
 ENV_MODEL = "TOOLMESH_MODEL"
@@ -54,9 +56,11 @@ class ModelEndpoint:
 
 @dataclass(frozen=True, slots=True)
 class ToolServices:
-    """Where the registry and invocation services are, and how the channel must be secured.
+    """Where the registry and invocation services are, how the channel must be secured, and the token.
 
     With `require_tls`, a plaintext channel is refused (UNSUPPORTED_WEBMCP).
+    `certificate_chain` and `private_key` (PEM) make it mutual TLS. `token`
+    (text, or a callback asked before each call) names the session with the role call.
     """
 
     registry: str
@@ -64,6 +68,9 @@ class ToolServices:
     tls: bool = False
     require_tls: bool = False
     root_certificates: bytes | None = field(default=None, repr=False)
+    certificate_chain: bytes | None = field(default=None, repr=False)
+    private_key: bytes | None = field(default=None, repr=False)
+    token: TokenSource | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(
@@ -73,14 +80,35 @@ class ToolServices:
         *,
         tls: bool = False,
         require_tls: bool | None = None,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> ToolServices:
-        """Arguments first, then the TOOLMESH_REGISTRY_ADDR / TOOLMESH_INVOCATION_ADDR variables, then local.
+        """Arguments first, then the environment, then local defaults.
 
-        `require_tls` defaults to TOOLMESH_REQUIRE_TLS (1, true or yes).
+        Addresses from TOOLMESH_REGISTRY_ADDR / TOOLMESH_INVOCATION_ADDR; `require_tls`
+        from TOOLMESH_REQUIRE_TLS (1, true or yes); TLS from TOOLMESH_TLS and
+        TOOLMESH_TLS_CA / _CERT / _KEY (a CA or a client certificate implies TLS); the
+        token from TOOLMESH_TOKEN.
         """
         if require_tls is None:
-            require_tls = os.environ.get(ENV_REQUIRE_TLS, "").lower() in {"1", "true", "yes"}
-        return cls(address("registry", registry), address("invocation", invocation), tls, require_tls)
+            require_tls = _flag(ENV_REQUIRE_TLS)
+        files = TlsFiles.from_env(tls_cert, tls_key, tls_ca)
+        return cls(
+            address("registry", registry),
+            address("invocation", invocation),
+            tls or _flag(ENV_TLS) or files.configured,
+            require_tls,
+            files.ca.read_bytes() if files.ca else None,
+            files.cert.read_bytes() if files.cert else None,
+            files.key.read_bytes() if files.key else None,
+            token_from_env(token),
+        )
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in {"1", "true", "yes"}
 
 
 @dataclass(frozen=True, slots=True)

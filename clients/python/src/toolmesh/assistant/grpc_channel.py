@@ -36,7 +36,11 @@ HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
 def _channel(target: str, services: ToolServices) -> grpc.aio.Channel:
-    credentials = grpc.ssl_channel_credentials(services.root_certificates) if services.tls else None
+    credentials = None
+    if services.tls:
+        credentials = grpc.ssl_channel_credentials(
+            services.root_certificates, services.private_key, services.certificate_chain
+        )
     return open_channel(target, credentials)
 
 
@@ -55,8 +59,12 @@ class GrpcToolChannel:
             REGISTRY_SERVICE: _channel(services.registry, services),
             INVOCATION_SERVICE: _channel(services.invocation, services),
         }
-        self._registry = RegistryClient(services.registry, channel=self._channels[REGISTRY_SERVICE])
-        self._invocation = InvocationClient(services.invocation, channel=self._channels[INVOCATION_SERVICE])
+        self._registry = RegistryClient(
+            services.registry, channel=self._channels[REGISTRY_SERVICE], token=services.token
+        )
+        self._invocation = InvocationClient(
+            services.invocation, channel=self._channels[INVOCATION_SERVICE], token=services.token
+        )
         self._checked = False
 
     async def check(self) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 import grpc
 
-from toolmesh.cli.output import EXIT_NO_OUTCOME, print_rpc_error
+from toolmesh.cli import access
+from toolmesh.cli.output import EXIT_NO_OUTCOME, EXIT_USAGE, print_rpc_error
 from toolmesh.client.config import address
 from toolmesh.client.invocation import InvocationClient
 
@@ -33,6 +34,7 @@ def add_parser(commands: Any) -> None:
         "--timeout", type=float, help="seconds this command waits for an outcome (not the tool's timeoutMs)"
     )
     parser.add_argument("--invocation", help="invocation address (env TOOLMESH_INVOCATION_ADDR)")
+    access.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -42,7 +44,13 @@ async def run(args: argparse.Namespace) -> int:
     A malformed request prints the refusal as JSON on stderr instead.
     """
     turn_id = args.turn_id or f"turn_{uuid.uuid4().hex[:16]}"
-    async with InvocationClient(address("invocation", args.invocation)) as client:
+    try:
+        credentials = access.credentials(args)
+    except (OSError, ValueError) as exc:
+        print(f"toolmesh tool-call: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    target = address("invocation", args.invocation)
+    async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
         try:
             result = await client.invoke(
                 args.thread_id, args.tool, turn_id=turn_id, arguments_json=args.args, timeout=args.timeout

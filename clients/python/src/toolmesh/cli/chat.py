@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from toolmesh.cli import access
 from toolmesh.cli.output import EXIT_USAGE
 
 
@@ -31,7 +32,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--system", default="", help="system prompt")
     parser.add_argument("--registry", help="registry address (env TOOLMESH_REGISTRY_ADDR)")
     parser.add_argument("--invocation", help="invocation address (env TOOLMESH_INVOCATION_ADDR)")
-    parser.add_argument("--tls", action="store_true", help="use TLS to the tool services")
+    access.add_arguments(parser)
     parser.add_argument(
         "--require-tls",
         action="store_true",

@@ -107,12 +107,19 @@ async def run(args: argparse.Namespace) -> int:
     try:
         endpoint = ModelEndpoint.from_env(args.model_url, args.model, args.model_api_key, args.model_timeout)
         limits = TurnLimits(max_rounds=args.max_rounds, system_prompt=args.system)
-    except ValueError as exc:
+        services = ToolServices.from_env(
+            args.registry,
+            args.invocation,
+            tls=args.tls,
+            require_tls=args.require_tls,
+            token=args.token,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        )
+    except (OSError, ValueError) as exc:
         print(f"toolmesh chat: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    services = ToolServices.from_env(
-        args.registry, args.invocation, tls=args.tls, require_tls=args.require_tls
-    )
     lines = Lines(sys.stdin)
 
     async def confirm(request: ConfirmationRequest) -> bool:

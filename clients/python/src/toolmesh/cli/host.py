@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from toolmesh.cli import access
 from toolmesh.cli.output import EXIT_USAGE
 from toolmesh.client.config import address
+from toolmesh.core.errors import ToolmeshError
 from toolmesh.host import HostError, ToolHost
 
 GENERIC_KEY = "*"
@@ -31,6 +33,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--bridge", help="bridge address (env TOOLMESH_BRIDGE_ADDR)")
     parser.add_argument("--name", help="host name shown in the bridge's logs")
+    access.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -75,7 +78,18 @@ async def run(args: argparse.Namespace) -> int:
     except (ImportError, AttributeError, ValueError) as exc:
         print(f"toolmesh host: cannot load handlers: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    host = ToolHost(address("bridge", args.bridge), args.thread_id, host_name=args.name)
+    try:
+        credentials = access.credentials(args)
+    except (OSError, ValueError) as exc:
+        print(f"toolmesh host: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    host = ToolHost(
+        address("bridge", args.bridge),
+        args.thread_id,
+        host_name=args.name,
+        credentials=credentials,
+        token=access.token(args),
+    )
     for name, handler in handlers.items():
         if name == GENERIC_KEY:
             host.on_any(handler)
@@ -89,6 +103,12 @@ async def run(args: argparse.Namespace) -> int:
     runner = asyncio.create_task(host.run())
     waiter = asyncio.create_task(host.wait_connected())
     await asyncio.wait({waiter, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    refusal = waiter.exception() if waiter.done() else None
+    if isinstance(refusal, ToolmeshError):
+        print(f"toolmesh host: refused: {refusal.code.value}: {refusal}", file=sys.stderr)
+        await host.stop()
+        runner.cancel()
+        return EXIT_USAGE
     if host.connected:
         log.info(
             "host ready",

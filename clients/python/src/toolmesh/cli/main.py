@@ -32,8 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 PLUGIN_GROUP = "toolmesh.commands"
-# What `toolmesh up` needs when the servers are not installed.
-_MISSING = {"up": "`toolmesh up` runs the services: install them with `pip install toolmesh-server`."}
+# What the servers' commands need when the servers are not installed.
+_MISSING = {
+    "up": "`toolmesh up` runs the services: install them with `pip install toolmesh-server`.",
+    "token": "`toolmesh token` mints tokens with the services' secret: `pip install toolmesh-server`.",
+}
 
 # The service name each command reports in logs and traces.
 _SERVICE_NAMES = {"up": "toolmesh", "host": "toolmesh-host"}

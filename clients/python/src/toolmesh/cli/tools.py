@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from toolmesh.cli import access
 from toolmesh.cli.output import EXIT_USAGE, print_rpc_error
 from toolmesh.client.config import address
 from toolmesh.client.registry import RegistryClient
@@ -26,10 +27,12 @@ def add_parser(commands: Any) -> None:
     put.add_argument("--thread-id", required=True)
     put.add_argument("--file", required=True, type=Path, help='JSON file: {"tools": [...]}')
     put.add_argument("--registry", help="registry address (env TOOLMESH_REGISTRY_ADDR)")
+    access.add_arguments(put)
     put.set_defaults(run=run_put)
     listing = verbs.add_parser("list", help="print the thread's tools and revision as JSON")
     listing.add_argument("--thread-id", required=True)
     listing.add_argument("--registry", help="registry address (env TOOLMESH_REGISTRY_ADDR)")
+    access.add_arguments(listing)
     listing.set_defaults(run=run_list)
 
 
@@ -39,6 +42,12 @@ def read_tools_file(path: Path) -> list[ToolSpec]:
     if not isinstance(document, dict) or not isinstance(document.get("tools"), list):
         raise ValueError('the file must hold {"tools": [...]}')
     return [ToolSpec.from_json_dict(raw) for raw in document["tools"]]
+
+
+def _client(args: argparse.Namespace) -> RegistryClient:
+    """Raises ValueError or OSError when the TLS files are incomplete or cannot be read."""
+    target = address("registry", args.registry)
+    return RegistryClient(target, credentials=access.credentials(args), token=access.token(args))
 
 
 async def run_put(args: argparse.Namespace) -> int:
@@ -55,7 +64,12 @@ async def run_put(args: argparse.Namespace) -> int:
     except ToolmeshError as exc:
         print(f"toolmesh: {exc.code.value}: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
-    async with RegistryClient(address("registry", args.registry)) as client:
+    try:
+        client = _client(args)
+    except (OSError, ValueError) as exc:
+        print(f"toolmesh tools: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    async with client:
         try:
             revision = await client.put_tools(args.thread_id, specs)
         except grpc.aio.AioRpcError as error:
@@ -66,7 +80,12 @@ async def run_put(args: argparse.Namespace) -> int:
 
 async def run_list(args: argparse.Namespace) -> int:
     """Print the thread's revision and tools as JSON; returns 0 or the exit code of a refused call."""
-    async with RegistryClient(address("registry", args.registry)) as client:
+    try:
+        client = _client(args)
+    except (OSError, ValueError) as exc:
+        print(f"toolmesh tools: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    async with client:
         try:
             tool_set = await client.list_tools(args.thread_id)
         except grpc.aio.AioRpcError as error:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from toolmesh.core.stream_link import StreamLink
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
@@ -23,10 +23,13 @@ CallStreamLink = StreamLink[
 class CallLink:
     """One open InvokeTools stream and the calls waiting on it. Open a new one when `closed`."""
 
-    def __init__(self, stub: invocation_pb2_grpc.InvocationServiceAsyncStub) -> None:
+    def __init__(
+        self, stub: invocation_pb2_grpc.InvocationServiceAsyncStub, metadata: Sequence[tuple[str, str]] = ()
+    ) -> None:
+        """`metadata` goes with the stream's opening (the caller's token)."""
         self._ids = itertools.count(1)
         self._link: CallStreamLink = StreamLink(
-            stub.InvokeTools,
+            lambda messages: stub.InvokeTools(messages, metadata=metadata),
             batch=lambda calls: invocation_pb2.InvokeToolsRequest(calls=calls),
             size_of=lambda call: call.ByteSize(),
             results_of=lambda response: response.results,

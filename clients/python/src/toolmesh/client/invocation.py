@@ -11,6 +11,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh.core import correlation, jsontext, telemetry
+from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
@@ -109,14 +110,23 @@ class InvocationClient:
         target: The invocation service's address, `host:port`.
         channel: A channel to use instead of opening one (the client then does not close it).
         multiplex: Send every call on one InvokeTools stream.
+        credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
+        token: The caller's token: text, or a callback (sync or async) asked before each call.
     """
 
     def __init__(
-        self, target: str, *, channel: grpc.aio.Channel | None = None, multiplex: bool = False
+        self,
+        target: str,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        multiplex: bool = False,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         self._own_channel = channel is None
-        self._channel = channel or open_channel(target)
+        self._channel = channel or open_channel(target, credentials)
         self._stub = invocation_pb2_grpc.InvocationServiceStub(self._channel)
+        self._bearer = Bearer(token)
         self._confirmations = PendingConfirmations(self._send_confirmations)
         self._multiplex = multiplex
         self._link: CallLink | None = None
@@ -141,8 +151,9 @@ class InvocationClient:
         delivery is confirmed (unless `confirm_delivery` is false): on the next
         call, or alone within a fraction of a second, or at `close()`; a later
         identical call then runs anew. A request at fault (a code the error
-        table marks `caller_fault`: INVALID_REQUEST, IDEMPOTENCY_KEY_REUSED)
-        raises the gRPC error: it is the calling program's bug.
+        table marks `caller_fault`: INVALID_REQUEST, IDEMPOTENCY_KEY_REUSED, or
+        a token that does not allow the call: UNAUTHENTICATED, PERMISSION_DENIED)
+        raises the gRPC error: nothing ran, and sending it again as it is cannot help.
         """
         text = (
             arguments_json
@@ -177,7 +188,9 @@ class InvocationClient:
     async def _call(self, request: invocation_pb2.InvokeToolRequest, timeout: float | None) -> CallResult:
         try:
             with telemetry.client_call("toolmesh.v1.InvocationService/InvokeTool") as metadata:
-                response = await self._stub.InvokeTool(request, timeout=timeout, metadata=metadata)
+                response = await self._stub.InvokeTool(
+                    request, timeout=timeout, metadata=await self._bearer.metadata(metadata)
+                )
         except grpc.aio.AioRpcError as error:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             code = error_code(error)
@@ -202,7 +215,7 @@ class InvocationClient:
             return await self._call(request, timeout)
         link = self._link
         if link is None or link.closed:
-            link = self._link = CallLink(self._stub)
+            link = self._link = CallLink(self._stub, await self._bearer.metadata())
         try:
             with telemetry.client_span("toolmesh.v1.InvocationService/InvokeTools") as carrier:
                 streamed = await link.call(request, carrier, timeout)
@@ -210,6 +223,8 @@ class InvocationClient:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             if isinstance(failure, TimeoutError):
                 return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
+            if failure.error is not None and _callers_fault(error_code(failure.error)):
+                raise failure.error from None  # the stream itself was refused: as InvokeTool would be
             return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
         if streamed.HasField("response"):
             response = streamed.response
@@ -254,7 +269,7 @@ class InvocationClient:
                 await self._stub.ConfirmDelivery(
                     invocation_pb2.ConfirmDeliveryRequest(tool_request_ids=tool_request_ids),
                     timeout=5.0,
-                    metadata=metadata,
+                    metadata=await self._bearer.metadata(metadata),
                 )
         except grpc.aio.AioRpcError:
             return False
@@ -274,7 +289,7 @@ class InvocationClient:
             response: invocation_pb2.GetInvocationResponse = await self._stub.GetInvocation(
                 invocation_pb2.GetInvocationRequest(tool_request_id=tool_request_id),
                 timeout=LOOKUP_TIMEOUT_S,
-                metadata=metadata,
+                metadata=await self._bearer.metadata(metadata),
             )
         return response.invocation
 

@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator, Sequence
 import grpc
 
 from toolmesh.core import telemetry
+from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.core.wire import tool_from_pb, tool_to_pb
@@ -23,12 +24,22 @@ class RegistryClient:
     Args:
         target: The registry service's address, `host:port`.
         channel: A channel to use instead of opening one (the client then does not close it).
+        credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
+        token: The caller's token: text, or a callback (sync or async) asked before each call.
     """
 
-    def __init__(self, target: str, *, channel: grpc.aio.Channel | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: TokenSource | None = None,
+    ) -> None:
         self._own_channel = channel is None
-        self._channel = channel or open_channel(target)
+        self._channel = channel or open_channel(target, credentials)
         self._stub = registry_pb2_grpc.RegistryServiceStub(self._channel)
+        self._bearer = Bearer(token)
 
     async def put_tools(
         self, session_id: str, tools: Sequence[ToolSpec], *, expected_revision: int | None = None
@@ -48,7 +59,7 @@ class RegistryClient:
             request.expected_revision = expected_revision
         with telemetry.client_call("toolmesh.v1.RegistryService/PutTools") as metadata:
             response: registry_pb2.PutToolsResponse = await self._stub.PutTools(
-                request, timeout=10.0, metadata=metadata
+                request, timeout=10.0, metadata=await self._bearer.metadata(metadata)
             )
         return response.revision
 
@@ -60,7 +71,9 @@ class RegistryClient:
         """
         with telemetry.client_call("toolmesh.v1.RegistryService/ListTools") as metadata:
             response = await self._stub.ListTools(
-                registry_pb2.ListToolsRequest(session_id=session_id), timeout=10.0, metadata=metadata
+                registry_pb2.ListToolsRequest(session_id=session_id),
+                timeout=10.0,
+                metadata=await self._bearer.metadata(metadata),
             )
         return _tool_set(response)
 
@@ -70,7 +83,9 @@ class RegistryClient:
         Runs until the caller stops iterating (the stream is then cancelled) or
         the stream fails (the gRPC error is raised).
         """
-        call = self._stub.WatchTools(registry_pb2.WatchToolsRequest(session_id=session_id))
+        call = self._stub.WatchTools(
+            registry_pb2.WatchToolsRequest(session_id=session_id), metadata=await self._bearer.metadata()
+        )
         try:
             async for response in call:
                 yield _tool_set(response)

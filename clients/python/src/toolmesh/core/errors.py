@@ -78,6 +78,10 @@ class Code(enum.StrEnum):
     INVOCATION_RUNNING = "INVOCATION_RUNNING"
     RESULT_NOT_JSON = "RESULT_NOT_JSON"
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    # Who may do what: refused before anything ran.
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    WRONG_LISTENER = "WRONG_LISTENER"
     # An InvokeTools stream whose caller stopped reading its results.
     RESULTS_NOT_READ = "RESULTS_NOT_READ"
     # Seen by a caller that received no outcome at all.
@@ -217,6 +221,25 @@ _TABLE: dict[Code, ErrorSpec] = {
         retryable=False,
         caller_fault=True,
         message="The result is larger than allowed.",
+    ),
+    Code.UNAUTHENTICATED: ErrorSpec(
+        status=S.UNAUTHENTICATED,
+        retryable=False,
+        caller_fault=True,
+        message="The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
+    ),
+    Code.PERMISSION_DENIED: ErrorSpec(
+        status=S.PERMISSION_DENIED,
+        retryable=False,
+        caller_fault=True,
+        message="The token does not allow this call for this session.",
+    ),
+    Code.WRONG_LISTENER: ErrorSpec(
+        status=S.PERMISSION_DENIED,
+        retryable=False,
+        caller_fault=True,
+        message="This RPC is not served on this port: internal RPCs only on the internal listener, "
+        "the others only on the public one.",
     ),
     Code.RESULTS_NOT_READ: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED,

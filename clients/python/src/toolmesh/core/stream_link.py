@@ -25,11 +25,13 @@ Result = TypeVar("Result")
 
 
 class StreamBroken(Exception):
-    """The stream ended before the result arrived; `status` is the gRPC status name."""
+    """The stream ended before the result arrived; `status` is the gRPC status name, `error` the
+    failed call when the stream ended with one (a refused token, a lost connection)."""
 
-    def __init__(self, status: str) -> None:
+    def __init__(self, status: str, error: grpc.aio.AioRpcError | None = None) -> None:
         super().__init__(status)
         self.status = status
+        self.error = error
 
 
 class StreamLink(Generic[Item, Message, Response, Result]):
@@ -75,6 +77,7 @@ class StreamLink(Generic[Item, Message, Response, Result]):
 
     async def _read(self) -> None:
         ended = "OK"
+        failure: grpc.aio.AioRpcError | None = None
         try:
             async for response in self._call:
                 for result in self._results_of(response):
@@ -83,6 +86,7 @@ class StreamLink(Generic[Item, Message, Response, Result]):
                         waiting.set_result(result)
         except grpc.aio.AioRpcError as error:
             ended = error.code().name
+            failure = error
         except asyncio.CancelledError:
             ended = "CANCELLED"
             raise
@@ -91,4 +95,4 @@ class StreamLink(Generic[Item, Message, Response, Result]):
             waiting_ones, self._waiting = self._waiting, {}
             for waiting in waiting_ones.values():
                 if not waiting.done():
-                    waiting.set_exception(StreamBroken(ended))
+                    waiting.set_exception(StreamBroken(ended, failure))

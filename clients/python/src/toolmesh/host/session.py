@@ -18,10 +18,11 @@ import grpc
 from opentelemetry.trace import SpanKind
 
 from toolmesh.core import correlation, telemetry
+from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
-from toolmesh.core.errors import RETRYABLE_STATUSES, Code, code_for_reason
+from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_info, status_of
+from toolmesh.core.rpcstatus import error_code, error_info, status_of
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ToolContext
@@ -112,6 +113,8 @@ SUBMIT_GRACE_S = 5.0
 STOP_GRACE_S = 2.0
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
+# The bridge refused the host itself: its token, or the address it was given.
+_REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
 DECLARE_TIMEOUT_S = 10.0
 
 
@@ -130,6 +133,9 @@ class ToolHost:
         session_id: The session whose tools this host serves.
         host_name: How the bridge's logs name this host; default `<hostname>:python`.
         channel: A channel to use instead of opening one (the host then does not close it).
+        credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
+        token: A token naming the session with the role host: text, or a callback (sync or
+            async) asked before each call, so that a long-lived host can refresh it.
     """
 
     def __init__(
@@ -139,12 +145,18 @@ class ToolHost:
         *,
         host_name: str | None = None,
         channel: grpc.aio.Channel | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         self.session_id = session_id
         self.host_name = host_name or f"{socket.gethostname()}:python"
         self._own_channel = channel is None
-        self._channel = channel or open_channel(bridge_target)
+        self._channel = channel or open_channel(bridge_target, credentials)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
+        self._bearer = Bearer(token)
+        # Set while the bridge refuses the host (`_refusal` says why); cleared once it takes it.
+        self._refused_now = asyncio.Event()
+        self._refusal: HostError | None = None
         self._handlers: dict[str, _Registered] = {}
         self._declared: dict[str, ToolSpec] = {}
         # Set once a host session is open and its tools were declared (or there were none).
@@ -230,17 +242,37 @@ class ToolHost:
         return self._connected.is_set()
 
     async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the stream to the bridge is open; raises TimeoutError after `timeout` seconds."""
-        await asyncio.wait_for(self._connected.wait(), timeout)
+        """Wait until the stream to the bridge is open.
+
+        Raises:
+            TimeoutError: not connected after `timeout` seconds.
+            ToolmeshError: the bridge refused the host first (UNAUTHENTICATED,
+                PERMISSION_DENIED, WRONG_LISTENER); it keeps trying meanwhile.
+        """
+        await self._until(self._connected, timeout)
 
     async def start(self, timeout: float | None = 10.0) -> None:
         """Connect in the background, reconnecting whenever the stream drops; wait for the first connection.
 
-        Raises TimeoutError when no connection was made within `timeout`; the
-        host keeps trying until `stop()`.
+        Raises TimeoutError when no connection was made within `timeout`, and
+        ToolmeshError when the bridge refused the host (its token does not
+        name the session with the role host, or has expired); the host keeps
+        trying until `stop()` (a token callback may give a better token).
         """
         self._runner = asyncio.create_task(self.run())
-        await asyncio.wait_for(self._ready.wait(), timeout)
+        await self._until(self._ready, timeout)
+
+    async def _until(self, event: asyncio.Event, timeout: float | None) -> None:
+        """Wait for `event`, or raise ToolmeshError as soon as the bridge refuses the host."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._refused_now.wait())]
+        try:
+            await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        refusal = self._refusal
+        if not event.is_set() and refusal is not None:
+            raise ToolmeshError(refusal.code, refusal.message)
 
     async def run(self) -> None:
         """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
@@ -259,6 +291,7 @@ class ToolHost:
                     "host stream ended",
                     extra={"session_id": self.session_id, "grpc_status": error.code().name},
                 )
+                self._refused(error)
             except TimeoutError:
                 log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
             finally:
@@ -271,6 +304,19 @@ class ToolHost:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, 5.0)
+
+    def _refused(self, error: grpc.aio.AioRpcError) -> None:
+        code = error_code(error)
+        if code not in _REFUSALS:
+            return
+        assert code is not None
+        first = self._refusal is None
+        # The details start with the table's message; keep what the bridge added.
+        detail = (error.details() or "").removeprefix(ERROR_TABLE[code].message).strip()
+        self._refusal = HostError(code, detail, self.session_id)
+        self._refused_now.set()
+        if first:  # once until the next connection: a host that keeps trying does not flood on_error
+            self._report(self._refusal)
 
     async def stop(self) -> None:
         """Close the stream, cancel the handlers still running, finish submits, close an owned channel.
@@ -317,7 +363,8 @@ class ToolHost:
                 host_name=self.host_name,
                 handler_names=sorted(self._handlers),
                 has_generic_handler=self._generic is not None,
-            )
+            ),
+            metadata=await self._bearer.metadata(),
         )
         self._call = call
         # Until the bridge says how often it beats, allow a generous first wait.
@@ -342,6 +389,8 @@ class ToolHost:
             if kind == "opened":
                 self.host_session_id = event.opened.host_session_id
                 silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
+                self._refusal = None
+                self._refused_now.clear()
                 self._connected.set()
                 log.info(
                     "host connected",
@@ -367,7 +416,9 @@ class ToolHost:
         )
         try:
             with telemetry.client_call("toolmesh.v1.BridgeService/DeclareHostTools") as metadata:
-                await self._stub.DeclareHostTools(request, timeout=DECLARE_TIMEOUT_S, metadata=metadata)
+                await self._stub.DeclareHostTools(
+                    request, timeout=DECLARE_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+                )
         except grpc.aio.AioRpcError as error:
             info = error_info(error)
             code = (code_for_reason(info.reason) if info is not None else None) or Code.TRANSPORT_FAILED
@@ -514,7 +565,7 @@ class ToolHost:
                         await self._stub.SubmitToolResult(
                             request,
                             timeout=max(ctx.time_remaining(), 1.0) + SUBMIT_GRACE_S,
-                            metadata=metadata,
+                            metadata=await self._bearer.metadata(metadata),
                         )
                 return None, ""
             except grpc.aio.UsageError:

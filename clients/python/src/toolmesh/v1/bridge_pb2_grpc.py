@@ -37,6 +37,16 @@ class BridgeServiceStub:
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
 
     def __init__(self, channel):
@@ -84,6 +94,16 @@ class BridgeServiceServicer:
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
 
     def OpenHostSession(self, request, context):
@@ -94,6 +114,7 @@ class BridgeServiceServicer:
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,7 +129,8 @@ class BridgeServiceServicer:
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,7 +177,7 @@ class BridgeServiceServicer:
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,7 +190,7 @@ class BridgeServiceServicer:
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,6 +244,16 @@ class BridgeService:
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
 
     @staticmethod

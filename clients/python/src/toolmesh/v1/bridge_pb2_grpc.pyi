@@ -38,6 +38,16 @@ class BridgeServiceStub:
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
 
     @_typing.overload
@@ -52,6 +62,7 @@ class BridgeServiceStub:
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+    The token is checked when the stream opens.
     """
     SubmitToolResult: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -62,7 +73,8 @@ class BridgeServiceStub:
     another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
     request timed out, was cancelled or already has a result);
     INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-    INVALID_REQUEST (no outcome, malformed error).
+    INVALID_REQUEST (no outcome, malformed error). A host session of a session
+    the token does not name is HOST_SESSION_UNKNOWN too.
     """
     DeclareHostTools: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DeclareHostToolsRequest, _bridge_pb2.DeclareHostToolsResponse]
     """DeclareHostTools sets the tools a connected host declares for its
@@ -101,7 +113,7 @@ class BridgeServiceStub:
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
     reason REQUEST_DUPLICATE (the tool request id is already pending);
-    UNAVAILABLE with reason SHUTTING_DOWN.
+    UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
     """
     DispatchToolRequests: _grpc.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]
     """DispatchToolRequests carries many tool requests on one long-lived stream:
@@ -110,7 +122,7 @@ class BridgeServiceStub:
     outcome or the reason it was refused. Outcomes are as for
     DispatchToolRequest. When the caller stops sending, the stream ends once
     every request is answered; when the stream breaks, the bridge cancels the
-    requests it still holds for it.
+    requests it still holds for it. Internal listener only.
     """
 
 @_typing.type_check_only
@@ -126,6 +138,16 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -137,6 +159,7 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+    The token is checked when the stream opens.
     """
     SubmitToolResult: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]  # type: ignore[assignment]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -147,7 +170,8 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
     request timed out, was cancelled or already has a result);
     INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-    INVALID_REQUEST (no outcome, malformed error).
+    INVALID_REQUEST (no outcome, malformed error). A host session of a session
+    the token does not name is HOST_SESSION_UNKNOWN too.
     """
     DeclareHostTools: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DeclareHostToolsRequest, _bridge_pb2.DeclareHostToolsResponse]  # type: ignore[assignment]
     """DeclareHostTools sets the tools a connected host declares for its
@@ -186,7 +210,7 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
     reason REQUEST_DUPLICATE (the tool request id is already pending);
-    UNAVAILABLE with reason SHUTTING_DOWN.
+    UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
     """
     DispatchToolRequests: _aio.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]  # type: ignore[assignment]
     """DispatchToolRequests carries many tool requests on one long-lived stream:
@@ -195,7 +219,7 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     outcome or the reason it was refused. Outcomes are as for
     DispatchToolRequest. When the caller stops sending, the stream ends once
     every request is answered; when the stream breaks, the bridge cancels the
-    requests it still holds for it.
+    requests it still holds for it. Internal listener only.
     """
 
 class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -210,6 +234,16 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the bridge verifies tokens, OpenHostSession and
+    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    metadata) with the role host for the session; without a valid one they fail
+    with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+    the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    DispatchToolRequest and DispatchToolRequests are internal: served only on
+    the bridge's internal listener, to the invocation service (mutual TLS when
+    configured); the port hosts connect to refuses them with PERMISSION_DENIED
+    (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
     """
 
     @_abc_1.abstractmethod
@@ -225,6 +259,7 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        The token is checked when the stream opens.
         """
 
     @_abc_1.abstractmethod
@@ -241,7 +276,8 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-        INVALID_REQUEST (no outcome, malformed error).
+        INVALID_REQUEST (no outcome, malformed error). A host session of a session
+        the token does not name is HOST_SESSION_UNKNOWN too.
         """
 
     @_abc_1.abstractmethod
@@ -292,7 +328,7 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
         reason REQUEST_DUPLICATE (the tool request id is already pending);
-        UNAVAILABLE with reason SHUTTING_DOWN.
+        UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
         """
 
     @_abc_1.abstractmethod
@@ -307,7 +343,7 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it.
+        requests it still holds for it. Internal listener only.
         """
 
 def add_BridgeServiceServicer_to_server(servicer: BridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

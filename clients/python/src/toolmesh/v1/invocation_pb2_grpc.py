@@ -44,6 +44,13 @@ class InvocationServiceStub:
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Who may call: when the service verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) with the role call, and
+    acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
+    (reason UNAUTHENTICATED); a call for a session it does not name:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
+    are not found and not confirmed, as if they did not exist.
     """
 
     def __init__(self, channel):
@@ -93,6 +100,13 @@ class InvocationServiceServicer:
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Who may call: when the service verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) with the role call, and
+    acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
+    (reason UNAUTHENTICATED); a call for a session it does not name:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
+    are not found and not confirmed, as if they did not exist.
     """
 
     def InvokeTool(self, request, context):
@@ -118,7 +132,9 @@ class InvocationServiceServicer:
         call id of the caller's choosing; each gets one result, as soon as it
         ends: the InvokeToolResponse, or the error InvokeTool would have failed
         with (same reasons; a call id already open on the stream is
-        INVALID_REQUEST). A caller that stops waiting simply ignores the result.
+        INVALID_REQUEST; a call for a session the token does not name is
+        PERMISSION_DENIED, alone: the stream goes on). The token is checked when
+        the stream opens. A caller that stops waiting simply ignores the result.
         When the caller stops sending, the stream ends once every call is
         answered. Calls still open when the stream breaks go on, as when a unary
         caller leaves: an exact retry joins them.
@@ -135,7 +151,7 @@ class InvocationServiceServicer:
         the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-        more than 1,000 ids).
+        more than 1,000 ids). Ids of other sessions' invocations change nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,8 +162,9 @@ class InvocationServiceServicer:
         whether its delivery was confirmed, and when it started and ended. Use it
         to reconcile after an ambiguous failure before deciding anything.
 
-        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
-        the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
+        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+        the ledger's retention, or of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,6 +220,13 @@ class InvocationService:
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Who may call: when the service verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) with the role call, and
+    acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
+    (reason UNAUTHENTICATED); a call for a session it does not name:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
+    are not found and not confirmed, as if they did not exist.
     """
 
     @staticmethod

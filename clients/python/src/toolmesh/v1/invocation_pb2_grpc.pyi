@@ -45,6 +45,13 @@ class InvocationServiceStub:
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Who may call: when the service verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) with the role call, and
+    acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
+    (reason UNAUTHENTICATED); a call for a session it does not name:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
+    are not found and not confirmed, as if they did not exist.
     """
 
     @_typing.overload
@@ -70,7 +77,9 @@ class InvocationServiceStub:
     call id of the caller's choosing; each gets one result, as soon as it
     ends: the InvokeToolResponse, or the error InvokeTool would have failed
     with (same reasons; a call id already open on the stream is
-    INVALID_REQUEST). A caller that stops waiting simply ignores the result.
+    INVALID_REQUEST; a call for a session the token does not name is
+    PERMISSION_DENIED, alone: the stream goes on). The token is checked when
+    the stream opens. A caller that stops waiting simply ignores the result.
     When the caller stops sending, the stream ends once every call is
     answered. Calls still open when the stream breaks go on, as when a unary
     caller leaves: an exact retry joins them.
@@ -83,15 +92,16 @@ class InvocationServiceStub:
     the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-    more than 1,000 ids).
+    more than 1,000 ids). Ids of other sessions' invocations change nothing.
     """
     GetInvocation: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]
     """GetInvocation describes one invocation: its state, its outcome once known,
     whether its delivery was confirmed, and when it started and ended. Use it
     to reconcile after an ambiguous failure before deciding anything.
 
-    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
-    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
+    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+    the ledger's retention, or of a session the token does not name);
+    INVALID_ARGUMENT with reason INVALID_REQUEST.
     """
 
 @_typing.type_check_only
@@ -114,6 +124,13 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Who may call: when the service verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) with the role call, and
+    acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
+    (reason UNAUTHENTICATED); a call for a session it does not name:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
+    are not found and not confirmed, as if they did not exist.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -136,7 +153,9 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     call id of the caller's choosing; each gets one result, as soon as it
     ends: the InvokeToolResponse, or the error InvokeTool would have failed
     with (same reasons; a call id already open on the stream is
-    INVALID_REQUEST). A caller that stops waiting simply ignores the result.
+    INVALID_REQUEST; a call for a session the token does not name is
+    PERMISSION_DENIED, alone: the stream goes on). The token is checked when
+    the stream opens. A caller that stops waiting simply ignores the result.
     When the caller stops sending, the stream ends once every call is
     answered. Calls still open when the stream breaks go on, as when a unary
     caller leaves: an exact retry joins them.
@@ -149,15 +168,16 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-    more than 1,000 ids).
+    more than 1,000 ids). Ids of other sessions' invocations change nothing.
     """
     GetInvocation: _aio.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]  # type: ignore[assignment]
     """GetInvocation describes one invocation: its state, its outcome once known,
     whether its delivery was confirmed, and when it started and ended. Use it
     to reconcile after an ambiguous failure before deciding anything.
 
-    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
-    the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
+    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+    the ledger's retention, or of a session the token does not name);
+    INVALID_ARGUMENT with reason INVALID_REQUEST.
     """
 
 class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -179,6 +199,13 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Who may call: when the service verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) with the role call, and
+    acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
+    (reason UNAUTHENTICATED); a call for a session it does not name:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
+    are not found and not confirmed, as if they did not exist.
     """
 
     @_abc_1.abstractmethod
@@ -211,7 +238,9 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         call id of the caller's choosing; each gets one result, as soon as it
         ends: the InvokeToolResponse, or the error InvokeTool would have failed
         with (same reasons; a call id already open on the stream is
-        INVALID_REQUEST). A caller that stops waiting simply ignores the result.
+        INVALID_REQUEST; a call for a session the token does not name is
+        PERMISSION_DENIED, alone: the stream goes on). The token is checked when
+        the stream opens. A caller that stops waiting simply ignores the result.
         When the caller stops sending, the stream ends once every call is
         answered. Calls still open when the stream breaks go on, as when a unary
         caller leaves: an exact retry joins them.
@@ -230,7 +259,7 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-        more than 1,000 ids).
+        more than 1,000 ids). Ids of other sessions' invocations change nothing.
         """
 
     @_abc_1.abstractmethod
@@ -243,8 +272,9 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         whether its delivery was confirmed, and when it started and ended. Use it
         to reconcile after an ambiguous failure before deciding anything.
 
-        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, or older than
-        the ledger's retention); INVALID_ARGUMENT with reason INVALID_REQUEST.
+        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+        the ledger's retention, or of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST.
         """
 
 def add_InvocationServiceServicer_to_server(servicer: InvocationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -32,6 +32,14 @@ class RegistryServiceStub:
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the registry verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) naming the request's
+    session: PutTools with the role admin or host (a host declares its own
+    session's tools), the others with any role (call, host, admin). Without a
+    valid token: UNAUTHENTICATED (reason UNAUTHENTICATED); otherwise refused:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). GetTool and WatchTools are
+    also served on the registry's internal listener, to the invocation service.
     """
 
     @_typing.overload
@@ -76,6 +84,14 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the registry verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) naming the request's
+    session: PutTools with the role admin or host (a host declares its own
+    session's tools), the others with any role (call, host, admin). Without a
+    valid token: UNAUTHENTICATED (reason UNAUTHENTICATED); otherwise refused:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). GetTool and WatchTools are
+    also served on the registry's internal listener, to the invocation service.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -116,6 +132,14 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table.
+
+    Who may call: when the registry verifies tokens, every RPC needs a bearer
+    token (`authorization: Bearer <token>` metadata) naming the request's
+    session: PutTools with the role admin or host (a host declares its own
+    session's tools), the others with any role (call, host, admin). Without a
+    valid token: UNAUTHENTICATED (reason UNAUTHENTICATED); otherwise refused:
+    PERMISSION_DENIED (reason PERMISSION_DENIED). GetTool and WatchTools are
+    also served on the registry's internal listener, to the invocation service.
     """
 
     @_abc_1.abstractmethod

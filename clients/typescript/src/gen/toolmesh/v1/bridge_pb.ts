@@ -495,6 +495,16 @@ export const CancelReasonSchema: GenEnum<CancelReason> = /*@__PURE__*/
  * Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
  * a code of toolmesh's error table.
  *
+ * Who may call: when the bridge verifies tokens, OpenHostSession and
+ * SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+ * metadata) with the role host for the session; without a valid one they fail
+ * with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
+ * the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+ * DispatchToolRequest and DispatchToolRequests are internal: served only on
+ * the bridge's internal listener, to the invocation service (mutual TLS when
+ * configured); the port hosts connect to refuses them with PERMISSION_DENIED
+ * (reason WRONG_LISTENER), and the internal listener refuses the host RPCs so.
+ *
  * @generated from service toolmesh.v1.BridgeService
  */
 export const BridgeService: GenService<{
@@ -506,6 +516,7 @@ export const BridgeService: GenService<{
    *
    * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
    * handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+   * The token is checked when the stream opens.
    *
    * @generated from rpc toolmesh.v1.BridgeService.OpenHostSession
    */
@@ -523,7 +534,8 @@ export const BridgeService: GenService<{
    * another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
    * request timed out, was cancelled or already has a result);
    * INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
-   * INVALID_REQUEST (no outcome, malformed error).
+   * INVALID_REQUEST (no outcome, malformed error). A host session of a session
+   * the token does not name is HOST_SESSION_UNKNOWN too.
    *
    * @generated from rpc toolmesh.v1.BridgeService.SubmitToolResult
    */
@@ -576,7 +588,7 @@ export const BridgeService: GenService<{
    *
    * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST; ALREADY_EXISTS with
    * reason REQUEST_DUPLICATE (the tool request id is already pending);
-   * UNAVAILABLE with reason SHUTTING_DOWN.
+   * UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
    *
    * @generated from rpc toolmesh.v1.BridgeService.DispatchToolRequest
    */
@@ -592,7 +604,7 @@ export const BridgeService: GenService<{
    * outcome or the reason it was refused. Outcomes are as for
    * DispatchToolRequest. When the caller stops sending, the stream ends once
    * every request is answered; when the stream breaks, the bridge cancels the
-   * requests it still holds for it.
+   * requests it still holds for it. Internal listener only.
    *
    * @generated from rpc toolmesh.v1.BridgeService.DispatchToolRequests
    */

@@ -189,6 +189,14 @@ export const WatchToolsResponseSchema: GenMessage<WatchToolsResponse> = /*@__PUR
  * Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
  * a code of toolmesh's error table.
  *
+ * Who may call: when the registry verifies tokens, every RPC needs a bearer
+ * token (`authorization: Bearer <token>` metadata) naming the request's
+ * session: PutTools with the role admin or host (a host declares its own
+ * session's tools), the others with any role (call, host, admin). Without a
+ * valid token: UNAUTHENTICATED (reason UNAUTHENTICATED); otherwise refused:
+ * PERMISSION_DENIED (reason PERMISSION_DENIED). GetTool and WatchTools are
+ * also served on the registry's internal listener, to the invocation service.
+ *
  * @generated from service toolmesh.v1.RegistryService
  */
 export const RegistryService: GenService<{

@@ -1,0 +1,88 @@
+"""Applying the policy to each call as it arrives (used by toolmesh.server.instrument).
+
+An admission is made once per RPC method and listener; per call it reads the
+bearer token from the metadata, verifies it (verified tokens are cached) and
+checks the method's rule. The caller's grant is then the current one for the
+rest of the call, so that servicers can scope by session (`scope`).
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from collections.abc import Awaitable, Callable, Container
+from contextvars import ContextVar
+from typing import Any
+
+from toolmesh.auth.grants import Grant, Role
+from toolmesh.auth.policy import INTERNAL, PUBLIC
+from toolmesh.auth.tokens import Verifier, refused
+from toolmesh.core.errors import Code, ToolmeshError
+
+Admit = Callable[[Any, Any], Awaitable[None]]
+
+_GRANT: ContextVar[Grant | None] = ContextVar("toolmesh_grant", default=None)
+BEARER = "bearer "
+
+
+class Listener(enum.Enum):
+    PUBLIC = "public"
+    INTERNAL = "internal"
+
+
+def scope(role: Role) -> Container[str] | None:
+    """The sessions the current caller may act on in `role`, or None for all of them (no
+    authentication configured, or a toolmesh service on the internal listener)."""
+    grant = _GRANT.get()
+    return None if grant is None else grant.scope(role)
+
+
+def serves(full_method: str, listener: Listener) -> bool:
+    return full_method in (PUBLIC if listener is Listener.PUBLIC else INTERNAL)
+
+
+def admission(full_method: str, listener: Listener, verifier: Verifier | None) -> Admit | None:
+    """What a call to `full_method` on `listener` must pass; None when nothing is checked."""
+    if not serves(full_method, listener):
+        return _wrong_listener(full_method, listener)
+    if listener is Listener.INTERNAL or verifier is None:
+        return None
+    rule = PUBLIC[full_method]
+    session_of = operator.attrgetter(rule.session_field) if rule.session_field else None
+    roles = rule.roles
+
+    async def admit(request: Any, context: Any) -> None:
+        grant = await verifier.grant(bearer_token(context.invocation_metadata()))
+        if roles.isdisjoint(grant.roles):
+            raise ToolmeshError(
+                Code.PERMISSION_DENIED,
+                f"It needs the role {' or '.join(sorted(roles))}.",
+                {"rpc": full_method, "roles": ",".join(sorted(roles))},
+            )
+        if session_of is not None:
+            session_id = session_of(request)
+            if session_id not in grant.sessions:
+                raise ToolmeshError(
+                    Code.PERMISSION_DENIED,
+                    "Its sessions do not include this one.",
+                    {"rpc": full_method, "session_id": session_id},
+                )
+        _GRANT.set(grant)
+
+    return admit
+
+
+def bearer_token(metadata: Any) -> str:
+    for key, value in metadata or ():
+        if key == "authorization":
+            if isinstance(value, str) and value[:7].lower() == BEARER:
+                return value[7:].strip()
+            raise refused("malformed", "The authorization header must be `Bearer <token>`.")
+    raise refused("missing", "Send `authorization: Bearer <token>` metadata.")
+
+
+def _wrong_listener(full_method: str, listener: Listener) -> Admit:
+    async def refuse(request: Any, context: Any) -> None:
+        raise ToolmeshError(Code.WRONG_LISTENER, "", {"rpc": full_method, "listener": listener.value})
+
+    return refuse

@@ -1,0 +1,235 @@
+"""Signed, expiring bearer tokens (JWT): verifying them into Grants, and minting them for development.
+
+Claims: `iss`, `aud`, `exp` (required), `nbf` and `iat` (checked when present),
+`sub`, `roles` (a list of call / host / admin) and `sessions` (a list of exact
+session ids or prefixes ending in `*`). Keys: an HS256 shared secret (the
+embedded default), or the public keys of a JWKS document, from a file
+(re-read when it changes) or a URL (PyJWT's PyJWKClient, which caches it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import jwt
+
+from toolmesh.auth.grants import Grant, Role, Sessions
+from toolmesh.core.errors import Code, ToolmeshError
+
+DEFAULT_ISSUER = "toolmesh"
+DEFAULT_AUDIENCE = "toolmesh"
+# Clocks of issuers and servers may disagree this much.
+LEEWAY_S = 30.0
+# HS256 wants a key at least as long as its hash (RFC 7518 3.2).
+MIN_SECRET_BYTES = 32
+# Longer than any token we issue or expect: refused before any parsing.
+MAX_TOKEN_CHARS = 8192
+# Verified tokens kept, so that a caller's every call does not pay a signature check.
+CACHE_SIZE = 4096
+SECRET_ALGORITHMS = ("HS256",)
+
+
+def refused(reason: str, detail: str = "") -> ToolmeshError:
+    return ToolmeshError(Code.UNAUTHENTICATED, detail, {"reason": reason})
+
+
+class Keys(Protocol):
+    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+        """The key that must have signed `token`, and the algorithms allowed with it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSecret:
+    secret: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the auth secret must be at least {MIN_SECRET_BYTES} bytes")
+
+    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+        return self.secret, SECRET_ALGORITHMS
+
+
+class JwksFile:
+    """Public keys from a JWKS file, read again when its modification time changes."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stamp: float | None = None
+        self._keys = self._read()
+
+    def _read(self) -> jwt.PyJWKSet:
+        stamp = self._path.stat().st_mtime
+        keys = jwt.PyJWKSet.from_json(self._path.read_text())
+        self._stamp = stamp
+        return keys
+
+    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+        try:
+            if self._path.stat().st_mtime != self._stamp:
+                self._keys = self._read()
+        except (OSError, jwt.PyJWKSetError):
+            pass  # mid-rotation or gone: keep the keys read last
+        return _pick(self._keys, token)
+
+
+class JwksUrl:
+    """Public keys from a JWKS URL (https), fetched off the event loop and cached by PyJWT.
+
+    `ssl_context`: how to check the URL's server (default: the system's CAs).
+    """
+
+    def __init__(self, url: str, timeout_s: float = 5.0, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._client = jwt.PyJWKClient(
+            url, cache_jwk_set=True, lifespan=300, timeout=timeout_s, ssl_context=ssl_context
+        )
+
+    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+        try:
+            key = await asyncio.to_thread(self._client.get_signing_key_from_jwt, token)
+        except jwt.PyJWKClientConnectionError:
+            raise refused("keys_unavailable", "The signing keys could not be fetched.") from None
+        except jwt.PyJWKClientError:
+            raise refused("unknown_key") from None
+        return key.key, (key.algorithm_name,)
+
+
+def _pick(keys: jwt.PyJWKSet, token: str) -> tuple[Any, tuple[str, ...]]:
+    kid = jwt.get_unverified_header(token).get("kid")
+    candidates = [key for key in keys.keys if kid is None or key.key_id == kid]
+    if len(candidates) != 1:
+        raise refused("unknown_key")
+    return candidates[0].key, (candidates[0].algorithm_name,)
+
+
+class Verifier:
+    """Turns a bearer token into a Grant, or raises ToolmeshError(UNAUTHENTICATED) saying why not."""
+
+    def __init__(
+        self,
+        keys: Keys,
+        *,
+        issuer: str = DEFAULT_ISSUER,
+        audience: str = DEFAULT_AUDIENCE,
+        leeway_s: float = LEEWAY_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._keys = keys
+        self._issuer = issuer
+        self._audience = audience
+        self._leeway_s = leeway_s
+        self._clock = clock
+        self._verified: dict[str, Grant] = {}
+
+    async def grant(self, token: str) -> Grant:
+        cached = self._verified.get(token)
+        if cached is not None:
+            if cached.expires_at > self._clock():
+                return cached
+            del self._verified[token]
+            raise refused("expired")
+        if len(token) > MAX_TOKEN_CHARS:
+            raise refused("malformed", "The token is too long.")
+        try:
+            key, algorithms = await self._keys.key_for(token)
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=list(algorithms),
+                audience=self._audience,
+                issuer=self._issuer,
+                leeway=self._leeway_s,
+                options={"require": ["exp", "iss", "aud"]},
+            )
+        except ToolmeshError:
+            raise
+        except jwt.ExpiredSignatureError:
+            raise refused("expired") from None
+        except jwt.ImmatureSignatureError:
+            raise refused("not_yet_valid") from None
+        except (jwt.InvalidIssuerError, jwt.InvalidAudienceError):
+            raise refused("wrong_issuer_or_audience") from None
+        except jwt.InvalidSignatureError:
+            raise refused("bad_signature") from None
+        except (jwt.PyJWTError, ValueError, TypeError):
+            raise refused("malformed") from None
+        grant = _grant_of(claims, self._leeway_s)
+        if len(self._verified) >= CACHE_SIZE:
+            self._verified.clear()
+        self._verified[token] = grant
+        return grant
+
+
+def _grant_of(claims: dict[str, Any], leeway_s: float) -> Grant:
+    roles = claims.get("roles")
+    sessions = claims.get("sessions")
+    subject = claims.get("sub", "")
+    if not isinstance(roles, list) or not isinstance(sessions, list) or not isinstance(subject, str):
+        raise refused("claims", "The token must carry roles and sessions lists.")
+    try:
+        parsed_roles = frozenset(Role(role) for role in roles)
+        parsed_sessions = Sessions.parse(sessions)
+    except ValueError:
+        raise refused("claims", "The token names an unknown role or a malformed session.") from None
+    return Grant(subject, parsed_roles, parsed_sessions, float(claims["exp"]) + leeway_s)
+
+
+def mint(
+    secret: bytes,
+    *,
+    roles: Iterable[Role],
+    sessions: Iterable[str],
+    ttl_s: float,
+    subject: str = "",
+    issuer: str = DEFAULT_ISSUER,
+    audience: str = DEFAULT_AUDIENCE,
+    now: float | None = None,
+) -> str:
+    """An HS256 token for development and the embedded default. Raises ValueError for a bad session."""
+    session_list = list(sessions)
+    Sessions.parse(session_list)
+    SharedSecret(secret)
+    issued = int(time.time() if now is None else now)
+    claims = {
+        "iss": issuer,
+        "aud": audience,
+        "sub": subject,
+        "iat": issued,
+        "nbf": issued,
+        "exp": issued + int(ttl_s),
+        "roles": sorted(role.value for role in roles),
+        "sessions": session_list,
+    }
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def read_secret(value: str | None, file: str | None) -> bytes | None:
+    """The shared secret: given as text, or the contents of a file (trailing newline dropped)."""
+    if value:
+        return value.encode()
+    if file:
+        return Path(file).read_bytes().rstrip(b"\r\n")
+    return None
+
+
+def keys_from(secret: bytes | None, jwks: str | None) -> Keys | None:
+    """The configured keys: a shared secret, or a JWKS file path or https URL; None when neither."""
+    if secret and jwks:
+        raise ValueError("configure either an auth secret or a JWKS, not both")
+    if secret:
+        return SharedSecret(secret)
+    if jwks:
+        if jwks.startswith("https://"):
+            return JwksUrl(jwks)
+        if "://" in jwks:
+            raise ValueError("a JWKS URL must use https")
+        return JwksFile(Path(os.path.expanduser(jwks)))
+    return None
