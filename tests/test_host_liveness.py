@@ -146,7 +146,7 @@ async def test_stop_does_not_wait_out_the_reconnect_backoff(caplog: pytest.LogCa
     with caplog.at_level(logging.WARNING, logger="toolmesh.host"), pytest.raises(TimeoutError):
         await host.start(timeout=0.1)
 
-    # The failures are log records: polling is the way to see them. After 6, the backoff is 1.6 s or more.
+    # The failures are log records: polling is the way to see them. After 6, the backoff is at its cap.
     await eventually(lambda: logged(caplog.records, "host stream ended") >= 6)
     started = time.monotonic()
     await host.stop()

@@ -30,3 +30,10 @@ MAX_CALLS_PER_MESSAGE = 1_000
 # The dropped outcomes stay in the ledger: an exact retry replays them.
 UNREAD_RESULTS_PAUSE_BYTES = 1024 * 1024
 UNREAD_RESULTS_MAX_BYTES = 16 * 1024 * 1024
+# Reconnecting to a service that went away: the first retry after
+# RECONNECT_BACKOFF_FIRST_MS, growing to at most RECONNECT_BACKOFF_MAX_MS (with
+# jitter), so that a dependency that comes back is reached within about a second
+# however long it was gone. Channels (gRPC's own backoff), host sessions and the
+# bridge's re-declarations all follow it.
+RECONNECT_BACKOFF_FIRST_MS = 100
+RECONNECT_BACKOFF_MAX_MS = 1_000

@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import json
 import logging
-import random
 import socket
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import grpc
 from opentelemetry.trace import SpanKind
 
 from toolmesh.core import correlation, telemetry
+from toolmesh.core.backoff import Backoff
 from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
@@ -277,15 +277,16 @@ class ToolHost:
     async def run(self) -> None:
         """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
 
-        Reconnects after a jittered backoff (0.1 s doubling up to 5 s). A stream
+        Reconnects after a jittered backoff (0.1 s doubling up to 1 s, so that a
+        bridge that comes back is reached within about a second). A stream
         counts as silent when the bridge sends nothing for three heartbeat
         intervals. Failures are logged, never raised. `start()` runs this in a task.
         """
-        backoff = 0.1
+        backoff = Backoff()
         while not self._stopping:
             try:
                 await self._serve_once()
-                backoff = 0.1
+                backoff.reset()
             except grpc.aio.AioRpcError as error:
                 log.warning(
                     "host stream ended",
@@ -302,8 +303,7 @@ class ToolHost:
                 break
             # Waiting to reconnect, but not past stop(): it would wait as long.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_requested.wait(), backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 5.0)
+                await asyncio.wait_for(self._stop_requested.wait(), backoff.next())
 
     def _refused(self, error: grpc.aio.AioRpcError) -> None:
         code = error_code(error)
