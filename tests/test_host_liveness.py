@@ -51,6 +51,9 @@ class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def DeclareHostTools(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
+    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 async def test_host_reconnects_when_heartbeats_stop() -> None:
     server = grpc.aio.server()
@@ -111,6 +114,9 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
         yield  # never reached: a stream method is an async generator
 
     async def DeclareHostTools(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
 

@@ -73,7 +73,7 @@ export interface ToolHostOptions {
   protocol?: "connect" | "grpc-web";
   /** A transport of your own (interceptors for credentials, another fetch). */
   transport?: Transport;
-  /** Longest wait between reconnection attempts, in ms (default 5000). */
+  /** Longest wait between reconnection attempts, in ms (default 1000: a bridge that comes back is reached within about a second). */
   maxBackoffMs?: number;
 }
 
@@ -83,6 +83,8 @@ const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.Resourc
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
+/** As the bridge waits for an answer to a read check (toolmesh.core.limits.READ_CHECK_TIMEOUT_MS). */
+const READ_CHECK_TIMEOUT_MS = 2_000;
 
 interface Registered {
   readonly handler: ToolHandler;
@@ -126,7 +128,7 @@ export class ToolHost {
   constructor(options: ToolHostOptions) {
     this.sessionId = options.sessionId;
     this.hostName = (options.hostName ?? defaultHostName()).slice(0, 128);
-    this.maxBackoffMs = options.maxBackoffMs ?? 5_000;
+    this.maxBackoffMs = options.maxBackoffMs ?? 1_000;
     this.client = createClient(BridgeService, options.transport ?? transportFor(options));
   }
 
@@ -225,7 +227,7 @@ export class ToolHost {
         break;
       }
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, backoff * (0.5 + Math.random()));
+        const timer = setTimeout(resolve, backoff * (0.5 + Math.random() / 2));
         // stop() cuts the wait short: it would last as long as the backoff.
         this.wake = () => {
           clearTimeout(timer);
@@ -279,6 +281,11 @@ export class ToolHost {
           case "cancelled":
             this.cancel(event.value);
             break;
+          case "heartbeat":
+            if (event.value.readCheck !== 0n) {
+              this.answerReadCheck(this.hostSessionId, event.value.readCheck);
+            }
+            break;
           default:
             break;
         }
@@ -289,6 +296,14 @@ export class ToolHost {
         this.stream = undefined;
       }
     }
+  }
+
+  /**
+   * Tell the bridge this page reads its stream: it sends requests to hosts
+   * that do. A failure is left alone: the next check asks again.
+   */
+  private answerReadCheck(hostSessionId: string, readCheck: bigint): void {
+    this.client.answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS }).catch(() => {});
   }
 
   /** Send the declared tools now (in order after any declaration under way), if connected. */

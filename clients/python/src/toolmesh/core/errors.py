@@ -72,6 +72,7 @@ class Code(enum.StrEnum):
     REQUEST_ENDED = "REQUEST_ENDED"
     REQUEST_DUPLICATE = "REQUEST_DUPLICATE"
     HOST_SESSION_UNKNOWN = "HOST_SESSION_UNKNOWN"
+    HOST_NOT_READING = "HOST_NOT_READING"
     # The invocation ledger.
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVOCATION_NOT_FOUND = "INVOCATION_NOT_FOUND"
@@ -212,6 +213,11 @@ _TABLE: dict[Code, ErrorSpec] = {
     ),
     Code.HOST_SESSION_UNKNOWN: ErrorSpec(
         status=S.NOT_FOUND, retryable=False, message="The host session does not exist or has ended."
+    ),
+    Code.HOST_NOT_READING: ErrorSpec(
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message="The host left a read check unanswered, so its session ended; open a new one.",
     ),
     Code.RESULT_NOT_JSON: ErrorSpec(
         status=S.INVALID_ARGUMENT, retryable=False, caller_fault=True, message="The result is not valid JSON."

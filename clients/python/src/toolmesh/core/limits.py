@@ -37,3 +37,10 @@ UNREAD_RESULTS_MAX_BYTES = 16 * 1024 * 1024
 # bridge's re-declarations all follow it.
 RECONNECT_BACKOFF_FIRST_MS = 100
 RECONNECT_BACKOFF_MAX_MS = 1_000
+# Read checks (BridgeService.AnswerReadCheck): the bridge sends one when a host
+# session opens, with heartbeats, and when a request has waited READ_CHECK_AFTER_MS
+# on a host without an answer. A host that answered before and leaves one
+# unanswered for READ_CHECK_TIMEOUT_MS has stopped reading its stream: it is
+# taken for gone.
+READ_CHECK_AFTER_MS = 500
+READ_CHECK_TIMEOUT_MS = 2_000

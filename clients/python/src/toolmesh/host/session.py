@@ -21,6 +21,7 @@ from toolmesh.core.backoff import Backoff
 from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
+from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code, error_info, status_of
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
@@ -116,6 +117,7 @@ _MISSED_HEARTBEATS = 3
 # The bridge refused the host itself: its token, or the address it was given.
 _REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
 DECLARE_TIMEOUT_S = 10.0
+READ_CHECK_TIMEOUT_S = READ_CHECK_TIMEOUT_MS / 1000
 
 
 class ToolHost:
@@ -168,6 +170,7 @@ class ToolHost:
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
+        self._answering: set[asyncio.Task[None]] = set()
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
         self._runner: asyncio.Task[None] | None = None
         self.host_session_id = ""
@@ -345,6 +348,8 @@ class ToolHost:
             for task in late:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        for answering in list(self._answering):
+            answering.cancel()
         if self._own_channel:
             await self._channel.close()
 
@@ -405,6 +410,26 @@ class ToolHost:
                 self._begin(event.tool_request, self.host_session_id)
             elif kind == "cancelled":
                 self._cancel(event.cancelled)
+            elif kind == "heartbeat" and event.heartbeat.read_check:
+                self._answer_read_check(self.host_session_id, event.heartbeat.read_check)
+
+    def _answer_read_check(self, host_session_id: str, read_check: int) -> None:
+        """Tell the bridge this host reads its stream: it routes requests to hosts that do."""
+        task = asyncio.create_task(self._send_read_check(host_session_id, read_check))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _send_read_check(self, host_session_id: str, read_check: int) -> None:
+        request = bridge_pb2.AnswerReadCheckRequest(host_session_id=host_session_id, read_check=read_check)
+        try:
+            with telemetry.client_call("toolmesh.v1.BridgeService/AnswerReadCheck") as metadata:
+                await self._stub.AnswerReadCheck(
+                    request, timeout=READ_CHECK_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+                )
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as error:
+            # The next check asks again; a bridge that takes us for gone ends the stream.
+            status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else "CLOSED"
+            log.debug("answering a read check failed", extra={"grpc_status": status})
 
     async def _declare(self, host_session_id: str) -> None:
         """Send the declared tools; a refusal goes to the error callbacks.
