@@ -17,7 +17,7 @@ import gc
 import json
 import time
 import tracemalloc
-from collections.abc import Container
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Claim, InvocationRecord, InvocationState, Ledger
 from toolmesh.invocation.observability import InvocationTelemetry
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.memory import MemoryLedgerStore
 
 TOOL = ToolSpec("noop", "", '{"type":"object","properties":{"n":{"type":"integer"}}}')
 RESULT = Outcome.success('{"ok":true}')
@@ -55,6 +55,7 @@ class KeepNothing(Ledger):
         trace_context: dict[str, str] | None = None,
         *,
         arguments: Any = None,
+        confirmed: Sequence[str] = (),
     ) -> Claim:
         record = InvocationRecord(
             new_id, call.session_id, call.turn_id, call.tool_name, "", InvocationState.RUNNING, 0.0
@@ -71,8 +72,8 @@ class KeepNothing(Ledger):
     ) -> None:
         return None
 
-    async def confirm(self, tool_request_id: str, sessions: Container[str] | None = None) -> None:
-        return None
+    async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
+        return []
 
 
 async def calls_per_second(invoker: Invoker, calls: int) -> float:
@@ -84,8 +85,7 @@ async def calls_per_second(invoker: Invoker, calls: int) -> float:
 
 
 async def bytes_per_entry(entries: int, confirm: bool) -> float:
-    store = InMemoryStore()
-    ledger = Ledger(store)
+    ledger = Ledger(MemoryLedgerStore())
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -103,8 +103,12 @@ async def bytes_per_entry(entries: int, confirm: bool) -> float:
 
 async def measure(calls: int, entries: int) -> dict[str, Any]:
     # Observed as the service is (with no OpenTelemetry SDK installed, as when nothing exports).
-    with_ledger = Invoker(Catalog(), InstantHost(), Ledger(InMemoryStore()), observer=InvocationTelemetry())
-    without = Invoker(Catalog(), InstantHost(), KeepNothing(InMemoryStore()), observer=InvocationTelemetry())
+    with_ledger = Invoker(
+        Catalog(), InstantHost(), Ledger(MemoryLedgerStore()), observer=InvocationTelemetry()
+    )
+    without = Invoker(
+        Catalog(), InstantHost(), KeepNothing(MemoryLedgerStore()), observer=InvocationTelemetry()
+    )
     await calls_per_second(with_ledger, min(calls, 500))  # warm up both
     await calls_per_second(without, min(calls, 500))
     rate_with = await calls_per_second(with_ledger, calls)

@@ -24,20 +24,29 @@ async def sequential(call: Call, calls: int, warmup: int) -> dict[str, Any]:
     """One call at a time: latency percentiles in milliseconds."""
     for _ in range(warmup):
         await call()
+    return summary(await sequential_samples(call, calls))
+
+
+async def sequential_samples(call: Call, calls: int) -> list[float]:
+    """The latency of each of `calls` sequential calls, in milliseconds."""
     samples: list[float] = []
     clock = time.perf_counter
     for _ in range(calls):
         started = clock()
         await call()
         samples.append((clock() - started) * 1000)
-    samples.sort()
+    return samples
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
     return {
-        "calls": calls,
-        "p50_ms": percentile(samples, 0.50),
-        "p90_ms": percentile(samples, 0.90),
-        "p99_ms": percentile(samples, 0.99),
-        "mean_ms": statistics.fmean(samples),
-        "max_ms": samples[-1],
+        "calls": len(ordered),
+        "p50_ms": percentile(ordered, 0.50),
+        "p90_ms": percentile(ordered, 0.90),
+        "p99_ms": percentile(ordered, 0.99),
+        "mean_ms": statistics.fmean(ordered),
+        "max_ms": ordered[-1],
     }
 
 

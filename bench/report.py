@@ -14,6 +14,9 @@ LABELS = {
     "mcp-http": "MCP SDK over streamable HTTP",
 }
 PEERS = {"floor": "floor", "mcp-http": "MCP streamable HTTP", "mcp-stdio": "MCP stdio"}
+# Issue 10's targets: the Redis store against the embedded memory.
+MAX_P50_VS_MEMORY = 1.25
+MIN_THROUGHPUT_VS_MEMORY = 0.8
 # Issue 6's targets.
 MAX_P50_VS_FLOOR = 1.3
 MIN_THROUGHPUT_VS_FLOOR = 0.8
@@ -86,6 +89,17 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "value": per_call,
                 "met": per_call < MAX_KB_PER_HELD_CALL,
             }
+    stored = results.get("store")
+    if stored is not None:
+        versus_memory = stored["redis/memory"]
+        found[f"redis store: p50 <= {MAX_P50_VS_MEMORY}x memory (issue 10)"] = {
+            "value": versus_memory["p50"],
+            "met": versus_memory["p50"] <= MAX_P50_VS_MEMORY,
+        }
+        found[f"redis store: calls/s >= {MIN_THROUGHPUT_VS_MEMORY}x memory (issue 10)"] = {
+            "value": versus_memory["calls_per_s"],
+            "met": versus_memory["calls_per_s"] >= MIN_THROUGHPUT_VS_MEMORY,
+        }
     secured = results.get("security")
     if secured is not None:
         for name, ratio in secured["tls+tokens/plain"].items():
@@ -143,6 +157,9 @@ def table(results: dict[str, Any]) -> str:
         for name, ratio in results["ratios"].items():
             p50, p99, rate = ratio["p50_ms"], ratio["p99_ms"], ratio["calls_per_s"]
             lines.append(f"  {name:<44} {p50:>7.2f}x {p99:>7.2f}x {rate:>8.2f}x")
+    stored = results.get("store")
+    if stored is not None:
+        lines += _store_lines(stored)
     traced = results.get("tracing")
     if traced is not None:
         lines += [
@@ -191,12 +208,37 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"  {name:<44} {row['calls_per_s']:>9.0f} {row['us_per_call']:>9.1f}")
     found = results.get("targets", {})
     if found:
-        lines += ["", "Targets (issues 6 and 11)"]
+        lines += ["", "Targets (issues 6, 10 and 11)"]
         for name, target in found.items():
             value = target["value"]
             shown = f"{value:.2f}" if isinstance(value, float) else str(value)
             lines.append(f"  {'met   ' if target['met'] else 'MISSED'} {name:<46} {shown}")
     return "\n".join(lines)
+
+
+def _store_lines(stored: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"State store: unary no-op calls to two systems, state in memory or in Redis ({stored['redis_url']}),"
+        f" measured in {stored['rounds']} alternating turns",
+        f"  {'store':<30} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} {'CPU ms/call':>12} {'under load':>11}",
+    ]
+    for label in ("memory", "redis"):
+        figures = _figures(stored[label])
+        sequential = stored[label]["latency"]["cpu_ms_per_call"]["total"]
+        loaded = stored[label]["throughput"]["cpu_ms_per_call"]["total"]
+        lines.append(
+            f"  {label:<30} {figures['p50_ms']:>8.2f} {figures['p99_ms']:>8.2f}"
+            f" {figures['calls_per_s']:>9.0f} {sequential:>12.2f} {loaded:>11.2f}"
+        )
+    ratio = stored["redis/memory"]
+    lines.append(
+        f"  {'redis/memory':<30} {ratio['p50']:>7.2f}x {ratio['p99']:>7.2f}x {ratio['calls_per_s']:>8.2f}x"
+        f" {'':>12} {ratio['cpu_per_call']:>10.2f}x"
+    )
+    seen = "counts" if stored["redis_cpu_counted"] else "is not seen (not on this machine)"
+    lines.append(f"  (CPU: every process of the system and the caller; the Redis server's {seen})")
+    return lines
 
 
 def _scale_lines(scale: dict[str, Any], floor: dict[str, Any] | None) -> list[str]:

@@ -24,11 +24,11 @@ from typing import Any
 
 import grpc
 
-from bench import floor, measure, procs, report, security, stack, stress, tracing, validation
+from bench import floor, measure, procs, report, security, stack, store, stress, tracing, validation
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("validation", "latency", "tracing", "security", "scale", "join")
+SECTIONS = ("validation", "latency", "store", "tracing", "security", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,58 @@ async def measure_mcp(sizes: Sizes) -> dict[str, dict[str, Any]]:
     return results
 
 
+async def measure_store(sizes: Sizes) -> dict[str, Any]:
+    """The same unary calls to two systems, one keeping its state in memory, one in Redis, in turns."""
+    prefix = store.new_prefix()
+    redis_pid = await store.server_pid()
+    memory = await stack.start_toolmesh()
+    try:
+        redis = await stack.start_toolmesh(env=store.env_for(prefix))
+    except BaseException:
+        await memory.stop()
+        raise
+    clients = [InvocationClient(system.invocation.target) for system in (memory, redis)]
+    counter = itertools.count()
+
+    def caller(client: InvocationClient) -> measure.Call:
+        async def call() -> None:
+            result = await client.invoke(
+                stack.SESSION, "noop", {"n": next(counter)}, turn_id="turn-1", timeout=60
+            )
+            if result.outcome is None or result.outcome.result_json != '{"ok":true}':
+                raise RuntimeError(f"toolmesh answered {result.to_json()}")
+
+        return call
+
+    redis_pids = _pids(list(redis.services.values()))
+    if redis_pid is not None:
+        redis_pids["redis"] = redis_pid
+    try:
+        measured = await store.compare(
+            {
+                "memory": (caller(clients[0]), _pids(list(memory.services.values()))),
+                "redis": (caller(clients[1]), redis_pids),
+            },
+            calls=sizes.calls,
+            warmup=sizes.warmup,
+            concurrency=sizes.concurrency,
+            seconds=sizes.seconds,
+            warmup_s=sizes.warmup_s,
+        )
+    finally:
+        for client in clients:
+            await client.close()
+        await redis.stop()
+        await memory.stop()
+        await store.delete_prefixed(prefix)
+    return measured | {
+        "redis_url": store.REDIS_URL,
+        "redis_cpu_counted": redis_pid is not None,
+        "rounds": store.ROUNDS,
+        "redis/memory": store.ratios(measured["memory"], measured["redis"]),
+    }
+
+
 async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "meta": {
@@ -323,6 +375,9 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
             results["skipped"] = {"mcp": "the mcp package is not installed (pip install -e '.[bench]')"}
         results["systems"] = systems
         results["ratios"] = report.ratios(systems)
+    if "store" in sections:
+        print("... state in memory, then in Redis", file=sys.stderr, flush=True)
+        results["store"] = await measure_store(sizes)
     if "tracing" in sections:
         print("... tracing off, then on (exporting over OTLP)", file=sys.stderr, flush=True)
         off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=()))[

@@ -25,7 +25,7 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tls import TlsFiles
 from toolmesh.invocation.ledger import Ledger
 from toolmesh.server.security import Security, Unprotected, is_loopback
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, registry_pb2
 
 pytestmark = pytest.mark.unit
@@ -221,7 +221,7 @@ def test_token_lifetimes() -> None:
 
 
 async def test_idempotency_keys_of_sessions_with_colons_do_not_collide() -> None:
-    ledger = Ledger(InMemoryStore())
+    ledger = Ledger(MemoryLedgerStore())
     first = await ledger.claim(ToolCall("a:b", "t", "tool", '{"x":1}'), "tr_1", 1000, idempotency_key="c")
     # Session "a" with key "b:c" would have the same store key if the two were joined with ":".
     other = await ledger.claim(ToolCall("a", "t", "tool", '{"x":2}'), "tr_2", 1000, idempotency_key="b:c")

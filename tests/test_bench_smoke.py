@@ -21,7 +21,8 @@ TABLE_HEADINGS = [
     "Join storm:",
     "Argument validation alone",
     "TLS and tokens: plaintext without tokens",
-    "Targets (issues 6 and 11)",
+    "State store:",
+    "Targets (issues 6, 10 and 11)",
 ]
 
 
@@ -68,6 +69,10 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     assert secured["signature_check_us"] > secured["admission_cached_us"] > 0
     assert join["handler_executions"] >= 1
     assert len(results["validation"]["rows"]) >= 4
+    stored = results["store"]
+    for label in ("memory", "redis"):
+        assert stored[label]["throughput"]["calls"] > 0
+    assert set(stored["redis/memory"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}
     traced = results["tracing"]
     assert traced["spans_exported"] > 0  # tracing on really exported, off really did not
     assert set(traced["on/off"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}

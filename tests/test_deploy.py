@@ -39,7 +39,6 @@ KUBERNETES_VERSION = "1.30.0"
 SERVICES = ("registry", "invocation", "bridge")
 # Set by deploy/ for work of issue 10 landing in parallel; each entry goes once the code reads it.
 PENDING_ENV = {
-    "TOOLMESH_STORE": "the Redis store",
     "TOOLMESH_ADVERTISE_ADDR": "the bridge replica's own address in host routes",
 }
 # Longest a last telemetry export may take: one export of spans and one of metrics, each

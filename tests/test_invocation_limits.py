@@ -20,7 +20,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger
 from toolmesh.server.system import LocalSystem, start_local_system
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import HostProcess, eventually, start_host_process
 
@@ -50,7 +50,7 @@ def call(n: int) -> ToolCall:
 @pytest.mark.unit
 async def test_invoker_refuses_above_its_limit_and_while_stopping() -> None:
     host = SlowHost()
-    invoker = Invoker(OneTool(), host, Ledger(InMemoryStore()), max_in_flight=2)
+    invoker = Invoker(OneTool(), host, Ledger(MemoryLedgerStore()), max_in_flight=2)
     running = [asyncio.ensure_future(invoker.invoke(call(n))) for n in range(2)]
     await eventually(lambda: host.started == 2)
     with pytest.raises(ToolmeshError) as raised:

@@ -1,4 +1,7 @@
-"""Exact retries never run a tool twice: join, replay, confirm, idempotency keys, host loss."""
+"""Exact retries never run a tool twice: join, replay, confirm, idempotency keys, host loss.
+
+Every test runs on both ledger backends: the embedded memory and the shared Redis.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
@@ -19,6 +23,7 @@ from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.invocation.ledger import LedgerPolicy
 from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.store.backends import MEMORY
 from toolmesh.v1 import invocation_pb2
 from toolmesh_testing import HostProcess, eventually, logged, run_cli, start_host_process
 
@@ -38,13 +43,28 @@ TOOLS = [
 ]
 
 
+@pytest.fixture(scope="module", params=[MEMORY, "redis"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def marker_dir(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
+    return tmp_path_factory.mktemp(f"markers-{backend}")
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def ledger_system(marker_dir: Path) -> AsyncIterator[LocalSystem]:
-    running = await start_local_system(heartbeat_s=0.5, policy=LedgerPolicy(replay_window_s=1.0))
+async def ledger_system(backend: str) -> AsyncIterator[LocalSystem]:
+    url, prefix = (MEMORY, None) if backend == MEMORY else (SHARED_URL, new_prefix())
+    running = await start_local_system(
+        heartbeat_s=0.5, policy=LedgerPolicy(replay_window_s=1.0), store_url=url, store_prefix=prefix
+    )
     async with RegistryClient(running.registry_target) as registry:
         await registry.put_tools(SESSION, TOOLS)
     yield running
     await running.stop(grace=0.5)
+    if prefix is not None:
+        await delete_prefixed(SHARED_URL, prefix)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -114,7 +134,7 @@ async def test_cli_gives_up_then_exact_retry_joins(
     caplog.set_level(logging.INFO, logger="toolmesh.invocation")
     args = '{"key": "cli-join", "hold": 1}'  # runs until the test releases it
     code, out, _ = await run_cli(
-        "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "0.3", env=env
+        "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "1.5", env=env
     )
     assert code == 75 and json.loads(out)["outcomeReceived"] is False
     await eventually(lambda: runs(marker_dir, "cli-join"))  # it runs on without the caller
@@ -127,7 +147,7 @@ async def test_cli_gives_up_then_exact_retry_joins(
     release(marker_dir, "cli-join")
     code, out, _ = await retry
     response = json.loads(out)
-    assert code == 0 and response["ok"] is True and response["joined"] is True
+    assert code == 0 and response["ok"] is True and response["joined"] is True, out
     assert runs(marker_dir, "cli-join") == [response["toolRequestId"]]
 
 

@@ -1,46 +1,82 @@
-"""The ledger's rules without servers, on a fake clock."""
+"""The ledger's rules without servers, on each storage backend.
+
+In memory the clock is fake and moved at will. On Redis, whose expiry runs on
+the server's clock, moving the clock also lets that much real time pass, so
+the windows here are short (scaled down from the defaults).
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.invocation.ledger import InvocationState, Ledger, LedgerPolicy, identity_of
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.backends import open_stores
+from toolmesh.store.ledger import LedgerStore
+from toolmesh.store.memory import MemoryLedgerStore
 
-pytestmark = pytest.mark.unit
+POLICY = LedgerPolicy(
+    replay_window_s=2.0, timeout_replay_window_s=0.1, record_retention_s=5.0, running_grace_s=0.2
+)
 
 
 class Clock:
-    def __init__(self) -> None:
+    def __init__(self, real: bool) -> None:
         self.now = 1_000.0
+        self._real = real
 
     def __call__(self) -> float:
         return self.now
 
+    async def advance(self, seconds: float) -> None:
+        self.now += seconds
+        if self._real:
+            await asyncio.sleep(seconds)
+
+
+# Each backend's marks: the in-process one is a unit test, one behind a server an integration test.
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("redis", marks=pytest.mark.integration),
+    ]
+)
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[LedgerStore, Clock, str]]:
+    """The ledger store, the clock, and the Redis key prefix ("" in memory)."""
+    if request.param == "memory":
+        clock = Clock(real=False)
+        yield MemoryLedgerStore(clock=clock), clock, ""
+        return
+    prefix = new_prefix()
+    stores = open_stores(SHARED_URL, prefix)
+    yield stores.ledger, Clock(real=True), prefix
+    await stores.close()
+    await delete_prefixed(SHARED_URL, prefix)
+
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock(backend: tuple[LedgerStore, Clock, str]) -> Clock:
+    return backend[1]
 
 
 @pytest.fixture
-def store(clock: Clock) -> InMemoryStore:
-    return InMemoryStore(clock=clock)
-
-
-@pytest.fixture
-def ledger(store: InMemoryStore, clock: Clock) -> Ledger:
-    policy = LedgerPolicy(replay_window_s=60, timeout_replay_window_s=5, record_retention_s=300)
-    return Ledger(store, policy, clock=clock)
+def ledger(backend: tuple[LedgerStore, Clock, str]) -> Ledger:
+    return Ledger(backend[0], POLICY, clock=backend[1])
 
 
 def call(arguments: str = '{"a": 1}', tool: str = "t", session: str = "s") -> ToolCall:
     return ToolCall(session, "turn", tool, arguments)
 
 
+@pytest.mark.unit
 def test_identity_ignores_spelling_but_not_meaning() -> None:
     assert identity_of(call('{"a": 1, "b": [1.0, "x"]}')) == identity_of(call('{"b":[1,"x"],"a":1e0}'))
     assert identity_of(call('{"a": 1}')) != identity_of(call('{"a": 2}'))
@@ -50,22 +86,22 @@ def test_identity_ignores_spelling_but_not_meaning() -> None:
 
 
 async def test_join_then_replay_then_confirm(ledger: Ledger) -> None:
-    first = await ledger.claim(call(), "tr_1", 1000)
+    first = await ledger.claim(call(), "tr_1", 10_000)
     assert first.is_new
-    joined = await ledger.claim(call('{ "a" : 1 }'), "tr_2", 1000)
+    joined = await ledger.claim(call('{ "a" : 1 }'), "tr_2", 10_000)
     assert not joined.is_new and joined.record.tool_request_id == "tr_1" and not joined.record.finished
     await ledger.finish("tr_1", Outcome.success("7"))
-    replay = await ledger.claim(call(), "tr_3", 1000)
+    replay = await ledger.claim(call(), "tr_3", 10_000)
     assert not replay.is_new and replay.record.outcome == Outcome.success("7")
     await ledger.confirm("tr_1")
-    fresh = await ledger.claim(call(), "tr_4", 1000)
+    fresh = await ledger.claim(call(), "tr_4", 10_000)
     assert fresh.is_new
     record = await ledger.get("tr_1")
     assert record is not None and record.delivered and record.state is InvocationState.COMPLETED
 
 
 async def test_confirm_before_the_outcome_is_refused(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 1000)
+    await ledger.claim(call(), "tr_1", 10_000)
     with pytest.raises(ToolmeshError) as raised:
         await ledger.confirm("tr_1")
     assert raised.value.code is Code.INVOCATION_RUNNING
@@ -73,54 +109,141 @@ async def test_confirm_before_the_outcome_is_refused(ledger: Ledger) -> None:
 
 
 async def test_replay_window_and_the_shorter_timeout_window(ledger: Ledger, clock: Clock) -> None:
-    await ledger.claim(call('{"k": "ok"}'), "tr_ok", 1000)
+    await ledger.claim(call('{"k": "ok"}'), "tr_ok", 10_000)
     await ledger.finish("tr_ok", Outcome.success("1"))
-    await ledger.claim(call('{"k": "slow"}'), "tr_slow", 1000)
+    await ledger.claim(call('{"k": "slow"}'), "tr_slow", 10_000)
     await ledger.finish("tr_slow", Outcome.runtime_error(Code.TOOL_TIMEOUT))
-    clock.now += 10
-    assert (await ledger.claim(call('{"k": "slow"}'), "tr_slow2", 1000)).is_new
-    assert not (await ledger.claim(call('{"k": "ok"}'), "tr_ok2", 1000)).is_new
-    clock.now += 60
-    assert (await ledger.claim(call('{"k": "ok"}'), "tr_ok3", 1000)).is_new
+    await clock.advance(0.3)
+    assert (await ledger.claim(call('{"k": "slow"}'), "tr_slow2", 10_000)).is_new
+    assert not (await ledger.claim(call('{"k": "ok"}'), "tr_ok2", 10_000)).is_new
+    await clock.advance(POLICY.replay_window_s)
+    assert (await ledger.claim(call('{"k": "ok"}'), "tr_ok3", 10_000)).is_new
 
 
 async def test_unreachable_bridge_is_not_replayed(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 1000)
+    await ledger.claim(call(), "tr_1", 10_000)
     await ledger.finish("tr_1", Outcome.runtime_error(Code.BRIDGE_UNAVAILABLE), replayable=False)
-    assert (await ledger.claim(call(), "tr_2", 1000)).is_new
+    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
     record = await ledger.get("tr_1")
     assert record is not None and record.state is InvocationState.FAILED
 
 
 async def test_idempotency_key(ledger: Ledger, clock: Clock) -> None:
-    assert (await ledger.claim(call(), "tr_1", 1000, "key-1")).is_new
+    assert (await ledger.claim(call(), "tr_1", 10_000, "key-1")).is_new
     await ledger.finish("tr_1", Outcome.success("1"))
     await ledger.confirm("tr_1")
-    clock.now += 3600  # far past the replay window, within the key's retention
-    again = await ledger.claim(call('{"a":1.0}'), "tr_2", 1000, "key-1")
+    await clock.advance(POLICY.replay_window_s + 0.2)  # past the replay window, within the key's retention
+    again = await ledger.claim(call('{"a":1.0}'), "tr_2", 10_000, "key-1")
     assert not again.is_new and again.record.tool_request_id == "tr_1"
     with pytest.raises(ToolmeshError) as raised:
-        await ledger.claim(call('{"a": 2}'), "tr_3", 1000, "key-1")
+        await ledger.claim(call('{"a": 2}'), "tr_3", 10_000, "key-1")
     assert raised.value.code is Code.IDEMPOTENCY_KEY_REUSED
     assert raised.value.metadata["tool_request_id"] == "tr_1"
     # Keys belong to a session.
-    assert (await ledger.claim(call(session="s2"), "tr_4", 1000, "key-1")).is_new
+    assert (await ledger.claim(call(session="s2"), "tr_4", 10_000, "key-1")).is_new
 
 
 async def test_lost_owner_running_record_expires(ledger: Ledger, clock: Clock) -> None:
-    await ledger.claim(call(), "tr_1", 1000)
-    clock.now += 1 + ledger.policy.running_grace_s + 1
+    await ledger.claim(call(), "tr_1", 100)
+    await clock.advance(0.1 + POLICY.running_grace_s + 0.1)
     assert await ledger.get("tr_1") is None
-    assert (await ledger.claim(call(), "tr_2", 1000)).is_new
+    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
 
 
-async def test_memory_is_bounded_under_distinct_calls(
-    ledger: Ledger, store: InMemoryStore, clock: Clock
-) -> None:
+@pytest.mark.unit
+async def test_memory_is_bounded_under_distinct_calls() -> None:
+    clock = Clock(real=False)
+    store = MemoryLedgerStore(clock=clock)
+    ledger = Ledger(store, LedgerPolicy(record_retention_s=300), clock=clock)
     for index in range(3000):
         request_id = f"tr_{index}"
         await ledger.claim(call(f'{{"n": {index}}}'), request_id, 1000)
         await ledger.finish(request_id, Outcome.success("null"))
         await ledger.confirm(request_id)
-        clock.now += 0.5  # 3000 calls over 25 minutes; records are kept 5 minutes
+        await clock.advance(0.5)  # 3000 calls over 25 minutes; records are kept 5 minutes
     assert len(store) < 1000
+
+
+@pytest.mark.integration
+async def test_every_ledger_key_in_redis_expires() -> None:
+    prefix = new_prefix()
+    stores = open_stores(SHARED_URL, prefix)
+    ledger = Ledger(stores.ledger)
+    client = Redis.from_url(SHARED_URL)
+    try:
+        await ledger.claim(call('{"n": 1}'), "tr_run", 10_000)
+        await ledger.claim(call('{"n": 2}'), "tr_done", 10_000)
+        await ledger.finish("tr_done", Outcome.success("1"))
+        await ledger.claim(call('{"n": 3}'), "tr_keyed", 1000, "key")
+        await ledger.claim(call('{"n": 4}'), "tr_confirmed", 10_000)
+        await ledger.finish("tr_confirmed", Outcome.success("1"))
+        await ledger.confirm("tr_confirmed")
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        # 4 records, 2 identity pointers (none for the keyed call, the confirmed one's dropped), 1 key.
+        assert len(keys) == 7
+        for key in keys:
+            assert await client.pttl(key) > 0, key
+    finally:
+        await client.aclose()
+        await stores.close()
+        await delete_prefixed(SHARED_URL, prefix)
+
+
+async def test_a_joiner_elsewhere_waits_for_the_finish(backend: tuple[LedgerStore, Clock, str]) -> None:
+    """Two ledgers on one store (two replicas): the second joins and is woken by the first's finish."""
+    store, clock, _ = backend
+    owner, joiner = Ledger(store, POLICY, clock=clock), Ledger(store, POLICY, clock=clock)
+    assert (await owner.claim(call(), "tr_1", 10_000)).is_new
+    joined = await joiner.claim(call(), "tr_2", 10_000)
+    assert not joined.is_new and joined.record.tool_request_id == "tr_1"
+    waiting = asyncio.ensure_future(joiner.wait_finished("tr_1"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await owner.finish("tr_1", Outcome.success("42"))
+    record = await asyncio.wait_for(waiting, 5)
+    assert record is not None and record.outcome == Outcome.success("42")
+
+
+@pytest.mark.integration
+async def test_a_joiner_is_told_when_the_running_record_expires_in_redis() -> None:
+    prefix = new_prefix()
+    stores = open_stores(SHARED_URL, prefix)
+    try:
+        owner = Ledger(stores.ledger, POLICY)
+        await owner.claim(call(), "tr_1", 100)  # and its owner dies: nobody finishes it
+        assert await asyncio.wait_for(owner.wait_finished("tr_1"), 5) is None
+    finally:
+        await stores.close()
+        await delete_prefixed(SHARED_URL, prefix)
+
+
+async def test_confirmations_carried_on_a_claim_apply_before_it(ledger: Ledger) -> None:
+    await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.success("1"))
+    await ledger.claim(call('{"other": 1}'), "tr_running", 10_000)
+    # The exact retry that carries the first call's confirmation is a new invocation.
+    retry = await ledger.claim(call(), "tr_2", 10_000, confirmed=["tr_1", "tr_running", "tr_unknown"])
+    assert retry.is_new
+    first = await ledger.get("tr_1")
+    assert first is not None and first.delivered
+    running = await ledger.get("tr_running")
+    assert running is not None and not running.delivered and not running.finished
+    await ledger.finish("tr_2", Outcome.success("2"))
+    keyed = await ledger.claim(call(), "tr_3", 10_000, "key-1", confirmed=["tr_2"])
+    assert keyed.is_new
+    second = await ledger.get("tr_2")
+    assert second is not None and second.delivered
+
+
+async def test_confirmations_of_other_sessions_change_nothing(ledger: Ledger) -> None:
+    for session, request_id in (("mine", "tr_mine"), ("theirs", "tr_theirs")):
+        await ledger.claim(call(session=session), request_id, 10_000)
+        await ledger.finish(request_id, Outcome.success("1"))
+    allowed = await ledger.permitted(["tr_mine", "tr_theirs", "tr_unknown"], {"mine"})
+    assert list(allowed) == ["tr_mine"]
+    await ledger.confirm("tr_theirs", {"mine"})
+    theirs = await ledger.get("tr_theirs")
+    assert theirs is not None and not theirs.delivered
+    await ledger.confirm("tr_mine", {"mine"})
+    mine = await ledger.get("tr_mine")
+    assert mine is not None and mine.delivered

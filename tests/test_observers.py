@@ -18,7 +18,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import InvocationRecord, Ledger
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.memory import MemoryLedgerStore
 
 pytestmark = pytest.mark.unit
 
@@ -92,7 +92,7 @@ class RecordedCall:
 async def test_the_invoker_tells_its_observer_each_step_of_a_run_a_join_and_a_replay() -> None:
     observer = Recording()
     host = HeldHost()
-    invoker = Invoker(OneTool(), host, Ledger(InMemoryStore()), observer=observer)
+    invoker = Invoker(OneTool(), host, Ledger(MemoryLedgerStore()), observer=observer)
 
     first = asyncio.ensure_future(invoker.invoke(CALL))
     await host.dispatched.wait()
@@ -127,7 +127,7 @@ async def test_the_invoker_tells_its_observer_each_step_of_a_run_a_join_and_a_re
 async def test_an_invoker_without_an_observer_keeps_nothing_for_links() -> None:
     host = HeldHost()
     host.release.set()
-    invoker = Invoker(OneTool(), host, Ledger(InMemoryStore()))
+    invoker = Invoker(OneTool(), host, Ledger(MemoryLedgerStore()))
     result = await invoker.invoke(CALL)
     record = await invoker.ledger.get(result.tool_request_id)
     assert result.outcome.ok and record is not None and record.trace_context == {}

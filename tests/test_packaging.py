@@ -20,6 +20,7 @@ SERVER_ONLY = {
     "grpcio-health-checking",
     "grpcio-reflection",
     "jsonschema-rs",
+    "redis",
     "opentelemetry-sdk",
     "opentelemetry-exporter-otlp-proto-grpc",
     "httpx",
@@ -63,8 +64,8 @@ def test_the_server_distribution_depends_on_the_client() -> None:
 def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     probe = (
         "import sys, toolmesh.host, toolmesh.client, toolmesh.cli.main;"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in"
-        " ('opentelemetry', 'jsonschema_rs', 'grpc_health', 'grpc_reflection', 'httpx', 'toolmesh')))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('opentelemetry', 'jsonschema_rs',"
+        " 'grpc_health', 'grpc_reflection', 'httpx', 'redis', 'toolmesh')))"
     )
     loaded = json.loads(
         subprocess.run(
@@ -74,7 +75,7 @@ def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
     server_packages = ("server", "store", "registry", "invocation", "bridge")
     assert not [m for m in loaded if m.startswith(tuple(f"toolmesh.{p}" for p in server_packages))]
     assert not [m for m in loaded if m.startswith(("opentelemetry.sdk", "jsonschema_rs", "grpc_health.v1"))]
-    assert not [m for m in loaded if m.startswith("httpx")]
+    assert not [m for m in loaded if m.startswith(("httpx", "redis"))]
 
 
 @pytest.mark.integration

@@ -1,4 +1,7 @@
-"""The store contract: every backend behind the Store interface must pass these."""
+"""The store contract: every backend behind the Store interface must pass these.
+
+Redis: the shared server at 127.0.0.1:6379, each test under a key prefix of its own.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +10,31 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.store.backends import open_stores
 from toolmesh.store.base import Store, VersionConflict
 from toolmesh.store.memory import InMemoryStore
 
 
 # Each backend's marks: the in-process one is a unit test, one behind a server an integration test.
-@pytest_asyncio.fixture(params=[pytest.param("memory", marks=pytest.mark.unit)])
+@pytest_asyncio.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("redis", marks=pytest.mark.integration),
+    ]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    backend = InMemoryStore()
-    yield backend
-    await backend.close()
+    if request.param == "memory":
+        backend = InMemoryStore()
+        yield backend
+        await backend.close()
+        return
+    prefix = new_prefix()
+    stores = open_stores(SHARED_URL, prefix)
+    yield stores.store
+    await stores.close()
+    await delete_prefixed(SHARED_URL, prefix)
 
 
 async def test_put_get_and_versions(store: Store) -> None:
@@ -59,15 +76,34 @@ async def test_expiry(store: Store) -> None:
 
 async def test_watch_sees_current_then_changes(store: Store) -> None:
     await store.put("w", b"1")
-    watcher = store.watch("w").__aiter__()
-    first = await asyncio.wait_for(watcher.__anext__(), 2)
+    watcher = store.watch("w")
+    first = await asyncio.wait_for(anext(watcher), 2)
     assert first is not None and first.value == b"1"
     await store.put("w", b"2")
-    second = await asyncio.wait_for(watcher.__anext__(), 2)
+    second = await asyncio.wait_for(anext(watcher), 2)
     assert second is not None and second.value == b"2"
     await store.delete("w")
-    assert await asyncio.wait_for(watcher.__anext__(), 2) is None
-    await watcher.aclose()  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(anext(watcher), 2) is None
+    await watcher.aclose()
+
+
+async def test_watch_sees_expiry_and_a_key_written_later(store: Store) -> None:
+    watcher = store.watch("later")
+    assert await asyncio.wait_for(anext(watcher), 2) is None
+    await store.put("later", b"x", ttl_s=0.2)
+    written = await asyncio.wait_for(anext(watcher), 2)
+    assert written is not None and written.value == b"x"
+    # Nobody writes: the key expires, and the watcher is told.
+    assert await asyncio.wait_for(anext(watcher), 2) is None
+    await watcher.aclose()
+
+
+async def test_a_put_without_ttl_keeps_the_key(store: Store) -> None:
+    await store.put("v", b"1", ttl_s=0.2)
+    await store.put("v", b"2")
+    await asyncio.sleep(0.3)  # past the first put's expiry
+    got = await store.get("v")
+    assert got is not None and got.value == b"2"
 
 
 @pytest.mark.unit

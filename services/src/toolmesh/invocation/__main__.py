@@ -1,4 +1,4 @@
-from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of
+from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of, stores_of
 from toolmesh.server.system import start_invocation
 
 args = parse_args("invocation", ("registry", "bridge"))
@@ -10,5 +10,6 @@ run(
         dependency_address(args, "bridge"),
         args.listen,
         security=security,
+        stores=stores_of(args),
     ),
 )

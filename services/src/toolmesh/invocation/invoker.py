@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import Container, Sequence
+from collections.abc import Container, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
@@ -18,7 +18,7 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
-from toolmesh.invocation.ledger import InvocationRecord, Ledger
+from toolmesh.invocation.ledger import Claim, InvocationRecord, Ledger
 from toolmesh.invocation.ports import Dispatcher, InvocationObserver, NoInvocationObserver, ToolCatalog
 
 log = logging.getLogger("toolmesh.invocation")
@@ -39,6 +39,14 @@ class InvokeResult:
 
 def new_tool_request_id() -> str:
     return f"tr_{uuid.uuid4().hex}"
+
+
+def check_confirmations(tool_request_ids: Sequence[str]) -> None:
+    """Raise ToolmeshError(INVALID_REQUEST) for too many or malformed ids to confirm."""
+    if len(tool_request_ids) > MAX_CONFIRMATIONS:
+        raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
+    for tool_request_id in tool_request_ids:
+        require_id(tool_request_id, "tool_request_id")
 
 
 def check_envelope(call: ToolCall) -> None:
@@ -176,8 +184,10 @@ class Invoker:
             )
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
-        if confirmed:
-            await self.confirm_delivery(confirmed, sessions)
+        check_confirmations(confirmed)
+        if confirmed and sessions is not None:
+            # Only the caller's own sessions' deliveries: a read first (the claim then carries them).
+            confirmed = await self.ledger.permitted(confirmed, sessions)
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
@@ -186,19 +196,24 @@ class Invoker:
         self._in_flight += 1
         try:
             with observed:
-                result = await self._invoke(call, idempotency_key, leaves_early)
+                result = await self._invoke(call, idempotency_key, leaves_early, confirmed)
                 observed.answered(result.tool_request_id, result.outcome)
             return result
         finally:
             self._in_flight -= 1
 
-    async def _invoke(self, call: ToolCall, idempotency_key: str, leaves_early: bool) -> InvokeResult:
+    async def _invoke(
+        self, call: ToolCall, idempotency_key: str, leaves_early: bool, confirmed: Sequence[str]
+    ) -> InvokeResult:
+        """`confirmed`: deliveries the caller confirms with this call. They go with its claim, in
+        the same atomic step, so they apply before it; a call that claims nothing applies them alone."""
         tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
             outcome = Outcome.runtime_error(
                 Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
             )
+            await self._confirm(confirmed)
             return InvokeResult(tool_request_id, outcome)
         arguments = parse_arguments(call.arguments_json)
         invalid = (
@@ -207,27 +222,30 @@ class Invoker:
             else check_parsed_arguments(tool, arguments, len(call.arguments_json))
         )
         if invalid is not None:
+            await self._confirm(confirmed)
             return InvokeResult(tool_request_id, invalid)
-        claim = await self.ledger.claim(
+        request = ToolRequest(
+            session_id=call.session_id,
+            turn_id=call.turn_id,
+            tool_request_id=tool_request_id,
+            tool_name=call.tool_name,
+            arguments_json=call.arguments_json,
+            timeout_ms=tool.effective_timeout_ms,
+            redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
+        )
+        claiming = self.ledger.claim(
             call,
             tool_request_id,
             tool.effective_timeout_ms,
             idempotency_key,
             self._observer.trace_context(),
             arguments=arguments,
+            confirmed=confirmed,
         )
+        claim = await self._claim(claiming, request, leaves_early)
         record = claim.record
         with self._observer.invocation(record.tool_request_id):
             if claim.is_new:
-                request = ToolRequest(
-                    session_id=call.session_id,
-                    turn_id=call.turn_id,
-                    tool_request_id=tool_request_id,
-                    tool_name=call.tool_name,
-                    arguments_json=call.arguments_json,
-                    timeout_ms=tool.effective_timeout_ms,
-                    redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
-                )
                 return InvokeResult(tool_request_id, await self._start(request, record, leaves_early))
             if record.outcome is not None:
                 with self._observer.attached(record, "replayed"):
@@ -239,14 +257,39 @@ class Invoker:
                     record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
                 )
 
+    async def _claim(
+        self, claiming: Coroutine[Any, Any, Claim], request: ToolRequest, leaves_early: bool
+    ) -> Claim:
+        """The ledger's claim. One whose caller may leave (a unary RPC) goes on without it: a claim
+        that made a new invocation must run it, or exact retries would join one that nobody runs."""
+        if not leaves_early:
+            return await claiming
+        task = asyncio.ensure_future(claiming)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(partial(self._claimed_without_caller, request))
+            raise
+
+    def _claimed_without_caller(self, request: ToolRequest, claiming: asyncio.Future[Claim]) -> None:
+        if claiming.cancelled() or claiming.exception() is not None:
+            return
+        claim = claiming.result()
+        if claim.is_new:
+            self._run_detached(request, claim.record)
+
+    def _run_detached(self, request: ToolRequest, claimed: InvocationRecord) -> asyncio.Task[Outcome]:
+        """Run a new invocation in a task of its own, which goes on whoever waits for it."""
+        task = asyncio.create_task(self._run(request, claimed))
+        self._running[request.tool_request_id] = task
+        task.add_done_callback(partial(self._ended, request.tool_request_id))
+        return task
+
     async def _start(self, request: ToolRequest, claimed: InvocationRecord, leaves_early: bool) -> Outcome:
         """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
         tool_request_id = request.tool_request_id
         if leaves_early:
-            task = asyncio.create_task(self._run(request, claimed))
-            self._running[tool_request_id] = task
-            task.add_done_callback(partial(self._ended, tool_request_id))
-            return await asyncio.shield(task)
+            return await asyncio.shield(self._run_detached(request, claimed))
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._running[tool_request_id] = ran
         try:
@@ -301,14 +344,17 @@ class Invoker:
         self, tool_request_ids: Sequence[str], sessions: Container[str] | None = None
     ) -> None:
         """Mark outcomes as delivered; unknown, expired or running invocations are left as they are,
-        and so are those of sessions other than `sessions` (None: all)."""
-        if len(tool_request_ids) > MAX_CONFIRMATIONS:
-            raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
-        for tool_request_id in tool_request_ids:
-            require_id(tool_request_id, "tool_request_id")
-        for tool_request_id in tool_request_ids:
-            with contextlib.suppress(ToolmeshError):  # INVOCATION_RUNNING: nothing to confirm yet
-                await self.ledger.confirm(tool_request_id, sessions)
+        and so are those of sessions other than `sessions` (None: all).
+
+        Raises ToolmeshError(STORE_UNAVAILABLE) when the ledger's store cannot be reached.
+        """
+        check_confirmations(tool_request_ids)
+        await self._confirm(await self.ledger.permitted(tool_request_ids, sessions))
+
+    async def _confirm(self, tool_request_ids: Sequence[str]) -> None:
+        if tool_request_ids:
+            # Those still running have nothing to confirm yet: the ledger leaves them as they are.
+            await self.ledger.confirm_all(tool_request_ids)
 
     async def get_invocation(
         self, tool_request_id: str, sessions: Container[str] | None = None

@@ -1,21 +1,26 @@
 """The invocation ledger: which logical invocations run or recently ended, and their outcomes.
 
-Keys in the store (all with expiry, so the ledger stays bounded):
-- `ledger:inv:<id>`: the invocation record (state, outcome, delivered, times).
-- `ledger:same:<session>:<tool>:<arguments digest>`: the dedupe pointer to the
-  running or unconfirmed invocation with that logical identity.
-- `ledger:idem:<length of session>:<session>:<key>`: an idempotency key and its
-  arguments digest. The length prefix keeps pairs apart when ids contain `:`
-  (session `a:b` with key `c` is not session `a` with key `b:c`).
+It keeps its records through a LedgerStore (toolmesh.store.ledger), one
+atomic step per stage of a call (claim, finish, confirm), with expiry on
+everything so the ledger stays bounded. What it stores per invocation: the
+record (state, outcome, times), the pointer from the call's logical identity
+(session, tool, canonical arguments) to the running or unconfirmed
+invocation, and an idempotency key's claim. An idempotency key is scoped to
+its session as `<length of session>:<session>:<key>`: the length keeps pairs
+apart when ids contain `:` (session `a:b` with key `c` is not session `a`
+with key `b:c`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import hashlib
 import json
+import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +28,14 @@ from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
-from toolmesh.store.base import Store
+from toolmesh.store.ledger import KeyReused, LedgerStore, StoredInvocation
+
+log = logging.getLogger("toolmesh.invocation")
 
 DECODED_CACHE_SIZE = 4096
+# A finish the store could not take is tried again after this long, doubling up to the cap.
+RETRY_FIRST_S = 0.05
+RETRY_CAP_S = 2.0
 # Marks arguments not parsed yet (None is a JSON value).
 _UNPARSED: Any = object()
 
@@ -142,6 +152,7 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def _encode(record: InvocationRecord) -> bytes:
+    """The record's bytes; whether its delivery was confirmed is kept by the store beside them."""
     return _COMPACT.encode(
         {
             "id": record.tool_request_id,
@@ -152,7 +163,6 @@ def _encode(record: InvocationRecord) -> bytes:
             "state": record.state.value,
             "created": record.created_at,
             "outcome": None if record.outcome is None else _outcome_record(record.outcome),
-            "delivered": record.delivered,
             "finished": record.finished_at,
             "idem": record.idempotency_key,
             "trace": record.trace_context,
@@ -171,7 +181,6 @@ def _decode(raw: bytes) -> InvocationRecord:
         state=InvocationState(data["state"]),
         created_at=data["created"],
         outcome=None if data["outcome"] is None else _outcome_from(data["outcome"]),
-        delivered=data["delivered"],
         finished_at=data["finished"],
         idempotency_key=data["idem"],
         trace_context=data["trace"],
@@ -188,25 +197,29 @@ class Claim:
 
 class Ledger:
     def __init__(
-        self, store: Store, policy: LedgerPolicy | None = None, clock: Callable[[], float] = time.time
+        self, store: LedgerStore, policy: LedgerPolicy | None = None, clock: Callable[[], float] = time.time
     ) -> None:
         self._store = store
         self.policy = policy or LedgerPolicy()
         self._clock = clock
         # Records this process wrote or read recently, by their stored bytes: skips decoding.
         self._decoded: dict[bytes, InvocationRecord] = {}
+        # Finishes the store could not take (it was unreachable), by tool request id, tried
+        # again until it takes them: an outcome, once known, is never lost to an outage.
+        self._unrecorded: dict[str, tuple[bytes, str, float, float | None]] = {}
+        self._recorder: asyncio.Task[None] | None = None
 
     def _encode(self, record: InvocationRecord) -> bytes:
         raw = _encode(record)
         self._remember(raw, record)
         return raw
 
-    def _decode(self, raw: bytes) -> InvocationRecord:
-        record = self._decoded.get(raw)
+    def _decode(self, stored: StoredInvocation) -> InvocationRecord:
+        record = self._decoded.get(stored.record)
         if record is None:
-            record = _decode(raw)
-            self._remember(raw, record)
-        return record
+            record = _decode(stored.record)
+            self._remember(stored.record, record)
+        return record.delivered_now() if stored.delivered else record
 
     def _remember(self, raw: bytes, record: InvocationRecord) -> None:
         # Records are immutable: the same bytes always decode to an equal record.
@@ -214,21 +227,9 @@ class Ledger:
             self._decoded.clear()
         self._decoded[raw] = record
 
-    @staticmethod
-    def _record_key(tool_request_id: str) -> str:
-        return f"ledger:inv:{tool_request_id}"
-
-    @staticmethod
-    def _identity_key(identity: str) -> str:
-        return f"ledger:same:{identity}"
-
-    @staticmethod
-    def _idempotency_key(session_id: str, key: str) -> str:
-        return f"ledger:idem:{len(session_id)}:{session_id}:{key}"
-
     async def get(self, tool_request_id: str) -> InvocationRecord | None:
-        stored = await self._store.get(self._record_key(tool_request_id))
-        return None if stored is None else self._decode(stored.value)
+        stored = await self._store.get(tool_request_id)
+        return None if stored is None else self._decode(stored)
 
     async def claim(
         self,
@@ -239,20 +240,15 @@ class Ledger:
         trace_context: dict[str, str] | None = None,
         *,
         arguments: jsontext.JsonValue = _UNPARSED,
+        confirmed: Sequence[str] = (),
     ) -> Claim:
         """Register `call` as invocation `new_id`, unless an identical one should be joined or replayed.
 
         `arguments`: the call's arguments already parsed, when the caller has them.
+        `confirmed`: deliveries to confirm first, in the same atomic step (as confirm_all).
+        Raises ToolmeshError: IDEMPOTENCY_KEY_REUSED, or STORE_UNAVAILABLE (nothing was claimed).
         """
         identity = identity_of(call, arguments) or f"{call.session_id}:{call.tool_name}:unique:{new_id}"
-        if idempotency_key:
-            existing = await self._by_idempotency_key(call, identity, idempotency_key, new_id)
-            if existing is not None:
-                return Claim(existing, False)
-        else:
-            existing = await self._attachable(identity)
-            if existing is not None:
-                return Claim(existing, False)
         record = InvocationRecord(
             tool_request_id=new_id,
             session_id=call.session_id,
@@ -265,51 +261,34 @@ class Ledger:
             trace_context=trace_context or {},
         )
         running_ttl = timeout_ms / 1000 + self.policy.running_grace_s
-        await self._store.put(self._record_key(new_id), self._encode(record), ttl_s=running_ttl)
         if idempotency_key:
-            return Claim(record, True)
-        # Another call may have claimed the identity meanwhile (another replica): theirs wins.
-        winner = await self._store.create(self._identity_key(identity), new_id.encode(), ttl_s=running_ttl)
-        if winner is not None:
-            other = await self.get(winner.value.decode())
-            if other is not None and not other.delivered:
-                await self._store.delete(self._record_key(new_id))
-                return Claim(other, False)
-            await self._store.put(self._identity_key(identity), new_id.encode(), ttl_s=running_ttl)
-        return Claim(record, True)
-
-    async def _attachable(self, identity: str) -> InvocationRecord | None:
-        pointer = await self._store.get(self._identity_key(identity))
-        if pointer is None:
-            return None
-        record = await self.get(pointer.value.decode())
-        if record is None or record.delivered:
-            return None
-        return record
-
-    async def _by_idempotency_key(
-        self, call: ToolCall, identity: str, key: str, new_id: str
-    ) -> InvocationRecord | None:
-        entry = json.dumps({"id": new_id, "identity": identity}).encode()
-        existing = await self._store.create(
-            self._idempotency_key(call.session_id, key), entry, ttl_s=self.policy.idempotency_retention_s
-        )
+            try:
+                existing = await self._store.claim_keyed(
+                    new_id,
+                    self._encode(record),
+                    f"{len(call.session_id)}:{call.session_id}:{idempotency_key}",
+                    identity,
+                    running_ttl_s=running_ttl,
+                    key_ttl_s=self.policy.idempotency_retention_s,
+                    confirmed=confirmed,
+                )
+            except KeyReused as reused:
+                raise ToolmeshError(
+                    Code.IDEMPOTENCY_KEY_REUSED,
+                    "",
+                    {
+                        "session_id": call.session_id,
+                        "idempotency_key": idempotency_key,
+                        "tool_request_id": reused.tool_request_id,
+                    },
+                ) from None
+        else:
+            existing = await self._store.claim(
+                new_id, self._encode(record), identity, running_ttl, confirmed=confirmed
+            )
         if existing is None:
-            return None
-        claimed = json.loads(existing.value)
-        if claimed["identity"] != identity:
-            raise ToolmeshError(
-                Code.IDEMPOTENCY_KEY_REUSED,
-                "",
-                {"session_id": call.session_id, "idempotency_key": key, "tool_request_id": claimed["id"]},
-            )
-        record = await self.get(claimed["id"])
-        if record is None:
-            # The first call's record expired or never got written: start over under this key.
-            await self._store.put(
-                self._idempotency_key(call.session_id, key), entry, ttl_s=self.policy.idempotency_retention_s
-            )
-        return record
+            return Claim(record, True)
+        return Claim(self._decode(existing), False)
 
     def _ttl(self, record: InvocationRecord) -> float:
         if record.idempotency_key:
@@ -332,51 +311,92 @@ class Ledger:
         """Record the outcome. With `replayable`, an exact retry replays it until delivery is confirmed.
 
         `claimed` is the record `claim` returned, when the caller has it: it
-        saves reading it back (only the claimant finishes an invocation).
+        saves reading it back (only the claimant finishes an invocation). When
+        the store cannot be reached the outcome is kept here and written as soon
+        as it can be: this never raises STORE_UNAVAILABLE.
         """
         record = claimed or await self.get(tool_request_id)
         if record is None:
             return
         finished = record.ended_with(outcome, self._clock())
-        await self._store.put(
-            self._record_key(tool_request_id), self._encode(finished), ttl_s=self._ttl(finished)
+        write = (
+            self._encode(finished),
+            "" if finished.idempotency_key else finished.identity,
+            self._ttl(finished),
+            self._replay_window(finished) if replayable else None,
         )
-        if finished.idempotency_key:
-            return
-        if replayable:
-            await self._store.put(
-                self._identity_key(finished.identity),
-                tool_request_id.encode(),
-                ttl_s=self._replay_window(finished),
-            )
-        else:
-            await self._drop_pointer(finished)
+        try:
+            await self._store.finish(tool_request_id, *write)
+        except ToolmeshError as error:
+            if error.code is not Code.STORE_UNAVAILABLE:
+                raise
+            log.warning("outcome kept until the store is back", extra={"tool_request_id": tool_request_id})
+            self._unrecorded[tool_request_id] = write
+            if self._recorder is None or self._recorder.done():
+                self._recorder = asyncio.create_task(self._record_later())
 
-    async def _drop_pointer(self, record: InvocationRecord) -> None:
-        pointer = await self._store.get(self._identity_key(record.identity))
-        if pointer is not None and pointer.value.decode() == record.tool_request_id:
-            await self._store.delete(self._identity_key(record.identity))
+    async def _record_later(self) -> None:
+        pause = RETRY_FIRST_S
+        given_up_at = time.monotonic() + self.policy.record_retention_s
+        while self._unrecorded and time.monotonic() < given_up_at:
+            await asyncio.sleep(pause)
+            for tool_request_id, write in list(self._unrecorded.items()):
+                try:
+                    await self._store.finish(tool_request_id, *write)
+                except ToolmeshError as error:
+                    if error.code is Code.STORE_UNAVAILABLE:
+                        pause = min(pause * 2, RETRY_CAP_S)
+                        break
+                    log.error("a kept outcome was refused", extra={"tool_request_id": tool_request_id})
+                del self._unrecorded[tool_request_id]
+        if self._unrecorded:
+            log.error("outcomes lost: the store stayed unreachable", extra={"count": len(self._unrecorded)})
+            self._unrecorded.clear()
+
+    @property
+    def unrecorded(self) -> int:
+        """How many finished invocations wait for the store to take their outcome."""
+        return len(self._unrecorded)
 
     async def confirm(self, tool_request_id: str, sessions: Container[str] | None = None) -> None:
-        """Mark the outcome delivered; nothing for another session than `sessions` (None: all)."""
-        record = await self.get(tool_request_id)
-        if record is None or record.delivered or (sessions is not None and record.session_id not in sessions):
-            return
-        if not record.finished:
+        """Mark the outcome delivered; nothing when unknown, expired, or of another session than
+        `sessions` (None: all).
+
+        Raises ToolmeshError(INVOCATION_RUNNING) when it has no outcome yet.
+        """
+        if await self.confirm_all(await self.permitted([tool_request_id], sessions)):
             raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"tool_request_id": tool_request_id})
-        await self._store.put(
-            self._record_key(tool_request_id),
-            self._encode(record.delivered_now()),
-            ttl_s=self._ttl(record),
-        )
-        await self._drop_pointer(record)
+
+    async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
+        """Mark these outcomes delivered, in one step; return the ids still running (left as they are)."""
+        return await self._store.confirm(tool_request_ids)
+
+    async def permitted(
+        self, tool_request_ids: Sequence[str], sessions: Container[str] | None
+    ) -> Sequence[str]:
+        """Those of `tool_request_ids` whose invocation is of one of `sessions` (None: all, unread)."""
+        if sessions is None or not tool_request_ids:
+            return tool_request_ids
+        # Read together: on Redis, one round trip for all of them.
+        records = await asyncio.gather(*(self.get(tool_request_id) for tool_request_id in tool_request_ids))
+        return [
+            tool_request_id
+            for tool_request_id, record in zip(tool_request_ids, records, strict=True)
+            if record is not None and record.session_id in sessions
+        ]
 
     async def wait_finished(self, tool_request_id: str) -> InvocationRecord | None:
         """Wait until the invocation has ended (it may run in another process); None if it vanished."""
-        async for stored in self._store.watch(self._record_key(tool_request_id)):
-            if stored is None:
-                return None
-            record = self._decode(stored.value)
-            if record.finished:
-                return record
+        async with contextlib.aclosing(self._store.watch(tool_request_id)) as watched:
+            async for stored in watched:
+                if stored is None:
+                    return None
+                record = self._decode(stored)
+                if record.finished:
+                    return record
         return None
+
+    async def aclose(self) -> None:
+        """Stop trying to write kept outcomes (the process is stopping)."""
+        if self._recorder is not None:
+            self._recorder.cancel()

@@ -14,6 +14,7 @@ from toolmesh.core.logs import configure_logging
 from toolmesh.server import security
 from toolmesh.server.runtime import RunningServer, serve_until_signalled
 from toolmesh.server.security import Security
+from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
 
 # Internal listeners (registry lookups, bridge dispatch): loopback unless told otherwise.
 INTERNAL_PORTS = {"registry": 7411, "bridge": 7413}
@@ -51,7 +52,28 @@ def parse_args(
     security.add_arguments(parser)
     if extend is not None:
         extend(parser)
-    return parser.parse_args()
+    add_store_arguments(parser)
+    args = parser.parse_args()
+    try:
+        describe_store(store_url(args.store))
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        help=f"where state is kept: memory (the default) or redis://host:port/db (env {STORE_ENV})",
+    )
+    parser.add_argument(
+        "--store-prefix", help=f'prefix of every Redis key (env {PREFIX_ENV}, default "toolmesh:")'
+    )
+
+
+def stores_of(args: argparse.Namespace) -> Stores:
+    """The stores the --store flags (or the environment) name."""
+    return open_stores(store_url(args.store), args.store_prefix)
 
 
 def security_of(args: argparse.Namespace) -> Security:

@@ -21,8 +21,7 @@ from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.server.runtime import RunningServer, start_server
 from toolmesh.server.security import LOOPBACK, Security
-from toolmesh.store.base import Store
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.backends import MEMORY, Stores, open_stores
 
 # Internal listeners on a free loopback port unless told otherwise.
 INTERNAL_ADDRESS = "127.0.0.1:0"
@@ -30,15 +29,21 @@ INTERNAL_ADDRESS = "127.0.0.1:0"
 
 async def start_registry(
     address: str = "127.0.0.1:0",
-    store: Store | None = None,
+    stores: Stores | None = None,
     *,
     security: Security = LOOPBACK,
     internal_address: str = INTERNAL_ADDRESS,
 ) -> RunningServer:
-    registry = Registry(store if store is not None else InMemoryStore())
-    return await start_server(
-        [registry_service(registry)], address, security=security, internal_address=internal_address
+    """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory)."""
+    stores = stores or open_stores()
+    running = await start_server(
+        [registry_service(Registry(stores.store))],
+        address,
+        security=security,
+        internal_address=internal_address,
     )
+    running.after_stop.append(stores.close)
+    return running
 
 
 async def start_bridge(
@@ -92,22 +97,33 @@ async def start_invocation(
     bridge_target: str,
     address: str = "127.0.0.1:0",
     *,
-    store: Store | None = None,
+    stores: Stores | None = None,
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
     security: Security = LOOPBACK,
 ) -> RunningServer:
-    """The invocation service; `registry_target` and `bridge_target` are their internal listeners."""
+    """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
+
+    It keeps its ledger in `stores` (closed when it stops; default: its own memory).
+    """
     security.check_public(address)
+    stores = stores or open_stores()
     registry_channel = open_channel(registry_target, security.peer_credentials())
     bridge_channel = open_channel(bridge_target, security.peer_credentials())
-    ledger = Ledger(store if store is not None else InMemoryStore(), policy or LedgerPolicy())
+    ledger = Ledger(stores.ledger, policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     running = await start_server([invocation_service(invoker)], address, security=security)
-    running.after_stop += [catalog.aclose, registry_channel.close, dispatcher.aclose, bridge_channel.close]
+    running.after_stop += [
+        catalog.aclose,
+        registry_channel.close,
+        dispatcher.aclose,
+        bridge_channel.close,
+        ledger.aclose,
+        stores.close,
+    ]
     return running
 
 
@@ -171,11 +187,18 @@ async def start_local_system(
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
     security: Security = LOOPBACK,
+    store_url: str = MEMORY,
+    store_prefix: str | None = None,
 ) -> LocalSystem:
-    """All three services; their internal listeners on free loopback ports, used only by each other."""
+    """All three services; their internal listeners on free loopback ports, used only by each other.
+
+    The registry and the invocation service keep their state at `store_url`.
+    """
     for port in (registry_port, invocation_port, bridge_port, web_port):
         security.check_public(f"{host}:{port}")
-    registry = await start_registry(f"{host}:{registry_port}", security=security)
+    registry = await start_registry(
+        f"{host}:{registry_port}", open_stores(store_url, store_prefix), security=security
+    )
     try:
         bridge, router = await start_bridge(
             f"{host}:{bridge_port}",
@@ -193,6 +216,7 @@ async def start_local_system(
             f"127.0.0.1:{registry.internal_port}",
             f"127.0.0.1:{bridge.internal_port}",
             f"{host}:{invocation_port}",
+            stores=open_stores(store_url, store_prefix),
             policy=policy,
             max_in_flight=max_in_flight,
             security=security,

@@ -1,4 +1,4 @@
-"""`toolmesh up`: the three services in one process on the embedded default.
+"""`toolmesh up`: the three services in one process, on the embedded default or a shared Redis.
 
 A command of the `toolmesh` CLI that this distribution plugs in (entry point
 group `toolmesh.commands`), so the client distribution never imports servers.
@@ -13,8 +13,10 @@ from typing import Any
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.server import security
+from toolmesh.server.entrypoint import add_store_arguments
 from toolmesh.server.runtime import serve_until_signalled
 from toolmesh.server.system import start_local_system
+from toolmesh.store.backends import describe_store, store_url
 
 EXIT_CONFIG = 2
 
@@ -22,7 +24,7 @@ EXIT_CONFIG = 2
 def add_parser(commands: Any) -> None:
     """Add `up` to the CLI's subcommands."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "up", help="start registry, invocation and bridge locally (in-memory store)"
+        "up", help="start registry, invocation and bridge locally (in-memory state unless --store)"
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help="interface to listen on (default %(default)s)")
     for service, port in DEFAULT_PORTS.items():
@@ -37,11 +39,14 @@ def add_parser(commands: Any) -> None:
     )
     add_web_arguments(parser)
     security.add_arguments(parser)
+    add_store_arguments(parser)
     parser.set_defaults(run=run)
 
 
 async def run(args: argparse.Namespace) -> int:
+    url = store_url(args.store)
     try:
+        description = describe_store(url)
         protection = security.from_args(args)
         system = await start_local_system(
             host=args.host,
@@ -51,11 +56,13 @@ async def run(args: argparse.Namespace) -> int:
             web_port=args.web_port,
             web_origins=web_origins(args.web_origins),
             security=protection,
+            store_url=url,
+            store_prefix=args.store_prefix,
         )
     except (OSError, ValueError) as error:
         print(f"toolmesh up: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    print("toolmesh is up (embedded in-memory store)")
+    print(f"toolmesh is up ({description})")
     print(f"  registry    {system.registry_target}")
     print(f"  invocation  {system.invocation_target}")
     print(f"  bridge      {system.bridge_target}")

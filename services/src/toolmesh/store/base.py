@@ -8,7 +8,9 @@ one (Redis, for replicas) can serve them alike, held to the same contract tests.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,11 +53,19 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
-    def watch(self, key: str) -> AsyncIterator[Versioned | None]:
-        """Yield the key's current state, then its state after each change.
+    def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
+        """Yield the key's current state, then its state after each change (its expiry included).
 
         A slow reader may miss intermediate versions but always sees the latest.
+        A backend that can become unreachable waits through the outage and reads
+        again when it is back.
         """
         ...
 
     async def close(self) -> None: ...
+
+
+async def until_set(event: asyncio.Event, timeout_s: float | None) -> None:
+    """Wait for `event`, or `timeout_s` (None: no limit), whichever comes first."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout_s)

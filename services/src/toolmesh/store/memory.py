@@ -1,39 +1,52 @@
-"""The embedded, in-process store: the default when nothing else is configured."""
+"""The embedded, in-process store: the default when nothing else is configured.
+
+Every operation here is synchronous underneath (nothing awaits between its
+read and its write), so each is atomic within the process, as a Redis
+script is atomic on the server.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-from toolmesh.store.base import VersionConflict, Versioned
+from toolmesh.store.base import VersionConflict, Versioned, until_set
+from toolmesh.store.ledger import KeyReused, StoredInvocation
 
 # Sweep expired keys after this many writes, so memory stays bounded even
 # for keys that are never read again.
 _SWEEP_EVERY = 256
 
+V = TypeVar("V")
+T = TypeVar("T")
+_NOTHING: Any = object()
+
 
 @dataclass(slots=True)
-class _Entry:
-    value: bytes
+class _Entry(Generic[V]):
+    value: V
     version: int
     expires_at: float | None
 
 
-class InMemoryStore:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+class Table(Generic[V]):
+    """Keys with values, versions, expiry and change events, in process memory."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._entries: dict[str, _Entry] = {}
-        self._expiry_heap: list[tuple[float, str, int]] = []
+        self._entries: dict[str, _Entry[V]] = {}
+        self._expiry_heap: list[tuple[float, str]] = []
         self._changed: dict[str, asyncio.Event] = {}
         self._writes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _live(self, key: str) -> _Entry | None:
+    def live(self, key: str) -> _Entry[V] | None:
         entry = self._entries.get(key)
         if entry is not None and entry.expires_at is not None and entry.expires_at <= self._clock():
             del self._entries[key]
@@ -49,56 +62,219 @@ class InMemoryStore:
     def _sweep(self) -> None:
         now = self._clock()
         while self._expiry_heap and self._expiry_heap[0][0] <= now:
-            _, key, _ = heapq.heappop(self._expiry_heap)
+            _, key = heapq.heappop(self._expiry_heap)
             entry = self._entries.get(key)
             if entry is not None and entry.expires_at is not None and entry.expires_at <= now:
                 del self._entries[key]
                 self._notify(key)
 
-    def _write(self, key: str, value: bytes, ttl_s: float | None, previous: _Entry | None) -> int:
+    def write(self, key: str, value: V, ttl_s: float | None, *, notify: bool = True) -> int:
+        """Set the key (a new version); `ttl_s` None keeps it until deleted or overwritten."""
+        previous = self.live(key)
         version = 1 if previous is None else previous.version + 1
         expires_at = None if ttl_s is None else self._clock() + ttl_s
         self._entries[key] = _Entry(value, version, expires_at)
         if expires_at is not None:
-            heapq.heappush(self._expiry_heap, (expires_at, key, version))
+            heapq.heappush(self._expiry_heap, (expires_at, key))
         self._writes += 1
         if self._writes % _SWEEP_EVERY == 0:
             self._sweep()
-        self._notify(key)
+        if notify:
+            self._notify(key)
         return version
 
+    def remove(self, key: str) -> None:
+        if self._entries.pop(key, None) is not None:
+            self._notify(key)
+
+    def changed(self, key: str) -> asyncio.Event:
+        """An event set at the key's next change (taken before reading, so no change is missed)."""
+        return self._changed.setdefault(key, asyncio.Event())
+
+    def expires_in(self, key: str) -> float | None:
+        entry = self._entries.get(key)
+        if entry is None or entry.expires_at is None:
+            return None
+        return max(0.0, entry.expires_at - self._clock())
+
+    async def watch(self, key: str, state: Callable[[], T]) -> AsyncGenerator[T, None]:
+        """`state()` now, then after each change of the key (its expiry included), when it differs."""
+        last: T = _NOTHING
+        while True:
+            changed = self.changed(key)
+            current = state()
+            if current != last:
+                last = current
+                yield current
+            await until_set(changed, self.expires_in(key))
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._expiry_heap.clear()
+
+
+class InMemoryStore:
+    """The Store interface over one in-process Table."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._table: Table[bytes] = Table(clock)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
     async def get(self, key: str) -> Versioned | None:
-        entry = self._live(key)
-        return None if entry is None else Versioned(entry.value, entry.version)
+        return self._versioned(key)
 
     async def put(
         self, key: str, value: bytes, *, expected_version: int | None = None, ttl_s: float | None = None
     ) -> int:
-        entry = self._live(key)
         if expected_version is not None:
+            entry = self._table.live(key)
             actual = 0 if entry is None else entry.version
             if actual != expected_version:
                 raise VersionConflict(key, expected_version, actual)
-        return self._write(key, value, ttl_s, entry)
+        return self._table.write(key, value, ttl_s)
 
     async def create(self, key: str, value: bytes, *, ttl_s: float | None = None) -> Versioned | None:
-        entry = self._live(key)
+        entry = self._table.live(key)
         if entry is not None:
             return Versioned(entry.value, entry.version)
-        self._write(key, value, ttl_s, None)
+        self._table.write(key, value, ttl_s)
         return None
 
     async def delete(self, key: str) -> None:
-        if self._entries.pop(key, None) is not None:
-            self._notify(key)
+        self._table.remove(key)
 
-    async def watch(self, key: str) -> AsyncIterator[Versioned | None]:
-        while True:
-            # Take the event before reading, so a change in between is not missed.
-            changed = self._changed.setdefault(key, asyncio.Event())
-            yield await self.get(key)
-            await changed.wait()
+    def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
+        return self._table.watch(key, lambda: self._versioned(key))
+
+    def _versioned(self, key: str) -> Versioned | None:
+        entry = self._table.live(key)
+        return None if entry is None else Versioned(entry.value, entry.version)
 
     async def close(self) -> None:
-        self._entries.clear()
-        self._expiry_heap.clear()
+        self._table.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class _Invocation:
+    record: bytes
+    finished: bool
+    delivered: bool
+    # How long the record is kept once finished (and again from its confirmation).
+    keep_s: float
+    # The identity pointer naming it ("" for a call with an idempotency key).
+    identity: str
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyClaim:
+    tool_request_id: str
+    identity: str
+
+
+class MemoryLedgerStore:
+    """The LedgerStore port in process memory: each operation is one synchronous step."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._invocations: Table[_Invocation] = Table(clock)
+        # identity -> the tool request id of the running or unconfirmed invocation.
+        self._identities: Table[str] = Table(clock)
+        # (session, idempotency key) -> the invocation that claimed it.
+        self._keys: Table[_KeyClaim] = Table(clock)
+
+    def __len__(self) -> int:
+        return len(self._invocations) + len(self._identities) + len(self._keys)
+
+    def _stored(self, tool_request_id: str) -> StoredInvocation | None:
+        entry = self._invocations.live(tool_request_id)
+        if entry is None:
+            return None
+        return StoredInvocation(tool_request_id, entry.value.record, entry.value.delivered)
+
+    def _store_running(self, tool_request_id: str, record: bytes, identity: str, ttl_s: float) -> None:
+        self._invocations.write(tool_request_id, _Invocation(record, False, False, ttl_s, identity), ttl_s)
+
+    async def claim(
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        running_ttl_s: float,
+        *,
+        confirmed: Sequence[str] = (),
+    ) -> StoredInvocation | None:
+        self._confirm(confirmed)
+        pointer = self._identities.live(identity)
+        if pointer is not None and pointer.value != tool_request_id:
+            other = self._invocations.live(pointer.value)
+            if other is not None and not other.value.delivered:
+                return StoredInvocation(pointer.value, other.value.record, False)
+        self._store_running(tool_request_id, record, identity, running_ttl_s)
+        self._identities.write(identity, tool_request_id, running_ttl_s)
+        return None
+
+    async def claim_keyed(
+        self,
+        tool_request_id: str,
+        record: bytes,
+        key: str,
+        identity: str,
+        *,
+        running_ttl_s: float,
+        key_ttl_s: float,
+        confirmed: Sequence[str] = (),
+    ) -> StoredInvocation | None:
+        self._confirm(confirmed)
+        claimed = self._keys.live(key)
+        if claimed is not None and claimed.value.tool_request_id != tool_request_id:
+            if claimed.value.identity != identity:
+                raise KeyReused(claimed.value.tool_request_id)
+            existing = self._stored(claimed.value.tool_request_id)
+            if existing is not None:
+                return existing
+        self._keys.write(key, _KeyClaim(tool_request_id, identity), key_ttl_s)
+        self._store_running(tool_request_id, record, "", running_ttl_s)
+        return None
+
+    async def finish(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
+    ) -> None:
+        self._invocations.write(tool_request_id, _Invocation(record, True, False, keep_s, identity), keep_s)
+        if not identity:
+            return
+        if replay_s is not None:
+            self._identities.write(identity, tool_request_id, replay_s)
+        else:
+            self._drop_pointer(identity, tool_request_id)
+
+    def _drop_pointer(self, identity: str, tool_request_id: str) -> None:
+        pointer = self._identities.live(identity)
+        if pointer is not None and pointer.value == tool_request_id:
+            self._identities.remove(identity)
+
+    async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
+        return self._confirm(tool_request_ids)
+
+    def _confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
+        running = []
+        for tool_request_id in tool_request_ids:
+            entry = self._invocations.live(tool_request_id)
+            if entry is None or entry.value.delivered:
+                continue
+            invocation = entry.value
+            if not invocation.finished:
+                running.append(tool_request_id)
+                continue
+            delivered = _Invocation(invocation.record, True, True, invocation.keep_s, invocation.identity)
+            # Nobody waits for a delivery: no change event.
+            self._invocations.write(tool_request_id, delivered, invocation.keep_s, notify=False)
+            if invocation.identity:
+                self._drop_pointer(invocation.identity, tool_request_id)
+        return running
+
+    async def get(self, tool_request_id: str) -> StoredInvocation | None:
+        return self._stored(tool_request_id)
+
+    def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
+        return self._invocations.watch(tool_request_id, lambda: self._stored(tool_request_id))

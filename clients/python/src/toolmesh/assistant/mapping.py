@@ -6,8 +6,9 @@
 | a domain error (the handler's own code)       | EXECUTION_FAILED   | goes on    |
 | TOOL_NOT_FOUND, TOOL_HANDLER_NOT_FOUND,        | TOOL_UNAVAILABLE   | goes on    |
 | TOOL_HOST_UNAVAILABLE, REGISTRY_UNAVAILABLE,   |                    |            |
-| OVERLOADED, SHUTTING_DOWN, UNAUTHENTICATED,    |                    |            |
-| PERMISSION_DENIED (nothing ran)                |                    |            |
+| STORE_UNAVAILABLE, OVERLOADED, SHUTTING_DOWN,  |                    |            |
+| UNAUTHENTICATED, PERMISSION_DENIED (nothing    |                    |            |
+| ran)                                          |                    |            |
 | TOOL_ARGS_INVALID                             | INVALID_ARGUMENTS  | goes on    |
 | TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID,       | EXECUTION_FAILED   | goes on    |
 | TOOL_HOST_DISCONNECTED, BRIDGE_UNAVAILABLE,    |                    |            |
@@ -37,6 +38,7 @@ RUNTIME_TO_TURN: Mapping[Code, TurnCode] = MappingProxyType(
         Code.TOOL_HANDLER_NOT_FOUND: TurnCode.TOOL_UNAVAILABLE,
         Code.TOOL_HOST_UNAVAILABLE: TurnCode.TOOL_UNAVAILABLE,
         Code.REGISTRY_UNAVAILABLE: TurnCode.TOOL_UNAVAILABLE,
+        Code.STORE_UNAVAILABLE: TurnCode.TOOL_UNAVAILABLE,
         Code.OVERLOADED: TurnCode.TOOL_UNAVAILABLE,
         Code.SHUTTING_DOWN: TurnCode.TOOL_UNAVAILABLE,
         Code.UNAUTHENTICATED: TurnCode.TOOL_UNAVAILABLE,

@@ -63,6 +63,7 @@ class Code(enum.StrEnum):
     REVISION_CONFLICT = "REVISION_CONFLICT"
     REGISTRY_UNAVAILABLE = "REGISTRY_UNAVAILABLE"
     BRIDGE_UNAVAILABLE = "BRIDGE_UNAVAILABLE"
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     OVERLOADED = "OVERLOADED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
@@ -173,6 +174,9 @@ _TABLE: dict[Code, ErrorSpec] = {
         status=S.UNAVAILABLE,
         retryable=True,
         message="The bridge could not be reached; the outcome is unknown.",
+    ),
+    Code.STORE_UNAVAILABLE: ErrorSpec(
+        status=S.UNAVAILABLE, retryable=True, message="The state store could not be reached; no tool ran."
     ),
     Code.OVERLOADED: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED, retryable=True, message="The service is overloaded; try again."

@@ -117,8 +117,9 @@ class InvocationServiceServicer:
         (missing or malformed session id, turn id, tool name or idempotency key)
         or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
         ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
-        dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
-        reason OVERLOADED.
+        dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
+        store could not be reached; the tool did not run) or SHUTTING_DOWN;
+        RESOURCE_EXHAUSTED with reason OVERLOADED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,7 +152,9 @@ class InvocationServiceServicer:
         the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-        more than 1,000 ids). Ids of other sessions' invocations change nothing.
+        more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+        was confirmed: the outcomes stay replayable to an exact retry). Ids of
+        other sessions' invocations change nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -164,7 +167,8 @@ class InvocationServiceServicer:
 
         Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
         the ledger's retention, or of a session the token does not name);
-        INVALID_ARGUMENT with reason INVALID_REQUEST.
+        INVALID_ARGUMENT with reason INVALID_REQUEST; UNAVAILABLE with reason
+        STORE_UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

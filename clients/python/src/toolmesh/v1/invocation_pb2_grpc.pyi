@@ -66,8 +66,9 @@ class InvocationServiceStub:
     (missing or malformed session id, turn id, tool name or idempotency key)
     or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
     ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
-    dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
-    reason OVERLOADED.
+    dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
+    store could not be reached; the tool did not run) or SHUTTING_DOWN;
+    RESOURCE_EXHAUSTED with reason OVERLOADED.
     """
     InvokeTools: _grpc.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -92,7 +93,9 @@ class InvocationServiceStub:
     the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-    more than 1,000 ids). Ids of other sessions' invocations change nothing.
+    more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+    was confirmed: the outcomes stay replayable to an exact retry). Ids of
+    other sessions' invocations change nothing.
     """
     GetInvocation: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]
     """GetInvocation describes one invocation: its state, its outcome once known,
@@ -101,7 +104,8 @@ class InvocationServiceStub:
 
     Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
     the ledger's retention, or of a session the token does not name);
-    INVALID_ARGUMENT with reason INVALID_REQUEST.
+    INVALID_ARGUMENT with reason INVALID_REQUEST; UNAVAILABLE with reason
+    STORE_UNAVAILABLE.
     """
 
 @_typing.type_check_only
@@ -142,8 +146,9 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     (missing or malformed session id, turn id, tool name or idempotency key)
     or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
     ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
-    dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
-    reason OVERLOADED.
+    dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
+    store could not be reached; the tool did not run) or SHUTTING_DOWN;
+    RESOURCE_EXHAUSTED with reason OVERLOADED.
     """
     InvokeTools: _aio.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]  # type: ignore[assignment]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -168,7 +173,9 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-    more than 1,000 ids). Ids of other sessions' invocations change nothing.
+    more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+    was confirmed: the outcomes stay replayable to an exact retry). Ids of
+    other sessions' invocations change nothing.
     """
     GetInvocation: _aio.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]  # type: ignore[assignment]
     """GetInvocation describes one invocation: its state, its outcome once known,
@@ -177,7 +184,8 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
 
     Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
     the ledger's retention, or of a session the token does not name);
-    INVALID_ARGUMENT with reason INVALID_REQUEST.
+    INVALID_ARGUMENT with reason INVALID_REQUEST; UNAVAILABLE with reason
+    STORE_UNAVAILABLE.
     """
 
 class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -221,8 +229,9 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         (missing or malformed session id, turn id, tool name or idempotency key)
         or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
         ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
-        dependency could not be reached) or SHUTTING_DOWN; RESOURCE_EXHAUSTED with
-        reason OVERLOADED.
+        dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
+        store could not be reached; the tool did not run) or SHUTTING_DOWN;
+        RESOURCE_EXHAUSTED with reason OVERLOADED.
         """
 
     @_abc_1.abstractmethod
@@ -259,7 +268,9 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-        more than 1,000 ids). Ids of other sessions' invocations change nothing.
+        more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+        was confirmed: the outcomes stay replayable to an exact retry). Ids of
+        other sessions' invocations change nothing.
         """
 
     @_abc_1.abstractmethod
@@ -274,7 +285,8 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
         the ledger's retention, or of a session the token does not name);
-        INVALID_ARGUMENT with reason INVALID_REQUEST.
+        INVALID_ARGUMENT with reason INVALID_REQUEST; UNAVAILABLE with reason
+        STORE_UNAVAILABLE.
         """
 
 def add_InvocationServiceServicer_to_server(servicer: InvocationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -187,7 +187,11 @@ export const WatchToolsResponseSchema: GenMessage<WatchToolsResponse> = /*@__PUR
  * that moves whenever the list changes.
  *
  * Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
- * a code of toolmesh's error table.
+ * a code of toolmesh's error table. On a shared store (Redis), PutTools,
+ * ListTools and GetTool fail with UNAVAILABLE, reason STORE_UNAVAILABLE, while
+ * the store cannot be reached (a PutTools whose answer was lost may have been
+ * stored: read the revision); WatchTools waits instead, and sends the list
+ * again once the store is back if it changed meanwhile.
  *
  * Who may call: when the registry verifies tokens, every RPC needs a bearer
  * token (`authorization: Bearer <token>` metadata) naming the request's

@@ -1,0 +1,106 @@
+"""The invocation ledger's storage port: each step of a call is one atomic operation.
+
+A tool call costs the ledger three of them on its path: `claim` when it
+starts, `finish` when its outcome is known, `confirm` when the caller has it.
+In memory each is one synchronous step; on Redis each is one script (one
+round trip), so replicas sharing a Redis see one ledger.
+
+The port stores what the ledger gives it as bytes (the record's own encoding
+is the ledger's business) plus the few facts the atomic steps decide on:
+whether the invocation finished, whether its delivery was confirmed, which
+identity pointer names it, how long it is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class StoredInvocation:
+    tool_request_id: str
+    # The ledger's record as last written (by claim or finish).
+    record: bytes
+    # Its delivery was confirmed.
+    delivered: bool
+
+
+class KeyReused(Exception):
+    """The idempotency key belongs to an invocation with other arguments."""
+
+    def __init__(self, tool_request_id: str) -> None:
+        super().__init__(tool_request_id)
+        self.tool_request_id = tool_request_id
+
+
+class LedgerStore(Protocol):
+    async def claim(
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        running_ttl_s: float,
+        *,
+        confirmed: Sequence[str] = (),
+    ) -> StoredInvocation | None:
+        """Store a running invocation under `identity`, unless the identity names one whose
+        delivery is not confirmed: then store nothing and return that one (to join or replay).
+
+        `confirmed` are confirmed first, as by `confirm`, in the same atomic step:
+        a caller's confirmations carried on its next call apply before that call.
+
+        Both the record and the identity pointer expire after `running_ttl_s`
+        (an owner that died leaves nothing forever). Claiming again with the
+        same `tool_request_id` stores it again, so a repeated request is harmless.
+        """
+        ...
+
+    async def claim_keyed(
+        self,
+        tool_request_id: str,
+        record: bytes,
+        key: str,
+        identity: str,
+        *,
+        running_ttl_s: float,
+        key_ttl_s: float,
+        confirmed: Sequence[str] = (),
+    ) -> StoredInvocation | None:
+        """Store a running invocation under the idempotency `key` (already scoped to its session),
+        unless the key names a stored invocation: then return it, confirmed or not.
+        `confirmed` as for `claim`.
+
+        Raises KeyReused when the key names an invocation of another identity.
+        The key is kept `key_ttl_s`; no identity pointer is made.
+        """
+        ...
+
+    async def finish(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
+    ) -> None:
+        """Store the finished record, kept `keep_s`, and wake whoever watches it.
+
+        `identity` is the pointer that names the invocation ("" for none). With
+        `replay_s` the pointer names this invocation for that long (exact retries
+        replay it); with None it is dropped if it still names this invocation.
+        """
+        ...
+
+    async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
+        """Mark finished invocations delivered, keep each `keep_s` from now and drop its pointer.
+
+        Unknown, expired and already confirmed ids are passed over; the ids of
+        those still running are returned, unchanged.
+        """
+        ...
+
+    async def get(self, tool_request_id: str) -> StoredInvocation | None: ...
+
+    def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
+        """Yield the invocation as stored, then again after each finish (None once it is gone).
+
+        Waits through a store outage and reads again once the store is back.
+        """
+        ...

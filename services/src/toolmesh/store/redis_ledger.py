@@ -1,0 +1,217 @@
+"""The ledger's storage port on Redis: claim, finish and confirm are one script each.
+
+Keys, under the connection's prefix:
+- `ledger:inv:<tool request id>`: a hash: `rec` (the record's bytes), `end`
+  (set once finished), `dlv` (set once delivery is confirmed), `keep` (ms to
+  keep it once finished), `same` (the identity whose pointer names it, "" for
+  none). Finishing it publishes on its name, for watchers.
+- `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
+  the running or unconfirmed invocation with that identity.
+- `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
+
+Every key expires. The scripts read keys named by other keys (the invocation
+a pointer names), so the ledger lives on one Redis primary; on a cluster, a
+prefix with a hash tag (e.g. "{toolmesh}:") puts every key in one slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+
+from toolmesh.store.ledger import KeyReused, StoredInvocation
+from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
+from toolmesh.store.redis_watch import watch
+
+# Confirms the invocations named by KEYS[first_key …] (ids in ARGV[first_arg …]): marks
+# the finished ones delivered, keeps them `keep` ms from now, drops their pointer if it
+# still names them. Returns the ids of those still running.
+_CONFIRMING = """
+local function confirm(first_key, first_arg, count, pointers)
+  local running = {}
+  for i = 0, count - 1 do
+    local key, id = KEYS[first_key + i], ARGV[first_arg + i]
+    local found = redis.call('HMGET', key, 'end', 'dlv', 'keep', 'same')
+    if found[1] then
+      if not found[2] then
+        redis.call('HSET', key, 'dlv', '1')
+        redis.call('PEXPIRE', key, found[3])
+        if found[4] and found[4] ~= '' then
+          local pointer = pointers .. found[4]
+          if redis.call('GET', pointer) == id then redis.call('DEL', pointer) end
+        end
+      end
+    elseif found[4] then
+      running[#running + 1] = id
+    end
+  end
+  return running
+end
+"""
+
+# KEYS: the identity pointer, the new record, the records to confirm first. ARGV: id,
+# record, ttl ms, identity, record key prefix, pointer key prefix, the ids to confirm.
+_CLAIM = Script(
+    _CONFIRMING
+    + """
+confirm(3, 7, #KEYS - 2, ARGV[6])
+local other = redis.call('GET', KEYS[1])
+if other and other ~= ARGV[1] then
+  local found = redis.call('HMGET', ARGV[5] .. other, 'rec', 'dlv')
+  if found[1] and not found[2] then return {other, found[1]} end
+end
+redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+return false
+"""
+)
+
+# KEYS: the idempotency key, the new record, the records to confirm first. ARGV: id,
+# record, ttl ms, identity, record key prefix, key ttl ms, pointer key prefix, the ids
+# to confirm. Returns {0, id} for a key reused with other arguments, {1, id, record,
+# delivered} for the invocation the key names.
+_CLAIM_KEYED = Script(
+    _CONFIRMING
+    + """
+confirm(3, 8, #KEYS - 2, ARGV[7])
+local claimed = redis.call('HMGET', KEYS[1], 'id', 'identity')
+if claimed[1] and claimed[1] ~= ARGV[1] then
+  if claimed[2] ~= ARGV[4] then return {0, claimed[1]} end
+  local found = redis.call('HMGET', ARGV[5] .. claimed[1], 'rec', 'dlv')
+  if found[1] then return {1, claimed[1], found[1], found[2] and 1 or 0} end
+end
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'identity', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', '')
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return false
+"""
+)
+
+# KEYS: the record, and the identity pointer when there is one. ARGV: id,
+# record, keep ms, replay ms ('' drops the pointer if it names this id), identity.
+_FINISH = Script("""
+redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if KEYS[2] then
+  if ARGV[4] ~= '' then redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[4])
+  elseif redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+end
+redis.call('PUBLISH', KEYS[1], '1')
+return 0
+""")
+
+# KEYS: the records. ARGV: the pointer key prefix, then the ids. Returns the ids still running.
+_CONFIRM = Script(
+    _CONFIRMING
+    + """
+return confirm(1, 2, #KEYS, ARGV[1])
+"""
+)
+
+_READ = Script("""
+local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv')
+return {found[1], found[2], redis.call('PTTL', KEYS[1])}
+""")
+
+
+class RedisLedgerStore:
+    """The LedgerStore port on Redis."""
+
+    def __init__(self, connection: RedisConnection) -> None:
+        self._connection = connection
+        prefix = connection.prefix
+        self._records = f"{prefix}ledger:inv:"
+        self._identities = f"{prefix}ledger:same:"
+        self._keys = f"{prefix}ledger:idem:"
+        self._run = connection.run
+
+    async def claim(
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        running_ttl_s: float,
+        *,
+        confirmed: Sequence[str] = (),
+    ) -> StoredInvocation | None:
+        keys = [self._identities + identity, self._records + tool_request_id, *self._named(confirmed)]
+        args: list[bytes | str] = [
+            tool_request_id,
+            record,
+            milliseconds(running_ttl_s),
+            identity,
+            self._records,
+            self._identities,
+            *confirmed,
+        ]
+        found = await self._run(_CLAIM, keys, args)
+        return None if found is None else StoredInvocation(found[0].decode(), found[1], False)
+
+    async def claim_keyed(
+        self,
+        tool_request_id: str,
+        record: bytes,
+        key: str,
+        identity: str,
+        *,
+        running_ttl_s: float,
+        key_ttl_s: float,
+        confirmed: Sequence[str] = (),
+    ) -> StoredInvocation | None:
+        keys = [self._keys + key, self._records + tool_request_id, *self._named(confirmed)]
+        args: list[bytes | str] = [
+            tool_request_id,
+            record,
+            milliseconds(running_ttl_s),
+            identity,
+            self._records,
+            milliseconds(key_ttl_s),
+            self._identities,
+            *confirmed,
+        ]
+        found = await self._run(_CLAIM_KEYED, keys, args)
+        if found is None:
+            return None
+        if found[0] == 0:
+            raise KeyReused(found[1].decode())
+        return StoredInvocation(found[1].decode(), found[2], found[3] == 1)
+
+    async def finish(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
+    ) -> None:
+        keys = [self._records + tool_request_id]
+        if identity:
+            keys.append(self._identities + identity)
+        args: list[bytes | str] = [
+            tool_request_id,
+            record,
+            milliseconds(keep_s),
+            milliseconds(replay_s),
+            identity,
+        ]
+        await self._run(_FINISH, keys, args)
+
+    async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
+        if not tool_request_ids:
+            return []
+        keys = self._named(tool_request_ids)
+        running = await self._run(_CONFIRM, keys, [self._identities, *tool_request_ids])
+        return [tool_request_id.decode() for tool_request_id in running]
+
+    def _named(self, tool_request_ids: Sequence[str]) -> list[str]:
+        return [self._records + tool_request_id for tool_request_id in tool_request_ids]
+
+    async def get(self, tool_request_id: str) -> StoredInvocation | None:
+        stored, _ = await self._read_expiring(tool_request_id)
+        return stored
+
+    async def _read_expiring(self, tool_request_id: str) -> tuple[StoredInvocation | None, float | None]:
+        record, delivered, pttl = await self._run(_READ, [self._records + tool_request_id])
+        if record is None:
+            return None, None
+        return StoredInvocation(tool_request_id, record, delivered is not None), expires_in(int(pttl))
+
+    def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
+        channel = (self._records + tool_request_id).encode()
+        return watch(self._connection.subscriptions, channel, lambda: self._read_expiring(tool_request_id))

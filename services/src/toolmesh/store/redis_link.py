@@ -1,0 +1,123 @@
+"""One connection to Redis carrying every command of a process, pipelined.
+
+Commands issued in one turn of the event loop are written together; Redis
+answers in order, and a single reader hands each reply to its command. So a
+call's scripts cost no pool checkout and no connection of their own, and
+under load many calls share each write and each read. A reply that does not
+come within the reply timeout, or a broken connection, fails every command
+still waiting (STORE_UNAVAILABLE) and the next command connects again:
+replies are never matched to the wrong command, and a command is never sent
+twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from toolmesh.core.errors import Code, ToolmeshError
+
+log = logging.getLogger("toolmesh.store")
+
+# What a lost connection looks like, from redis-py and from the socket.
+LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class Link:
+    def __init__(self, connect: Callable[[], AbstractConnection]) -> None:
+        self._connect = connect
+        self._connection: AbstractConnection | None = None
+        # Commands not written yet, and the replies awaited for those written, in order.
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._sent = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    def send(self, *args: Any) -> asyncio.Future[Any]:
+        """The command's reply, to await; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot answer."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued.append((args, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        return future
+
+    async def _write(self) -> None:
+        # This task first runs after the turn of the event loop that started it: every command
+        # issued in that turn is queued by then, and goes out in one write.
+        while self._queued:
+            try:
+                connection = self._connection or await self._open()
+                batch, self._queued = self._queued, []
+                self._waiting.extend(future for _, future in batch)
+                self._sent.set()
+                packed = connection.pack_commands([args for args, _ in batch])
+                await connection.send_packed_command(packed, check_health=False)
+            except Exception as error:  # lost, or anything else: nothing waits for ever
+                if not isinstance(error, LOST):
+                    log.error("store connection failed", extra={"error": type(error).__name__})
+                await self._lose()
+
+    async def _open(self) -> AbstractConnection:
+        connection = self._connect()
+        await connection.connect()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+        self._connection = connection
+        self._reader = asyncio.create_task(self._read(connection))
+        return connection
+
+    async def _read(self, connection: AbstractConnection) -> None:
+        while True:
+            if not self._waiting:
+                self._sent.clear()
+                await self._sent.wait()
+                continue
+            try:
+                # Bounded by the socket timeout: a reply late by that much fails everything waiting.
+                reply: Any = await connection.read_response(disconnect_on_error=True)
+            except ResponseError as error:
+                reply = error
+            except Exception as error:  # lost, or a reply it cannot parse: nothing waits for ever
+                if not isinstance(error, LOST):
+                    log.error("store connection failed", extra={"error": type(error).__name__})
+                if connection is self._connection:
+                    await self._lose()
+                return
+            future = self._waiting.popleft()
+            if future.done():
+                continue  # its caller left
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _lose(self) -> None:
+        """Fail every command written or queued; the next command connects again."""
+        connection, self._connection = self._connection, None
+        failed = [*self._waiting, *(future for _, future in self._queued)]
+        self._waiting.clear()
+        self._queued = []
+        for future in failed:
+            if not future.done():
+                future.set_exception(ToolmeshError(Code.STORE_UNAVAILABLE))
+        reader, self._reader = self._reader, None
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+        if connection is not None:
+            await connection.disconnect(nowait=True)
+
+    async def close(self) -> None:
+        for task in (self._writer, self._reader):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._lose()

@@ -1,0 +1,103 @@
+"""Redis for tests: the shared server (each test under its own key prefix) and private servers to kill."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+# The shared Redis every test that needs one uses; never flushed, only our prefixes are removed.
+SHARED_URL = os.environ.get("TOOLMESH_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def new_prefix() -> str:
+    return f"test:{uuid.uuid4().hex}:"
+
+
+async def delete_prefixed(url: str, prefix: str) -> None:
+    """Remove every key under `prefix` (what one test wrote)."""
+    client = Redis.from_url(url)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+        if keys:
+            await client.unlink(*keys)
+    finally:
+        await client.aclose()
+
+
+@dataclass
+class RedisServer:
+    """A redis-server of a test's own, on a free port, persisting to `directory` (append-only file,
+    fsync on every write), so that it can be killed and started again with its data."""
+
+    port: int
+    directory: Path
+    process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None, "redis-server is not installed"
+        self.process = await asyncio.create_subprocess_exec(
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            str(self.directory),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await self.wait_ready()
+
+    async def wait_ready(self, timeout_s: float = 10.0) -> None:
+        async def ping() -> None:
+            while True:
+                client = Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+                try:
+                    if await client.ping():
+                        return
+                except (RedisError, OSError):  # not up yet: refused, or still loading its file
+                    assert self.process is not None and self.process.returncode is None, "redis-server exited"
+                    await asyncio.sleep(0.02)
+                finally:
+                    await client.aclose()
+
+        await asyncio.wait_for(ping(), timeout_s)
+
+    async def kill(self) -> None:
+        """SIGKILL: what a crash or a lost machine looks like to the clients."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: a server that keeps its connections open and answers nothing."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.resume()
+            await self.kill()
