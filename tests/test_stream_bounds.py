@@ -30,7 +30,7 @@ from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger
 from toolmesh.server.system import LocalSystem, start_local_system
-from toolmesh.store.memory import InMemoryStore
+from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, logged
 
@@ -72,7 +72,7 @@ async def until_idle() -> None:
 @pytest.mark.unit
 async def test_a_stream_whose_results_go_unread_takes_no_more_calls_until_they_are() -> None:
     host = KiloHost()
-    stream = CallStream(Invoker(AnyTool(), host, Ledger(InMemoryStore())), pause_bytes=20_000)
+    stream = CallStream(Invoker(AnyTool(), host, Ledger(MemoryLedgerStore())), pause_bytes=20_000)
     pulled = 0
 
     async def messages() -> AsyncIterator[invocation_pb2.InvokeToolsRequest]:
@@ -106,7 +106,7 @@ async def test_results_piling_up_beyond_the_cap_end_the_stream_with_results_not_
             return await super().dispatch(request)
 
     host = HeldHost()
-    invoker = Invoker(AnyTool(), host, Ledger(InMemoryStore()))
+    invoker = Invoker(AnyTool(), host, Ledger(MemoryLedgerStore()))
     stream = CallStream(invoker, pause_bytes=20_000, max_bytes=100_000)
 
     async def messages() -> AsyncIterator[invocation_pb2.InvokeToolsRequest]:

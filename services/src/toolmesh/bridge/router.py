@@ -240,7 +240,9 @@ class Router:
         host = self.host(host_session_id, sessions)
         if host.checks.answer(read_check) and host.in_flight and host.checks.early is None:
             # Holding requests, it is asked again soon: a host that stops reading is found out quickly.
-            host.checks.early = asyncio.get_running_loop().call_later(READ_CHECK_AFTER_S, self._early_check, host)
+            host.checks.early = asyncio.get_running_loop().call_later(
+                READ_CHECK_AFTER_S, self._early_check, host
+            )
 
     def _deliver(self, pending: PendingRequest, host: HostSession) -> None:
         pending.host = host
