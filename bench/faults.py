@@ -44,7 +44,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,8 @@ NOBODY = "faults-nobody"  # a session no host serves
 SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}})
 TOOLS = [ToolSpec("noop", "Does nothing", SCHEMA, timeout_ms=2000)]
 STALLED_READY = "stalled hosts: open"
+FLOOD_SENDING = "flood: sending"
+FLOOD_DONE = "flood: done"
 
 
 @dataclass(frozen=True)
@@ -266,30 +268,21 @@ def refused_calls(count: int, start: int = 0) -> list[invocation_pb2.StreamedToo
 
 async def flood_calls(target: str, total: int, per_message: int) -> dict[str, Any]:
     """`total` calls on one InvokeTools stream in messages of `per_message`; read until all are answered."""
-    started = time.monotonic()
-    answered = 0
-    status = "OK"
+    messages = [
+        invocation_pb2.InvokeToolsRequest(calls=refused_calls(min(per_message, total - first), first))
+        for first in range(0, total, per_message)
+    ]
     async with grpc.aio.insecure_channel(
         target, options=[("grpc.max_send_message_length", 8 << 20)]
     ) as channel:
         stream = invocation_pb2_grpc.InvocationServiceStub(channel).InvokeTools()
 
         async def send() -> None:
-            for first in range(0, total, per_message):
-                calls = refused_calls(min(per_message, total - first), first)
-                await stream.write(invocation_pb2.InvokeToolsRequest(calls=calls))
+            for message in messages:
+                await stream.write(message)
             await stream.done_writing()
 
-        sender = asyncio.create_task(send())
-        try:
-            async for response in stream:
-                answered += len(response.results)
-        except grpc.aio.AioRpcError as error:
-            status = error.code().name
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.UsageError):
-            await sender
-    return {"answered": answered, "stream_status": status, "seconds": time.monotonic() - started}
+        return await _answered(stream, lambda response: len(response.results), send)
 
 
 async def flood_dispatch(target: str, total: int) -> dict[str, Any]:
@@ -300,27 +293,48 @@ async def flood_dispatch(target: str, total: int) -> dict[str, Any]:
         )
         for n in range(total)
     ]
-    started = time.monotonic()
-    answered = 0
-    status = "OK"
+    message = bridge_pb2.DispatchToolRequestsRequest(requests=requests)
     async with grpc.aio.insecure_channel(
         target, options=[("grpc.max_send_message_length", 8 << 20)]
     ) as channel:
         stream = bridge_pb2_grpc.BridgeServiceStub(channel).DispatchToolRequests()
-        await stream.write(bridge_pb2.DispatchToolRequestsRequest(requests=requests))
-        await stream.done_writing()
-        try:
-            async for response in stream:
-                answered += len(response.results)
-        except grpc.aio.AioRpcError as error:
-            status = error.code().name
+
+        async def send() -> None:
+            await stream.write(message)
+            await stream.done_writing()
+
+        return await _answered(stream, lambda response: len(response.results), send)
+
+
+async def _answered(
+    stream: Any, count: Callable[[Any], int], send: Callable[[], Coroutine[Any, Any, None]]
+) -> dict[str, Any]:
+    """Send (in a task) and read the stream to its end: how many results, its status, how long."""
+    print(FLOOD_SENDING, file=sys.stderr, flush=True)
+    started = time.monotonic()
+    sender = asyncio.create_task(send())
+    answered, status = 0, "OK"
+    try:
+        async for response in stream:
+            answered += count(response)
+    except grpc.aio.AioRpcError as error:
+        status = error.code().name
+    sender.cancel()
+    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.UsageError):
+        await sender
     return {"answered": answered, "stream_status": status, "seconds": time.monotonic() - started}
 
 
-async def during(client: InvocationClient, flood: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    task = asyncio.ensure_future(flood)
-    samples = await probe_until(client, task.done)
-    return {"flood": await task, "probe": latencies(samples)}
+async def during(client: InvocationClient, *flood: str) -> dict[str, Any]:
+    """Probe calls for as long as a flood runs, the flood in a process of its own."""
+    child = await procs.start("flood", ["-m", "bench.faults", "flood", *flood], port_line=False)
+    try:
+        await child.wait_for(FLOOD_SENDING, timeout=120)
+        samples = await probe_until(client, lambda: any(FLOOD_DONE in line for line in child.lines))
+        done = await child.wait_for(FLOOD_DONE + r" (.*)$", timeout=600)
+    finally:
+        await child.stop()
+    return {"flood": json.loads(done.group(1)), "probe": latencies(samples)}
 
 
 async def message(tree: Tree, sizes: Sizes) -> dict[str, Any]:
@@ -330,12 +344,12 @@ async def message(tree: Tree, sizes: Sizes) -> dict[str, Any]:
         deadline = time.monotonic() + sizes.probe_quiet_s
         quiet = latencies(await probe_until(client, lambda: time.monotonic() > deadline))
         target = system.invocation.target
-        total = sizes.flood_calls
+        total = str(sizes.flood_calls)
         return {
             "quiet": quiet,
-            "one_message": await during(client, flood_calls(target, total, total)),
-            "messages_of_1000": await during(client, flood_calls(target, total, 1000)),
-            "one_dispatch_message": await during(client, flood_dispatch(system.bridge_internal, total)),
+            "one_message": await during(client, "calls", target, total, total),
+            "messages_of_1000": await during(client, "calls", target, total, "1000"),
+            "one_dispatch_message": await during(client, "dispatch", system.bridge_internal, total),
         }
 
 
@@ -369,7 +383,7 @@ async def unread(tree: Tree, sizes: Sizes) -> dict[str, Any]:
             "seconds": time.monotonic() - started,
             "rss_before_mb": before / 1024,
             "rss_growth_mb": (peak - before) / 1024,
-            "kb_per_call_sent": (peak - before) / sent if sent else 0.0,
+            "rss_kb_per_call_sent": (peak - before) / sent if sent else 0.0,
         }
 
 
@@ -495,7 +509,7 @@ async def stall(bridge: str, session: str, count: int) -> None:
     for n in range(count):
         call = stub.OpenHostSession(
             bridge_pb2.OpenHostSessionRequest(
-                session_id=session, host_name=f"stalled-{n}", has_generic_handler=True
+                session_id=session, host_name=f"stalled-{n}", handler_names=["noop"]
             )
         )
         await call.read()
@@ -580,10 +594,24 @@ async def run(args: argparse.Namespace, sizes: Sizes) -> dict[str, dict[str, Any
     return results
 
 
+async def flood(kind: str, target: str, total: int, per_message: int) -> None:
+    """A child process's flood, its figures printed as one JSON line."""
+    if kind == "calls":
+        figures = await flood_calls(target, total, per_message)
+    else:
+        figures = await flood_dispatch(target, total)
+    print(f"{FLOOD_DONE} {json.dumps(figures)}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
+    # The helpers a run starts as processes of their own.
     if len(sys.argv) > 1 and sys.argv[1] == "stall":
         bridge, session, count = sys.argv[2], sys.argv[3], int(sys.argv[4])
         asyncio.run(stall(bridge, session, count))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "flood":
+        kind, target, total = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        asyncio.run(flood(kind, target, total, int(sys.argv[5]) if len(sys.argv) > 5 else total))
         return
     parser = argparse.ArgumentParser(prog="python -m bench.faults")
     parser.add_argument("--baseline", default="main", help="git ref of the baseline's services, or 'none'")

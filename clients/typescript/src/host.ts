@@ -23,7 +23,8 @@ export interface ToolContext {
    * Aborted when the runtime tells the host to stop the call: its deadline
    * passed (reason: a "TimeoutError" DOMException) or it was cancelled, or
    * the host stopped ("AbortError"). After that, whatever the handler
-   * returns is dropped: the call has ended.
+   * returns is not delivered (the call has ended): onError hears of it, as
+   * SUBMIT_TOOL_RESULT_FAILED with cause REQUEST_ENDED (or SHUTTING_DOWN).
    */
   readonly signal: AbortSignal;
   /** Milliseconds left before the deadline, 0 when it has passed. */
@@ -383,10 +384,24 @@ export class ToolHost {
 
   private async serve(argumentsJson: string, ctx: ToolContext, active: Active, hostSessionId: string): Promise<void> {
     const outcome = await this.execute(argumentsJson, ctx);
-    // Cancelled or stopped: the call has ended, and the bridge would refuse the result.
-    if (outcome !== undefined && !active.ended) {
-      await this.submit(outcome, ctx, hostSessionId);
+    if (outcome === undefined) {
+      return;
     }
+    if (active.ended) {
+      this.notDelivered(ctx); // ended meanwhile: the bridge would refuse it
+      return;
+    }
+    await this.submit(outcome, ctx, hostSessionId);
+  }
+
+  /** A result the handler produced after its call ended: not sent, and said so. */
+  private notDelivered(ctx: ToolContext): void {
+    this.report({
+      ...ids(ctx),
+      code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+      message: "The call ended before the handler returned.",
+      cause: this.stopping ? Codes.SHUTTING_DOWN : Codes.REQUEST_ENDED,
+    });
   }
 
   /** Run the handler; undefined when the call ended (its signal aborted) before it settled. */
@@ -408,6 +423,7 @@ export class ToolHost {
       return runtimeError("TOOL_HANDLER_ERROR", "", { tool: ctx.toolName, exception: name });
     }
     if (ctx.signal.aborted) {
+      this.notDelivered(ctx); // it returned after being told to stop: its value goes nowhere
       return undefined;
     }
     const converted = convertReturn(value);

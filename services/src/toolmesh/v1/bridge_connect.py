@@ -49,7 +49,9 @@ class BridgeService(Protocol):
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
     Who may call: when the bridge verifies tokens, OpenHostSession,
     SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
@@ -170,7 +172,11 @@ class BridgeService(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -279,7 +285,9 @@ class BridgeServiceClient(ConnectClient):
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
     Who may call: when the bridge verifies tokens, OpenHostSession,
     SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
@@ -515,7 +523,11 @@ class BridgeServiceClient(ConnectClient):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,
@@ -543,7 +555,9 @@ class BridgeServiceSync(Protocol):
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
     Who may call: when the bridge verifies tokens, OpenHostSession,
     SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
@@ -664,7 +678,11 @@ class BridgeServiceSync(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -771,7 +789,9 @@ class BridgeServiceClientSync(ConnectClientSync):
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
     Who may call: when the bridge verifies tokens, OpenHostSession,
     SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
@@ -1007,7 +1027,11 @@ class BridgeServiceClientSync(ConnectClientSync):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,

@@ -36,7 +36,9 @@ class BridgeServiceStub:
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
     Who may call: when the bridge verifies tokens, OpenHostSession,
     SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
@@ -98,7 +100,9 @@ class BridgeServiceServicer:
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
     Who may call: when the bridge verifies tokens, OpenHostSession,
     SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
@@ -224,7 +228,11 @@ class BridgeServiceServicer:
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -282,7 +290,9 @@ class BridgeService:
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
     Who may call: when the bridge verifies tokens, OpenHostSession,
     SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
