@@ -67,6 +67,8 @@ SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}}
 TOOLS = [ToolSpec("noop", "Does nothing", SCHEMA, timeout_ms=2000)]
 STALLED_READY = "stalled hosts: open"
 FLOOD_SENDING = "flood: sending"
+# Callers probing at once during a flood: a short flood still gets a few samples.
+PROBERS = 4
 FLOOD_DONE = "flood: done"
 
 
@@ -232,15 +234,15 @@ async def probe_call(client: InvocationClient, timeout: float = 2.0) -> Sample:
     return Sample(ended, (ended - started) * 1000, code)
 
 
-async def probe_until(
-    client: InvocationClient, done: Callable[[], bool], interval: float = 0.0
-) -> list[Sample]:
-    """Sequential probe calls until `done()`; `interval` seconds between the end of one and the next."""
+async def probe_until(client: InvocationClient, done: Callable[[], bool], probers: int = 1) -> list[Sample]:
+    """Sequential probe calls, from `probers` callers at once, until `done()`."""
     samples: list[Sample] = []
-    while not done():
-        samples.append(await probe_call(client))
-        if interval:
-            await asyncio.sleep(interval)
+
+    async def prober() -> None:
+        while not done():
+            samples.append(await probe_call(client))
+
+    await asyncio.gather(*(prober() for _ in range(probers)))
     return samples
 
 
@@ -330,7 +332,7 @@ async def during(client: InvocationClient, *flood: str) -> dict[str, Any]:
     child = await procs.start("flood", ["-m", "bench.faults", "flood", *flood], port_line=False)
     try:
         await child.wait_for(FLOOD_SENDING, timeout=120)
-        samples = await probe_until(client, lambda: any(FLOOD_DONE in line for line in child.lines))
+        samples = await probe_until(client, lambda: any(FLOOD_DONE in line for line in child.lines), PROBERS)
         done = await child.wait_for(FLOOD_DONE + r" (.*)$", timeout=600)
     finally:
         await child.stop()
@@ -342,7 +344,7 @@ async def message(tree: Tree, sizes: Sizes) -> dict[str, Any]:
         for _ in range(50):
             await probe_call(client)  # warm
         deadline = time.monotonic() + sizes.probe_quiet_s
-        quiet = latencies(await probe_until(client, lambda: time.monotonic() > deadline))
+        quiet = latencies(await probe_until(client, lambda: time.monotonic() > deadline, PROBERS))
         target = system.invocation.target
         total = str(sizes.flood_calls)
         return {
