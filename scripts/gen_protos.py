@@ -2,6 +2,8 @@
 
 - Python stubs and their mypy .pyi land in the client distribution's tree, as
   the package toolmesh.v1 (clients/python/src/toolmesh/v1).
+- The protos' descriptors with their comments (services/src/toolmesh/server/
+  descriptors.binpb), which the servers' reflection serves.
 - The Connect and gRPC-Web routes of the bridge's web port (protoc-gen-connectrpc,
   on the same protobuf messages) land in the server distribution's tree
   (services/src/toolmesh/v1/bridge_connect.py): only the servers need connectrpc.
@@ -30,6 +32,8 @@ TYPESCRIPT = ROOT / "clients" / "typescript"
 # Each generated tree, relative to the folder its generator writes into.
 PYTHON_TREE = Path("toolmesh") / "v1"
 CONNECT_FILE = Path("toolmesh") / "v1" / "bridge_connect.py"
+# In the server distribution: the servers' reflection serves it.
+DESCRIPTORS_FILE = Path("toolmesh") / "server" / "descriptors.binpb"
 TYPESCRIPT_TREE = Path("src") / "gen"
 # Only the bridge is served over Connect and gRPC-Web.
 CONNECT_PROTOS = ["toolmesh/v1/bridge.proto"]
@@ -62,6 +66,13 @@ def generate_python(out: Path) -> None:
     # PEP 561 marker so type checkers read the generated .pyi files.
     for package in {p.parent for p in out.rglob("*_pb2.py")}:
         (package / "py.typed").write_text("")
+
+
+def generate_descriptors(out: Path) -> None:
+    """The protos' descriptors with their comments, which reflection serves (the stubs' carry none)."""
+    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
+    (out / DESCRIPTORS_FILE).parent.mkdir(parents=True, exist_ok=True)
+    _protoc(out, ["--include_source_info", f"--descriptor_set_out={out / DESCRIPTORS_FILE}"], protos)
 
 
 def generate_connect(out: Path) -> None:
@@ -113,6 +124,7 @@ def check() -> list[str]:
         fresh = Path(tmp)
         generate_python(fresh / "python")
         generate_connect(fresh / "connect")
+        generate_descriptors(fresh / "descriptors")
         generate_typescript(fresh / "typescript")
         problems: list[str] = []
         for committed, generated in [
@@ -125,6 +137,7 @@ def check() -> list[str]:
                 else [f"generated tree missing: {committed}"]
             )
         problems += _file_difference(SERVER_SRC / CONNECT_FILE, fresh / "connect" / CONNECT_FILE)
+        problems += _file_difference(SERVER_SRC / DESCRIPTORS_FILE, fresh / "descriptors" / DESCRIPTORS_FILE)
         return problems
 
 
@@ -136,6 +149,7 @@ def main() -> int:
         shutil.rmtree(CLIENT_SRC / PYTHON_TREE, ignore_errors=True)
         generate_python(CLIENT_SRC)
         generate_connect(SERVER_SRC)
+        generate_descriptors(SERVER_SRC)
         generate_typescript(TYPESCRIPT)
         return 0
     problems = check()

@@ -73,6 +73,8 @@ def too_large(args: dict[str, Any], ctx: ToolContext) -> str:
 
 HANDLERS = {
     "echo": echo,
+    # The same handler, behind a tool with an outputSchema.
+    "checked": echo,
     "domain_fail": domain_fail,
     "boom": boom,
     "slow_async": slow_async,

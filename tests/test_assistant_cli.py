@@ -115,7 +115,7 @@ async def test_chat_in_a_terminal(
     os.close(follower)
     terminal = Terminal(master)
     try:
-        await terminal.expect(f"thread {THREAD}, model scripted")
+        await terminal.expect(f"session {THREAD}, model scripted")
         await terminal.expect("you> ")
 
         # Tool calls as they happen, a confirmation prompt, the answer.
@@ -123,7 +123,8 @@ async def test_chat_in_a_terminal(
         terminal.type("delete cli1\n")
         await terminal.expect('→ echo {"n":5}')
         await terminal.expect('→ delete_note {"id":"cli1"}')
-        await terminal.expect("← echo: ok")
+        # The result itself, as a preview.
+        await terminal.expect('← echo: ok {"echo":{"n":5}')
         await terminal.expect("Run it? [y/N] ")
         terminal.type("y\n")
         await terminal.expect("← delete_note: ok")
@@ -143,12 +144,42 @@ async def test_chat_in_a_terminal(
         model.script(failure(500))
         await terminal.expect("you> ")
         terminal.type("again\n")
+        # While it waits, the terminal shows that it works.
+        await terminal.expect("working… (Ctrl-C stops)")
+        # What lies behind the human message: here the endpoint's HTTP status.
         await terminal.expect(
-            "! The assistant's model failed or gave an answer it could not use. (MODEL_ERROR)"
+            "! The assistant's model failed or gave an answer it could not use. (MODEL_ERROR): "
+            f"The model endpoint {model.url}"
         )
+        await terminal.expect("answered HTTP 500.")
 
         await terminal.expect("you> ")
         terminal.type("\x04")  # Ctrl-D: end of input
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        terminal.close()
+
+
+async def test_chat_says_which_service_is_unreachable(cli_env: dict[str, str], model: ScriptedModel) -> None:
+    master, follower = pty.openpty()
+    env = dict(
+        cli_env, TOOLMESH_MODEL_URL=model.url, TOOLMESH_MODEL="scripted", TOOLMESH_REGISTRY_ADDR="127.0.0.1:1"
+    )
+    process = await asyncio.create_subprocess_exec(
+        *toolmesh_command(), "chat", "--session-id", THREAD,
+        stdin=follower, stdout=follower, stderr=follower, env=env, cwd=TESTS,
+    )  # fmt: skip
+    os.close(follower)
+    terminal = Terminal(master)
+    try:
+        await terminal.expect("you> ")
+        terminal.type("hello\n")
+        await terminal.expect("(DISCOVERY_FAILED): Nothing answered at the registry address 127.0.0.1:1")
+        await terminal.expect("you> ")
+        terminal.type("\x04")
         assert await asyncio.wait_for(process.wait(), 10) == 0
     finally:
         if process.returncode is None:

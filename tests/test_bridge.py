@@ -335,3 +335,81 @@ async def test_stream_times_out_requests_like_the_unary_call(bridge: Any) -> Non
     assert (await host.next("cancelled")).reason == bridge_pb2.CANCEL_REASON_TIMEOUT
     stream.call.cancel()
     host.stream.cancel()
+
+
+async def test_a_tool_no_connected_host_handles_is_not_sent_to_any(bridge: Any) -> None:
+    host = await Host(bridge, "b-route", ["known"]).open()
+    response = await bridge.DispatchToolRequest(request("b-route", "req-route-1", tool="unknown"))
+    assert response.outcome.error.code == "TOOL_HANDLER_NOT_FOUND"
+    assert response.outcome.error.kind == tool_pb2.ERROR_KIND_RUNTIME
+    assert host.request_ids == []
+    host.stream.cancel()
+
+
+async def test_a_host_may_not_answer_with_the_runtimes_own_codes(bridge: Any) -> None:
+    host = await Host(bridge, "b-codes", ["t"]).open()
+    dispatch = asyncio.ensure_future(bridge.DispatchToolRequest(request("b-codes", "req-codes-1")))
+    await host.next("tool_request")
+    for kind, code in [
+        (tool_pb2.ERROR_KIND_RUNTIME, "TOOL_TIMEOUT"),
+        (tool_pb2.ERROR_KIND_RUNTIME, "TOOL_HOST_UNAVAILABLE"),
+        (tool_pb2.ERROR_KIND_RUNTIME, "MADE_UP"),
+        (tool_pb2.ERROR_KIND_DOMAIN, "TOOL_TIMEOUT"),
+        (tool_pb2.ERROR_KIND_DOMAIN, "BRIDGE_UNAVAILABLE"),
+    ]:
+        posing = tool_pb2.ToolOutcome(error=tool_pb2.ToolError(kind=kind, code=code, message="m"))
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await host.submit("req-codes-1", posing)
+        assert error_code(raised.value) is Code.INVALID_REQUEST, (kind, code)
+        assert "code" in (raised.value.details() or "")
+    # A code a host may give is taken, and ends the request.
+    allowed = tool_pb2.ToolOutcome(
+        error=tool_pb2.ToolError(kind=tool_pb2.ERROR_KIND_RUNTIME, code="TOOL_HANDLER_ERROR", message="m")
+    )
+    await host.submit("req-codes-1", allowed)
+    assert (await dispatch).outcome.error.code == "TOOL_HANDLER_ERROR"
+    host.stream.cancel()
+
+
+async def test_a_late_result_is_told_why_the_request_ended(bridge: Any) -> None:
+    host = await Host(bridge, "b-late", ["t"]).open()
+    await bridge.DispatchToolRequest(request("b-late", "req-late-1", timeout_ms=50))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await host.submit("req-late-1", OK)
+    assert error_code(raised.value) is Code.REQUEST_ENDED
+    assert (raised.value.details() or "").endswith("It timed out.")
+    host.stream.cancel()
+
+
+async def test_a_redelivered_request_carries_the_time_it_has_left(bridge: Any) -> None:
+    first = await Host(bridge, "b-again", ["t"]).open()
+    timeout_ms = 3000
+    dispatch = asyncio.ensure_future(
+        bridge.DispatchToolRequest(
+            bridge_pb2.DispatchToolRequestRequest(
+                request=bridge_pb2.ToolRequest(
+                    session_id="b-again",
+                    turn_id="turn",
+                    tool_request_id="req-again-1",
+                    tool_name="t",
+                    arguments_json="{}",
+                    timeout_ms=timeout_ms,
+                    redeliverable=True,
+                )
+            )
+        )
+    )
+    sent = await first.next("tool_request")
+    assert sent.timeout_ms == timeout_ms
+    started = asyncio.get_running_loop().time()
+    first.stream.cancel()
+    second = await Host(bridge, "b-again", ["t"]).open()
+    again = await second.next("tool_request")
+    waited_ms = (asyncio.get_running_loop().time() - started) * 1000
+    assert again.tool_request_id == "req-again-1"
+    # At most what was left when the second host got it, and never the original timeout.
+    assert again.timeout_ms <= timeout_ms - waited_ms + 50
+    assert again.timeout_ms < timeout_ms
+    await second.submit("req-again-1", OK)
+    assert (await dispatch).outcome.result_json == '{"done": true}'
+    second.stream.cancel()

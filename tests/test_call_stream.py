@@ -106,8 +106,12 @@ async def test_a_call_id_still_open_is_refused_alone(system: tuple[LocalSystem, 
         stream = invocation_pb2_grpc.InvocationServiceStub(channel).InvokeTools()
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(7, "counted", key="open")]))
         await stream.write(invocation_pb2.InvokeToolsRequest(calls=[streamed(7, n=0)]))
-        duplicate = (await read(stream)).results[0]
+        refusal = await read(stream)
+        # Apart from the results: it is not the open call's result.
+        assert list(refusal.results) == []
+        duplicate = refusal.refused_duplicates[0]
         assert duplicate.call_id == 7 and duplicate.error.reason == "INVALID_REQUEST"
+        assert duplicate.error.metadata["callId"] == "7"
         counted.release.set()
         answered = (await read(stream)).results[0]
         assert answered.call_id == 7 and answered.response.outcome.result_json

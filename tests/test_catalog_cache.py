@@ -277,7 +277,7 @@ async def test_registry_stopped(registry: Registered) -> None:
         await registry.server.stop(0.1)
         await eventually(lambda: catalog.watched_sessions == [])
         error = await unavailable(catalog.get_tool("cached", "a"))
-        assert error.metadata["session_id"] == "cached" and error.metadata["grpc_status"]
+        assert error.metadata["sessionId"] == "cached" and error.metadata["grpcStatus"]
         await unavailable(catalog.get_tool("new", "a"))
         assert catalog.watched_sessions == []
         await catalog.aclose()
@@ -318,7 +318,7 @@ class FakeRegistry:
             if self.behaviour == "hang":
                 await asyncio.Event().wait()
             if self.behaviour == "fail_first":
-                raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpc_status": "UNAVAILABLE"})
+                raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpcStatus": "UNAVAILABLE"})
             yield self.sessions.get(session_id, ToolSet(0))
             if self.behaviour == "end":
                 return
@@ -341,7 +341,7 @@ async def test_no_first_message_in_time_is_unavailable_and_closes_the_stream() -
     async with no_leaked_tasks():
         catalog = WatchedCatalog(fake.watch, fake, open_timeout_s=0.1)
         error = await unavailable(catalog.get_tool("s", "a"))
-        assert error.metadata == {"session_id": "s", "cause": "watch_timeout"}
+        assert error.metadata == {"sessionId": "s", "cause": "watch_timeout"}
         await eventually(lambda: fake.closed["s"] == 1)
         assert catalog.watched_sessions == [] and fake.lookups == 0
         await catalog.aclose()
@@ -352,7 +352,7 @@ async def test_stream_failing_before_its_first_message_passes_its_error_on() -> 
     fake = FakeRegistry(behaviour="fail_first")
     catalog = WatchedCatalog(fake.watch, fake)
     error = await unavailable(catalog.get_tool("s", "a"))
-    assert error.metadata == {"grpc_status": "UNAVAILABLE"}
+    assert error.metadata == {"grpcStatus": "UNAVAILABLE"}
     assert catalog.watched_sessions == []
     await catalog.aclose()
 

@@ -74,7 +74,8 @@ def test_statuses_worth_retrying_without_a_code_come_from_the_retryable_rows() -
         (Code.TRANSPORT_FAILED, 75),
         (Code.REGISTRY_UNAVAILABLE, 75),
         (Code.INVALID_REQUEST, 2),
-        (Code.INVOCATION_NOT_FOUND, 2),
+        (Code.INVOCATION_NOT_FOUND, 1),
+        (Code.TOOL_ARGS_INVALID, 2),
     ],
 )
 def test_cli_exit_codes_follow_the_table(code: Code | None, exit_code: int) -> None:
@@ -98,7 +99,7 @@ def test_toolmesh_error_pickles_and_copies() -> None:
         assert (again.message, again.args, again.retryable) == (error.message, error.args, True)
         assert again.__notes__ == ["seen by the test"]
     deep = copy.deepcopy(error)
-    deep.metadata["max_in_flight"] = "3"
+    deep.metadata["maxInFlight"] = "3"
     assert error.metadata == {"max_in_flight": "2"}
 
 
@@ -206,6 +207,12 @@ def test_malformed_returned_error_is_tool_result_invalid(bad: dict[str, Any]) ->
     assert failure.details == {"reason": "malformed_error"}
 
 
+def test_returned_error_with_a_runtime_code_is_tool_result_invalid() -> None:
+    failure = convert_return({"error": {"code": "TOOL_TIMEOUT", "message": "m"}}).outcome.failure
+    assert failure is not None and failure.code == "TOOL_RESULT_INVALID"
+    assert failure.details == {"reason": "runtime_code"}
+
+
 def test_error_key_among_others_is_an_ordinary_result() -> None:
     assert convert_return({"error": {"code": "E"}, "more": 1}).outcome.ok
     assert convert_return({"error": "text"}).outcome.ok
@@ -272,12 +279,23 @@ def test_tool_definition_survives_the_wire_and_json_form() -> None:
         {"name": "t"},
         {"name": "t", "inputSchema": {}, "timeoutMs": "5"},
         {"name": "t", "inputSchema": {}, "annotations": {"readOnly": "yes"}},
+        {"name": "t", "inputSchema": {}, "annotations": {"requiresConfirmaton": True}},
+        {"name": "t", "inputSchema": {}, "timeout": 5},
     ],
 )
 def test_malformed_tools_json_entries_are_invalid_schema(raw: Any) -> None:
     with pytest.raises(ToolmeshError) as raised:
         ToolSpec.from_json_dict(raw)
     assert raised.value.code is Code.INVALID_SCHEMA
+
+
+def test_an_unknown_key_is_refused_by_name() -> None:
+    with pytest.raises(ToolmeshError) as raised:
+        ToolSpec.from_json_dict(
+            {"name": "t", "inputSchema": {}, "annotations": {"requiresConfirmaton": True}}
+        )
+    assert '"requiresConfirmaton" in annotations' in raised.value.detail
+    assert "requiresConfirmation" in raised.value.detail
 
 
 def test_an_sdk_installed_later_is_seen_at_the_next_recheck(monkeypatch: pytest.MonkeyPatch) -> None:

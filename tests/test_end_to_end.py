@@ -33,6 +33,20 @@ TOOLS = [
     ToolSpec("too_large", "Returns too much", OBJECT),
     ToolSpec("unhandled", "Registered but the host has no handler", OBJECT),
     ToolSpec(
+        "checked",
+        "Echo, with a result schema",
+        OBJECT,
+        output_schema_json=json.dumps(
+            {
+                "type": "object",
+                "required": ["echo"],
+                "properties": {
+                    "echo": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 5}}}
+                },
+            }
+        ),
+    ),
+    ToolSpec(
         "typed",
         "Strict schema",
         json.dumps(
@@ -203,3 +217,19 @@ async def test_no_host_for_session_is_tool_host_unavailable(system: LocalSystem)
     failure = failure_of(result)
     assert failure.code == "TOOL_HOST_UNAVAILABLE"
     assert failure.retryable is True
+
+
+async def test_a_result_that_breaks_the_output_schema_is_tool_result_invalid(
+    client: InvocationClient,
+) -> None:
+    fits = await call(client, "checked", {"n": 3})
+    assert fits.outcome is not None and fits.outcome.ok
+    result = await call(client, "checked", {"n": 9})
+    failure = failure_of(result)
+    assert failure.code == Code.TOOL_RESULT_INVALID and failure.kind is ErrorKind.RUNTIME
+    assert failure.details["reason"] == "output_schema"
+    assert [v["path"] for v in failure.details["violations"]] == ["/echo/n"]
+    # The ledger keeps what the caller got.
+    assert result.tool_request_id is not None
+    invocation = await client.get_invocation(result.tool_request_id)
+    assert invocation.outcome.error.code == "TOOL_RESULT_INVALID"

@@ -18,7 +18,7 @@ import pytest
 
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import to_grpc_status
-from toolmesh.host import HostError, ToolHost
+from toolmesh.host import BridgeUnreachable, HostError, ToolHost
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import eventually, logged
 
@@ -101,7 +101,7 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
         if self.second_answer == "ended":
             status = to_grpc_status(
-                ToolmeshError(Code.REQUEST_ENDED, "", {"tool_request_id": "tr_1", "ended": "answered"})
+                ToolmeshError(Code.REQUEST_ENDED, "", {"toolRequestId": "tr_1", "ended": "answered"})
             )
             await context.abort(status.code, status.details, status.trailing_metadata)
         return bridge_pb2.SubmitToolResultResponse()
@@ -149,11 +149,48 @@ async def test_stop_does_not_wait_out_the_reconnect_backoff(caplog: pytest.LogCa
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     host = ToolHost(f"127.0.0.1:{port}", "nobody-listens")
-    with caplog.at_level(logging.WARNING, logger="toolmesh.host"), pytest.raises(TimeoutError):
+    with caplog.at_level(logging.WARNING, logger="toolmesh.host"), pytest.raises(BridgeUnreachable) as raised:
         await host.start(timeout=0.1)
+    # Says where it looked, not only that time ran out.
+    assert f"127.0.0.1:{port}" in str(raised.value) and isinstance(raised.value, TimeoutError)
 
     # The failures are log records: polling is the way to see them. After 6, the backoff is at its cap.
     await eventually(lambda: logged(caplog.records, "host stream ended") >= 6)
     started = time.monotonic()
     await host.stop()
     assert time.monotonic() - started < 0.5
+
+
+async def test_serve_names_the_unreachable_bridge_and_stops() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    host = ToolHost(f"127.0.0.1:{port}", "nobody-listens")
+    with pytest.raises(BridgeUnreachable) as raised:
+        await host.serve(timeout=0.3)
+    assert f"127.0.0.1:{port}" in str(raised.value) and "UNAVAILABLE" in str(raised.value)
+    assert host._runner is not None and host._runner.done()
+
+
+async def test_serve_serves_until_stopped_or_cancelled() -> None:
+    server = grpc.aio.server()
+    bridge = SilentBridge()
+    bridge_pb2_grpc.add_BridgeServiceServicer_to_server(bridge, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        for ending in ("stop", "cancel"):
+            host = ToolHost(f"127.0.0.1:{port}", "serving")
+            serving = asyncio.create_task(host.serve(timeout=5))
+            await host.wait_connected(5)
+            assert not serving.done()  # connected, and still serving
+            if ending == "stop":
+                await host.stop()
+                await asyncio.wait_for(serving, 5)
+            else:
+                serving.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(serving, 5)
+            assert host._runner is not None and host._runner.done() and not host.connected
+    finally:
+        await server.stop(0)

@@ -250,7 +250,7 @@ async def test_cli_shows_an_invocation(
     assert code == 0
     assert shown["state"] == "completed" and shown["delivered"] is True and shown["toolName"] == "count"
     code, _, err = await run_cli("invocations", "show", "tr_missing", env=env)
-    assert code == 2 and "INVOCATION_NOT_FOUND" in err
+    assert code == 1 and "INVOCATION_NOT_FOUND" in err
 
 
 @pytest.mark.parametrize(("tool", "redelivered"), [("count_read_only", True), ("count", False)])

@@ -122,10 +122,30 @@ async def test_replay_window_and_the_shorter_timeout_window(ledger: Ledger, cloc
 
 async def test_unreachable_bridge_is_not_replayed(ledger: Ledger) -> None:
     await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.finish("tr_1", Outcome.runtime_error(Code.BRIDGE_UNAVAILABLE), replayable=False)
+    await ledger.finish("tr_1", Outcome.runtime_error(Code.BRIDGE_UNAVAILABLE))
     assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
     record = await ledger.get("tr_1")
     assert record is not None and record.state is InvocationState.FAILED
+
+
+@pytest.mark.parametrize("code", [Code.BRIDGE_UNAVAILABLE, Code.TOOL_HOST_UNAVAILABLE, Code.OVERLOADED])
+async def test_a_try_again_outcome_is_not_replayed_under_an_idempotency_key(
+    ledger: Ledger, code: Code
+) -> None:
+    assert (await ledger.claim(call(), "tr_1", 10_000, "key-1")).is_new
+    await ledger.finish("tr_1", Outcome.runtime_error(code))
+    again = await ledger.claim(call(), "tr_2", 10_000, "key-1")
+    assert again.is_new and again.record.tool_request_id == "tr_2"
+    # The key now belongs to the new invocation: its outcome is the one replayed.
+    await ledger.finish("tr_2", Outcome.success("5"))
+    third = await ledger.claim(call(), "tr_3", 10_000, "key-1")
+    assert not third.is_new and third.record.tool_request_id == "tr_2"
+
+
+async def test_a_host_unavailable_outcome_is_not_replayed_to_an_exact_retry(ledger: Ledger) -> None:
+    await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE))
+    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
 
 
 async def test_idempotency_key(ledger: Ledger, clock: Clock) -> None:
@@ -138,7 +158,7 @@ async def test_idempotency_key(ledger: Ledger, clock: Clock) -> None:
     with pytest.raises(ToolmeshError) as raised:
         await ledger.claim(call('{"a": 2}'), "tr_3", 10_000, "key-1")
     assert raised.value.code is Code.IDEMPOTENCY_KEY_REUSED
-    assert raised.value.metadata["tool_request_id"] == "tr_1"
+    assert raised.value.metadata["toolRequestId"] == "tr_1"
     # Keys belong to a session.
     assert (await ledger.claim(call(session="s2"), "tr_4", 10_000, "key-1")).is_new
 

@@ -65,7 +65,7 @@ async def test_get_unknown_tool_is_not_found(registry: Any) -> None:
     assert raised.value.code() is grpc.StatusCode.NOT_FOUND
     info = error_info(raised.value)
     assert info is not None and info.reason == "TOOL_NOT_FOUND" and info.domain == "toolmesh"
-    assert dict(info.metadata) == {"session_id": "r2", "tool": "missing"}
+    assert dict(info.metadata) == {"sessionId": "r2", "tool": "missing"}
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import os
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
@@ -34,6 +35,36 @@ async def test_health_and_reflection(system: LocalSystem, name: str) -> None:
             names = {service.name for service in listing.list_services_response.service}
             assert SERVICES[name] in names and "grpc.health.v1.Health" in names
             break
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+async def test_reflection_serves_the_contract_with_its_comments(system: LocalSystem, version: str) -> None:
+    async with grpc.aio.insecure_channel(system.invocation_target) as channel:
+        ask = reflection_info(channel, version)
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="toolmesh.v1.InvocationService"),
+            reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol=f"grpc.reflection.{version}.ServerReflection"
+            ),
+        ]
+        listing, described, itself = [response async for response in ask(iter(requests))]
+    names = {service.name for service in listing.list_services_response.service}
+    assert {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    files = {
+        proto.name: proto
+        for proto in map(
+            descriptor_pb2.FileDescriptorProto.FromString,
+            described.file_descriptor_response.file_descriptor_proto,
+        )
+    }
+    comments = " ".join(
+        location.leading_comments
+        for location in files["toolmesh/v1/invocation.proto"].source_code_info.location
+    )
+    # What a client author needs, where reflection shows it.
+    assert "InvokeTool makes one tool call" in comments and "toolmesh-tool-request-id" in comments
+    assert itself.HasField("file_descriptor_response"), itself
 
 
 @pytest.mark.parametrize("service", ["registry", "bridge"])

@@ -139,7 +139,11 @@ async def test_arguments_and_results_are_never_logged(services: dict[str, Any], 
             "tool-call", "--thread-id", "exported", "--tool", tool, "--args", json.dumps(args), env=env
         )
         assert code == 0
-        request_ids.append(json.loads(out)["toolRequestId"])
+        request_id = json.loads(out)["toolRequestId"]
+        if tool == "missing_tool":
+            assert request_id is None  # refused before it ran: no invocation, no id
+        else:
+            request_ids.append(request_id)
         cli_errors.append(err)
         if tool == "echo":
             assert SECRET in out  # the caller does get its own data back: the secret did travel

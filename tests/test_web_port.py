@@ -53,7 +53,7 @@ async def test_a_failed_call_carries_the_tables_status_and_error_info(http: http
     assert detail["type"] == "google.rpc.ErrorInfo"
     info = error_details_pb2.ErrorInfo.FromString(base64.b64decode(detail["value"] + "=="))
     assert (info.reason, info.domain) == ("HOST_SESSION_UNKNOWN", "toolmesh")
-    assert dict(info.metadata) == {"host_session_id": "hs_x", "tool_request_id": "tr_x"}
+    assert dict(info.metadata) == {"hostSessionId": "hs_x", "toolRequestId": "tr_x"}
 
 
 @pytest.mark.integration

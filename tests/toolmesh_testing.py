@@ -268,13 +268,14 @@ def health_check(
 
 
 def reflection_info(
-    channel: grpc.aio.Channel,
+    channel: grpc.aio.Channel, version: str = "v1alpha"
 ) -> grpc.aio.StreamStreamMultiCallable[
     reflection_pb2.ServerReflectionRequest, reflection_pb2.ServerReflectionResponse
 ]:
-    """grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo on `channel`."""
+    """grpc.reflection.<version>.ServerReflection/ServerReflectionInfo on `channel` (v1's messages are
+    v1alpha's on the wire)."""
     return channel.stream_stream(
-        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
         request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
         response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
     )

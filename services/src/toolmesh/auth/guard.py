@@ -65,7 +65,7 @@ def admission(full_method: str, listener: Listener, verifier: Verifier | None) -
                 raise ToolmeshError(
                     Code.PERMISSION_DENIED,
                     "Its sessions do not include this one.",
-                    {"rpc": full_method, "session_id": session_id},
+                    {"rpc": full_method, "sessionId": session_id},
                 )
         _GRANT.set(grant)
 

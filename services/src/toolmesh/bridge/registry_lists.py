@@ -49,7 +49,7 @@ class RegistryToolLists:
 def _translated(error: grpc.aio.AioRpcError) -> ToolmeshError:
     code = error_code(error)
     if code not in _REFUSALS:
-        return ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpc_status": error.code().name})
+        return ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpcStatus": error.code().name})
     assert code is not None
     # The registry's message starts with the table's text for the code; keep what it added.
     detail = (error.details() or "").removeprefix(ERROR_TABLE[code].message).strip()

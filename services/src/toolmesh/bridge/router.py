@@ -16,20 +16,21 @@ import asyncio
 import enum
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from toolmesh.bridge.reading import READ_CHECK_AFTER_S, ReadChecks, Reading
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
-from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.errors import Code, ToolmeshError, code_for_reason
 from toolmesh.core.limits import MAX_RESULT_BYTES, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
-from toolmesh.core.outcome import Outcome
+from toolmesh.core.outcome import ErrorKind, Outcome
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -41,6 +42,15 @@ class EndReason(enum.Enum):
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     HOST_GONE = "host_gone"
+
+
+# How a refused late submit says why the request had ended.
+_ENDED_BECAUSE = {
+    EndReason.ANSWERED: "It was already answered.",
+    EndReason.TIMED_OUT: "It timed out.",
+    EndReason.CANCELLED: "It was cancelled.",
+    EndReason.HOST_GONE: "Its host went away.",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,8 +224,12 @@ class Router:
             "host connected",
             extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
         )
-        for pending in self._waiting.pop(session_id, []):
-            self._deliver(pending, host)
+        waiting = self._waiting.pop(session_id, [])
+        for pending in waiting:
+            if host.preference(pending.request.tool_name):
+                self._deliver(pending, host, again=True)
+            else:
+                self._waiting.setdefault(session_id, []).append(pending)
         return host
 
     def host(self, host_session_id: str, sessions: Container[str] | None = None) -> HostSession:
@@ -223,7 +237,7 @@ class Router:
         or if it serves a session other than `sessions` (None: all)."""
         host = self._hosts.get(host_session_id)
         if host is None or (sessions is not None and host.session_id not in sessions):
-            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"host_session_id": host_session_id})
+            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"hostSessionId": host_session_id})
         return host
 
     def serves(self, session_id: str) -> bool:
@@ -244,10 +258,15 @@ class Router:
                 READ_CHECK_AFTER_S, self._early_check, host
             )
 
-    def _deliver(self, pending: PendingRequest, host: HostSession) -> None:
+    def _deliver(self, pending: PendingRequest, host: HostSession, *, again: bool = False) -> None:
+        """Send the request to `host`; sent `again` (its first host left), with the time it has left."""
         pending.host = host
         host.in_flight[pending.request.tool_request_id] = pending
-        host.send(pending.request)
+        request = pending.request
+        if again:
+            left_ms = math.floor(request.timeout_ms - (time.monotonic() - pending.started) * 1000)
+            request = replace(request, timeout_ms=max(left_ms, 1))
+        host.send(request)
         checks = host.checks
         if checks.early is None and checks.waiting == 0:
             # Unanswered by then, the request asks whether the host reads at all.
@@ -302,7 +321,7 @@ class Router:
                     extra={"tool_request_id": pending.request.tool_request_id, "waiting": other is None},
                 )
                 if other is not None:
-                    self._deliver(pending, other)
+                    self._deliver(pending, other, again=True)
                 else:
                     pending.host = None
                     self._waiting.setdefault(host.session_id, []).append(pending)
@@ -328,6 +347,10 @@ class Router:
             host.send(_CLOSE)
 
     def _pick(self, session_id: str, tool_name: str) -> HostSession | None:
+        """A host of the session with a named handler for the tool, else one with a generic handler.
+
+        None when no host of the session serves the tool.
+        """
         hosts = self._by_session.get(session_id)
         if not hosts:
             return None
@@ -340,6 +363,8 @@ class Router:
 
         ranks = [rank(host) for host in hosts]
         best = max(ranks)
+        if not best[0]:
+            return None  # no host has a handler for it
         candidates = [host for host, host_rank in zip(hosts, ranks, strict=True) if host_rank == best]
         # Least loaded first; rotate among equals so hosts share the work.
         fewest = min(len(host.in_flight) for host in candidates)
@@ -372,11 +397,22 @@ class Router:
         """
         request_id = request.tool_request_id
         if request_id in self._pending or request_id in self._ended:
-            raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"tool_request_id": request_id})
+            raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"toolRequestId": request_id})
         host = self._pick(request.session_id, request.tool_name)
         if host is None:
-            details = {"sessionId": request.session_id}
-            settle(Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE, details=details))
+            if self.serves(request.session_id):
+                # Hosts are connected, but none has a handler for this tool: nothing ran.
+                # The same details as a host SDK gives.
+                settle(
+                    Outcome.runtime_error(
+                        Code.TOOL_HANDLER_NOT_FOUND,
+                        "No connected host of the session has a handler for it.",
+                        {"tool": request.tool_name},
+                    )
+                )
+            else:
+                details = {"sessionId": request.session_id}
+                settle(Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE, details=details))
             return
         pending = PendingRequest(request, None, settle, time.monotonic())
         self._pending[request_id] = pending
@@ -439,7 +475,7 @@ class Router:
         `sessions`: those the submitter may serve (None: all); a host session of
         another is unknown to it.
         """
-        metadata = {"host_session_id": host_session_id, "tool_request_id": tool_request_id}
+        metadata = {"hostSessionId": host_session_id, "toolRequestId": tool_request_id}
         host = self._hosts.get(host_session_id)
         if host is None or (sessions is not None and host.session_id not in sessions):
             raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)
@@ -452,12 +488,13 @@ class Router:
                 raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
             raise ToolmeshError(
                 Code.REQUEST_ENDED,
-                f"It {ended.reason.value.replace('_', ' ')}.",
+                _ENDED_BECAUSE[ended.reason],
                 {**metadata, "ended": ended.reason.value},
             )
         if pending.host is not host:
             raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
         _check_result(outcome, metadata)
+        _check_error_code(outcome, metadata)
         self._end(pending, EndReason.ANSWERED)
         pending.settle(outcome)
 
@@ -476,3 +513,30 @@ def _check_result(outcome: Outcome, metadata: dict[str, str]) -> None:
         jsontext.parse(outcome.result_json)
     except jsontext.NotPlainJson:
         raise ToolmeshError(Code.RESULT_NOT_JSON, "", metadata) from None
+
+
+# The runtime codes a host may answer with; every other runtime code is the runtime's own to give.
+HOST_RUNTIME_CODES = frozenset(
+    {Code.TOOL_HANDLER_NOT_FOUND, Code.TOOL_HANDLER_ERROR, Code.TOOL_RESULT_INVALID}
+)
+
+
+def _check_error_code(outcome: Outcome, metadata: dict[str, str]) -> None:
+    """Refuse an error a host may not give: one that would pass for the runtime's own."""
+    failure = outcome.failure
+    if failure is None:
+        return
+    allowed = ", ".join(sorted(HOST_RUNTIME_CODES))
+    if failure.kind is ErrorKind.RUNTIME and code_for_reason(failure.code) not in HOST_RUNTIME_CODES:
+        raise ToolmeshError(
+            Code.INVALID_REQUEST,
+            f"A host's runtime error code must be one of {allowed}.",
+            {**metadata, "field": "outcome.error.code"},
+        )
+    if failure.kind is ErrorKind.DOMAIN and code_for_reason(failure.code) is not None:
+        raise ToolmeshError(
+            Code.INVALID_REQUEST,
+            f"A domain error's code must not be a runtime code such as {failure.code}: "
+            "choose a code of the application's own.",
+            {**metadata, "field": "outcome.error.code"},
+        )

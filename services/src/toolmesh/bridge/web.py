@@ -43,6 +43,7 @@ from toolmesh.bridge.servicer import answer_read_check, declare, host_events, su
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
+from toolmesh.server.runtime import CannotListen
 from toolmesh.v1 import bridge_pb2
 from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
 
@@ -270,7 +271,11 @@ async def start_web_server(app: App, address: str, tls: TlsFiles | None = None) 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(port)))
+    try:
+        sock.bind((host, int(port)))
+    except OSError:
+        sock.close()
+        raise CannotListen(address) from None
     sock.setblocking(False)
     config = uvicorn.Config(
         app,

@@ -47,7 +47,8 @@ class CallStream:
         self._invoker = invoker
         # The sessions the caller may call (None: all); a call for another is refused alone.
         self._sessions = sessions
-        self._results: Outbox[invocation_pb2.StreamedToolResult] = Outbox(_result_size)
+        # Each result, and whether it refuses a duplicate call id (sent apart: see the proto).
+        self._results: Outbox[tuple[invocation_pb2.StreamedToolResult, bool]] = Outbox(_result_size)
         self._pause_bytes = pause_bytes
         self._max_bytes = max_bytes
         # Set while the results waiting to be sent are few enough to take more calls.
@@ -94,10 +95,13 @@ class CallStream:
 
         Raises ToolmeshError(RESULTS_NOT_READ) when results were dropped unread.
         """
-        while results := await self._results.take():
+        while ready := await self._results.take():
             if self._results.bytes <= self._pause_bytes:
                 self._room.set()
-            yield invocation_pb2.InvokeToolsResponse(results=results)
+            yield invocation_pb2.InvokeToolsResponse(
+                results=[result for result, duplicate in ready if not duplicate],
+                refused_duplicates=[result for result, duplicate in ready if duplicate],
+            )
         if self._failure is not None:
             raise self._failure
 
@@ -109,9 +113,9 @@ class CallStream:
         call_id = call.call_id
         if call_id in self._open:
             duplicate = ToolmeshError(
-                Code.INVALID_REQUEST, "The call id is already open.", {"call_id": str(call_id)}
+                Code.INVALID_REQUEST, "The call id is already open.", {"callId": str(call_id)}
             )
-            self._send(_error_result(call_id, duplicate))
+            self._send(_error_result(call_id, duplicate), duplicate=True)
             return
         self._open[call_id] = asyncio.create_task(self._run(call))
 
@@ -143,10 +147,10 @@ class CallStream:
             self._open.pop(call.call_id, None)
             self._end_when_answered()
 
-    def _send(self, result: invocation_pb2.StreamedToolResult) -> None:
+    def _send(self, result: invocation_pb2.StreamedToolResult, *, duplicate: bool = False) -> None:
         if self._closed or self._failure is not None:
             return
-        self._results.put(result)
+        self._results.put((result, duplicate))
         unread = self._results.bytes
         if unread > self._max_bytes:
             # Calls taken earlier kept ending: their outcomes stay in the ledger, not here.
@@ -170,5 +174,5 @@ def _error_result(call_id: int, error: ToolmeshError) -> invocation_pb2.Streamed
     return invocation_pb2.StreamedToolResult(call_id=call_id, error=failure)
 
 
-def _result_size(result: invocation_pb2.StreamedToolResult) -> int:
-    return result.ByteSize()
+def _result_size(item: tuple[invocation_pb2.StreamedToolResult, bool]) -> int:
+    return item[0].ByteSize()

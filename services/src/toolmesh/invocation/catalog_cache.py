@@ -71,7 +71,7 @@ DEFAULT_IDLE_S = 300.0
 
 def unavailable(session_id: str, **metadata: str) -> ToolmeshError:
     """REGISTRY_UNAVAILABLE for `session_id`'s tools."""
-    return ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"session_id": session_id, **metadata})
+    return ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"sessionId": session_id, **metadata})
 
 
 @dataclass(eq=False, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Container, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Container, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -24,11 +24,18 @@ from toolmesh.invocation.ports import Dispatcher, InvocationObserver, NoInvocati
 log = logging.getLogger("toolmesh.invocation")
 
 MAX_CONFIRMATIONS = 1000
+# Told the id of the invocation a call waits on (see Invoker.invoke).
+Announce = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
 class InvokeResult:
-    """What one call got: the invocation it ran, joined or replayed, and its outcome."""
+    """What one call got: the invocation it ran, joined or replayed, and its outcome.
+
+    `tool_request_id` is empty when the call was refused before it became an
+    invocation (TOOL_NOT_FOUND, TOOL_ARGS_INVALID): nothing was recorded, so
+    there is no id to look up.
+    """
 
     tool_request_id: str
     outcome: Outcome
@@ -120,6 +127,34 @@ def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue, size: 
     return None
 
 
+def check_result(tool: ToolSpec, outcome: Outcome) -> Outcome:
+    """`outcome`, or TOOL_RESULT_INVALID with the violations when the result breaks the outputSchema.
+
+    Errors pass as they are: the schema describes results only.
+    """
+    if not tool.output_schema_json or outcome.result_json is None:
+        return outcome
+    try:
+        validator = compile_schema(
+            tool.output_schema_json, tool=tool.name, which="outputSchema", require_object=False
+        )
+        found = violations(validator, jsontext.parse(outcome.result_json))
+    except Exception as exc:  # a schema the registry took but this validator cannot use
+        log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
+        return Outcome.runtime_error(
+            Code.TOOL_RESULT_INVALID,
+            "The tool's outputSchema cannot be applied.",
+            {"reason": "schema_unusable"},
+        )
+    if not found:
+        return outcome
+    return Outcome.runtime_error(
+        Code.TOOL_RESULT_INVALID,
+        f"The result does not match the tool's outputSchema: {len(found)} violation(s).",
+        {"reason": "output_schema", "violations": [{"path": v.path, "message": v.message} for v in found]},
+    )
+
+
 def _json_type(value: object) -> str:
     if value is None:
         return "null"
@@ -165,6 +200,7 @@ class Invoker:
         confirmed: Sequence[str] = (),
         *,
         leaves_early: bool = True,
+        on_invocation: Announce | None = None,
         sessions: Container[str] | None = None,
     ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
@@ -173,6 +209,9 @@ class Invoker:
         unary RPC whose client gives up) gets the invocation run in a task of
         its own, which goes on without it. One that always waits for the
         outcome (a call on an InvokeTools stream) runs it itself and saves the task.
+        `on_invocation` is awaited with the invocation's id once the call has
+        one and waits for its outcome (it ran anew or joined), so that a
+        caller who gives up still knows what to reconcile.
         `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
         """
         check_envelope(call)
@@ -180,7 +219,7 @@ class Invoker:
             raise ToolmeshError(
                 Code.PERMISSION_DENIED,
                 "Its sessions do not include this one.",
-                {"session_id": call.session_id},
+                {"sessionId": call.session_id},
             )
         if idempotency_key:
             require_id(idempotency_key, "idempotency_key")
@@ -191,30 +230,34 @@ class Invoker:
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
-            raise ToolmeshError(Code.OVERLOADED, "", {"max_in_flight": str(self._max_in_flight)})
+            raise ToolmeshError(Code.OVERLOADED, "", {"maxInFlight": str(self._max_in_flight)})
         observed = self._observer.call(call)
         self._in_flight += 1
         try:
             with observed:
-                result = await self._invoke(call, idempotency_key, leaves_early, confirmed)
+                result = await self._invoke(call, idempotency_key, leaves_early, confirmed, on_invocation)
                 observed.answered(result.tool_request_id, result.outcome)
             return result
         finally:
             self._in_flight -= 1
 
     async def _invoke(
-        self, call: ToolCall, idempotency_key: str, leaves_early: bool, confirmed: Sequence[str]
+        self,
+        call: ToolCall,
+        idempotency_key: str,
+        leaves_early: bool,
+        confirmed: Sequence[str],
+        on_invocation: Announce | None,
     ) -> InvokeResult:
         """`confirmed`: deliveries the caller confirms with this call. They go with its claim, in
         the same atomic step, so they apply before it; a call that claims nothing applies them alone."""
-        tool_request_id = new_tool_request_id()
         tool = await self._catalog.get_tool(call.session_id, call.tool_name)
         if tool is None:
             outcome = Outcome.runtime_error(
                 Code.TOOL_NOT_FOUND, details={"sessionId": call.session_id, "tool": call.tool_name}
             )
             await self._confirm(confirmed)
-            return InvokeResult(tool_request_id, outcome)
+            return InvokeResult("", outcome)
         arguments = parse_arguments(call.arguments_json)
         invalid = (
             arguments
@@ -223,7 +266,8 @@ class Invoker:
         )
         if invalid is not None:
             await self._confirm(confirmed)
-            return InvokeResult(tool_request_id, invalid)
+            return InvokeResult("", invalid)
+        tool_request_id = new_tool_request_id()
         request = ToolRequest(
             session_id=call.session_id,
             turn_id=call.turn_id,
@@ -242,11 +286,13 @@ class Invoker:
             arguments=arguments,
             confirmed=confirmed,
         )
-        claim = await self._claim(claiming, request, leaves_early)
+        claim = await self._claim(claiming, request, tool, leaves_early)
         record = claim.record
+        if on_invocation is not None and record.outcome is None:
+            await on_invocation(record.tool_request_id)
         with self._observer.invocation(record.tool_request_id):
             if claim.is_new:
-                return InvokeResult(tool_request_id, await self._start(request, record, leaves_early))
+                return InvokeResult(tool_request_id, await self._start(request, tool, record, leaves_early))
             if record.outcome is not None:
                 with self._observer.attached(record, "replayed"):
                     log.info("replayed an unconfirmed outcome")
@@ -258,7 +304,7 @@ class Invoker:
                 )
 
     async def _claim(
-        self, claiming: Coroutine[Any, Any, Claim], request: ToolRequest, leaves_early: bool
+        self, claiming: Coroutine[Any, Any, Claim], request: ToolRequest, tool: ToolSpec, leaves_early: bool
     ) -> Claim:
         """The ledger's claim. One whose caller may leave (a unary RPC) goes on without it: a claim
         that made a new invocation must run it, or exact retries would join one that nobody runs."""
@@ -268,32 +314,38 @@ class Invoker:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            task.add_done_callback(partial(self._claimed_without_caller, request))
+            task.add_done_callback(partial(self._claimed_without_caller, request, tool))
             raise
 
-    def _claimed_without_caller(self, request: ToolRequest, claiming: asyncio.Future[Claim]) -> None:
+    def _claimed_without_caller(
+        self, request: ToolRequest, tool: ToolSpec, claiming: asyncio.Future[Claim]
+    ) -> None:
         if claiming.cancelled() or claiming.exception() is not None:
             return
         claim = claiming.result()
         if claim.is_new:
-            self._run_detached(request, claim.record)
+            self._run_detached(request, tool, claim.record)
 
-    def _run_detached(self, request: ToolRequest, claimed: InvocationRecord) -> asyncio.Task[Outcome]:
+    def _run_detached(
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord
+    ) -> asyncio.Task[Outcome]:
         """Run a new invocation in a task of its own, which goes on whoever waits for it."""
-        task = asyncio.create_task(self._run(request, claimed))
+        task = asyncio.create_task(self._run(request, tool, claimed))
         self._running[request.tool_request_id] = task
         task.add_done_callback(partial(self._ended, request.tool_request_id))
         return task
 
-    async def _start(self, request: ToolRequest, claimed: InvocationRecord, leaves_early: bool) -> Outcome:
+    async def _start(
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, leaves_early: bool
+    ) -> Outcome:
         """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
         tool_request_id = request.tool_request_id
         if leaves_early:
-            return await asyncio.shield(self._run_detached(request, claimed))
+            return await asyncio.shield(self._run_detached(request, tool, claimed))
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._running[tool_request_id] = ran
         try:
-            outcome = await self._run(request, claimed)
+            outcome = await self._run(request, tool, claimed)
         except asyncio.CancelledError:
             ran.cancel()
             raise
@@ -310,21 +362,19 @@ class Invoker:
     def _ended(self, tool_request_id: str, _: object) -> None:
         self._running.pop(tool_request_id, None)
 
-    async def _run(self, request: ToolRequest, claimed: InvocationRecord) -> Outcome:
+    async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
         self._observer.in_flight(1)
         try:
             outcome = await self._dispatcher.dispatch(request)
         except ToolmeshError as error:
-            # The bridge could not be reached: record why, but let an exact retry run anew.
+            # The bridge could not be reached: record why; an exact retry runs anew (not replayable).
             await self.ledger.finish(
-                request.tool_request_id,
-                Outcome.runtime_error(error.code),
-                replayable=False,
-                claimed=claimed,
+                request.tool_request_id, Outcome.runtime_error(error.code), claimed=claimed
             )
             raise
         finally:
             self._observer.in_flight(-1)
+        outcome = check_result(tool, outcome)
         await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
         return outcome
 
@@ -336,7 +386,7 @@ class Invoker:
         record = await self.ledger.wait_finished(tool_request_id)
         if record is None or record.outcome is None:
             raise ToolmeshError(
-                Code.INVOCATION_NOT_FOUND, "It vanished while joined.", {"tool_request_id": tool_request_id}
+                Code.INVOCATION_NOT_FOUND, "It vanished while joined.", {"toolRequestId": tool_request_id}
             )
         return record.outcome
 
@@ -363,7 +413,7 @@ class Invoker:
         require_id(tool_request_id, "tool_request_id")
         record = await self.ledger.get(tool_request_id)
         if record is None or (sessions is not None and record.session_id not in sessions):
-            raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"tool_request_id": tool_request_id})
+            raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"toolRequestId": tool_request_id})
         return record
 
     async def drain(self, timeout_s: float = 10.0) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall
-from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.store.ledger import KeyReused, LedgerStore, StoredInvocation
 
@@ -45,6 +45,20 @@ class InvocationState(enum.Enum):
     COMPLETED = "completed"
     TIMED_OUT = "timed_out"
     FAILED = "failed"
+
+
+def replayable(outcome: Outcome) -> bool:
+    """Whether an exact retry (or a retry with the same idempotency key) may be given `outcome` again.
+
+    Not a runtime error the table marks retryable (BRIDGE_UNAVAILABLE,
+    TOOL_HOST_UNAVAILABLE, OVERLOADED, ...): it says "try again", and a replay
+    would answer every retry with it until the window ends.
+    """
+    failure = outcome.failure
+    if failure is None or failure.kind is ErrorKind.DOMAIN:
+        return True
+    code = code_for_reason(failure.code)
+    return code is None or not ERROR_TABLE[code].retryable
 
 
 def state_of(outcome: Outcome) -> InvocationState:
@@ -277,9 +291,9 @@ class Ledger:
                     Code.IDEMPOTENCY_KEY_REUSED,
                     "",
                     {
-                        "session_id": call.session_id,
-                        "idempotency_key": idempotency_key,
-                        "tool_request_id": reused.tool_request_id,
+                        "sessionId": call.session_id,
+                        "idempotencyKey": idempotency_key,
+                        "toolRequestId": reused.tool_request_id,
                     },
                 ) from None
         else:
@@ -305,10 +319,9 @@ class Ledger:
         tool_request_id: str,
         outcome: Outcome,
         *,
-        replayable: bool = True,
         claimed: InvocationRecord | None = None,
     ) -> None:
-        """Record the outcome. With `replayable`, an exact retry replays it until delivery is confirmed.
+        """Record the outcome. An exact retry replays it until delivery is confirmed, if `replayable`.
 
         `claimed` is the record `claim` returned, when the caller has it: it
         saves reading it back (only the claimant finishes an invocation). When
@@ -323,7 +336,8 @@ class Ledger:
             self._encode(finished),
             "" if finished.idempotency_key else finished.identity,
             self._ttl(finished),
-            self._replay_window(finished) if replayable else None,
+            # A keyed invocation has no pointer: None still tells the store its key must not replay it.
+            self._replay_window(finished) if replayable(outcome) else None,
         )
         try:
             await self._store.finish(tool_request_id, *write)
@@ -365,7 +379,7 @@ class Ledger:
         Raises ToolmeshError(INVOCATION_RUNNING) when it has no outcome yet.
         """
         if await self.confirm_all(await self.permitted([tool_request_id], sessions)):
-            raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"tool_request_id": tool_request_id})
+            raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"toolRequestId": tool_request_id})
 
     async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
         """Mark these outcomes delivered, in one step; return the ids still running (left as they are)."""

@@ -53,7 +53,8 @@ class _ObservedCall(correlation.ids):
         self._started = time.monotonic()
 
     def answered(self, tool_request_id: str, outcome: Outcome) -> None:
-        trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, tool_request_id)
+        if tool_request_id:
+            trace.get_current_span().set_attribute(telemetry.TOOL_REQUEST_ID, tool_request_id)
         observe(self._tool_name, tool_request_id, outcome, self._started)
 
 

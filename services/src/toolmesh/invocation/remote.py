@@ -51,7 +51,7 @@ class RemoteCatalog:
         except grpc.aio.AioRpcError as error:
             if error_code(error) is Code.TOOL_NOT_FOUND:
                 return None
-            raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpc_status": error.code().name}) from None
+            raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "", {"grpcStatus": error.code().name}) from None
         return tool_from_pb(response.tool)
 
 
@@ -64,7 +64,7 @@ def registry_watch_source(client: RegistryClient) -> WatchSource:
                 async for tools in updates:
                     yield tools
         except grpc.aio.AioRpcError as error:
-            raise unavailable(session_id, grpc_status=error.code().name) from None
+            raise unavailable(session_id, grpcStatus=error.code().name) from None
 
     return watch
 
@@ -160,7 +160,7 @@ def _dispatch_message(batch: list[bridge_pb2.ToolRequest | str]) -> bridge_pb2.D
 
 
 def _unavailable(broken: StreamBroken) -> ToolmeshError:
-    metadata = {"grpc_status": broken.status}
+    metadata = {"grpcStatus": broken.status}
     refused = error_code(broken.error) if broken.error is not None else None
     if refused is not None:
         # The bridge answered but would not take the stream: a configuration to fix, not an outage.

@@ -109,7 +109,7 @@ class Registry:
         tools = await self.list_tools(session_id)
         tool = tools.find(name)
         if tool is None:
-            raise ToolmeshError(Code.TOOL_NOT_FOUND, "", {"session_id": session_id, "tool": name})
+            raise ToolmeshError(Code.TOOL_NOT_FOUND, "", {"sessionId": session_id, "tool": name})
         return tools.revision, tool
 
     async def watch(self, session_id: str) -> AsyncIterator[ToolSet]:
@@ -122,5 +122,5 @@ def _conflict(session_id: str, expected: int, actual: int) -> ToolmeshError:
     return ToolmeshError(
         Code.REVISION_CONFLICT,
         f"Expected revision {expected}, current is {actual}.",
-        {"session_id": session_id, "expected_revision": str(expected), "revision": str(actual)},
+        {"sessionId": session_id, "expectedRevision": str(expected), "revision": str(actual)},
     )

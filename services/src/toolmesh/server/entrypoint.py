@@ -12,7 +12,7 @@ from toolmesh.client.config import DEFAULT_PORTS
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
 from toolmesh.server import security
-from toolmesh.server.runtime import RunningServer, serve_until_signalled
+from toolmesh.server.runtime import CannotListen, RunningServer, serve_until_signalled
 from toolmesh.server.security import Security
 from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
 
@@ -91,7 +91,11 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
     otel.configure(f"toolmesh-{service}")
 
     async def main() -> None:
-        server = await start()
+        try:
+            server = await start()
+        except CannotListen as exc:
+            print(f"toolmesh {service}: {exc.strerror}", file=sys.stderr)
+            sys.exit(1)
         if server.internal is not None:
             print(f"toolmesh {service} internal listener on port {server.internal.port}", flush=True)
         print(f"toolmesh {service} listening on port {server.port}", flush=True)

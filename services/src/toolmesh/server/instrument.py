@@ -12,6 +12,7 @@ the caller's W3C trace context from the metadata; when tracing is off
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,24 +31,62 @@ from toolmesh.server.rpc_types import ServicerContext
 log = logging.getLogger("toolmesh.server")
 
 
+class OpenStreams:
+    """The server-streaming calls a server has open, so that stopping it can end them at once.
+
+    Each ends with UNAVAILABLE and ErrorInfo SHUTTING_DOWN, instead of holding
+    the server's stop until its grace runs out.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ending = False
+
+    def opened(self) -> asyncio.Task[Any] | None:
+        """Register the current call's task (to pass to `closed`); None outside a task."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        return task
+
+    def closed(self, task: asyncio.Task[Any] | None) -> None:
+        """The call ended."""
+        if task is not None:
+            self._tasks.discard(task)
+
+    def end_all(self) -> None:
+        """End every open stream (and refuse new ones) with SHUTTING_DOWN."""
+        self.ending = True
+        for task in list(self._tasks):
+            task.cancel()
+
+
 # What a call must pass before the servicer runs (toolmesh.auth.guard); it raises ToolmeshError.
 Admit = Callable[[Any, ServicerContext], Awaitable[None]]
 
 
 def instrumented(
-    servicer: object, descriptor: ServiceDescriptor, admission: Callable[[str], Admit | None]
+    servicer: object,
+    descriptor: ServiceDescriptor,
+    admission: Callable[[str], Admit | None],
+    streams: OpenStreams,
 ) -> Any:
     """An object with the servicer's RPC methods, each wrapped once.
 
     `admission(full_method)` says what each call of a method must pass first (None: nothing).
+    Server-streaming methods register with `streams`, which ends them when the server stops.
     """
     methods: dict[str, Any] = {}
     for method in descriptor.methods:
         inner = getattr(servicer, method.name)
         full_method = f"{descriptor.full_name}/{method.name}"
-        wrap = _stream if method.server_streaming else _unary
         admit = admission(full_method)
-        methods[method.name] = wrap(full_method, descriptor.full_name, method.name, inner, admit)
+        if method.server_streaming:
+            methods[method.name] = _stream(
+                full_method, descriptor.full_name, method.name, inner, admit, streams=streams
+            )
+        else:
+            methods[method.name] = _unary(full_method, descriptor.full_name, method.name, inner, admit)
     return types.SimpleNamespace(**methods)
 
 
@@ -98,16 +137,33 @@ def _unary(
 
 
 def _stream(
-    full_method: str, service: str, name: str, inner: Callable[..., AsyncIterator[Any]], admit: Admit | None
+    full_method: str,
+    service: str,
+    name: str,
+    inner: Callable[..., AsyncIterator[Any]],
+    admit: Admit | None,
+    *,
+    streams: OpenStreams,
 ) -> Callable[..., AsyncIterator[Any]]:
     async def stream(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
         with _span(full_method, service, name, context):
+            task = streams.opened()
             try:
+                if streams.ending:
+                    raise ToolmeshError(Code.SHUTTING_DOWN)
                 if admit is not None:
                     await admit(request, context)
                 async for item in inner(request, context):
                     yield item
+            except asyncio.CancelledError:
+                if not streams.ending:
+                    raise  # the caller went away
+                if task is not None:
+                    task.uncancel()
+                await _abort_for(full_method, context, ToolmeshError(Code.SHUTTING_DOWN))
             except Exception as exc:
                 await _abort_for(full_method, context, exc)
+            finally:
+                streams.closed(task)
 
     return stream

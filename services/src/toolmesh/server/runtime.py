@@ -8,6 +8,7 @@ services. The public listener refuses them (WRONG_LISTENER), and the other way r
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,12 +19,12 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from toolmesh.auth.guard import Listener, admission, serves
 from toolmesh.core.channels import TRANSPORT_OPTIONS
 from toolmesh.server.decoding import decoding
-from toolmesh.server.instrument import instrumented
+from toolmesh.server.instrument import OpenStreams, instrumented
+from toolmesh.server.reflection import enable_reflection
 from toolmesh.server.security import LOOPBACK, Security
 
 log = logging.getLogger("toolmesh.server")
@@ -32,7 +33,22 @@ SERVER_OPTIONS = [
     *TRANSPORT_OPTIONS,
     # Let clients ping this often on idle connections.
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # gRPC sets SO_REUSEPORT by default: a second server on a port in use would start, and
+    # share its connections with the first without a word. A port in use must be an error.
+    ("grpc.so_reuseport", 0),
 ]
+
+
+class CannotListen(OSError):
+    """A server could not listen on its address: another process holds the port, or it is not ours."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(
+            errno.EADDRINUSE,
+            f"cannot listen on {address}: the port is in use (is toolmesh already running?) "
+            "or the address is not one of this machine's",
+        )
+        self.address = address
 
 
 @dataclass
@@ -73,6 +89,7 @@ class RunningServer:
     after_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # The bridge's web port (Connect and gRPC-Web for pages), when it serves one.
     web_port: int | None = None
+    streams: OpenStreams = field(default_factory=OpenStreams)
     # The internal listener, for services with internal RPCs.
     internal: Listening | None = None
 
@@ -83,12 +100,16 @@ class RunningServer:
         return self.internal.port
 
     async def stop(self, grace: float) -> None:
+        """Say NOT_SERVING, run each service's shutdown, end the open streams, then stop within `grace`."""
         listeners = [self.health] + ([self.internal.health] if self.internal else [])
         for health in listeners:
             await health.enter_graceful_shutdown()
         for service in self.services:
             if service.on_shutdown is not None:
                 await service.on_shutdown()
+        # Long-lived streams never end by themselves: end them (SHUTTING_DOWN), so that
+        # the stop waits only for unary calls, not for the whole grace.
+        self.streams.end_all()
         await self.server.stop(grace)
         if self.internal is not None:
             await self.internal.server.stop(grace)
@@ -113,18 +134,29 @@ async def start_server(
     if internal_wanted:
         assert internal_address is not None
         security.check_internal(internal_address)
-    public = await _listen(services, address, Listener.PUBLIC, security, security.public_credentials())
+    # One set of open streams for both listeners: stopping the server ends them all.
+    streams = OpenStreams()
+    public = await _listen(
+        services, address, Listener.PUBLIC, security, security.public_credentials(), streams=streams
+    )
     internal = None
     if internal_wanted:
         assert internal_address is not None
         try:
             internal = await _listen(
-                services, internal_address, Listener.INTERNAL, security, security.internal_credentials()
+                services,
+                internal_address,
+                Listener.INTERNAL,
+                security,
+                security.internal_credentials(),
+                streams=streams,
             )
         except BaseException:
             await public.server.stop(0)
             raise
-    return RunningServer(public.server, public.port, public.health, services, internal=internal)
+    return RunningServer(
+        public.server, public.port, public.health, services, internal=internal, streams=streams
+    )
 
 
 async def _listen(
@@ -133,6 +165,8 @@ async def _listen(
     listener: Listener,
     security: Security,
     credentials: grpc.ServerCredentials | None,
+    *,
+    streams: OpenStreams,
 ) -> Listening:
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
@@ -142,22 +176,20 @@ async def _listen(
         return admission(full_method, listener, security.verifier)
 
     for service in services:
-        service.add_to_server(instrumented(service.servicer, service.descriptor, admit), decoding(server))
+        service.add_to_server(
+            instrumented(service.servicer, service.descriptor, admit, streams), decoding(server)
+        )
     names = [service.full_name for service in services]
-    # As reflection.enable_server_reflection does for an aio server (which `decoding` is not, to it);
-    # the generated function has no annotations.
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
-        reflection.aio.ReflectionServicer(
-            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
-        ),
-        decoding(server),
-    )
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    enable_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], decoding(server))
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        raise CannotListen(address) from None
     if port == 0:
-        raise OSError(f"could not bind {address}")
+        raise CannotListen(address)
     await server.start()
     for name in ["", *names]:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)

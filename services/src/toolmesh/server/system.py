@@ -19,7 +19,7 @@ from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
-from toolmesh.server.runtime import RunningServer, start_server
+from toolmesh.server.runtime import CannotListen, RunningServer, start_server
 from toolmesh.server.security import LOOPBACK, Security
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
@@ -36,12 +36,16 @@ async def start_registry(
 ) -> RunningServer:
     """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory)."""
     stores = stores or open_stores()
-    running = await start_server(
-        [registry_service(Registry(stores.store))],
-        address,
-        security=security,
-        internal_address=internal_address,
-    )
+    try:
+        running = await start_server(
+            [registry_service(Registry(stores.store))],
+            address,
+            security=security,
+            internal_address=internal_address,
+        )
+    except CannotListen:
+        await stores.close()
+        raise
     running.after_stop.append(stores.close)
     return running
 
@@ -77,7 +81,11 @@ async def start_bridge(
         running.after_stop.append(lists.aclose)
     if web_address is not None:
         app = web_app(router, declarations, web_origins, security.verifier)
-        web = await start_web_server(app, web_address, security.tls)
+        try:
+            web = await start_web_server(app, web_address, security.tls)
+        except CannotListen:
+            await running.stop(0)
+            raise
         running.web_port = web.port
         shutdown = service.on_shutdown
 
@@ -115,8 +123,7 @@ async def start_invocation(
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RemoteDispatcher(bridge_channel)
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
-    running = await start_server([invocation_service(invoker)], address, security=security)
-    running.after_stop += [
+    closers = [
         catalog.aclose,
         registry_channel.close,
         dispatcher.aclose,
@@ -124,6 +131,13 @@ async def start_invocation(
         ledger.aclose,
         stores.close,
     ]
+    try:
+        running = await start_server([invocation_service(invoker)], address, security=security)
+    except CannotListen:
+        for close in closers:
+            await close()
+        raise
+    running.after_stop += closers
     return running
 
 
@@ -192,7 +206,8 @@ async def start_local_system(
 ) -> LocalSystem:
     """All three services; their internal listeners on free loopback ports, used only by each other.
 
-    The registry and the invocation service keep their state at `store_url`.
+    The registry and the invocation service keep their state at `store_url`. Raises
+    CannotListen (having stopped those started) when a port is taken.
     """
     for port in (registry_port, invocation_port, bridge_port, web_port):
         security.check_public(f"{host}:{port}")

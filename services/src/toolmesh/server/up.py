@@ -14,7 +14,7 @@ from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.server import security
 from toolmesh.server.entrypoint import add_store_arguments
-from toolmesh.server.runtime import serve_until_signalled
+from toolmesh.server.runtime import CannotListen, serve_until_signalled
 from toolmesh.server.system import start_local_system
 from toolmesh.store.backends import describe_store, store_url
 
@@ -44,6 +44,7 @@ def add_parser(commands: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    """Run the services until SIGTERM or Ctrl-C; returns 0, 1 when a port is taken, 2 for bad settings."""
     url = store_url(args.store)
     try:
         description = describe_store(url)
@@ -59,6 +60,13 @@ async def run(args: argparse.Namespace) -> int:
             store_url=url,
             store_prefix=args.store_prefix,
         )
+    except CannotListen as exc:
+        print(
+            f"toolmesh up: {exc.strerror}; choose other ports with --registry-port, --invocation-port, "
+            "--bridge-port and --web-port",
+            file=sys.stderr,
+        )
+        return 1
     except (OSError, ValueError) as error:
         print(f"toolmesh up: {error}", file=sys.stderr)
         return EXIT_CONFIG

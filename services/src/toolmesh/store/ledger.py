@@ -69,8 +69,9 @@ class LedgerStore(Protocol):
         confirmed: Sequence[str] = (),
     ) -> StoredInvocation | None:
         """Store a running invocation under the idempotency `key` (already scoped to its session),
-        unless the key names a stored invocation: then return it, confirmed or not.
-        `confirmed` as for `claim`.
+        unless the key names a stored invocation: then return it, confirmed or not, unless it
+        finished with an outcome not to replay (`finish` with `replay_s` None): then the key
+        starts over with this invocation. `confirmed` as for `claim`.
 
         Raises KeyReused when the key names an invocation of another identity.
         The key is kept `key_ttl_s`; no identity pointer is made.
@@ -84,7 +85,8 @@ class LedgerStore(Protocol):
 
         `identity` is the pointer that names the invocation ("" for none). With
         `replay_s` the pointer names this invocation for that long (exact retries
-        replay it); with None it is dropped if it still names this invocation.
+        replay it); with None it is dropped if it still names this invocation, and
+        an idempotency key naming it no longer replays it (`claim_keyed` starts over).
         """
         ...
 

@@ -11,7 +11,7 @@ import asyncio
 import heapq
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from toolmesh.store.base import VersionConflict, Versioned, until_set
@@ -165,6 +165,8 @@ class _Invocation:
     keep_s: float
     # The identity pointer naming it ("" for a call with an idempotency key).
     identity: str
+    # Finished with an outcome retries may be given again (see LedgerStore.finish).
+    replayable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,9 +232,10 @@ class MemoryLedgerStore:
         if claimed is not None and claimed.value.tool_request_id != tool_request_id:
             if claimed.value.identity != identity:
                 raise KeyReused(claimed.value.tool_request_id)
-            existing = self._stored(claimed.value.tool_request_id)
-            if existing is not None:
-                return existing
+            named = claimed.value.tool_request_id
+            entry = self._invocations.live(named)
+            if entry is not None and entry.value.replayable:
+                return StoredInvocation(named, entry.value.record, entry.value.delivered)
         self._keys.write(key, _KeyClaim(tool_request_id, identity), key_ttl_s)
         self._store_running(tool_request_id, record, "", running_ttl_s)
         return None
@@ -240,7 +243,8 @@ class MemoryLedgerStore:
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
     ) -> None:
-        self._invocations.write(tool_request_id, _Invocation(record, True, False, keep_s, identity), keep_s)
+        finished = _Invocation(record, True, False, keep_s, identity, replay_s is not None)
+        self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
             return
         if replay_s is not None:
@@ -266,7 +270,7 @@ class MemoryLedgerStore:
             if not invocation.finished:
                 running.append(tool_request_id)
                 continue
-            delivered = _Invocation(invocation.record, True, True, invocation.keep_s, invocation.identity)
+            delivered = replace(invocation, delivered=True)
             # Nobody waits for a delivery: no change event.
             self._invocations.write(tool_request_id, delivered, invocation.keep_s, notify=False)
             if invocation.identity:

@@ -4,7 +4,8 @@ Keys, under the connection's prefix:
 - `ledger:inv:<tool request id>`: a hash: `rec` (the record's bytes), `end`
   (set once finished), `dlv` (set once delivery is confirmed), `keep` (ms to
   keep it once finished), `same` (the identity whose pointer names it, "" for
-  none). Finishing it publishes on its name, for watchers.
+  none), `once` (set when it finished with an outcome not to replay: its
+  idempotency key starts over). Finishing it publishes on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
 - `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
@@ -69,7 +70,7 @@ return false
 # KEYS: the idempotency key, the new record, the records to confirm first. ARGV: id,
 # record, ttl ms, identity, record key prefix, key ttl ms, pointer key prefix, the ids
 # to confirm. Returns {0, id} for a key reused with other arguments, {1, id, record,
-# delivered} for the invocation the key names.
+# delivered} for the invocation the key names (unless its outcome is not to be replayed).
 _CLAIM_KEYED = Script(
     _CONFIRMING
     + """
@@ -77,8 +78,8 @@ confirm(3, 8, #KEYS - 2, ARGV[7])
 local claimed = redis.call('HMGET', KEYS[1], 'id', 'identity')
 if claimed[1] and claimed[1] ~= ARGV[1] then
   if claimed[2] ~= ARGV[4] then return {0, claimed[1]} end
-  local found = redis.call('HMGET', ARGV[5] .. claimed[1], 'rec', 'dlv')
-  if found[1] then return {1, claimed[1], found[1], found[2] and 1 or 0} end
+  local found = redis.call('HMGET', ARGV[5] .. claimed[1], 'rec', 'dlv', 'once')
+  if found[1] and not found[3] then return {1, claimed[1], found[1], found[2] and 1 or 0} end
 end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'identity', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
@@ -88,10 +89,12 @@ return false
 """
 )
 
-# KEYS: the record, and the identity pointer when there is one. ARGV: id,
-# record, keep ms, replay ms ('' drops the pointer if it names this id), identity.
+# KEYS: the record, and the identity pointer when there is one. ARGV: id, record,
+# keep ms, replay ms ('' for an outcome not to replay: drops the pointer if it names
+# this id, and marks the record `once`), identity.
 _FINISH = Script("""
 redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
+if ARGV[4] == '' then redis.call('HSET', KEYS[1], 'once', '1') end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 if KEYS[2] then
   if ARGV[4] ~= '' then redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[4])

@@ -67,8 +67,10 @@ class BridgeService(Protocol):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -90,6 +92,14 @@ class BridgeService(Protocol):
     async def submit_tool_result(self, request: SubmitToolResultRequest, ctx: RequestContext[SubmitToolResultRequest, SubmitToolResultResponse], /) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -166,7 +176,8 @@ class BridgeService(Protocol):
 
     def dispatch_tool_requests(self, request: AsyncIterator[DispatchToolRequestsRequest], ctx: RequestContext[DispatchToolRequestsRequest, DispatchToolRequestsResponse], /) -> AsyncIterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for
@@ -333,8 +344,10 @@ class BridgeServiceClient(ConnectClient):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -373,6 +386,14 @@ class BridgeServiceClient(ConnectClient):
     ) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -517,7 +538,8 @@ class BridgeServiceClient(ConnectClient):
         timeout_ms: int | None = None,
     ) -> AsyncIterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for
@@ -573,8 +595,10 @@ class BridgeServiceSync(Protocol):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -596,6 +620,14 @@ class BridgeServiceSync(Protocol):
     def submit_tool_result(self, request: SubmitToolResultRequest, ctx: RequestContext[SubmitToolResultRequest, SubmitToolResultResponse], /) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -672,7 +704,8 @@ class BridgeServiceSync(Protocol):
 
     def dispatch_tool_requests(self, request: Iterator[DispatchToolRequestsRequest], ctx: RequestContext[DispatchToolRequestsRequest, DispatchToolRequestsResponse], /) -> Iterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for
@@ -837,8 +870,10 @@ class BridgeServiceClientSync(ConnectClientSync):
         """
         OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -877,6 +912,14 @@ class BridgeServiceClientSync(ConnectClientSync):
     ) -> SubmitToolResultResponse:
         """
         SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -1021,7 +1064,8 @@ class BridgeServiceClientSync(ConnectClientSync):
         timeout_ms: int | None = None,
     ) -> Iterator[DispatchToolRequestsResponse]:
         """
-        DispatchToolRequests carries many tool requests on one long-lived stream:
+        DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for

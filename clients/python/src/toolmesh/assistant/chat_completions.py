@@ -55,12 +55,20 @@ class OpenAIChatModel:
                 TurnCode.TIMEOUT, f"The model did not answer within {timeout:g} s."
             ) from None
         except httpx.HTTPError as exc:
+            # The transport's own words (connection refused, name not known), never the request.
+            cause = (
+                f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, httpx.TransportError)
+                else type(exc).__name__
+            )
             raise AssistantError(
-                TurnCode.MODEL_ERROR, f"The model endpoint could not be reached ({type(exc).__name__})."
+                TurnCode.MODEL_ERROR,
+                f"The model endpoint {self._endpoint.chat_url} could not be reached ({cause}).",
             ) from None
         if response.status_code >= 400:
             raise AssistantError(
-                TurnCode.MODEL_ERROR, f"The model endpoint answered HTTP {response.status_code}."
+                TurnCode.MODEL_ERROR,
+                f"The model endpoint {self._endpoint.chat_url} answered HTTP {response.status_code}.",
             )
         return parse_reply(response.content)
 

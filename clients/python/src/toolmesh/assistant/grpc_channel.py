@@ -95,9 +95,12 @@ class GrpcToolChannel:
         except grpc.aio.AioRpcError as error:
             code = error_code(error)
             reason = code.value if code is not None else error.code().name
-            raise AssistantError(
-                TurnCode.DISCOVERY_FAILED, f"The registry refused or could not answer ({reason})."
-            ) from None
+            where = self._services.registry
+            if code is None and error.code() is grpc.StatusCode.UNAVAILABLE:
+                detail = f"Nothing answered at the registry address {where} ({reason}): is toolmesh running?"
+            else:
+                detail = f"The registry at {where} refused or could not answer ({reason})."
+            raise AssistantError(TurnCode.DISCOVERY_FAILED, detail, {"registry": where}) from None
 
     async def wait_for_change(self, revision: int) -> None:
         """Return once the registry's watch shows a revision other than `revision`; never raises.

@@ -2,7 +2,10 @@
 
 Exit 0: a formal outcome arrived (success or error). Exit 75: none arrived
 (this command's own deadline passed, or the connection failed); the same
-command may be retried as it is. Exit 2: the command was malformed.
+command may be retried as it is, and `toolmesh invocations show` reconciles
+the `toolRequestId` it printed, when it printed one. Exit 2: the command was
+malformed (a flag, arguments that are not JSON, a bad name). Exit 130: Ctrl-C
+(as 75: no outcome arrived).
 """
 
 from __future__ import annotations
@@ -16,24 +19,38 @@ from typing import Any
 import grpc
 
 from toolmesh.cli import access
-from toolmesh.cli.output import EXIT_NO_OUTCOME, EXIT_USAGE, print_rpc_error
+from toolmesh.cli.arguments import NotJson, add_address, add_session, parse_json, positive_seconds
+from toolmesh.cli.output import EXIT_NO_OUTCOME, print_rpc_error, unreachable, usage_error
 from toolmesh.client.config import address
 from toolmesh.client.invocation import InvocationClient
+from toolmesh.core.errors import Code
 
 
 def add_parser(commands: Any) -> None:
     """Add `tool-call` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "tool-call", help="call one tool and print the outcome"
+        "tool-call",
+        help="call one tool and print the outcome as JSON",
+        description="Call one tool and print one JSON object. Exit 0: an outcome arrived (a result or "
+        "an error); 75: none arrived, the same command may be run again; 2: a malformed command.",
     )
-    parser.add_argument("--thread-id", required=True)
-    parser.add_argument("--tool", required=True)
-    parser.add_argument("--args", default="{}", help="the arguments as JSON text (default {})")
-    parser.add_argument("--turn-id", help="default: a new id")
+    add_session(parser)
+    parser.add_argument("--tool", required=True, metavar="NAME", help="the tool to call")
     parser.add_argument(
-        "--timeout", type=float, help="seconds this command waits for an outcome (not the tool's timeoutMs)"
+        "--args", default="{}", metavar="JSON", help="the arguments, a JSON object (default {})"
     )
-    parser.add_argument("--invocation", help="invocation address (env TOOLMESH_INVOCATION_ADDR)")
+    parser.add_argument(
+        "--turn-id",
+        metavar="ID",
+        help="the turn this call belongs to, for logs and traces (default: a new id)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="how long this command waits for an outcome; not the tool's own timeoutMs (default: no limit)",
+    )
+    add_address(parser, "invocation")
     access.add_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -43,20 +60,28 @@ async def run(args: argparse.Namespace) -> int:
 
     A malformed request prints the refusal as JSON on stderr instead.
     """
+    try:
+        parse_json(args.args)
+    except NotJson as problem:
+        return usage_error("tool-call", f"--args is not JSON: {problem}")
     turn_id = args.turn_id or f"turn_{uuid.uuid4().hex[:16]}"
     try:
         credentials = access.credentials(args)
     except (OSError, ValueError) as exc:
-        print(f"toolmesh tool-call: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("tool-call", str(exc))
     target = address("invocation", args.invocation)
     async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
         try:
             result = await client.invoke(
-                args.thread_id, args.tool, turn_id=turn_id, arguments_json=args.args, timeout=args.timeout
+                args.session_id, args.tool, turn_id=turn_id, arguments_json=args.args, timeout=args.timeout
             )
         except grpc.aio.AioRpcError as error:
-            return print_rpc_error(error)
-    print(json.dumps(result.to_json(), ensure_ascii=False))
+            return print_rpc_error(error, "invocation", target)
+    shown = result.to_json()
+    if result.code is Code.TRANSPORT_FAILED and result.tool_request_id is None:
+        # Nothing answered at all: say where we looked, and how to start the services.
+        shown["error"]["message"] = unreachable("invocation", target)
+        shown["error"]["details"] = {"address": target, "cause": result.detail}
+    print(json.dumps(shown, ensure_ascii=False))
     sys.stdout.flush()
     return 0 if result.outcome_received else EXIT_NO_OUTCOME

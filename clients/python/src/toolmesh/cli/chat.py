@@ -1,4 +1,4 @@
-"""`toolmesh chat`: talk with an assistant that uses a thread's tools, in the terminal.
+"""`toolmesh chat`: talk with an assistant that uses a session's tools, in the terminal.
 
 The assistant is an extra of the client distribution (`toolmesh[assistant]`);
 it is imported only when the command runs, so the CLI works without it.
@@ -11,27 +11,38 @@ import sys
 from typing import Any
 
 from toolmesh.cli import access
+from toolmesh.cli.arguments import add_address, add_session, positive_seconds
 from toolmesh.cli.output import EXIT_USAGE
 
 
 def add_parser(commands: Any) -> None:
     """Add `chat` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "chat", help="talk with an assistant that uses a thread's tools"
+        "chat",
+        help="talk with an assistant that uses a session's tools",
+        description="Talk with an assistant that uses a session's tools. /clear forgets the conversation, "
+        "/quit or Ctrl-D leaves, Ctrl-C stops a turn (or leaves, between turns). Exit 0; 2 for a bad "
+        "model setting.",
     )
-    parser.add_argument("--thread-id", required=True)
+    add_session(parser)
     parser.add_argument("--model-url", help="chat-completions API base URL (env TOOLMESH_MODEL_URL)")
     parser.add_argument("--model", help="model name (env TOOLMESH_MODEL)")
     parser.add_argument(
         "--model-api-key", help="API key (env TOOLMESH_MODEL_API_KEY, preferred: flags show in ps)"
     )
-    parser.add_argument("--model-timeout", type=float, default=60.0, help="seconds (default %(default)s)")
+    parser.add_argument(
+        "--model-timeout",
+        type=positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long one model call may take (default %(default)s)",
+    )
     parser.add_argument(
         "--max-rounds", type=int, default=8, help="tool rounds per turn (default %(default)s)"
     )
-    parser.add_argument("--system", default="", help="system prompt")
-    parser.add_argument("--registry", help="registry address (env TOOLMESH_REGISTRY_ADDR)")
-    parser.add_argument("--invocation", help="invocation address (env TOOLMESH_INVOCATION_ADDR)")
+    parser.add_argument("--system", default="", metavar="TEXT", help="the system prompt (default: none)")
+    add_address(parser, "registry")
+    add_address(parser, "invocation")
     access.add_arguments(parser)
     parser.add_argument(
         "--require-tls",

@@ -1,13 +1,15 @@
-"""The terminal side of `toolmesh chat` (toolmesh.cli.chat): an assistant that uses a thread's tools.
+"""The terminal side of `toolmesh chat` (toolmesh.cli.chat): an assistant that uses a session's tools.
 
-Tool calls and the human messages of errors are shown as they happen.
-Arguments are shown only as a short preview, results only as ok or failed.
+Tool calls, their results and the human messages of errors (with what lies
+behind them) are shown as they happen; arguments and results as previews cut
+to a few lines' length. While a turn waits, a terminal shows that it works.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import signal
 import sys
 import threading
@@ -27,6 +29,8 @@ from toolmesh.cli.output import EXIT_USAGE
 from toolmesh.core import jsontext
 
 PREVIEW_CHARS = 60
+RESULT_PREVIEW_CHARS = 240
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 HELP = "Type a message. /clear forgets the conversation, /quit (or Ctrl-D) leaves, Ctrl-C stops a turn."
 
 
@@ -61,20 +65,61 @@ class Lines:
         return line
 
 
+class Working:
+    """A spinner on the terminal's last line while a turn waits; erased before anything else is printed.
+
+    Nothing at all when stdout is not a terminal.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._shown = False
+        self._enabled = sys.stdout.isatty()
+
+    def start(self) -> None:
+        """Show the spinner until `stop()`."""
+        if self._enabled and self._task is None:
+            self._task = asyncio.create_task(self._spin())
+
+    def stop(self) -> None:
+        """Hide the spinner for good (until the next `start()`)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.erase()
+
+    def erase(self) -> None:
+        """Clear the spinner's line, if it is shown."""
+        if self._shown:
+            print("\r\x1b[K", end="", flush=True)
+            self._shown = False
+
+    async def _spin(self) -> None:
+        for frame in itertools.cycle(SPINNER):
+            print(f"\r{frame} working… (Ctrl-C stops)", end="", flush=True)
+            self._shown = True
+            await asyncio.sleep(0.15)
+
+
+WORKING = Working()
+
+
 def say(text: str, end: str = "\n") -> None:
-    """Print to the terminal at once (flushed)."""
+    """Print to the terminal at once (flushed), over the spinner if it shows."""
+    WORKING.erase()
     print(text, end=end, flush=True)
 
 
-def preview(value: object) -> str:
-    """`value` as JSON, cut to PREVIEW_CHARS characters: enough to recognise arguments, not to dump them."""
-    text = jsontext.dumps(value)
-    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
+    """`value` as JSON, cut to `limit` characters: enough to recognise it, not to dump it."""
+    text = value if isinstance(value, str) else jsontext.dumps(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def describe_error(error: AssistantError) -> str:
-    """The error as a person reads it: the table's message and the code."""
-    return f"{error.human_message} ({error.code.value})"
+    """The error as a person reads it: the table's message and the code, then what lies behind it."""
+    said = f"{error.human_message} ({error.code.value})"
+    return f"{said}: {error.detail}" if error.detail else said
 
 
 class Transcript:
@@ -96,9 +141,12 @@ class Transcript:
             if message.role is Role.TOOL and message.call is not None and message.result is not None:
                 result = message.result
                 if result.code is None:
-                    say(f"  ← {message.call.name}: ok")
+                    shown = result.data if result.data is not None else result.text
+                    say(f"  ← {message.call.name}: ok {preview(shown, RESULT_PREVIEW_CHARS)}")
                 else:
-                    say(f"  ← {message.call.name}: {describe_error(AssistantError(result.code))}")
+                    cause = f" [{result.cause}]" if result.cause else ""
+                    failed = AssistantError(result.code)
+                    say(f"  ← {message.call.name}: {failed.human_message} ({result.code.value}){cause}")
         self._shown = len(state.messages)
 
 
@@ -123,14 +171,16 @@ async def run(args: argparse.Namespace) -> int:
     lines = Lines(sys.stdin)
 
     async def confirm(request: ConfirmationRequest) -> bool:
+        WORKING.stop()  # a question waits for the person, not for the turn
         answer = await lines.read(
             f"  ? {request.tool.name} {preview(request.arguments)} needs your confirmation. Run it? [y/N] ",
             fresh=True,
         )
+        WORKING.start()
         return answer is not None and answer.strip().lower() in {"y", "yes"}
 
     assistant = Assistant.connect(
-        args.thread_id, model=endpoint, services=services, confirm=confirm, limits=limits
+        args.session_id, model=endpoint, services=services, confirm=confirm, limits=limits
     )
     assistant.subscribe(Transcript())
     loop = asyncio.get_running_loop()
@@ -141,7 +191,7 @@ async def run(args: argparse.Namespace) -> int:
             lines.close()
 
     loop.add_signal_handler(signal.SIGINT, interrupt)
-    say(f"toolmesh chat: thread {args.thread_id}, model {endpoint.model}. {HELP}")
+    say(f"toolmesh chat: session {args.session_id}, model {endpoint.model}. {HELP}")
     try:
         while (line := await lines.read("you> ")) is not None:
             text = line.strip()
@@ -151,10 +201,15 @@ async def run(args: argparse.Namespace) -> int:
                 assistant.clear()
                 say("(conversation cleared)")
             elif text:
+                WORKING.start()
                 try:
-                    say(f"assistant> {await assistant.send(text)}")
+                    reply = await assistant.send(text)
                 except AssistantError as error:
+                    WORKING.stop()
                     say(f"! {describe_error(error)}")
+                else:
+                    WORKING.stop()
+                    say(f"assistant> {reply}")
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         await assistant.dispose()

@@ -4,43 +4,69 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from toolmesh.cli import access
-from toolmesh.cli.output import EXIT_USAGE, print_rpc_error
+from toolmesh.cli.arguments import add_address
+from toolmesh.cli.output import print_rpc_error, usage_error
 from toolmesh.client.config import address
-from toolmesh.client.invocation import InvocationClient
+from toolmesh.client.invocation import InvocationClient, outcome_json
+from toolmesh.core.wire import outcome_from_pb
+from toolmesh.v1 import invocation_pb2
 
 
 def add_parser(commands: Any) -> None:
     """Add `invocations show` to the subcommands of `toolmesh`."""
-    parser: argparse.ArgumentParser = commands.add_parser("invocations", help="look up invocations")
-    verbs = parser.add_subparsers(dest="verb", required=True)
-    show = verbs.add_parser("show", help="state, outcome, delivery and times of one invocation, as JSON")
-    show.add_argument("tool_request_id")
-    show.add_argument("--invocation", help="invocation address (env TOOLMESH_INVOCATION_ADDR)")
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "invocations", help="look up invocations", description="Look up invocations in the ledger."
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    show = verbs.add_parser(
+        "show",
+        help="state, outcome, delivery and times of one invocation, as JSON",
+        description="Print one invocation as JSON: state, outcome, delivery and times. Exit 0: found; "
+        "1: the ledger has no invocation of that id (never made, or older than it keeps); 75: the "
+        "service could not be reached.",
+    )
+    show.add_argument("tool_request_id", metavar="TOOL_REQUEST_ID", help="the toolRequestId a call printed")
+    add_address(show, "invocation")
     access.add_arguments(show)
     show.set_defaults(run=run_show)
 
 
+def invocation_json(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
+    """An invocation in the shape `tool-call` prints: `toolRequestId`, then `result` or `error` once ended."""
+    shown: dict[str, Any] = {
+        "toolRequestId": invocation.tool_request_id,
+        "sessionId": invocation.session_id,
+        "turnId": invocation.turn_id,
+        "toolName": invocation.tool_name,
+        "state": invocation_pb2.InvocationState.Name(invocation.state)
+        .removeprefix("INVOCATION_STATE_")
+        .lower(),
+        "delivered": invocation.delivered,
+        "createdAt": invocation.created_at.ToJsonString(),
+        "finishedAt": invocation.finished_at.ToJsonString() if invocation.HasField("finished_at") else None,
+    }
+    if invocation.HasField("outcome"):
+        outcome = outcome_from_pb(invocation.outcome)
+        shown |= {"ok": outcome.ok, **outcome_json(outcome)}
+    return shown
+
+
 async def run_show(args: argparse.Namespace) -> int:
-    """Print one invocation as JSON; returns 0, or the exit code of a refused lookup (2 when not found)."""
+    """Print one invocation as JSON; returns 0, 1 when the ledger has no such invocation, or 75/2."""
     try:
         credentials = access.credentials(args)
     except (OSError, ValueError) as exc:
-        print(f"toolmesh invocations: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("invocations", str(exc))
     target = address("invocation", args.invocation)
     async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
         try:
             invocation = await client.get_invocation(args.tool_request_id)
         except grpc.aio.AioRpcError as error:
-            return print_rpc_error(error)
-    shown = json_format.MessageToDict(invocation, always_print_fields_with_no_presence=True)
-    shown["state"] = shown["state"].removeprefix("INVOCATION_STATE_").lower()
-    print(json.dumps(shown, indent=2))
+            return print_rpc_error(error, "invocation", target)
+    print(json.dumps(invocation_json(invocation), indent=2, ensure_ascii=False))
     return 0

@@ -6,9 +6,10 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from toolmesh.cli import call, chat, host, invocations, tools
+from toolmesh.cli.output import EXIT_INTERRUPTED
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
 
@@ -16,9 +17,13 @@ from toolmesh.core.logs import configure_logging
 def build_parser() -> argparse.ArgumentParser:
     """The `toolmesh` parser: the built-in commands and those plugged in through `toolmesh.commands`."""
     parser = argparse.ArgumentParser(
-        prog="toolmesh", description="A runtime for AI agents calling application tools."
+        prog="toolmesh",
+        description="A runtime for AI agents calling application tools.",
+        epilog="Exit codes: 0 done; 1 not found; 2 a malformed command or a request refused for good; "
+        "75 try the same command again (no outcome, or a service could not be reached); 130 Ctrl-C.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Commands of other distributions (the servers' `up`) plug in here, so this
     # package never imports them and installs without them.
     for plugin in entry_points(group=PLUGIN_GROUP):
@@ -29,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_parser(commands)
     invocations.add_parser(commands)
     return parser
+
+
+def _version() -> str:
+    try:
+        return version("toolmesh")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 PLUGIN_GROUP = "toolmesh.commands"
@@ -57,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = asyncio.run(args.run(args))
     except KeyboardInterrupt:
-        code = 130
+        code = EXIT_INTERRUPTED
     finally:
         otel.shutdown()
     sys.exit(code)

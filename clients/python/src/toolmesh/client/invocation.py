@@ -18,7 +18,7 @@ from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.core.rpcstatus import error_code, grpc_status
 from toolmesh.core.stream_link import StreamBroken
-from toolmesh.core.wire import outcome_from_pb
+from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA, outcome_from_pb
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 
 
@@ -31,6 +31,11 @@ class CallResult:
     answered it. Without one, `code` says why none arrived (for example
     CALLER_DEADLINE_EXCEEDED or TRANSPORT_FAILED) and `detail` adds what is known;
     the error table says whether an exact retry is safe.
+
+    `tool_request_id` names the invocation, for `get_invocation`: None when the
+    call was refused before it became one (TOOL_NOT_FOUND, TOOL_ARGS_INVALID:
+    nothing was recorded, nothing ran), or when no answer at all arrived
+    before the caller gave up.
     """
 
     tool_request_id: str | None
@@ -57,39 +62,50 @@ class CallResult:
                 "ok": False,
                 "outcomeReceived": False,
                 "toolRequestId": self.tool_request_id,
+                **self._attachment(),
                 "error": {
                     "code": code.value,
+                    "kind": "runtime",
                     "message": f"{ERROR_TABLE[code].message} {self.detail}".strip(),
                     "retryable": ERROR_TABLE[code].retryable,
                     "details": None,
                 },
             }
-        if self.outcome.failure is None:
-            assert self.outcome.result_json is not None
-            return {
-                "ok": True,
-                "outcomeReceived": True,
-                "toolRequestId": self.tool_request_id,
-                **self._attachment(),
-                "result": jsontext.parse(self.outcome.result_json),
-            }
-        failure = self.outcome.failure
         return {
-            "ok": False,
+            "ok": self.outcome.ok,
             "outcomeReceived": True,
             "toolRequestId": self.tool_request_id,
             **self._attachment(),
-            "error": {
-                "code": failure.code,
-                "kind": "domain" if failure.kind is ErrorKind.DOMAIN else "runtime",
-                "message": failure.message,
-                "retryable": failure.retryable,
-                "details": failure.details,
-            },
+            **outcome_json(self.outcome),
         }
 
 
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    """`{"result": value}` or `{"error": {code, kind, message, retryable, details}}`, as the CLI prints it."""
+    failure = outcome.failure
+    if failure is None:
+        assert outcome.result_json is not None
+        return {"result": jsontext.parse(outcome.result_json)}
+    return {
+        "error": {
+            "code": failure.code,
+            "kind": "domain" if failure.kind is ErrorKind.DOMAIN else "runtime",
+            "message": failure.message,
+            "retryable": failure.retryable,
+            "details": failure.details,
+        }
+    }
+
+
 LOOKUP_TIMEOUT_S = 10.0
+
+
+def _announced_id(metadata: grpc.aio.Metadata | None) -> str | None:
+    """The invocation's id, when the service sent it ahead of the outcome."""
+    for key, value in metadata or ():
+        if key == TOOL_REQUEST_ID_METADATA and isinstance(value, str):
+            return value
+    return None
 
 
 def _callers_fault(code: Code | None) -> TypeGuard[Code]:
@@ -188,19 +204,22 @@ class InvocationClient:
     async def _call(self, request: invocation_pb2.InvokeToolRequest, timeout: float | None) -> CallResult:
         try:
             with telemetry.client_call("toolmesh.v1.InvocationService/InvokeTool") as metadata:
-                response = await self._stub.InvokeTool(
+                call = self._stub.InvokeTool(
                     request, timeout=timeout, metadata=await self._bearer.metadata(metadata)
                 )
+                response = await call
         except grpc.aio.AioRpcError as error:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             code = error_code(error)
             if _callers_fault(code):
                 raise
+            # The service names the invocation before its outcome: a call that gets none still knows it.
+            announced = _announced_id(error.initial_metadata())
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
-                return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
-            return CallResult(None, None, code or Code.TRANSPORT_FAILED, error.details() or "")
+                return CallResult(announced, None, Code.CALLER_DEADLINE_EXCEEDED)
+            return CallResult(announced, None, code or Code.TRANSPORT_FAILED, error.details() or "")
         return CallResult(
-            response.tool_request_id,
+            response.tool_request_id or None,
             outcome_from_pb(response.outcome),
             joined=response.joined,
             replayed=response.replayed,
@@ -229,7 +248,7 @@ class InvocationClient:
         if streamed.HasField("response"):
             response = streamed.response
             return CallResult(
-                response.tool_request_id,
+                response.tool_request_id or None,
                 outcome_from_pb(response.outcome),
                 joined=response.joined,
                 replayed=response.replayed,

@@ -51,13 +51,17 @@ class ToolSpec:
 
     @classmethod
     def from_json_dict(cls, raw: object) -> ToolSpec:
-        """Read one tool of a tools.json file; raise ToolmeshError(INVALID_SCHEMA) when malformed."""
+        """Read one tool of a tools.json file; raise ToolmeshError(INVALID_SCHEMA) when malformed.
+
+        A key it does not know is refused by name (a misspelt flag must not pass as unset).
+        """
         if not isinstance(raw, dict):
             raise _invalid("", "Each tool must be a JSON object.")
         name = raw.get("name")
         if not isinstance(name, str):
             raise _invalid("", "Each tool needs a string name.")
         require_tool_name(name)
+        refuse_unknown_keys(raw, TOOL_KEYS, name, "")
         description = raw.get("description", "")
         if not isinstance(description, str):
             raise _invalid(name, "description must be a string.")
@@ -69,6 +73,7 @@ class ToolSpec:
         annotations = raw.get("annotations", {})
         if not isinstance(annotations, dict):
             raise _invalid(name, "annotations must be an object.")
+        refuse_unknown_keys(annotations, ANNOTATION_KEYS, name, "annotations")
         flags = {
             key: annotations.get(key, False) for key in ("readOnly", "idempotent", "requiresConfirmation")
         }
@@ -91,6 +96,20 @@ class ToolSpec:
         )
         check_timeout(spec)
         return spec
+
+
+# The keys of a tool in tools.json (README, "tools.json"), and of its annotations.
+TOOL_KEYS = ("name", "description", "inputSchema", "outputSchema", "timeoutMs", "annotations")
+ANNOTATION_KEYS = ("readOnly", "idempotent", "requiresConfirmation")
+
+
+def refuse_unknown_keys(raw: dict[str, object], known: tuple[str, ...], tool: str, where: str) -> None:
+    """Raise ToolmeshError(INVALID_SCHEMA) naming the keys of `raw` not in `known`."""
+    unknown = [key for key in raw if key not in known]
+    if unknown:
+        names = ", ".join(f'"{key}"' for key in unknown)
+        place = f" in {where}" if where else ""
+        raise _invalid(tool, f"unknown key {names}{place}; the keys are {', '.join(known)}.")
 
 
 def check_timeout(spec: ToolSpec) -> None:

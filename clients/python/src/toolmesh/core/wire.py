@@ -10,6 +10,9 @@ from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.v1 import bridge_pb2, tool_pb2
 
+# The initial-metadata key of InvokeTool that carries the invocation's id ahead of its outcome.
+TOOL_REQUEST_ID_METADATA = "toolmesh-tool-request-id"
+
 _KIND_TO_PB = {
     ErrorKind.DOMAIN: tool_pb2.ERROR_KIND_DOMAIN,
     ErrorKind.RUNTIME: tool_pb2.ERROR_KIND_RUNTIME,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolmesh.core import jsontext
-from toolmesh.core.errors import Code
+from toolmesh.core.errors import Code, code_for_reason
 from toolmesh.core.limits import MAX_RESULT_BYTES
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 
@@ -69,6 +69,15 @@ def _domain_error(error: dict[object, object]) -> Converted:
             )
         )
     assert isinstance(code, str) and isinstance(message, str) and isinstance(retryable, bool)
+    if code_for_reason(code) is not None:
+        # The bridge refuses it: a domain error must not pass for one of the runtime's codes.
+        return Converted(
+            Outcome.runtime_error(
+                Code.TOOL_RESULT_INVALID,
+                f"A returned error's code must be the application's own, not the runtime code {code}.",
+                {"reason": "runtime_code"},
+            )
+        )
     try:
         jsontext.check_plain(details)
     except jsontext.NotPlainJson as problem:

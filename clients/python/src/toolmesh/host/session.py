@@ -60,6 +60,19 @@ class HostError:
 ErrorCallback = Callable[[HostError], None]
 
 
+class BridgeUnreachable(TimeoutError):
+    """No connection to the bridge was made in time; the message names its address and the last failure."""
+
+    def __init__(self, target: str, waited_s: float | None, last_failure: str) -> None:
+        within = f" within {waited_s:g} s" if waited_s is not None else ""
+        cause = f" (last failure: {last_failure})" if last_failure else ""
+        super().__init__(
+            f"Could not connect to the toolmesh bridge at {target}{within}{cause}. "
+            "Is it running? `toolmesh up` (or ./scripts/up) starts it."
+        )
+        self.target = target
+
+
 class _Silence:
     """Notices a bridge that stopped talking: no event (not even a heartbeat) for `limit_s`.
 
@@ -124,11 +137,14 @@ class ToolHost:
     """One handler host: serves one session's tools from application code, over the bridge.
 
     For applications that own tools. Register handlers with `on_tool` / `on_any`,
-    then `start()` (or `async with`); the host keeps a stream to the bridge open,
-    reconnecting when it drops, runs each tool request it receives and hands the
-    outcome back. A handler's failures never reach the caller as exceptions: they
-    become runtime errors of the call (see `on_tool`), and problems the caller
-    cannot see are reported to `on_error` callbacks.
+    then either `await host.serve()` (connects, then serves until `stop()` or
+    until its task is cancelled, e.g. by Ctrl-C under `asyncio.run`), or
+    `start()` / `async with host:` (connects and returns, serving in the
+    background until `stop()` or the end of the block). The host keeps a
+    stream to the bridge open, reconnecting when it drops, runs each tool
+    request it receives and hands the outcome back. A handler's failures never
+    reach the caller as exceptions: they become runtime errors of the call (see
+    `on_tool`), and problems the caller cannot see are reported to `on_error`.
 
     Args:
         bridge_target: The bridge's address, `host:port`.
@@ -151,7 +167,11 @@ class ToolHost:
         token: TokenSource | None = None,
     ) -> None:
         self.session_id = session_id
+        self.bridge_target = bridge_target
         self.host_name = host_name or f"{socket.gethostname()}:python"
+        # Why the last attempt to open the stream failed, for BridgeUnreachable.
+        self._last_failure = ""
+        self._closed = False
         self._own_channel = channel is None
         self._channel = channel or open_channel(bridge_target, credentials)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
@@ -257,19 +277,43 @@ class ToolHost:
     async def start(self, timeout: float | None = 10.0) -> None:
         """Connect in the background, reconnecting whenever the stream drops; wait for the first connection.
 
-        Raises TimeoutError when no connection was made within `timeout`, and
-        ToolmeshError when the bridge refused the host (its token does not
+        Returns once connected: the host then serves in the background until
+        `stop()` (a script that only awaits `start()` ends, and serves nothing:
+        use `serve()` there). Raises BridgeUnreachable (a TimeoutError naming
+        the bridge's address) when no connection was made within `timeout`,
+        and ToolmeshError when the bridge refused the host (its token does not
         name the session with the role host, or has expired); the host keeps
         trying until `stop()` (a token callback may give a better token).
         """
         self._runner = asyncio.create_task(self.run())
-        await self._until(self._ready, timeout)
+        try:
+            await self._until(self._ready, timeout)
+        except TimeoutError:
+            raise BridgeUnreachable(self.bridge_target, timeout, self._last_failure) from None
+
+    async def serve(self, timeout: float | None = 10.0) -> None:
+        """Connect, then serve until `stop()` is called or this task is cancelled; stop cleanly either way.
+
+        The call to make at the end of a host program: `asyncio.run(main())`
+        with `await host.serve()` in `main` serves until Ctrl-C or SIGTERM
+        handling calls `stop()`. Raises BridgeUnreachable (after stopping) when
+        the first connection is not made within `timeout`, ToolmeshError when
+        the bridge refused the host.
+        """
+        try:
+            await self.start(timeout)
+            await self._stop_requested.wait()
+        finally:
+            await self.stop()
 
     async def _until(self, event: asyncio.Event, timeout: float | None) -> None:
         """Wait for `event`, or raise ToolmeshError as soon as the bridge refuses the host."""
         waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._refused_now.wait())]
         try:
-            await asyncio.wait_for(asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives as the wait ends, and `serve()` would never stop.
+            async with asyncio.timeout(timeout):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for wait in waits:
                 wait.cancel()
@@ -291,6 +335,7 @@ class ToolHost:
                 await self._serve_once()
                 backoff.reset()
             except grpc.aio.AioRpcError as error:
+                self._last_failure = f"{error.code().name}: {error.details()}"
                 log.warning(
                     "host stream ended",
                     extra={"session_id": self.session_id, "grpc_status": error.code().name},
@@ -329,8 +374,12 @@ class ToolHost:
         cancelled, or its submit did not finish in time) is reported to
         `on_error` as SUBMIT_TOOL_RESULT_FAILED with cause SHUTTING_DOWN. A sync
         handler's thread cannot be cancelled: it finishes, and its result is not
-        sent. Returns without waiting out a reconnect backoff.
+        sent. Returns without waiting out a reconnect backoff. Stopping twice is
+        harmless.
         """
+        if self._closed:
+            return
+        self._closed = True
         self._stopping = True
         self._stop_requested.set()
         if self._call is not None:

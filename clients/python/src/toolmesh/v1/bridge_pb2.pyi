@@ -27,14 +27,21 @@ class _CancelReason:
 class _CancelReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CancelReason.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     CANCEL_REASON_UNSPECIFIED: _CancelReason.ValueType  # 0
+    """Never sent."""
     CANCEL_REASON_TIMEOUT: _CancelReason.ValueType  # 1
+    """Its deadline passed: the caller got TOOL_TIMEOUT."""
     CANCEL_REASON_CANCELLED: _CancelReason.ValueType  # 2
+    """The caller gave up on it."""
 
-class CancelReason(_CancelReason, metaclass=_CancelReasonEnumTypeWrapper): ...
+class CancelReason(_CancelReason, metaclass=_CancelReasonEnumTypeWrapper):
+    """Why a request was cancelled."""
 
 CANCEL_REASON_UNSPECIFIED: CancelReason.ValueType  # 0
+"""Never sent."""
 CANCEL_REASON_TIMEOUT: CancelReason.ValueType  # 1
+"""Its deadline passed: the caller got TOOL_TIMEOUT."""
 CANCEL_REASON_CANCELLED: CancelReason.ValueType  # 2
+"""The caller gave up on it."""
 Global___CancelReason: _TypeAlias = CancelReason  # noqa: Y015
 
 @_typing.final
@@ -46,13 +53,25 @@ class OpenHostSessionRequest(_message.Message):
     HANDLER_NAMES_FIELD_NUMBER: _builtins.int
     HAS_GENERIC_HANDLER_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """Required. The session whose tools this host serves; [A-Za-z0-9_.:-]{1,128}."""
     host_name: _builtins.str
-    """A name for the host in logs (a process name, a page URL)."""
+    """Optional. A name for the host in logs (a process name, a page URL); cut
+    to 128 characters.
+    """
     has_generic_handler: _builtins.bool
     """The host has a generic handler that accepts any tool."""
     @_builtins.property
     def handler_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The tools this host has a named handler for."""
+        """The tools this host has a named handler for, each [A-Za-z0-9_.-]{1,128}.
+        They route: a request for a tool goes to a host of the session that names
+        it (or declared it with DeclareHostTools), else to one with a generic
+        handler, never to a host that has neither. When hosts of the session are
+        connected but none handles the tool, the call ends with
+        TOOL_HANDLER_NOT_FOUND without reaching any (nothing ran). The list is
+        fixed for the host session: a host that adds handlers declares them or
+        opens a new session. A host that nonetheless receives a request it has no
+        handler for answers TOOL_HANDLER_NOT_FOUND.
+        """
 
     def __init__(
         self,
@@ -72,6 +91,8 @@ Global___OpenHostSessionRequest: _TypeAlias = OpenHostSessionRequest  # noqa: Y0
 
 @_typing.final
 class OpenHostSessionResponse(_message.Message):
+    """One event of a host session's stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     OPENED_FIELD_NUMBER: _builtins.int
@@ -79,13 +100,21 @@ class OpenHostSessionResponse(_message.Message):
     CANCELLED_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def opened(self) -> Global___HostSessionOpened: ...
+    def opened(self) -> Global___HostSessionOpened:
+        """The first event: the session is open."""
+
     @_builtins.property
-    def tool_request(self) -> Global___ToolRequest: ...
+    def tool_request(self) -> Global___ToolRequest:
+        """Run a tool and answer with SubmitToolResult."""
+
     @_builtins.property
-    def cancelled(self) -> Global___ToolRequestCancelled: ...
+    def cancelled(self) -> Global___ToolRequestCancelled:
+        """Stop a request received before."""
+
     @_builtins.property
-    def heartbeat(self) -> Global___Heartbeat: ...
+    def heartbeat(self) -> Global___Heartbeat:
+        """Nothing to do: the bridge is alive."""
+
     def __init__(
         self,
         *,
@@ -165,12 +194,23 @@ class ToolRequest(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     REDELIVERABLE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """The session the call was made in."""
     turn_id: _builtins.str
+    """The caller's turn, for correlation."""
     tool_request_id: _builtins.str
+    """The invocation's id: name it in SubmitToolResult."""
     tool_name: _builtins.str
+    """The tool to run."""
     arguments_json: _builtins.str
+    """The arguments, a JSON object already checked against the tool's input
+    schema, as JSON text (at most 1 MiB).
+    """
     timeout_ms: _builtins.int
-    """Time left for the host to answer when the request was sent."""
+    """Time left for the host to answer when this request was sent, in ms: the
+    tool's timeout on first delivery, and only what is left of it when the
+    request is sent again to another host (see redeliverable). After it the
+    request is cancelled and a late result refused.
+    """
     redeliverable: _builtins.bool
     """The tool is read-only or idempotent: if its host goes away mid-call, the
     bridge may send the request again to a host of the session that connects
@@ -215,7 +255,9 @@ class ToolRequestCancelled(_message.Message):
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
+    """The request to stop."""
     reason: Global___CancelReason.ValueType
+    """Why."""
     def __init__(
         self,
         *,
@@ -263,9 +305,13 @@ class SubmitToolResultRequest(_message.Message):
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     host_session_id: _builtins.str
+    """Required. From HostSessionOpened."""
     tool_request_id: _builtins.str
+    """Required. The request answered."""
     @_builtins.property
-    def outcome(self) -> _tool_pb2.ToolOutcome: ...
+    def outcome(self) -> _tool_pb2.ToolOutcome:
+        """Required. The outcome (see SubmitToolResult for what a host may send)."""
+
     def __init__(
         self,
         *,
@@ -283,6 +329,8 @@ Global___SubmitToolResultRequest: _TypeAlias = SubmitToolResultRequest  # noqa: 
 
 @_typing.final
 class SubmitToolResultResponse(_message.Message):
+    """Empty: the outcome was taken."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -389,7 +437,9 @@ class DispatchToolRequestRequest(_message.Message):
 
     REQUEST_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def request(self) -> Global___ToolRequest: ...
+    def request(self) -> Global___ToolRequest:
+        """The request to run; its tool_request_id must be new to this bridge."""
+
     def __init__(
         self,
         *,
@@ -409,7 +459,9 @@ class DispatchToolRequestResponse(_message.Message):
 
     OUTCOME_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def outcome(self) -> _tool_pb2.ToolOutcome: ...
+    def outcome(self) -> _tool_pb2.ToolOutcome:
+        """The host's outcome, or one the bridge produced."""
+
     def __init__(
         self,
         *,
@@ -481,16 +533,23 @@ Global___DispatchToolRequestsResponse: _TypeAlias = DispatchToolRequestsResponse
 
 @_typing.final
 class DispatchResult(_message.Message):
+    """DispatchResult answers one request of the stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     REFUSAL_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
+    """The request answered."""
     @_builtins.property
-    def outcome(self) -> _tool_pb2.ToolOutcome: ...
+    def outcome(self) -> _tool_pb2.ToolOutcome:
+        """The host's outcome, or one the bridge produced."""
+
     @_builtins.property
-    def refusal(self) -> Global___DispatchRefusal: ...
+    def refusal(self) -> Global___DispatchRefusal:
+        """The bridge did not take the request."""
+
     def __init__(
         self,
         *,
@@ -521,6 +580,7 @@ class DispatchRefusal(_message.Message):
     or REQUEST_DUPLICATE (its tool request id was seen before).
     """
     message: _builtins.str
+    """For people."""
     def __init__(
         self,
         *,

@@ -118,8 +118,10 @@ class BridgeServiceServicer:
     def OpenHostSession(self, request, context):
         """OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -142,6 +144,14 @@ class BridgeServiceServicer:
 
     def SubmitToolResult(self, request, context):
         """SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -222,7 +232,8 @@ class BridgeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DispatchToolRequests(self, request_iterator, context):
-        """DispatchToolRequests carries many tool requests on one long-lived stream:
+        """DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for

@@ -59,8 +59,10 @@ class BridgeServiceStub:
     OpenHostSession: _grpc.UnaryStreamMultiCallable[_bridge_pb2.OpenHostSessionRequest, _bridge_pb2.OpenHostSessionResponse]
     """OpenHostSession registers a handler host for a session and streams its
     work: first a HostSessionOpened event, then tool requests, cancellations
-    and heartbeats until the host goes away or the server stops. A host that
-    sees no event for three heartbeat intervals should reconnect.
+    and heartbeats until the host goes away or the server stops (then the
+    stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+    reconnect, to another bridge if there is one). A host that sees no event
+    for three heartbeat intervals should reconnect.
 
     Routing: a tool request goes to a host of its session that reads its
     stream, known by its answers to read checks (Heartbeat.read_check,
@@ -79,6 +81,14 @@ class BridgeServiceStub:
     """
     SubmitToolResult: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
+    The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+    is the application's own (never one of toolmesh's runtime codes), or a
+    runtime error with one of the codes a host may produce:
+    TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+    else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+    does not end the request. Sending the same outcome again after a lost
+    reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+    one got through.
 
     Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
     HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -143,7 +153,8 @@ class BridgeServiceStub:
     UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
     """
     DispatchToolRequests: _grpc.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]
-    """DispatchToolRequests carries many tool requests on one long-lived stream:
+    """DispatchToolRequests carries many tool requests on one long-lived stream
+    (each message at most 4 MiB):
     the invocation service keeps one open per bridge and sends requests and
     cancellations on it; the bridge answers each request once, with its
     outcome or the reason it was refused. Outcomes are as for
@@ -187,8 +198,10 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     OpenHostSession: _aio.UnaryStreamMultiCallable[_bridge_pb2.OpenHostSessionRequest, _bridge_pb2.OpenHostSessionResponse]  # type: ignore[assignment]
     """OpenHostSession registers a handler host for a session and streams its
     work: first a HostSessionOpened event, then tool requests, cancellations
-    and heartbeats until the host goes away or the server stops. A host that
-    sees no event for three heartbeat intervals should reconnect.
+    and heartbeats until the host goes away or the server stops (then the
+    stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+    reconnect, to another bridge if there is one). A host that sees no event
+    for three heartbeat intervals should reconnect.
 
     Routing: a tool request goes to a host of its session that reads its
     stream, known by its answers to read checks (Heartbeat.read_check,
@@ -207,6 +220,14 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     """
     SubmitToolResult: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]  # type: ignore[assignment]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
+    The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+    is the application's own (never one of toolmesh's runtime codes), or a
+    runtime error with one of the codes a host may produce:
+    TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+    else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+    does not end the request. Sending the same outcome again after a lost
+    reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+    one got through.
 
     Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
     HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -271,7 +292,8 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     UNAVAILABLE with reason SHUTTING_DOWN. Internal listener only.
     """
     DispatchToolRequests: _aio.StreamStreamMultiCallable[_bridge_pb2.DispatchToolRequestsRequest, _bridge_pb2.DispatchToolRequestsResponse]  # type: ignore[assignment]
-    """DispatchToolRequests carries many tool requests on one long-lived stream:
+    """DispatchToolRequests carries many tool requests on one long-lived stream
+    (each message at most 4 MiB):
     the invocation service keeps one open per bridge and sends requests and
     cancellations on it; the bridge answers each request once, with its
     outcome or the reason it was refused. Outcomes are as for
@@ -318,8 +340,10 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_bridge_pb2.OpenHostSessionResponse], _abc.AsyncIterator[_bridge_pb2.OpenHostSessionResponse]]:
         """OpenHostSession registers a handler host for a session and streams its
         work: first a HostSessionOpened event, then tool requests, cancellations
-        and heartbeats until the host goes away or the server stops. A host that
-        sees no event for three heartbeat intervals should reconnect.
+        and heartbeats until the host goes away or the server stops (then the
+        stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+        reconnect, to another bridge if there is one). A host that sees no event
+        for three heartbeat intervals should reconnect.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -344,6 +368,14 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_bridge_pb2.SubmitToolResultResponse, _abc.Awaitable[_bridge_pb2.SubmitToolResultResponse]]:
         """SubmitToolResult hands the outcome of one tool request back to the bridge.
+        The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+        is the application's own (never one of toolmesh's runtime codes), or a
+        runtime error with one of the codes a host may produce:
+        TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+        else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+        does not end the request. Sending the same outcome again after a lost
+        reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+        one got through.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -432,7 +464,8 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_bridge_pb2.DispatchToolRequestsRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_bridge_pb2.DispatchToolRequestsResponse], _abc.AsyncIterator[_bridge_pb2.DispatchToolRequestsResponse]]:
-        """DispatchToolRequests carries many tool requests on one long-lived stream:
+        """DispatchToolRequests carries many tool requests on one long-lived stream
+        (each message at most 4 MiB):
         the invocation service keeps one open per bridge and sends requests and
         cancellations on it; the bridge answers each request once, with its
         outcome or the reason it was refused. Outcomes are as for

@@ -28,6 +28,7 @@ class _InvocationState:
 class _InvocationStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InvocationState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     INVOCATION_STATE_UNSPECIFIED: _InvocationState.ValueType  # 0
+    """Never sent."""
     INVOCATION_STATE_RUNNING: _InvocationState.ValueType  # 1
     """Waiting for the handler host."""
     INVOCATION_STATE_COMPLETED: _InvocationState.ValueType  # 2
@@ -41,6 +42,7 @@ class InvocationState(_InvocationState, metaclass=_InvocationStateEnumTypeWrappe
     """InvocationState is where an invocation is in its life."""
 
 INVOCATION_STATE_UNSPECIFIED: InvocationState.ValueType  # 0
+"""Never sent."""
 INVOCATION_STATE_RUNNING: InvocationState.ValueType  # 1
 """Waiting for the handler host."""
 INVOCATION_STATE_COMPLETED: InvocationState.ValueType  # 2
@@ -62,22 +64,28 @@ class InvokeToolRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     CONFIRMED_TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """Required. The session whose tool this is; [A-Za-z0-9_.:-]{1,128}."""
     turn_id: _builtins.str
+    """Required. The turn (one step of the agent) the call belongs to, for
+    correlation; [A-Za-z0-9_.:-]{1,128}. It is not part of a call's identity.
+    """
     tool_name: _builtins.str
+    """Required. [A-Za-z0-9_.-]{1,128}."""
     arguments_json: _builtins.str
     """The arguments as JSON text, at most 1 MiB. Anything but a JSON object
-    gives the outcome TOOL_ARGS_INVALID, and so does text that JSON readers
-    take differently, since the host must receive what was validated: a key
-    twice in one object, a number a 64-bit float cannot hold (1e400), an
-    integer beyond 2^53 that a float reader would round, an escaped lone
-    surrogate ("\\ud800") (details.reason "not_json"). Schema violations
+    that fits the tool's input schema gives the outcome TOOL_ARGS_INVALID,
+    and so does text that JSON readers take differently, since the host must
+    receive what was validated: a key twice in one object, a number a 64-bit
+    float cannot hold (1e400), an integer beyond 2^53 that a float reader
+    would round, an escaped lone surrogate ("\\ud800") (details.reason
+    "not_json"). Schema violations
     (details.reason "schema", details.violations) are listed up to 20, each
     path and message cut to 200 characters, a message that would quote a long
     value replaced by a description; for arguments over 8 KiB only the first
     violation is looked for.
     """
     idempotency_key: _builtins.str
-    """Optional. For tools that support safe retries: the same key with the same
+    """Optional; [A-Za-z0-9_.:-]{1,128}. For tools that support safe retries: the same key with the same
     arguments returns the same invocation's outcome for the key's retention
     (24 h by default), even after delivery was confirmed; the same key with
     other arguments fails with IDEMPOTENCY_KEY_REUSED. Scoped to the session.
@@ -115,13 +123,19 @@ class InvokeToolResponse(_message.Message):
     JOINED_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
-    """The id of this invocation, unique across sessions."""
+    """The id of this invocation, unique across sessions ("tr_" and 32 hex
+    digits), for GetInvocation. Empty when the call was refused before it
+    became an invocation (outcome TOOL_NOT_FOUND or TOOL_ARGS_INVALID):
+    nothing ran and nothing was recorded.
+    """
     joined: _builtins.bool
     """This call joined an identical invocation that was already running."""
     replayed: _builtins.bool
     """This call replayed the outcome of an identical finished invocation."""
     @_builtins.property
-    def outcome(self) -> _tool_pb2.ToolOutcome: ...
+    def outcome(self) -> _tool_pb2.ToolOutcome:
+        """The call's outcome: a result, a domain error or a runtime error."""
+
     def __init__(
         self,
         *,
@@ -146,7 +160,9 @@ class InvokeToolsRequest(_message.Message):
 
     CALLS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedToolCall]: ...
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedToolCall]:
+        """The calls to make, each with a call id not open on the stream."""
+
     def __init__(
         self,
         *,
@@ -162,6 +178,8 @@ Global___InvokeToolsRequest: _TypeAlias = InvokeToolsRequest  # noqa: Y015
 
 @_typing.final
 class StreamedToolCall(_message.Message):
+    """StreamedToolCall is one call on an InvokeTools stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -192,7 +210,9 @@ class StreamedToolCall(_message.Message):
     result carries it back.
     """
     @_builtins.property
-    def request(self) -> Global___InvokeToolRequest: ...
+    def request(self) -> Global___InvokeToolRequest:
+        """The call, as InvokeTool takes it."""
+
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """W3C trace context (traceparent, tracestate, baggage) of the caller's span
@@ -219,16 +239,28 @@ class InvokeToolsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    REFUSED_DUPLICATES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedToolResult]: ...
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedToolResult]:
+        """Results of calls, each call's once, in the order they ended."""
+
+    @_builtins.property
+    def refused_duplicates(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedToolResult]:
+        """Calls refused because their call id was already open on the stream
+        (error INVALID_REQUEST, metadata callId). Each is about the call just
+        refused: nothing ran for it, and the open call with that id goes on, its
+        own result coming in `results`.
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___StreamedToolResult] | None = ...,
+        refused_duplicates: _abc.Iterable[Global___StreamedToolResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused_duplicates", b"refused_duplicates", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -236,14 +268,19 @@ Global___InvokeToolsResponse: _TypeAlias = InvokeToolsResponse  # noqa: Y015
 
 @_typing.final
 class StreamedToolResult(_message.Message):
+    """StreamedToolResult answers one call of the stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CALL_ID_FIELD_NUMBER: _builtins.int
     RESPONSE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     call_id: _builtins.int
+    """The call id the caller chose."""
     @_builtins.property
-    def response(self) -> Global___InvokeToolResponse: ...
+    def response(self) -> Global___InvokeToolResponse:
+        """An outcome was produced: as InvokeTool's response."""
+
     @_builtins.property
     def error(self) -> Global___CallError:
         """No outcome was produced: what InvokeTool's status would have said."""
@@ -267,6 +304,8 @@ Global___StreamedToolResult: _TypeAlias = StreamedToolResult  # noqa: Y015
 
 @_typing.final
 class CallError(_message.Message):
+    """CallError is a failed call on the stream: no outcome was produced."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -295,6 +334,7 @@ class CallError(_message.Message):
     reason: _builtins.str
     """A code of toolmesh's error table, as the ErrorInfo reason of InvokeTool."""
     message: _builtins.str
+    """For people, as InvokeTool's status message."""
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """The message's variables, as the ErrorInfo metadata of InvokeTool."""
@@ -320,7 +360,9 @@ class ConfirmDeliveryRequest(_message.Message):
 
     TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The invocations whose outcomes the caller has; at most 1,000."""
+
     def __init__(
         self,
         *,
@@ -336,6 +378,8 @@ Global___ConfirmDeliveryRequest: _TypeAlias = ConfirmDeliveryRequest  # noqa: Y0
 
 @_typing.final
 class ConfirmDeliveryResponse(_message.Message):
+    """Empty: confirming never fails for an unknown or running invocation."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -355,6 +399,7 @@ class GetInvocationRequest(_message.Message):
 
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
+    """Required. The id an InvokeTool response (or its initial metadata) gave."""
     def __init__(
         self,
         *,
@@ -374,7 +419,9 @@ class GetInvocationResponse(_message.Message):
 
     INVOCATION_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def invocation(self) -> Global___Invocation: ...
+    def invocation(self) -> Global___Invocation:
+        """The invocation as the ledger keeps it."""
+
     def __init__(
         self,
         *,
@@ -390,7 +437,9 @@ Global___GetInvocationResponse: _TypeAlias = GetInvocationResponse  # noqa: Y015
 
 @_typing.final
 class Invocation(_message.Message):
-    """Invocation is one logical tool call as the ledger keeps it."""
+    """Invocation is one logical tool call as the ledger keeps it: 10 minutes
+    after it ended (24 h with an idempotency key).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -404,10 +453,15 @@ class Invocation(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
+    """Its id."""
     session_id: _builtins.str
+    """The session of the call that started it."""
     turn_id: _builtins.str
+    """The turn of the call that started it (calls that joined may have others)."""
     tool_name: _builtins.str
+    """The tool called."""
     state: Global___InvocationState.ValueType
+    """Where it is in its life."""
     delivered: _builtins.bool
     """The caller confirmed it has the outcome."""
     @_builtins.property
@@ -415,7 +469,9 @@ class Invocation(_message.Message):
         """Set once the invocation has ended."""
 
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it started."""
+
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp:
         """Unset while running."""

@@ -121,6 +121,13 @@ class InvocationServiceServicer:
         """InvokeTool makes one tool call (or joins or replays an identical one) and
         waits for its outcome.
 
+        Once the call has waited 50 ms for the invocation it runs or joins (or a
+        quarter of the caller's time left, when that is less), the response's
+        initial metadata carries the invocation's id under
+        "toolmesh-tool-request-id", ahead of the outcome: a caller whose own
+        deadline passes still knows which invocation to look up with
+        GetInvocation. A call that ends sooner has it in its response.
+
         Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
         (missing or malformed session id, turn id, tool name or idempotency key)
         or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
@@ -146,7 +153,11 @@ class InvocationServiceServicer:
         the stream opens. A caller that stops waiting simply ignores the result.
         When the caller stops sending, the stream ends once every call is
         answered. Calls still open when the stream breaks go on, as when a unary
-        caller leaves: an exact retry joins them.
+        caller leaves: an exact retry joins them. A call sent with a call id
+        that is still open is refused in InvokeToolsResponse.refused_duplicates,
+        never in `results`, so that the refusal cannot be taken for the open
+        call's result. A message is at most 4 MiB: a call whose arguments do not
+        fit goes as a unary InvokeTool instead.
 
         Limits. A message carries at most 1,000 calls
         (limits.MAX_CALLS_PER_MESSAGE); the service starts them a few at a time.

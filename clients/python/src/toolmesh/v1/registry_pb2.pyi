@@ -27,10 +27,15 @@ class PutToolsRequest(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """Required. [A-Za-z0-9_.:-]{1,128}."""
     expected_revision: _builtins.int
     """When set, the put only happens if the current revision equals it."""
     @_builtins.property
-    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]: ...
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]:
+        """The session's whole new list: at most 512 tools, names unique. Empty
+        removes every tool.
+        """
+
     def __init__(
         self,
         *,
@@ -54,6 +59,7 @@ class PutToolsResponse(_message.Message):
 
     REVISION_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
+    """The session's revision now; it moves on every change."""
     def __init__(
         self,
         *,
@@ -73,6 +79,7 @@ class ListToolsRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """Required. [A-Za-z0-9_.:-]{1,128}."""
     def __init__(
         self,
         *,
@@ -93,8 +100,11 @@ class ListToolsResponse(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
+    """The session's revision; 0 when nobody has put tools for it."""
     @_builtins.property
-    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]: ...
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]:
+        """The session's tools, in the order they were put."""
+
     def __init__(
         self,
         *,
@@ -116,7 +126,9 @@ class GetToolRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """Required. [A-Za-z0-9_.:-]{1,128}."""
     name: _builtins.str
+    """Required. The tool's name, [A-Za-z0-9_.-]{1,128}."""
     def __init__(
         self,
         *,
@@ -138,8 +150,11 @@ class GetToolResponse(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     TOOL_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
+    """The session's revision."""
     @_builtins.property
-    def tool(self) -> _tool_pb2.ToolDefinition: ...
+    def tool(self) -> _tool_pb2.ToolDefinition:
+        """The tool."""
+
     def __init__(
         self,
         *,
@@ -160,6 +175,7 @@ class WatchToolsRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """Required. [A-Za-z0-9_.:-]{1,128}."""
     def __init__(
         self,
         *,
@@ -175,13 +191,18 @@ Global___WatchToolsRequest: _TypeAlias = WatchToolsRequest  # noqa: Y015
 
 @_typing.final
 class WatchToolsResponse(_message.Message):
+    """The session's list at one revision."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REVISION_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
+    """The revision of this list."""
     @_builtins.property
-    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]: ...
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]:
+        """The session's tools at that revision."""
+
     def __init__(
         self,
         *,

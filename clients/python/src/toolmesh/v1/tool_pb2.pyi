@@ -24,10 +24,16 @@ class _ErrorKind:
 class _ErrorKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     ERROR_KIND_UNSPECIFIED: _ErrorKind.ValueType  # 0
+    """Never valid: an error must say its kind."""
     ERROR_KIND_DOMAIN: _ErrorKind.ValueType  # 1
-    """The handler ran and returned a structured error. A normal result."""
+    """The handler ran and returned a structured error. A normal result. Its
+    code is the application's own: never one of toolmesh's runtime codes.
+    """
     ERROR_KIND_RUNTIME: _ErrorKind.ValueType  # 2
-    """The runtime or the host SDK produced the error (TOOL_TIMEOUT, ...)."""
+    """The runtime or the host SDK produced the error (TOOL_TIMEOUT, ...). A host
+    may produce only TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR and
+    TOOL_RESULT_INVALID.
+    """
 
 class ErrorKind(_ErrorKind, metaclass=_ErrorKindEnumTypeWrapper):
     """ErrorKind tells a domain error (the handler ran and answered with an error)
@@ -35,17 +41,37 @@ class ErrorKind(_ErrorKind, metaclass=_ErrorKindEnumTypeWrapper):
     """
 
 ERROR_KIND_UNSPECIFIED: ErrorKind.ValueType  # 0
+"""Never valid: an error must say its kind."""
 ERROR_KIND_DOMAIN: ErrorKind.ValueType  # 1
-"""The handler ran and returned a structured error. A normal result."""
+"""The handler ran and returned a structured error. A normal result. Its
+code is the application's own: never one of toolmesh's runtime codes.
+"""
 ERROR_KIND_RUNTIME: ErrorKind.ValueType  # 2
-"""The runtime or the host SDK produced the error (TOOL_TIMEOUT, ...)."""
+"""The runtime or the host SDK produced the error (TOOL_TIMEOUT, ...). A host
+may produce only TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR and
+TOOL_RESULT_INVALID.
+"""
 Global___ErrorKind: _TypeAlias = ErrorKind  # noqa: Y015
 
 @_typing.final
 class ToolAnnotations(_message.Message):
-    """ToolAnnotations are hints about a tool's behaviour. The runtime uses them to
+    """Messages every service shares: tool definitions and the outcome of a call.
+
+    Formats and limits a client meets everywhere:
+    - Session, turn and tool request ids, host session ids and idempotency keys
+      match [A-Za-z0-9_.:-]{1,128}. Tool names match [A-Za-z0-9_.-]{1,128}.
+    - JSON travels as text (fields ending in _json): UTF-8, plain JSON only (no
+      NaN or Infinity).
+    - Arguments are at most 1 MiB (1,048,576 bytes) of JSON text, a result at
+      most 1 MiB, a schema at most 256 KiB. A gRPC message is at most 4 MiB.
+    - A session holds at most 512 tools. A tool's timeout is at most 900,000 ms.
+    - A failed RPC carries a google.rpc.ErrorInfo (domain "toolmesh") whose
+      reason is a code of toolmesh's error table and whose metadata keys are
+      lowerCamelCase (toolRequestId, sessionId, field, ...).
+
+    ToolAnnotations are hints about a tool's behaviour. The runtime uses them to
     decide what is safe to redeliver; an assistant uses them to ask for
-    confirmation.
+    confirmation. Every flag is false when unset.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -54,11 +80,15 @@ class ToolAnnotations(_message.Message):
     IDEMPOTENT_FIELD_NUMBER: _builtins.int
     REQUIRES_CONFIRMATION_FIELD_NUMBER: _builtins.int
     read_only: _builtins.bool
-    """The tool only reads state; running it twice changes nothing."""
+    """The tool only reads state; running it twice changes nothing. A read-only
+    tool's request may be sent again to another host if its host leaves.
+    """
     idempotent: _builtins.bool
-    """Running the tool again with the same arguments has no further effect."""
+    """Running the tool again with the same arguments has no further effect. As
+    read_only, lets a request be sent again to another host.
+    """
     requires_confirmation: _builtins.bool
-    """A person must confirm before the tool runs."""
+    """A person must confirm before the tool runs (an assistant asks first)."""
     def __init__(
         self,
         *,
@@ -87,18 +117,28 @@ class ToolDefinition(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     ANNOTATIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """Matches [A-Za-z0-9_.-]{1,128}."""
+    """Required. Matches [A-Za-z0-9_.-]{1,128}; unique within the session."""
     description: _builtins.str
+    """Optional. What the tool does, for people and models."""
     input_schema_json: _builtins.str
-    """JSON Schema (2020-12 or draft-07) of the arguments, as JSON text. It must
-    describe an object.
+    """Required. JSON Schema (2020-12, or draft-07 when "$schema" says so) of
+    the arguments, as JSON text, at most 256 KiB. It must describe an object
+    (type "object"). A "$ref" outside the schema is refused, never fetched.
     """
     output_schema_json: _builtins.str
-    """Optional JSON Schema of the result, as JSON text. Empty when absent."""
+    """Optional JSON Schema of the result, as JSON text; empty when absent. When
+    set it is enforced: a result that does not match it becomes the runtime
+    error TOOL_RESULT_INVALID (details.reason "output_schema", with the
+    violations). Errors are not checked against it.
+    """
     timeout_ms: _builtins.int
-    """How long the runtime waits for a result. 0 means the default (60 000 ms)."""
+    """How long the runtime waits for a result, in ms, at most 900,000. 0 means
+    the default (60,000 ms).
+    """
     @_builtins.property
-    def annotations(self) -> Global___ToolAnnotations: ...
+    def annotations(self) -> Global___ToolAnnotations:
+        """Optional; every flag false when absent."""
+
     def __init__(
         self,
         *,
@@ -129,11 +169,17 @@ class ToolError(_message.Message):
     DETAILS_JSON_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
     kind: Global___ErrorKind.ValueType
+    """Required: DOMAIN or RUNTIME."""
     code: _builtins.str
-    """A runtime code from toolmesh's error table, or the handler's own code."""
+    """Required. A runtime code from toolmesh's error table (kind RUNTIME), or
+    the handler's own code (kind DOMAIN, e.g. "NO_ACTIVE_SELECTION").
+    """
     message: _builtins.str
+    """Required. For people; never arguments, results or stack traces."""
     details_json: _builtins.str
-    """Optional JSON object with details, as JSON text. Empty when absent."""
+    """Optional JSON object with details, as JSON text; empty when absent. Keys
+    of toolmesh's own details are lowerCamelCase.
+    """
     retryable: _builtins.bool
     """Whether the same call may be retried as it is."""
     def __init__(
@@ -162,9 +208,11 @@ class ToolOutcome(_message.Message):
     RESULT_JSON_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     result_json: _builtins.str
-    """The handler's result as JSON text."""
+    """The handler's result as JSON text (any JSON value), at most 1 MiB."""
     @_builtins.property
-    def error(self) -> Global___ToolError: ...
+    def error(self) -> Global___ToolError:
+        """The call's error: a domain or a runtime error."""
+
     def __init__(
         self,
         *,

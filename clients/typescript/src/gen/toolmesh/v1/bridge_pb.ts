@@ -19,19 +19,30 @@ export const file_toolmesh_v1_bridge: GenFile = /*@__PURE__*/
  */
 export type OpenHostSessionRequest = Message<"toolmesh.v1.OpenHostSessionRequest"> & {
   /**
+   * Required. The session whose tools this host serves; [A-Za-z0-9_.:-]{1,128}.
+   *
    * @generated from field: string session_id = 1;
    */
   sessionId: string;
 
   /**
-   * A name for the host in logs (a process name, a page URL).
+   * Optional. A name for the host in logs (a process name, a page URL); cut
+   * to 128 characters.
    *
    * @generated from field: string host_name = 2;
    */
   hostName: string;
 
   /**
-   * The tools this host has a named handler for.
+   * The tools this host has a named handler for, each [A-Za-z0-9_.-]{1,128}.
+   * They route: a request for a tool goes to a host of the session that names
+   * it (or declared it with DeclareHostTools), else to one with a generic
+   * handler, never to a host that has neither. When hosts of the session are
+   * connected but none handles the tool, the call ends with
+   * TOOL_HANDLER_NOT_FOUND without reaching any (nothing ran). The list is
+   * fixed for the host session: a host that adds handlers declares them or
+   * opens a new session. A host that nonetheless receives a request it has no
+   * handler for answers TOOL_HANDLER_NOT_FOUND.
    *
    * @generated from field: repeated string handler_names = 3;
    */
@@ -53,32 +64,44 @@ export const OpenHostSessionRequestSchema: GenMessage<OpenHostSessionRequest> = 
   messageDesc(file_toolmesh_v1_bridge, 0);
 
 /**
+ * One event of a host session's stream.
+ *
  * @generated from message toolmesh.v1.OpenHostSessionResponse
  */
 export type OpenHostSessionResponse = Message<"toolmesh.v1.OpenHostSessionResponse"> & {
   /**
+   * Exactly one is set.
+   *
    * @generated from oneof toolmesh.v1.OpenHostSessionResponse.event
    */
   event: {
     /**
+     * The first event: the session is open.
+     *
      * @generated from field: toolmesh.v1.HostSessionOpened opened = 1;
      */
     value: HostSessionOpened;
     case: "opened";
   } | {
     /**
+     * Run a tool and answer with SubmitToolResult.
+     *
      * @generated from field: toolmesh.v1.ToolRequest tool_request = 2;
      */
     value: ToolRequest;
     case: "toolRequest";
   } | {
     /**
+     * Stop a request received before.
+     *
      * @generated from field: toolmesh.v1.ToolRequestCancelled cancelled = 3;
      */
     value: ToolRequestCancelled;
     case: "cancelled";
   } | {
     /**
+     * Nothing to do: the bridge is alive.
+     *
      * @generated from field: toolmesh.v1.Heartbeat heartbeat = 4;
      */
     value: Heartbeat;
@@ -128,32 +151,46 @@ export const HostSessionOpenedSchema: GenMessage<HostSessionOpened> = /*@__PURE_
  */
 export type ToolRequest = Message<"toolmesh.v1.ToolRequest"> & {
   /**
+   * The session the call was made in.
+   *
    * @generated from field: string session_id = 1;
    */
   sessionId: string;
 
   /**
+   * The caller's turn, for correlation.
+   *
    * @generated from field: string turn_id = 2;
    */
   turnId: string;
 
   /**
+   * The invocation's id: name it in SubmitToolResult.
+   *
    * @generated from field: string tool_request_id = 3;
    */
   toolRequestId: string;
 
   /**
+   * The tool to run.
+   *
    * @generated from field: string tool_name = 4;
    */
   toolName: string;
 
   /**
+   * The arguments, a JSON object already checked against the tool's input
+   * schema, as JSON text (at most 1 MiB).
+   *
    * @generated from field: string arguments_json = 5;
    */
   argumentsJson: string;
 
   /**
-   * Time left for the host to answer when the request was sent.
+   * Time left for the host to answer when this request was sent, in ms: the
+   * tool's timeout on first delivery, and only what is left of it when the
+   * request is sent again to another host (see redeliverable). After it the
+   * request is cancelled and a late result refused.
    *
    * @generated from field: uint32 timeout_ms = 6;
    */
@@ -194,11 +231,15 @@ export const ToolRequestSchema: GenMessage<ToolRequest> = /*@__PURE__*/
  */
 export type ToolRequestCancelled = Message<"toolmesh.v1.ToolRequestCancelled"> & {
   /**
+   * The request to stop.
+   *
    * @generated from field: string tool_request_id = 1;
    */
   toolRequestId: string;
 
   /**
+   * Why.
+   *
    * @generated from field: toolmesh.v1.CancelReason reason = 2;
    */
   reason: CancelReason;
@@ -239,16 +280,22 @@ export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
  */
 export type SubmitToolResultRequest = Message<"toolmesh.v1.SubmitToolResultRequest"> & {
   /**
+   * Required. From HostSessionOpened.
+   *
    * @generated from field: string host_session_id = 1;
    */
   hostSessionId: string;
 
   /**
+   * Required. The request answered.
+   *
    * @generated from field: string tool_request_id = 2;
    */
   toolRequestId: string;
 
   /**
+   * Required. The outcome (see SubmitToolResult for what a host may send).
+   *
    * @generated from field: toolmesh.v1.ToolOutcome outcome = 3;
    */
   outcome?: ToolOutcome | undefined;
@@ -262,6 +309,8 @@ export const SubmitToolResultRequestSchema: GenMessage<SubmitToolResultRequest> 
   messageDesc(file_toolmesh_v1_bridge, 6);
 
 /**
+ * Empty: the outcome was taken.
+ *
  * @generated from message toolmesh.v1.SubmitToolResultResponse
  */
 export type SubmitToolResultResponse = Message<"toolmesh.v1.SubmitToolResultResponse"> & {
@@ -364,6 +413,8 @@ export const DeclareHostToolsResponseSchema: GenMessage<DeclareHostToolsResponse
  */
 export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolRequestRequest"> & {
   /**
+   * The request to run; its tool_request_id must be new to this bridge.
+   *
    * @generated from field: toolmesh.v1.ToolRequest request = 1;
    */
   request?: ToolRequest | undefined;
@@ -381,6 +432,8 @@ export const DispatchToolRequestRequestSchema: GenMessage<DispatchToolRequestReq
  */
 export type DispatchToolRequestResponse = Message<"toolmesh.v1.DispatchToolRequestResponse"> & {
   /**
+   * The host's outcome, or one the bridge produced.
+   *
    * @generated from field: toolmesh.v1.ToolOutcome outcome = 1;
    */
   outcome?: ToolOutcome | undefined;
@@ -443,25 +496,35 @@ export const DispatchToolRequestsResponseSchema: GenMessage<DispatchToolRequests
   messageDesc(file_toolmesh_v1_bridge, 15);
 
 /**
+ * DispatchResult answers one request of the stream.
+ *
  * @generated from message toolmesh.v1.DispatchResult
  */
 export type DispatchResult = Message<"toolmesh.v1.DispatchResult"> & {
   /**
+   * The request answered.
+   *
    * @generated from field: string tool_request_id = 1;
    */
   toolRequestId: string;
 
   /**
+   * Exactly one is set.
+   *
    * @generated from oneof toolmesh.v1.DispatchResult.result
    */
   result: {
     /**
+     * The host's outcome, or one the bridge produced.
+     *
      * @generated from field: toolmesh.v1.ToolOutcome outcome = 2;
      */
     value: ToolOutcome;
     case: "outcome";
   } | {
     /**
+     * The bridge did not take the request.
+     *
      * @generated from field: toolmesh.v1.DispatchRefusal refusal = 3;
      */
     value: DispatchRefusal;
@@ -491,6 +554,8 @@ export type DispatchRefusal = Message<"toolmesh.v1.DispatchRefusal"> & {
   reason: string;
 
   /**
+   * For people.
+   *
    * @generated from field: string message = 2;
    */
   message: string;
@@ -504,20 +569,28 @@ export const DispatchRefusalSchema: GenMessage<DispatchRefusal> = /*@__PURE__*/
   messageDesc(file_toolmesh_v1_bridge, 17);
 
 /**
+ * Why a request was cancelled.
+ *
  * @generated from enum toolmesh.v1.CancelReason
  */
 export enum CancelReason {
   /**
+   * Never sent.
+   *
    * @generated from enum value: CANCEL_REASON_UNSPECIFIED = 0;
    */
   UNSPECIFIED = 0,
 
   /**
+   * Its deadline passed: the caller got TOOL_TIMEOUT.
+   *
    * @generated from enum value: CANCEL_REASON_TIMEOUT = 1;
    */
   TIMEOUT = 1,
 
   /**
+   * The caller gave up on it.
+   *
    * @generated from enum value: CANCEL_REASON_CANCELLED = 2;
    */
   CANCELLED = 2,
@@ -560,8 +633,10 @@ export const BridgeService: GenService<{
   /**
    * OpenHostSession registers a handler host for a session and streams its
    * work: first a HostSessionOpened event, then tool requests, cancellations
-   * and heartbeats until the host goes away or the server stops. A host that
-   * sees no event for three heartbeat intervals should reconnect.
+   * and heartbeats until the host goes away or the server stops (then the
+   * stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
+   * reconnect, to another bridge if there is one). A host that sees no event
+   * for three heartbeat intervals should reconnect.
    *
    * Routing: a tool request goes to a host of its session that reads its
    * stream, known by its answers to read checks (Heartbeat.read_check,
@@ -587,6 +662,14 @@ export const BridgeService: GenService<{
   },
   /**
    * SubmitToolResult hands the outcome of one tool request back to the bridge.
+   * The outcome is a result (JSON, at most 1 MiB), a domain error whose code
+   * is the application's own (never one of toolmesh's runtime codes), or a
+   * runtime error with one of the codes a host may produce:
+   * TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID. Anything
+   * else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
+   * does not end the request. Sending the same outcome again after a lost
+   * reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
+   * one got through.
    *
    * Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
    * HOST_SESSION_UNKNOWN (no such host session, or it has ended);
@@ -679,7 +762,8 @@ export const BridgeService: GenService<{
     output: typeof DispatchToolRequestResponseSchema;
   },
   /**
-   * DispatchToolRequests carries many tool requests on one long-lived stream:
+   * DispatchToolRequests carries many tool requests on one long-lived stream
+   * (each message at most 4 MiB):
    * the invocation service keeps one open per bridge and sends requests and
    * cancellations on it; the bridge answers each request once, with its
    * outcome or the reason it was refused. Outcomes are as for

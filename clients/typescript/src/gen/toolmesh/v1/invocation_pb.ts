@@ -14,34 +14,42 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/invocation.proto.
  */
 export const file_toolmesh_v1_invocation: GenFile = /*@__PURE__*/
-  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSKgAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkiegoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIIkIKEkludm9rZVRvb2xzUmVxdWVzdBIsCgVjYWxscxgBIAMoCzIdLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwi0QEKEFN0cmVhbWVkVG9vbENhbGwSDwoHY2FsbF9pZBgBIAEoBBIvCgdyZXF1ZXN0GAIgASgLMh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QSRgoNdHJhY2VfY29udGV4dBgDIAMoCzIvLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwuVHJhY2VDb250ZXh0RW50cnkaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJHChNJbnZva2VUb29sc1Jlc3BvbnNlEjAKB3Jlc3VsdHMYASADKAsyHy50b29sbWVzaC52MS5TdHJlYW1lZFRvb2xSZXN1bHQijQEKElN0cmVhbWVkVG9vbFJlc3VsdBIPCgdjYWxsX2lkGAEgASgEEjMKCHJlc3BvbnNlGAIgASgLMh8udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlc3BvbnNlSAASJwoFZXJyb3IYAyABKAsyFi50b29sbWVzaC52MS5DYWxsRXJyb3JIAEIICgZyZXN1bHQilQEKCUNhbGxFcnJvchIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCRI2CghtZXRhZGF0YRgDIAMoCzIkLnRvb2xtZXNoLnYxLkNhbGxFcnJvci5NZXRhZGF0YUVudHJ5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIyChZDb25maXJtRGVsaXZlcnlSZXF1ZXN0EhgKEHRvb2xfcmVxdWVzdF9pZHMYASADKAkiGQoXQ29uZmlybURlbGl2ZXJ5UmVzcG9uc2UiLwoUR2V0SW52b2NhdGlvblJlcXVlc3QSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJIkQKFUdldEludm9jYXRpb25SZXNwb25zZRIrCgppbnZvY2F0aW9uGAEgASgLMhcudG9vbG1lc2gudjEuSW52b2NhdGlvbiKpAgoKSW52b2NhdGlvbhIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRIPCgd0dXJuX2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIrCgVzdGF0ZRgFIAEoDjIcLnRvb2xtZXNoLnYxLkludm9jYXRpb25TdGF0ZRIpCgdvdXRjb21lGAYgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSEQoJZGVsaXZlcmVkGAcgASgIEi4KCmNyZWF0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCquAQoPSW52b2NhdGlvblN0YXRlEiAKHElOVk9DQVRJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIcChhJTlZPQ0FUSU9OX1NUQVRFX1JVTk5JTkcQARIeChpJTlZPQ0FUSU9OX1NUQVRFX0NPTVBMRVRFRBACEh4KGklOVk9DQVRJT05fU1RBVEVfVElNRURfT1VUEAMSGwoXSU5WT0NBVElPTl9TVEFURV9GQUlMRUQQBDLuAgoRSW52b2NhdGlvblNlcnZpY2USTQoKSW52b2tlVG9vbBIeLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXF1ZXN0Gh8udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlc3BvbnNlElQKC0ludm9rZVRvb2xzEh8udG9vbG1lc2gudjEuSW52b2tlVG9vbHNSZXF1ZXN0GiAudG9vbG1lc2gudjEuSW52b2tlVG9vbHNSZXNwb25zZSgBMAESXAoPQ29uZmlybURlbGl2ZXJ5EiMudG9vbG1lc2gudjEuQ29uZmlybURlbGl2ZXJ5UmVxdWVzdBokLnRvb2xtZXNoLnYxLkNvbmZpcm1EZWxpdmVyeVJlc3BvbnNlElYKDUdldEludm9jYXRpb24SIS50b29sbWVzaC52MS5HZXRJbnZvY2F0aW9uUmVxdWVzdBoiLnRvb2xtZXNoLnYxLkdldEludm9jYXRpb25SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
+  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSKgAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkiegoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIIkIKEkludm9rZVRvb2xzUmVxdWVzdBIsCgVjYWxscxgBIAMoCzIdLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwi0QEKEFN0cmVhbWVkVG9vbENhbGwSDwoHY2FsbF9pZBgBIAEoBBIvCgdyZXF1ZXN0GAIgASgLMh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QSRgoNdHJhY2VfY29udGV4dBgDIAMoCzIvLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwuVHJhY2VDb250ZXh0RW50cnkaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKEAQoTSW52b2tlVG9vbHNSZXNwb25zZRIwCgdyZXN1bHRzGAEgAygLMh8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sUmVzdWx0EjsKEnJlZnVzZWRfZHVwbGljYXRlcxgCIAMoCzIfLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbFJlc3VsdCKNAQoSU3RyZWFtZWRUb29sUmVzdWx0Eg8KB2NhbGxfaWQYASABKAQSMwoIcmVzcG9uc2UYAiABKAsyHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2VIABInCgVlcnJvchgDIAEoCzIWLnRvb2xtZXNoLnYxLkNhbGxFcnJvckgAQggKBnJlc3VsdCKVAQoJQ2FsbEVycm9yEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEjYKCG1ldGFkYXRhGAMgAygLMiQudG9vbG1lc2gudjEuQ2FsbEVycm9yLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKFkNvbmZpcm1EZWxpdmVyeVJlcXVlc3QSGAoQdG9vbF9yZXF1ZXN0X2lkcxgBIAMoCSIZChdDb25maXJtRGVsaXZlcnlSZXNwb25zZSIvChRHZXRJbnZvY2F0aW9uUmVxdWVzdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkiRAoVR2V0SW52b2NhdGlvblJlc3BvbnNlEisKCmludm9jYXRpb24YASABKAsyFy50b29sbWVzaC52MS5JbnZvY2F0aW9uIqkCCgpJbnZvY2F0aW9uEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg8KB3R1cm5faWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEisKBXN0YXRlGAUgASgOMhwudG9vbG1lc2gudjEuSW52b2NhdGlvblN0YXRlEikKB291dGNvbWUYBiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZRIRCglkZWxpdmVyZWQYByABKAgSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKq4BCg9JbnZvY2F0aW9uU3RhdGUSIAocSU5WT0NBVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhwKGElOVk9DQVRJT05fU1RBVEVfUlVOTklORxABEh4KGklOVk9DQVRJT05fU1RBVEVfQ09NUExFVEVEEAISHgoaSU5WT0NBVElPTl9TVEFURV9USU1FRF9PVVQQAxIbChdJTlZPQ0FUSU9OX1NUQVRFX0ZBSUxFRBAEMu4CChFJbnZvY2F0aW9uU2VydmljZRJNCgpJbnZva2VUb29sEh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QaHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2USVAoLSW52b2tlVG9vbHMSHy50b29sbWVzaC52MS5JbnZva2VUb29sc1JlcXVlc3QaIC50b29sbWVzaC52MS5JbnZva2VUb29sc1Jlc3BvbnNlKAEwARJcCg9Db25maXJtRGVsaXZlcnkSIy50b29sbWVzaC52MS5Db25maXJtRGVsaXZlcnlSZXF1ZXN0GiQudG9vbG1lc2gudjEuQ29uZmlybURlbGl2ZXJ5UmVzcG9uc2USVgoNR2V0SW52b2NhdGlvbhIhLnRvb2xtZXNoLnYxLkdldEludm9jYXRpb25SZXF1ZXN0GiIudG9vbG1lc2gudjEuR2V0SW52b2NhdGlvblJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.InvokeToolRequest
  */
 export type InvokeToolRequest = Message<"toolmesh.v1.InvokeToolRequest"> & {
   /**
+   * Required. The session whose tool this is; [A-Za-z0-9_.:-]{1,128}.
+   *
    * @generated from field: string session_id = 1;
    */
   sessionId: string;
 
   /**
+   * Required. The turn (one step of the agent) the call belongs to, for
+   * correlation; [A-Za-z0-9_.:-]{1,128}. It is not part of a call's identity.
+   *
    * @generated from field: string turn_id = 2;
    */
   turnId: string;
 
   /**
+   * Required. [A-Za-z0-9_.-]{1,128}.
+   *
    * @generated from field: string tool_name = 3;
    */
   toolName: string;
 
   /**
    * The arguments as JSON text, at most 1 MiB. Anything but a JSON object
-   * gives the outcome TOOL_ARGS_INVALID, and so does text that JSON readers
-   * take differently, since the host must receive what was validated: a key
-   * twice in one object, a number a 64-bit float cannot hold (1e400), an
-   * integer beyond 2^53 that a float reader would round, an escaped lone
-   * surrogate ("\ud800") (details.reason "not_json"). Schema violations
+   * that fits the tool's input schema gives the outcome TOOL_ARGS_INVALID,
+   * and so does text that JSON readers take differently, since the host must
+   * receive what was validated: a key twice in one object, a number a 64-bit
+   * float cannot hold (1e400), an integer beyond 2^53 that a float reader
+   * would round, an escaped lone surrogate ("\ud800") (details.reason
+   * "not_json"). Schema violations
    * (details.reason "schema", details.violations) are listed up to 20, each
    * path and message cut to 200 characters, a message that would quote a long
    * value replaced by a description; for arguments over 8 KiB only the first
@@ -52,7 +60,7 @@ export type InvokeToolRequest = Message<"toolmesh.v1.InvokeToolRequest"> & {
   argumentsJson: string;
 
   /**
-   * Optional. For tools that support safe retries: the same key with the same
+   * Optional; [A-Za-z0-9_.:-]{1,128}. For tools that support safe retries: the same key with the same
    * arguments returns the same invocation's outcome for the key's retention
    * (24 h by default), even after delivery was confirmed; the same key with
    * other arguments fails with IDEMPOTENCY_KEY_REUSED. Scoped to the session.
@@ -82,13 +90,18 @@ export const InvokeToolRequestSchema: GenMessage<InvokeToolRequest> = /*@__PURE_
  */
 export type InvokeToolResponse = Message<"toolmesh.v1.InvokeToolResponse"> & {
   /**
-   * The id of this invocation, unique across sessions.
+   * The id of this invocation, unique across sessions ("tr_" and 32 hex
+   * digits), for GetInvocation. Empty when the call was refused before it
+   * became an invocation (outcome TOOL_NOT_FOUND or TOOL_ARGS_INVALID):
+   * nothing ran and nothing was recorded.
    *
    * @generated from field: string tool_request_id = 1;
    */
   toolRequestId: string;
 
   /**
+   * The call's outcome: a result, a domain error or a runtime error.
+   *
    * @generated from field: toolmesh.v1.ToolOutcome outcome = 2;
    */
   outcome?: ToolOutcome | undefined;
@@ -122,6 +135,8 @@ export const InvokeToolResponseSchema: GenMessage<InvokeToolResponse> = /*@__PUR
  */
 export type InvokeToolsRequest = Message<"toolmesh.v1.InvokeToolsRequest"> & {
   /**
+   * The calls to make, each with a call id not open on the stream.
+   *
    * @generated from field: repeated toolmesh.v1.StreamedToolCall calls = 1;
    */
   calls: StreamedToolCall[];
@@ -135,6 +150,8 @@ export const InvokeToolsRequestSchema: GenMessage<InvokeToolsRequest> = /*@__PUR
   messageDesc(file_toolmesh_v1_invocation, 2);
 
 /**
+ * StreamedToolCall is one call on an InvokeTools stream.
+ *
  * @generated from message toolmesh.v1.StreamedToolCall
  */
 export type StreamedToolCall = Message<"toolmesh.v1.StreamedToolCall"> & {
@@ -147,6 +164,8 @@ export type StreamedToolCall = Message<"toolmesh.v1.StreamedToolCall"> & {
   callId: bigint;
 
   /**
+   * The call, as InvokeTool takes it.
+   *
    * @generated from field: toolmesh.v1.InvokeToolRequest request = 2;
    */
   request?: InvokeToolRequest | undefined;
@@ -172,9 +191,21 @@ export const StreamedToolCallSchema: GenMessage<StreamedToolCall> = /*@__PURE__*
  */
 export type InvokeToolsResponse = Message<"toolmesh.v1.InvokeToolsResponse"> & {
   /**
+   * Results of calls, each call's once, in the order they ended.
+   *
    * @generated from field: repeated toolmesh.v1.StreamedToolResult results = 1;
    */
   results: StreamedToolResult[];
+
+  /**
+   * Calls refused because their call id was already open on the stream
+   * (error INVALID_REQUEST, metadata callId). Each is about the call just
+   * refused: nothing ran for it, and the open call with that id goes on, its
+   * own result coming in `results`.
+   *
+   * @generated from field: repeated toolmesh.v1.StreamedToolResult refused_duplicates = 2;
+   */
+  refusedDuplicates: StreamedToolResult[];
 };
 
 /**
@@ -185,19 +216,27 @@ export const InvokeToolsResponseSchema: GenMessage<InvokeToolsResponse> = /*@__P
   messageDesc(file_toolmesh_v1_invocation, 4);
 
 /**
+ * StreamedToolResult answers one call of the stream.
+ *
  * @generated from message toolmesh.v1.StreamedToolResult
  */
 export type StreamedToolResult = Message<"toolmesh.v1.StreamedToolResult"> & {
   /**
+   * The call id the caller chose.
+   *
    * @generated from field: uint64 call_id = 1;
    */
   callId: bigint;
 
   /**
+   * Exactly one is set.
+   *
    * @generated from oneof toolmesh.v1.StreamedToolResult.result
    */
   result: {
     /**
+     * An outcome was produced: as InvokeTool's response.
+     *
      * @generated from field: toolmesh.v1.InvokeToolResponse response = 2;
      */
     value: InvokeToolResponse;
@@ -221,6 +260,8 @@ export const StreamedToolResultSchema: GenMessage<StreamedToolResult> = /*@__PUR
   messageDesc(file_toolmesh_v1_invocation, 5);
 
 /**
+ * CallError is a failed call on the stream: no outcome was produced.
+ *
  * @generated from message toolmesh.v1.CallError
  */
 export type CallError = Message<"toolmesh.v1.CallError"> & {
@@ -232,6 +273,8 @@ export type CallError = Message<"toolmesh.v1.CallError"> & {
   reason: string;
 
   /**
+   * For people, as InvokeTool's status message.
+   *
    * @generated from field: string message = 2;
    */
   message: string;
@@ -256,6 +299,8 @@ export const CallErrorSchema: GenMessage<CallError> = /*@__PURE__*/
  */
 export type ConfirmDeliveryRequest = Message<"toolmesh.v1.ConfirmDeliveryRequest"> & {
   /**
+   * The invocations whose outcomes the caller has; at most 1,000.
+   *
    * @generated from field: repeated string tool_request_ids = 1;
    */
   toolRequestIds: string[];
@@ -269,6 +314,8 @@ export const ConfirmDeliveryRequestSchema: GenMessage<ConfirmDeliveryRequest> = 
   messageDesc(file_toolmesh_v1_invocation, 7);
 
 /**
+ * Empty: confirming never fails for an unknown or running invocation.
+ *
  * @generated from message toolmesh.v1.ConfirmDeliveryResponse
  */
 export type ConfirmDeliveryResponse = Message<"toolmesh.v1.ConfirmDeliveryResponse"> & {
@@ -286,6 +333,8 @@ export const ConfirmDeliveryResponseSchema: GenMessage<ConfirmDeliveryResponse> 
  */
 export type GetInvocationRequest = Message<"toolmesh.v1.GetInvocationRequest"> & {
   /**
+   * Required. The id an InvokeTool response (or its initial metadata) gave.
+   *
    * @generated from field: string tool_request_id = 1;
    */
   toolRequestId: string;
@@ -303,6 +352,8 @@ export const GetInvocationRequestSchema: GenMessage<GetInvocationRequest> = /*@_
  */
 export type GetInvocationResponse = Message<"toolmesh.v1.GetInvocationResponse"> & {
   /**
+   * The invocation as the ledger keeps it.
+   *
    * @generated from field: toolmesh.v1.Invocation invocation = 1;
    */
   invocation?: Invocation | undefined;
@@ -316,32 +367,43 @@ export const GetInvocationResponseSchema: GenMessage<GetInvocationResponse> = /*
   messageDesc(file_toolmesh_v1_invocation, 10);
 
 /**
- * Invocation is one logical tool call as the ledger keeps it.
+ * Invocation is one logical tool call as the ledger keeps it: 10 minutes
+ * after it ended (24 h with an idempotency key).
  *
  * @generated from message toolmesh.v1.Invocation
  */
 export type Invocation = Message<"toolmesh.v1.Invocation"> & {
   /**
+   * Its id.
+   *
    * @generated from field: string tool_request_id = 1;
    */
   toolRequestId: string;
 
   /**
+   * The session of the call that started it.
+   *
    * @generated from field: string session_id = 2;
    */
   sessionId: string;
 
   /**
+   * The turn of the call that started it (calls that joined may have others).
+   *
    * @generated from field: string turn_id = 3;
    */
   turnId: string;
 
   /**
+   * The tool called.
+   *
    * @generated from field: string tool_name = 4;
    */
   toolName: string;
 
   /**
+   * Where it is in its life.
+   *
    * @generated from field: toolmesh.v1.InvocationState state = 5;
    */
   state: InvocationState;
@@ -361,6 +423,8 @@ export type Invocation = Message<"toolmesh.v1.Invocation"> & {
   delivered: boolean;
 
   /**
+   * When it started.
+   *
    * @generated from field: google.protobuf.Timestamp created_at = 8;
    */
   createdAt?: Timestamp | undefined;
@@ -387,6 +451,8 @@ export const InvocationSchema: GenMessage<Invocation> = /*@__PURE__*/
  */
 export enum InvocationState {
   /**
+   * Never sent.
+   *
    * @generated from enum value: INVOCATION_STATE_UNSPECIFIED = 0;
    */
   UNSPECIFIED = 0,
@@ -464,6 +530,13 @@ export const InvocationService: GenService<{
    * InvokeTool makes one tool call (or joins or replays an identical one) and
    * waits for its outcome.
    *
+   * Once the call has waited 50 ms for the invocation it runs or joins (or a
+   * quarter of the caller's time left, when that is less), the response's
+   * initial metadata carries the invocation's id under
+   * "toolmesh-tool-request-id", ahead of the outcome: a caller whose own
+   * deadline passes still knows which invocation to look up with
+   * GetInvocation. A call that ends sooner has it in its response.
+   *
    * Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
    * (missing or malformed session id, turn id, tool name or idempotency key)
    * or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
@@ -492,7 +565,11 @@ export const InvocationService: GenService<{
    * the stream opens. A caller that stops waiting simply ignores the result.
    * When the caller stops sending, the stream ends once every call is
    * answered. Calls still open when the stream breaks go on, as when a unary
-   * caller leaves: an exact retry joins them.
+   * caller leaves: an exact retry joins them. A call sent with a call id
+   * that is still open is refused in InvokeToolsResponse.refused_duplicates,
+   * never in `results`, so that the refusal cannot be taken for the open
+   * call's result. A message is at most 4 MiB: a call whose arguments do not
+   * fit goes as a unary InvokeTool instead.
    *
    * Limits. A message carries at most 1,000 calls
    * (limits.MAX_CALLS_PER_MESSAGE); the service starts them a few at a time.

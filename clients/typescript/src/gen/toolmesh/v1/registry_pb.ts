@@ -19,11 +19,16 @@ export const file_toolmesh_v1_registry: GenFile = /*@__PURE__*/
  */
 export type PutToolsRequest = Message<"toolmesh.v1.PutToolsRequest"> & {
   /**
+   * Required. [A-Za-z0-9_.:-]{1,128}.
+   *
    * @generated from field: string session_id = 1;
    */
   sessionId: string;
 
   /**
+   * The session's whole new list: at most 512 tools, names unique. Empty
+   * removes every tool.
+   *
    * @generated from field: repeated toolmesh.v1.ToolDefinition tools = 2;
    */
   tools: ToolDefinition[];
@@ -48,6 +53,8 @@ export const PutToolsRequestSchema: GenMessage<PutToolsRequest> = /*@__PURE__*/
  */
 export type PutToolsResponse = Message<"toolmesh.v1.PutToolsResponse"> & {
   /**
+   * The session's revision now; it moves on every change.
+   *
    * @generated from field: uint64 revision = 1;
    */
   revision: bigint;
@@ -65,6 +72,8 @@ export const PutToolsResponseSchema: GenMessage<PutToolsResponse> = /*@__PURE__*
  */
 export type ListToolsRequest = Message<"toolmesh.v1.ListToolsRequest"> & {
   /**
+   * Required. [A-Za-z0-9_.:-]{1,128}.
+   *
    * @generated from field: string session_id = 1;
    */
   sessionId: string;
@@ -82,11 +91,15 @@ export const ListToolsRequestSchema: GenMessage<ListToolsRequest> = /*@__PURE__*
  */
 export type ListToolsResponse = Message<"toolmesh.v1.ListToolsResponse"> & {
   /**
+   * The session's revision; 0 when nobody has put tools for it.
+   *
    * @generated from field: uint64 revision = 1;
    */
   revision: bigint;
 
   /**
+   * The session's tools, in the order they were put.
+   *
    * @generated from field: repeated toolmesh.v1.ToolDefinition tools = 2;
    */
   tools: ToolDefinition[];
@@ -104,11 +117,15 @@ export const ListToolsResponseSchema: GenMessage<ListToolsResponse> = /*@__PURE_
  */
 export type GetToolRequest = Message<"toolmesh.v1.GetToolRequest"> & {
   /**
+   * Required. [A-Za-z0-9_.:-]{1,128}.
+   *
    * @generated from field: string session_id = 1;
    */
   sessionId: string;
 
   /**
+   * Required. The tool's name, [A-Za-z0-9_.-]{1,128}.
+   *
    * @generated from field: string name = 2;
    */
   name: string;
@@ -126,11 +143,15 @@ export const GetToolRequestSchema: GenMessage<GetToolRequest> = /*@__PURE__*/
  */
 export type GetToolResponse = Message<"toolmesh.v1.GetToolResponse"> & {
   /**
+   * The session's revision.
+   *
    * @generated from field: uint64 revision = 1;
    */
   revision: bigint;
 
   /**
+   * The tool.
+   *
    * @generated from field: toolmesh.v1.ToolDefinition tool = 2;
    */
   tool?: ToolDefinition | undefined;
@@ -148,6 +169,8 @@ export const GetToolResponseSchema: GenMessage<GetToolResponse> = /*@__PURE__*/
  */
 export type WatchToolsRequest = Message<"toolmesh.v1.WatchToolsRequest"> & {
   /**
+   * Required. [A-Za-z0-9_.:-]{1,128}.
+   *
    * @generated from field: string session_id = 1;
    */
   sessionId: string;
@@ -161,15 +184,21 @@ export const WatchToolsRequestSchema: GenMessage<WatchToolsRequest> = /*@__PURE_
   messageDesc(file_toolmesh_v1_registry, 6);
 
 /**
+ * The session's list at one revision.
+ *
  * @generated from message toolmesh.v1.WatchToolsResponse
  */
 export type WatchToolsResponse = Message<"toolmesh.v1.WatchToolsResponse"> & {
   /**
+   * The revision of this list.
+   *
    * @generated from field: uint64 revision = 1;
    */
   revision: bigint;
 
   /**
+   * The session's tools at that revision.
+   *
    * @generated from field: repeated toolmesh.v1.ToolDefinition tools = 2;
    */
   tools: ToolDefinition[];

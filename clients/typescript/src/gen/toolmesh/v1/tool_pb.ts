@@ -15,27 +15,29 @@ export const file_toolmesh_v1_tool: GenFile = /*@__PURE__*/
 /**
  * ToolAnnotations are hints about a tool's behaviour. The runtime uses them to
  * decide what is safe to redeliver; an assistant uses them to ask for
- * confirmation.
+ * confirmation. Every flag is false when unset.
  *
  * @generated from message toolmesh.v1.ToolAnnotations
  */
 export type ToolAnnotations = Message<"toolmesh.v1.ToolAnnotations"> & {
   /**
-   * The tool only reads state; running it twice changes nothing.
+   * The tool only reads state; running it twice changes nothing. A read-only
+   * tool's request may be sent again to another host if its host leaves.
    *
    * @generated from field: bool read_only = 1;
    */
   readOnly: boolean;
 
   /**
-   * Running the tool again with the same arguments has no further effect.
+   * Running the tool again with the same arguments has no further effect. As
+   * read_only, lets a request be sent again to another host.
    *
    * @generated from field: bool idempotent = 2;
    */
   idempotent: boolean;
 
   /**
-   * A person must confirm before the tool runs.
+   * A person must confirm before the tool runs (an assistant asks first).
    *
    * @generated from field: bool requires_confirmation = 3;
    */
@@ -56,40 +58,49 @@ export const ToolAnnotationsSchema: GenMessage<ToolAnnotations> = /*@__PURE__*/
  */
 export type ToolDefinition = Message<"toolmesh.v1.ToolDefinition"> & {
   /**
-   * Matches [A-Za-z0-9_.-]{1,128}.
+   * Required. Matches [A-Za-z0-9_.-]{1,128}; unique within the session.
    *
    * @generated from field: string name = 1;
    */
   name: string;
 
   /**
+   * Optional. What the tool does, for people and models.
+   *
    * @generated from field: string description = 2;
    */
   description: string;
 
   /**
-   * JSON Schema (2020-12 or draft-07) of the arguments, as JSON text. It must
-   * describe an object.
+   * Required. JSON Schema (2020-12, or draft-07 when "$schema" says so) of
+   * the arguments, as JSON text, at most 256 KiB. It must describe an object
+   * (type "object"). A "$ref" outside the schema is refused, never fetched.
    *
    * @generated from field: string input_schema_json = 3;
    */
   inputSchemaJson: string;
 
   /**
-   * Optional JSON Schema of the result, as JSON text. Empty when absent.
+   * Optional JSON Schema of the result, as JSON text; empty when absent. When
+   * set it is enforced: a result that does not match it becomes the runtime
+   * error TOOL_RESULT_INVALID (details.reason "output_schema", with the
+   * violations). Errors are not checked against it.
    *
    * @generated from field: string output_schema_json = 4;
    */
   outputSchemaJson: string;
 
   /**
-   * How long the runtime waits for a result. 0 means the default (60 000 ms).
+   * How long the runtime waits for a result, in ms, at most 900,000. 0 means
+   * the default (60,000 ms).
    *
    * @generated from field: uint32 timeout_ms = 5;
    */
   timeoutMs: number;
 
   /**
+   * Optional; every flag false when absent.
+   *
    * @generated from field: toolmesh.v1.ToolAnnotations annotations = 6;
    */
   annotations?: ToolAnnotations | undefined;
@@ -109,24 +120,30 @@ export const ToolDefinitionSchema: GenMessage<ToolDefinition> = /*@__PURE__*/
  */
 export type ToolError = Message<"toolmesh.v1.ToolError"> & {
   /**
+   * Required: DOMAIN or RUNTIME.
+   *
    * @generated from field: toolmesh.v1.ErrorKind kind = 1;
    */
   kind: ErrorKind;
 
   /**
-   * A runtime code from toolmesh's error table, or the handler's own code.
+   * Required. A runtime code from toolmesh's error table (kind RUNTIME), or
+   * the handler's own code (kind DOMAIN, e.g. "NO_ACTIVE_SELECTION").
    *
    * @generated from field: string code = 2;
    */
   code: string;
 
   /**
+   * Required. For people; never arguments, results or stack traces.
+   *
    * @generated from field: string message = 3;
    */
   message: string;
 
   /**
-   * Optional JSON object with details, as JSON text. Empty when absent.
+   * Optional JSON object with details, as JSON text; empty when absent. Keys
+   * of toolmesh's own details are lowerCamelCase.
    *
    * @generated from field: string details_json = 4;
    */
@@ -154,11 +171,13 @@ export const ToolErrorSchema: GenMessage<ToolError> = /*@__PURE__*/
  */
 export type ToolOutcome = Message<"toolmesh.v1.ToolOutcome"> & {
   /**
+   * Exactly one is set.
+   *
    * @generated from oneof toolmesh.v1.ToolOutcome.outcome
    */
   outcome: {
     /**
-     * The handler's result as JSON text.
+     * The handler's result as JSON text (any JSON value), at most 1 MiB.
      *
      * @generated from field: string result_json = 1;
      */
@@ -166,6 +185,8 @@ export type ToolOutcome = Message<"toolmesh.v1.ToolOutcome"> & {
     case: "resultJson";
   } | {
     /**
+     * The call's error: a domain or a runtime error.
+     *
      * @generated from field: toolmesh.v1.ToolError error = 2;
      */
     value: ToolError;
@@ -188,19 +209,24 @@ export const ToolOutcomeSchema: GenMessage<ToolOutcome> = /*@__PURE__*/
  */
 export enum ErrorKind {
   /**
+   * Never valid: an error must say its kind.
+   *
    * @generated from enum value: ERROR_KIND_UNSPECIFIED = 0;
    */
   UNSPECIFIED = 0,
 
   /**
-   * The handler ran and returned a structured error. A normal result.
+   * The handler ran and returned a structured error. A normal result. Its
+   * code is the application's own: never one of toolmesh's runtime codes.
    *
    * @generated from enum value: ERROR_KIND_DOMAIN = 1;
    */
   DOMAIN = 1,
 
   /**
-   * The runtime or the host SDK produced the error (TOOL_TIMEOUT, ...).
+   * The runtime or the host SDK produced the error (TOOL_TIMEOUT, ...). A host
+   * may produce only TOOL_HANDLER_NOT_FOUND, TOOL_HANDLER_ERROR and
+   * TOOL_RESULT_INVALID.
    *
    * @generated from enum value: ERROR_KIND_RUNTIME = 2;
    */
