@@ -113,6 +113,11 @@ def test_toolmesh_error_pickles_and_copies() -> None:
         ({1: "x"}, "$"),
         ({"f": print}, "$.f"),
         ({"o": object()}, "$.o"),
+        # Values that JSON text carries, but not as the same value to every reader.
+        ({"s": "ok \ud800"}, "$.s"),
+        ({"k\udfff": 1}, "$"),
+        ({"n": [2**53 + 1]}, "$.n[0]"),
+        ({"n": -(10**400)}, "$.n"),
     ],
 )
 def test_check_plain_names_the_first_problem(value: Any, path: str) -> None:
@@ -147,11 +152,35 @@ def test_parse_refuses_nan_and_infinity() -> None:
     assert jsontext.parse('{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
 
 
+def test_parse_refuses_what_readers_take_differently() -> None:
+    for text in [
+        '{"a": 1, "b": {"c": 1, "c": 2}}',
+        "[1e400]",
+        '"\\udc00"',
+        '{"\\ud800x": 1}',
+        "9007199254740993",
+        "1" + "0" * 400,
+    ]:
+        with pytest.raises(jsontext.NotPlainJson):
+            jsontext.parse(text)
+    # Surrogate pairs, integers a float holds exactly, and tiny numbers pass.
+    assert jsontext.parse('["\\ud83d\\ude00", 9007199254740992, 100000000000000000000, 1e-400]') == [
+        "\U0001f600",
+        2**53,
+        10**20,
+        0.0,
+    ]
+    jsontext.check_plain({"n": [2**53, -(2**53), 10**20, 2**80], "s": "caf\u00e9 \U0001f600"})
+
+
 def test_canonical_form_ignores_key_order_whitespace_and_number_spelling() -> None:
     one = jsontext.canonical(jsontext.parse('{"b": 1.0, "a": [1e2, "x"]}'))
     two = jsontext.canonical(jsontext.parse('{ "a":[100,"x"],"b":1 }'))
     assert one == two
     assert one != jsontext.canonical(jsontext.parse('{"a": [100, "x"], "b": 2}'))
+    # Large integers too (RFC 8785 writes every number as a float would).
+    big = jsontext.canonical(jsontext.parse('{"id": 100000000000000000000}'))
+    assert big == jsontext.canonical(jsontext.parse('{"id": 1e20}')) == b'{"id":100000000000000000000}'
 
 
 def test_returned_error_object_is_a_domain_error() -> None:
@@ -187,6 +216,15 @@ def test_returned_error_with_a_runtime_code_is_tool_result_invalid() -> None:
 def test_error_key_among_others_is_an_ordinary_result() -> None:
     assert convert_return({"error": {"code": "E"}, "more": 1}).outcome.ok
     assert convert_return({"error": "text"}).outcome.ok
+
+
+@pytest.mark.parametrize("value", ["\udfff", {"text": "a\ud800b"}, {"id": 2**53 + 1}])
+def test_a_result_no_reader_reads_as_it_is_is_refused_not_raised(value: Any) -> None:
+    converted = convert_return(value)
+    assert converted.refused_because is Code.RESULT_NOT_JSON
+    failure = converted.outcome.failure
+    assert failure is not None and failure.code == "TOOL_RESULT_INVALID"
+    outcome_to_pb(converted.outcome).SerializeToString()  # the refusal itself travels
 
 
 def test_non_json_and_oversized_results_are_refused_with_a_reason() -> None:

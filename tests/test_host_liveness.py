@@ -51,6 +51,9 @@ class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def DeclareHostTools(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
+    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 async def test_host_reconnects_when_heartbeats_stop() -> None:
     server = grpc.aio.server()
@@ -113,6 +116,9 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def DeclareHostTools(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
+    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 @pytest.mark.parametrize("second_answer", ["ok", "ended"])
 async def test_submit_retries_a_transport_failure_and_reports_nothing(second_answer: str) -> None:
@@ -148,7 +154,7 @@ async def test_stop_does_not_wait_out_the_reconnect_backoff(caplog: pytest.LogCa
     # Says where it looked, not only that time ran out.
     assert f"127.0.0.1:{port}" in str(raised.value) and isinstance(raised.value, TimeoutError)
 
-    # The failures are log records: polling is the way to see them. After 6, the backoff is 1.6 s or more.
+    # The failures are log records: polling is the way to see them. After 6, the backoff is at its cap.
     await eventually(lambda: logged(caplog.records, "host stream ended") >= 6)
     started = time.monotonic()
     await host.stop()

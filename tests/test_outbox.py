@@ -48,3 +48,15 @@ async def test_close_hands_out_what_is_left_then_an_empty_batch() -> None:
     outbox.close()
     assert await outbox.take() == ["last"]
     assert await asyncio.wait_for(outbox.take(), 1) == []
+
+
+async def test_splits_at_the_item_budget_and_counts_the_bytes_waiting() -> None:
+    outbox: Outbox[str] = Outbox(len, batch_items=2)
+    for item in ("a", "bb", "ccc", "dddd", "e"):
+        outbox.put(item)
+    assert outbox.bytes == 11
+    assert await outbox.take() == ["a", "bb"]
+    assert outbox.bytes == 8
+    assert await outbox.take() == ["ccc", "dddd"]
+    outbox.clear()
+    assert (len(outbox), outbox.bytes) == (0, 0)

@@ -153,7 +153,7 @@ def failure_of(result: CallResult) -> tuple[ErrorKind, str, str, dict[str, objec
     return failure.kind, failure.code, failure.message, failure.details
 
 
-DECLARED = {"echo", "domain_fail", "boom", "not_json", "slow", "noop"}
+DECLARED = {"echo", "domain_fail", "boom", "not_json", "slow", "late", "noop"}
 
 
 async def test_a_page_declares_its_tools_and_serves_them(
@@ -245,6 +245,23 @@ async def test_timeout_aborts_the_handlers_signal_in_the_page(
     # The page submitted nothing for it: no error reported.
     errors = await driver.eval("a", "window.toolmesh.errors")
     assert all(error["toolName"] != "slow" for error in errors)
+
+
+async def test_a_value_returned_after_the_call_ended_is_reported_not_dropped(
+    driver: BrowserDriver, client: InvocationClient
+) -> None:
+    result = await call(client, "web-a", "late")
+    _, code, _, _ = failure_of(result)
+    assert code == Code.TOOL_TIMEOUT.value
+    reported = (
+        "window.toolmesh.errors.some(e => e.toolRequestId === "
+        f"{json.dumps(result.tool_request_id)} && e.cause === 'REQUEST_ENDED')"
+    )
+    await driver.wait("a", reported)
+    errors = await driver.eval("a", "window.toolmesh.errors")
+    assert [e["code"] for e in errors if e["toolRequestId"] == result.tool_request_id] == [
+        Code.SUBMIT_TOOL_RESULT_FAILED.value
+    ]
 
 
 async def test_grpc_web_and_a_second_tab_that_never_sees_the_first_ones_requests(

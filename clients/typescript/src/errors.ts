@@ -14,6 +14,7 @@ export const Codes = {
   RESULT_NOT_JSON: "RESULT_NOT_JSON",
   RESULT_TOO_LARGE: "RESULT_TOO_LARGE",
   REQUEST_ENDED: "REQUEST_ENDED",
+  SHUTTING_DOWN: "SHUTTING_DOWN",
   INVALID_SCHEMA: "INVALID_SCHEMA",
   INVALID_REQUEST: "INVALID_REQUEST",
   REGISTRY_UNAVAILABLE: "REGISTRY_UNAVAILABLE",
@@ -41,7 +42,9 @@ export interface HostError {
   readonly toolName: string;
   /**
    * For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...), or
-   * TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE.
+   * TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE; REQUEST_ENDED (or
+   * SHUTTING_DOWN, when stop() ended it) for a value the handler returned
+   * after its call ended.
    */
   readonly cause: string;
 }

@@ -23,7 +23,8 @@ export interface ToolContext {
    * Aborted when the runtime tells the host to stop the call: its deadline
    * passed (reason: a "TimeoutError" DOMException) or it was cancelled, or
    * the host stopped ("AbortError"). After that, whatever the handler
-   * returns is dropped: the call has ended.
+   * returns is not delivered (the call has ended): onError hears of it, as
+   * SUBMIT_TOOL_RESULT_FAILED with cause REQUEST_ENDED (or SHUTTING_DOWN).
    */
   readonly signal: AbortSignal;
   /** Milliseconds left before the deadline, 0 when it has passed. */
@@ -73,7 +74,7 @@ export interface ToolHostOptions {
   protocol?: "connect" | "grpc-web";
   /** A transport of your own (interceptors for credentials, another fetch). */
   transport?: Transport;
-  /** Longest wait between reconnection attempts, in ms (default 5000). */
+  /** Longest wait between reconnection attempts, in ms (default 1000: a bridge that comes back is reached within about a second). */
   maxBackoffMs?: number;
 }
 
@@ -83,6 +84,8 @@ const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.Resourc
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
+/** As the bridge waits for an answer to a read check (toolmesh.core.limits.READ_CHECK_TIMEOUT_MS). */
+const READ_CHECK_TIMEOUT_MS = 2_000;
 
 interface Registered {
   readonly handler: ToolHandler;
@@ -126,7 +129,7 @@ export class ToolHost {
   constructor(options: ToolHostOptions) {
     this.sessionId = options.sessionId;
     this.hostName = (options.hostName ?? defaultHostName()).slice(0, 128);
-    this.maxBackoffMs = options.maxBackoffMs ?? 5_000;
+    this.maxBackoffMs = options.maxBackoffMs ?? 1_000;
     this.client = createClient(BridgeService, options.transport ?? transportFor(options));
   }
 
@@ -225,7 +228,7 @@ export class ToolHost {
         break;
       }
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, backoff * (0.5 + Math.random()));
+        const timer = setTimeout(resolve, backoff * (0.5 + Math.random() / 2));
         // stop() cuts the wait short: it would last as long as the backoff.
         this.wake = () => {
           clearTimeout(timer);
@@ -279,6 +282,11 @@ export class ToolHost {
           case "cancelled":
             this.cancel(event.value);
             break;
+          case "heartbeat":
+            if (event.value.readCheck !== 0n) {
+              this.answerReadCheck(this.hostSessionId, event.value.readCheck);
+            }
+            break;
           default:
             break;
         }
@@ -289,6 +297,14 @@ export class ToolHost {
         this.stream = undefined;
       }
     }
+  }
+
+  /**
+   * Tell the bridge this page reads its stream: it sends requests to hosts
+   * that do. A failure is left alone: the next check asks again.
+   */
+  private answerReadCheck(hostSessionId: string, readCheck: bigint): void {
+    this.client.answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS }).catch(() => {});
   }
 
   /** Send the declared tools now (in order after any declaration under way), if connected. */
@@ -368,10 +384,24 @@ export class ToolHost {
 
   private async serve(argumentsJson: string, ctx: ToolContext, active: Active, hostSessionId: string): Promise<void> {
     const outcome = await this.execute(argumentsJson, ctx);
-    // Cancelled or stopped: the call has ended, and the bridge would refuse the result.
-    if (outcome !== undefined && !active.ended) {
-      await this.submit(outcome, ctx, hostSessionId);
+    if (outcome === undefined) {
+      return;
     }
+    if (active.ended) {
+      this.notDelivered(ctx); // ended meanwhile: the bridge would refuse it
+      return;
+    }
+    await this.submit(outcome, ctx, hostSessionId);
+  }
+
+  /** A result the handler produced after its call ended: not sent, and said so. */
+  private notDelivered(ctx: ToolContext): void {
+    this.report({
+      ...ids(ctx),
+      code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+      message: "The call ended before the handler returned.",
+      cause: this.stopping ? Codes.SHUTTING_DOWN : Codes.REQUEST_ENDED,
+    });
   }
 
   /** Run the handler; undefined when the call ended (its signal aborted) before it settled. */
@@ -393,6 +423,7 @@ export class ToolHost {
       return runtimeError("TOOL_HANDLER_ERROR", "", { tool: ctx.toolName, exception: name });
     }
     if (ctx.signal.aborted) {
+      this.notDelivered(ctx); // it returned after being told to stop: its value goes nowhere
       return undefined;
     }
     const converted = convertReturn(value);

@@ -127,6 +127,15 @@ if (query.get("mode") === "webmcp") {
       }),
     { description: "Waits until told to stop.", timeoutMs: 700 },
   );
+  host.onTool(
+    "late",
+    (_args, ctx) =>
+      new Promise((resolve) => {
+        // Told to stop, it answers anyway: the value goes nowhere, and onError hears of it.
+        ctx.signal.addEventListener("abort", () => resolve({ late: true }));
+      }),
+    { description: "Answers only once told to stop.", timeoutMs: 700 },
+  );
   host.onTool("noop", () => ({ ok: true }), {
     description: "Does nothing (the benchmark's tool).",
     inputSchema: { type: "object", properties: { n: { type: "integer" } } },

@@ -49,6 +49,7 @@ PUBLIC: Mapping[str, Rule] = MappingProxyType(
         # The host session's own session must be one the token names.
         "toolmesh.v1.BridgeService/SubmitToolResult": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/DeclareHostTools": Rule(frozenset({HOST}), None),
+        "toolmesh.v1.BridgeService/AnswerReadCheck": Rule(frozenset({HOST}), None),
     }
 )
 

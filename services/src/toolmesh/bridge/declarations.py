@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import AsyncIterator, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from toolmesh.bridge.router import HostSession, Router
+from toolmesh.core.backoff import Backoff
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.registry.registry import check_tools
@@ -156,11 +156,11 @@ class Declarations:
 
     async def _keep(self, session_id: str, session: _Session, lists: ToolLists) -> None:
         """While hosts declare into the session: put their tools back whenever the list loses them."""
-        backoff = 0.1
+        backoff = Backoff()
         while True:
             try:
                 async for tool_set in lists.watch(session_id):
-                    backoff = 0.1
+                    backoff.reset()
                     if not session.holds(tool_set):
                         await self._sync(session_id, session, lists)
             except ToolmeshError as error:
@@ -168,5 +168,4 @@ class Declarations:
                     "keeping declared tools failed; retrying",
                     extra={"session_id": session_id, "code": error.code.value},
                 )
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 5.0)
+            await asyncio.sleep(backoff.next())

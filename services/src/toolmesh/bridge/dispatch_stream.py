@@ -7,6 +7,7 @@ entry and a timer, not a gRPC call.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -18,12 +19,15 @@ from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE
 from toolmesh.core.outbox import Outbox
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.wire import outcome_to_pb, request_from_pb
 from toolmesh.v1 import bridge_pb2
 
 SPAN_NAME = "toolmesh.v1.BridgeService/DispatchToolRequests"
+# Requests of one message started between two turns of the event loop.
+START_AT_ONCE = 32
 _SPAN_ATTRIBUTES = {
     "rpc.system": "grpc",
     "rpc.service": "toolmesh.v1.BridgeService",
@@ -46,11 +50,25 @@ class DispatchStream:
         self._reading = True
 
     async def read(self, messages: AsyncIterator[bridge_pb2.DispatchToolRequestsRequest]) -> None:
-        """Take every message of the stream; when the caller stops sending, end once all are answered."""
+        """Take every message of the stream; when the caller stops sending, end once all are answered.
+
+        Raises ToolmeshError(INVALID_REQUEST) for a message with too many
+        requests and cancellations, and takes nothing after it. A message's
+        requests start a few at a time, so that other work runs meanwhile.
+        """
         try:
             async for message in messages:
-                for request in message.requests:
+                items = len(message.requests) + len(message.cancel_tool_request_ids)
+                if items > MAX_CALLS_PER_MESSAGE:
+                    raise ToolmeshError(
+                        Code.INVALID_REQUEST,
+                        f"At most {MAX_CALLS_PER_MESSAGE} requests and cancellations per message.",
+                        {"limit": str(MAX_CALLS_PER_MESSAGE)},
+                    )
+                for index, request in enumerate(message.requests, 1):
                     self._start(request)
+                    if index % START_AT_ONCE == 0:
+                        await asyncio.sleep(0)
                 for tool_request_id in message.cancel_tool_request_ids:
                     self._cancel(tool_request_id)
         finally:

@@ -4,6 +4,10 @@ Every pending request ends exactly once (answered, timed out, cancelled, or
 its host gone); whichever comes first wins, and everything after it is
 refused with a precise reason. All of it runs on one event loop, so each
 transition is atomic.
+
+A request goes to a host of its session that can handle the tool, one that
+reads its stream first (toolmesh.bridge.reading), then one with a named
+handler, then the least loaded. A host that stopped reading is taken for gone.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from toolmesh.bridge.reading import READ_CHECK_AFTER_S, ReadChecks, Reading
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError, code_for_reason
-from toolmesh.core.limits import MAX_RESULT_BYTES
+from toolmesh.core.limits import MAX_RESULT_BYTES, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import ErrorKind, Outcome
 
 log = logging.getLogger("toolmesh.bridge")
+
+READ_CHECK_TIMEOUT_S = READ_CHECK_TIMEOUT_MS / 1000
 
 
 class EndReason(enum.Enum):
@@ -56,15 +63,19 @@ class ToolRequestCancelled:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    pass
+    # Nonzero: a read check, for the host to answer (AnswerReadCheck).
+    read_check: int = 0
 
 
+@dataclass(frozen=True, slots=True)
 class _Close:
-    """Tells a host stream to end because the bridge is stopping."""
+    """Tells a host stream to end, failing with `error`."""
+
+    error: ToolmeshError
 
 
 HostEvent = ToolRequest | ToolRequestCancelled | Heartbeat
-_CLOSE = _Close()
+_CLOSE = _Close(ToolmeshError(Code.SHUTTING_DOWN))
 
 
 @dataclass(eq=False)
@@ -78,6 +89,7 @@ class HostSession:
     declared_names: frozenset[str] = frozenset()
     _events: asyncio.Queue[HostEvent | _Close] = field(default_factory=asyncio.Queue)
     in_flight: dict[str, PendingRequest] = field(default_factory=dict)
+    checks: ReadChecks = field(default_factory=ReadChecks)
     closed: bool = False
     _beat: asyncio.TimerHandle | None = None
 
@@ -91,8 +103,8 @@ class HostSession:
         if not self.closed:
             self._events.put_nowait(event)
 
-    def start_heartbeats(self, interval_s: float) -> None:
-        """Queue a Heartbeat every `interval_s` until the session closes.
+    def start_heartbeats(self, interval_s: float, heartbeat: Callable[[], Heartbeat]) -> None:
+        """Queue `heartbeat()` every `interval_s` until the session closes.
 
         A timer, not a timeout around each wait: that would cost a task per event.
         """
@@ -100,7 +112,7 @@ class HostSession:
 
         def beat() -> None:
             if not self.closed:
-                self._events.put_nowait(Heartbeat())
+                self._events.put_nowait(heartbeat())
                 self._beat = loop.call_later(interval_s, beat)
 
         self._beat = loop.call_later(interval_s, beat)
@@ -113,7 +125,7 @@ class HostSession:
         """The next event for the host: a request, a cancellation or a heartbeat."""
         event = await self._events.get()
         if isinstance(event, _Close):
-            raise ToolmeshError(Code.SHUTTING_DOWN)
+            raise event.error
         return event
 
 
@@ -183,6 +195,7 @@ class Router:
         self._turn = itertools.count()
         # Called with each host session that opens, before requests waiting for it are delivered.
         self.opened_hooks: list[Callable[[HostSession], None]] = []
+        self._read_checks = itertools.count(1)
         # Called with each host session that ends, after its requests are settled.
         self.closed_hooks: list[Callable[[HostSession], None]] = []
         self._shutting_down = False
@@ -206,7 +219,8 @@ class Router:
         )
         self._hosts[host.host_session_id] = host
         self._by_session.setdefault(session_id, []).append(host)
-        host.start_heartbeats(self.heartbeat_s)
+        host.start_heartbeats(self.heartbeat_s, lambda: self._heartbeat(host))
+        host.send(self._read_check(host))  # read right after `opened`: the host reads its stream
         self._observer.host_opened(host)
         log.info(
             "host connected",
@@ -234,6 +248,20 @@ class Router:
         """Whether a host of the session is connected."""
         return bool(self._by_session.get(session_id))
 
+    def answer_read_check(
+        self, host_session_id: str, read_check: int, sessions: Container[str] | None = None
+    ) -> None:
+        """The host has read its stream up to the heartbeat carrying `read_check`.
+
+        Raises ToolmeshError(HOST_SESSION_UNKNOWN) as `host` does; an old or unknown check changes nothing.
+        """
+        host = self.host(host_session_id, sessions)
+        if host.checks.answer(read_check) and host.in_flight and host.checks.early is None:
+            # Holding requests, it is asked again soon: a host that stops reading is found out quickly.
+            host.checks.early = asyncio.get_running_loop().call_later(
+                READ_CHECK_AFTER_S, self._early_check, host
+            )
+
     def _deliver(self, pending: PendingRequest, host: HostSession, *, again: bool = False) -> None:
         """Send the request to `host`; sent `again` (its first host left), with the time it has left."""
         pending.host = host
@@ -243,12 +271,43 @@ class Router:
             left_ms = math.floor(request.timeout_ms - (time.monotonic() - pending.started) * 1000)
             request = replace(request, timeout_ms=max(left_ms, 1))
         host.send(request)
+        checks = host.checks
+        if checks.early is None and checks.waiting == 0:
+            # Unanswered by then, the request asks whether the host reads at all.
+            checks.early = asyncio.get_running_loop().call_later(READ_CHECK_AFTER_S, self._early_check, host)
+
+    def _heartbeat(self, host: HostSession) -> Heartbeat:
+        return Heartbeat() if host.checks.waiting else self._read_check(host)
+
+    def _read_check(self, host: HostSession) -> Heartbeat:
+        """A heartbeat with a new read check, for `host` to answer."""
+        check = next(self._read_checks)
+        overdue = asyncio.get_running_loop().call_later(READ_CHECK_TIMEOUT_S, self._overdue, host, check)
+        host.checks.sent(check, time.monotonic(), overdue)
+        return Heartbeat(check)
+
+    def _early_check(self, host: HostSession) -> None:
+        host.checks.early = None
+        if not host.closed and host.in_flight and host.checks.waiting == 0:
+            host.send(self._read_check(host))
+
+    def _overdue(self, host: HostSession, check: int) -> None:
+        host.checks.overdue = None
+        if host.closed or host.checks.waiting != check or not host.checks.answered:
+            return  # answered meanwhile; or a host that never answers checks: it stays UNKNOWN
+        log.warning(
+            "host stopped reading its stream; its session ends",
+            extra={"session_id": host.session_id, "host_session_id": host.host_session_id},
+        )
+        host.send(_Close(ToolmeshError(Code.HOST_NOT_READING, "", {"host_session_id": host.host_session_id})))
+        self.close_host(host)
 
     def close_host(self, host: HostSession) -> None:
         if host.closed:
             return
         host.closed = True
         host.stop_heartbeats()
+        host.checks.cancel()
         self._observer.host_closed(host)
         self._hosts.pop(host.host_session_id, None)
         peers = self._by_session.get(host.session_id, [])
@@ -299,10 +358,18 @@ class Router:
         hosts = self._by_session.get(session_id)
         if not hosts:
             return None
-        best = max(host.preference(tool_name) for host in hosts)
-        if best == 0:
-            return None
-        candidates = [host for host in hosts if host.preference(tool_name) == best]
+        now = time.monotonic()
+
+        def rank(host: HostSession) -> tuple[bool, Reading, int]:
+            # Able to handle it at all; then reading its stream; then a named handler.
+            preference = host.preference(tool_name)
+            return preference > 0, host.checks.reading(now), preference
+
+        ranks = [rank(host) for host in hosts]
+        best = max(ranks)
+        if not best[0]:
+            return None  # no host has a handler for it
+        candidates = [host for host, host_rank in zip(hosts, ranks, strict=True) if host_rank == best]
         # Least loaded first; rotate among equals so hosts share the work.
         fewest = min(len(host.in_flight) for host in candidates)
         candidates = [host for host in candidates if len(host.in_flight) == fewest]

@@ -1,6 +1,6 @@
 """BridgeService over gRPC: a thin adapter onto Router and Declarations.
 
-The host-facing methods (`host_events`, `submit`, `declare`) are shared with the
+The host-facing methods (`host_events`, `submit`, `declare`, `answer_read_check`) are shared with the
 web port (toolmesh.bridge.web), which serves them over Connect and gRPC-Web.
 """
 
@@ -46,7 +46,8 @@ async def host_events(
         while True:
             event = await host.next_event()
             if isinstance(event, Heartbeat):
-                yield bridge_pb2.OpenHostSessionResponse(heartbeat=bridge_pb2.Heartbeat())
+                heartbeat = bridge_pb2.Heartbeat(read_check=event.read_check)
+                yield bridge_pb2.OpenHostSessionResponse(heartbeat=heartbeat)
             elif isinstance(event, ToolRequestCancelled):
                 yield bridge_pb2.OpenHostSessionResponse(
                     cancelled=bridge_pb2.ToolRequestCancelled(
@@ -67,6 +68,14 @@ def submit(
     telemetry.record_outcome(outcome)
     router.submit(request.host_session_id, request.tool_request_id, outcome, sessions)
     return bridge_pb2.SubmitToolResultResponse()
+
+
+def answer_read_check(
+    router: Router, request: bridge_pb2.AnswerReadCheckRequest, sessions: Container[str] | None
+) -> bridge_pb2.AnswerReadCheckResponse:
+    """`sessions`: as for `submit`."""
+    router.answer_read_check(request.host_session_id, request.read_check, sessions)
+    return bridge_pb2.AnswerReadCheckResponse()
 
 
 async def declare(
@@ -110,6 +119,11 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext
     ) -> bridge_pb2.DeclareHostToolsResponse:
         return await declare(self._declarations, request, scope(Role.HOST))
+
+    async def AnswerReadCheck(
+        self, request: bridge_pb2.AnswerReadCheckRequest, context: ServicerContext
+    ) -> bridge_pb2.AnswerReadCheckResponse:
+        return answer_read_check(self._router, request, scope(Role.HOST))
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext

@@ -1,7 +1,7 @@
 """The bridge's web port: the host-facing RPCs over Connect and gRPC-Web, for pages.
 
 A browser cannot send gRPC (HTTP/2 with trailers), so the bridge also serves
-OpenHostSession, SubmitToolResult and DeclareHostTools over the Connect
+OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck over the Connect
 protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
 and Declarations of its gRPC port. The routes come from protoc-gen-connectrpc
 (connectrpc, on our protobuf messages); uvicorn serves them.
@@ -39,7 +39,7 @@ from toolmesh.auth.guard import Admit, Listener, admission, scope
 from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.router import Router
-from toolmesh.bridge.servicer import declare, host_events, submit
+from toolmesh.bridge.servicer import answer_read_check, declare, host_events, submit
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
@@ -53,9 +53,8 @@ DEFAULT_WEB_PORT = 7404
 ORIGINS_ENV = "TOOLMESH_WEB_ORIGINS"
 
 _SERVICE = "/toolmesh.v1.BridgeService/"
-HOST_FACING_PATHS = frozenset(
-    _SERVICE + name for name in ("OpenHostSession", "SubmitToolResult", "DeclareHostTools")
-)
+HOST_FACING = ("OpenHostSession", "SubmitToolResult", "DeclareHostTools", "AnswerReadCheck")
+HOST_FACING_PATHS = frozenset(_SERVICE + name for name in HOST_FACING)
 # What Connect and gRPC-Web clients send, and the token a host will present.
 _ALLOWED_HEADERS = (
     "authorization, content-type, connect-protocol-version, connect-timeout-ms, "
@@ -117,7 +116,7 @@ class WebBridge(BridgeService):
         self._declarations = declarations
         self._admit = {
             name: admission(f"toolmesh.v1.BridgeService/{name}", Listener.PUBLIC, verifier)
-            for name in ("OpenHostSession", "SubmitToolResult", "DeclareHostTools")
+            for name in HOST_FACING
         }
 
     async def open_host_session(
@@ -138,6 +137,15 @@ class WebBridge(BridgeService):
             return submit(self._router, request, scope(Role.HOST))
         except Exception as exc:
             _fail("SubmitToolResult", exc)
+
+    async def answer_read_check(
+        self, request: bridge_pb2.AnswerReadCheckRequest, ctx: RequestContext[Any, Any]
+    ) -> bridge_pb2.AnswerReadCheckResponse:
+        try:
+            await _admit(self._admit["AnswerReadCheck"], request, ctx)
+            return answer_read_check(self._router, request, scope(Role.HOST))
+        except Exception as exc:
+            _fail("AnswerReadCheck", exc)
 
     async def declare_host_tools(
         self, request: bridge_pb2.DeclareHostToolsRequest, ctx: RequestContext[Any, Any]

@@ -3,6 +3,13 @@
 A call on the stream costs this service a task and the invocation's own state,
 not a gRPC call held for as long as the tool runs. The caller's end is
 toolmesh.client.call_link.
+
+What one stream may cost is bounded (toolmesh.core.limits): at most
+MAX_CALLS_PER_MESSAGE calls per message, started a few at a time so that
+other callers' calls run meanwhile; and results its caller has not read yet:
+above UNREAD_RESULTS_PAUSE_BYTES no more calls are taken from the stream,
+above UNREAD_RESULTS_MAX_BYTES they are dropped and the stream ends with
+RESULTS_NOT_READ (the ledger keeps them for an exact retry to replay).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, UNREAD_RESULTS_MAX_BYTES, UNREAD_RESULTS_PAUSE_BYTES
 from toolmesh.core.outbox import Outbox
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.messages import call_from_pb, response_to_pb
@@ -23,37 +31,79 @@ from toolmesh.v1 import invocation_pb2
 log = logging.getLogger("toolmesh.invocation")
 
 SPAN_NAME = "toolmesh.v1.InvocationService/InvokeTools"
+# Calls of one message started between two turns of the event loop.
+START_AT_ONCE = 32
 
 
 class CallStream:
-    def __init__(self, invoker: Invoker, sessions: Container[str] | None = None) -> None:
+    def __init__(
+        self,
+        invoker: Invoker,
+        sessions: Container[str] | None = None,
+        *,
+        pause_bytes: int = UNREAD_RESULTS_PAUSE_BYTES,
+        max_bytes: int = UNREAD_RESULTS_MAX_BYTES,
+    ) -> None:
         self._invoker = invoker
         # The sessions the caller may call (None: all); a call for another is refused alone.
         self._sessions = sessions
         # Each result, and whether it refuses a duplicate call id (sent apart: see the proto).
         self._results: Outbox[tuple[invocation_pb2.StreamedToolResult, bool]] = Outbox(_result_size)
+        self._pause_bytes = pause_bytes
+        self._max_bytes = max_bytes
+        # Set while the results waiting to be sent are few enough to take more calls.
+        self._room = asyncio.Event()
+        self._room.set()
+        # Why the stream ends before its caller is done with it (its results went unread).
+        self._failure: ToolmeshError | None = None
         # Calls taken from this stream that have no result yet.
         self._open: dict[int, asyncio.Task[None]] = {}
         self._reading = True
         self._closed = False
 
     async def read(self, messages: AsyncIterator[invocation_pb2.InvokeToolsRequest]) -> None:
-        """Take every call of the stream; when the caller stops sending, end once all are answered."""
+        """Take every call of the stream; when the caller stops sending, end once all are answered.
+
+        Raises ToolmeshError(INVALID_REQUEST) for a message with too many calls,
+        and takes nothing after it.
+        """
         try:
             async for message in messages:
-                for call in message.calls:
+                calls = message.calls
+                if len(calls) > MAX_CALLS_PER_MESSAGE:
+                    raise ToolmeshError(
+                        Code.INVALID_REQUEST,
+                        f"At most {MAX_CALLS_PER_MESSAGE} calls per message.",
+                        {"limit": str(MAX_CALLS_PER_MESSAGE)},
+                    )
+                for index, call in enumerate(calls, 1):
                     self._start(call)
+                    if index % START_AT_ONCE == 0:
+                        await asyncio.sleep(0)  # other callers' work runs between these
+                # The calls just started take their first steps (those that end at once
+                # put their results out) before the next message is considered.
+                await asyncio.sleep(0)
+                await self._room.wait()
+                if self._failure is not None:
+                    return
         finally:
             self._reading = False
             self._end_when_answered()
 
     async def responses(self) -> AsyncIterator[invocation_pb2.InvokeToolsResponse]:
-        """What to send: every result ready at once in one message, until the stream may end."""
+        """What to send: every result ready at once in one message, until the stream may end.
+
+        Raises ToolmeshError(RESULTS_NOT_READ) when results were dropped unread.
+        """
         while ready := await self._results.take():
+            if self._results.bytes <= self._pause_bytes:
+                self._room.set()
             yield invocation_pb2.InvokeToolsResponse(
                 results=[result for result, duplicate in ready if not duplicate],
                 refused_duplicates=[result for result, duplicate in ready if duplicate],
             )
+        if self._failure is not None:
+            raise self._failure
 
     def close(self) -> None:
         """The stream ended: its calls go on to their outcomes (a retry joins them), sent nowhere."""
@@ -98,8 +148,19 @@ class CallStream:
             self._end_when_answered()
 
     def _send(self, result: invocation_pb2.StreamedToolResult, *, duplicate: bool = False) -> None:
-        if not self._closed:
-            self._results.put((result, duplicate))
+        if self._closed or self._failure is not None:
+            return
+        self._results.put((result, duplicate))
+        unread = self._results.bytes
+        if unread > self._max_bytes:
+            # Calls taken earlier kept ending: their outcomes stay in the ledger, not here.
+            log.warning("stream results not read; dropped", extra={"unread_bytes": unread})
+            self._failure = ToolmeshError(Code.RESULTS_NOT_READ, "", {"unread_bytes": str(unread)})
+            self._results.clear()
+            self._room.set()  # the reader sees the failure and stops
+            self._results.close()
+        elif unread > self._pause_bytes:
+            self._room.clear()
 
     def _end_when_answered(self) -> None:
         if not self._reading and not self._open and not self._closed:

@@ -13,7 +13,7 @@ from typing import Any
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
+from toolmesh.core.limits import FULL_VIOLATION_REPORT_CHARS, MAX_ARGUMENTS_BYTES
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
@@ -74,7 +74,7 @@ def check_arguments(tool: ToolSpec, arguments_json: str) -> Outcome | None:
     arguments = parse_arguments(arguments_json)
     if isinstance(arguments, Outcome):
         return arguments
-    return check_parsed_arguments(tool, arguments)
+    return check_parsed_arguments(tool, arguments, len(arguments_json))
 
 
 def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
@@ -87,14 +87,21 @@ def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
         )
     try:
         return jsontext.parse(arguments_json)
-    except jsontext.NotPlainJson:
+    except jsontext.NotPlainJson as refused:
+        # What is validated must be what the host reads: text that readers take differently is refused.
         return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID, "Arguments are not JSON.", {"reason": "not_json"}
+            Code.TOOL_ARGS_INVALID,
+            f"Arguments are not plain JSON: {refused.problem}.",
+            {"reason": "not_json"},
         )
 
 
-def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue) -> Outcome | None:
-    """A TOOL_ARGS_INVALID outcome when parsed arguments are not an object that fits the schema."""
+def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue, size: int) -> Outcome | None:
+    """A TOOL_ARGS_INVALID outcome when parsed arguments are not an object that fits the schema.
+
+    `size`: the length of the arguments' text; above FULL_VIOLATION_REPORT_CHARS
+    only the first violation is reported (listing all costs time per violation).
+    """
     if not isinstance(arguments, dict):
         return Outcome.runtime_error(
             Code.TOOL_ARGS_INVALID,
@@ -105,7 +112,8 @@ def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue) -> Out
         validator = compile_schema(
             tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True
         )
-        found = violations(validator, arguments)
+        all_of_them = size <= FULL_VIOLATION_REPORT_CHARS
+        found = violations(validator, arguments, all_of_them=all_of_them)
     except Exception as exc:  # a schema the registry took but this validator cannot use
         log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
         return Outcome.runtime_error(
@@ -114,7 +122,9 @@ def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue) -> Out
     if found:
         return Outcome.runtime_error(
             Code.TOOL_ARGS_INVALID,
-            f"{len(found)} schema violation(s).",
+            f"{len(found)} schema violation(s)."
+            if all_of_them
+            else "The first schema violation found (arguments this large are not checked further).",
             {
                 "reason": "schema",
                 "violations": [{"path": v.path, "message": v.message} for v in found],
@@ -255,7 +265,11 @@ class Invoker:
             await self._confirm(confirmed)
             return InvokeResult("", outcome)
         arguments = parse_arguments(call.arguments_json)
-        invalid = arguments if isinstance(arguments, Outcome) else check_parsed_arguments(tool, arguments)
+        invalid = (
+            arguments
+            if isinstance(arguments, Outcome)
+            else check_parsed_arguments(tool, arguments, len(call.arguments_json))
+        )
         if invalid is not None:
             await self._confirm(confirmed)
             return InvokeResult("", invalid)

@@ -23,7 +23,12 @@ class Multiplexed(Protocol[In_contra, Out_co]):
 async def relay(
     stream: Multiplexed[In_contra, Out_co], messages: AsyncIterator[In_contra]
 ) -> AsyncIterator[Out_co]:
-    """The stream's responses, while a task feeds it the incoming messages."""
+    """The stream's responses, while a task feeds it the incoming messages.
+
+    When reading failed (a message that did not decode or broke the contract:
+    the reader raises, and takes nothing after it), the responses still go out
+    until everything taken is answered; then the stream fails with the reader's error.
+    """
     reader = asyncio.create_task(stream.read(messages))
     try:
         async for response in stream.responses():
@@ -31,3 +36,5 @@ async def relay(
     finally:
         reader.cancel()
         stream.close()
+    if reader.done() and not reader.cancelled() and (error := reader.exception()) is not None:
+        raise error

@@ -22,6 +22,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from toolmesh.auth.guard import Listener, admission, serves
 from toolmesh.core.channels import TRANSPORT_OPTIONS
+from toolmesh.server.decoding import decoding
 from toolmesh.server.instrument import OpenStreams, instrumented
 from toolmesh.server.reflection import enable_reflection
 from toolmesh.server.security import LOOPBACK, Security
@@ -169,15 +170,17 @@ async def _listen(
 ) -> Listening:
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, decoding(server))
 
     def admit(full_method: str) -> Any:
         return admission(full_method, listener, security.verifier)
 
     for service in services:
-        service.add_to_server(instrumented(service.servicer, service.descriptor, admit, streams), server)
+        service.add_to_server(
+            instrumented(service.servicer, service.descriptor, admit, streams), decoding(server)
+        )
     names = [service.full_name for service in services]
-    enable_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server)
+    enable_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], decoding(server))
     try:
         if credentials is None:
             port = server.add_insecure_port(address)

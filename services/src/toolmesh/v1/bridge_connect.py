@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .bridge_pb2 import DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, SubmitToolResultRequest, SubmitToolResultResponse
+from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, SubmitToolResultRequest, SubmitToolResultResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -44,15 +44,17 @@ class BridgeService(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -69,6 +71,17 @@ class BridgeService(Protocol):
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
         for three heartbeat intervals should reconnect.
+
+        Routing: a tool request goes to a host of its session that reads its
+        stream, known by its answers to read checks (Heartbeat.read_check,
+        AnswerReadCheck); among those to one with a named handler for the tool
+        before one with a generic handler, then to the least loaded. A host that
+        has not answered a read check yet (it has just opened, or it does not
+        answer them) gets requests only when no host that answers serves the
+        session. A host that answered before and leaves a read check unanswered
+        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        ends as if it had gone, its read-only or idempotent requests go to another
+        host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -127,6 +140,23 @@ class BridgeService(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    async def answer_read_check(self, request: AnswerReadCheckRequest, ctx: RequestContext[AnswerReadCheckRequest, AnswerReadCheckResponse], /) -> AnswerReadCheckResponse:
+        """
+        AnswerReadCheck tells the bridge that the host has read its stream up to
+        the Heartbeat carrying read_check: a host calls it as soon as it reads
+        such a heartbeat. The bridge sends a read check when the session opens,
+        with heartbeats, and when a request has waited 0.5 s
+        (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+        unknown check changes nothing.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     async def dispatch_tool_request(self, request: DispatchToolRequestRequest, ctx: RequestContext[DispatchToolRequestRequest, DispatchToolRequestResponse], /) -> DispatchToolRequestResponse:
         """
         DispatchToolRequest sends one tool request to a host that serves the
@@ -153,7 +183,11 @@ class BridgeService(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -204,6 +238,17 @@ class BridgeServiceASGIApplication(ConnectASGIApplication[BridgeService]):
                     ),
                     function=svc.declare_host_tools,
                 ),
+                "/toolmesh.v1.BridgeService/AnswerReadCheck": Endpoint.unary(
+                    method=MethodInfo(
+                        name="AnswerReadCheck",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=AnswerReadCheckRequest,
+                        output=AnswerReadCheckResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.answer_read_check,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": Endpoint.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -246,15 +291,17 @@ class BridgeServiceClient(ConnectClient):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -301,6 +348,17 @@ class BridgeServiceClient(ConnectClient):
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
         for three heartbeat intervals should reconnect.
+
+        Routing: a tool request goes to a host of its session that reads its
+        stream, known by its answers to read checks (Heartbeat.read_check,
+        AnswerReadCheck); among those to one with a named handler for the tool
+        before one with a generic handler, then to the least loaded. A host that
+        has not answered a read check yet (it has just opened, or it does not
+        answer them) gets requests only when no host that answers serves the
+        session. A host that answered before and leaves a read check unanswered
+        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        ends as if it had gone, its read-only or idempotent requests go to another
+        host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -404,6 +462,40 @@ class BridgeServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def answer_read_check(
+        self,
+        request: AnswerReadCheckRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AnswerReadCheckResponse:
+        """
+        AnswerReadCheck tells the bridge that the host has read its stream up to
+        the Heartbeat carrying read_check: a host calls it as soon as it reads
+        such a heartbeat. The bridge sends a read check when the session opens,
+        with heartbeats, and when a request has waited 0.5 s
+        (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+        unknown check changes nothing.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="AnswerReadCheck",
+                service_name="toolmesh.v1.BridgeService",
+                input=AnswerReadCheckRequest,
+                output=AnswerReadCheckResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def dispatch_tool_request(
         self,
         request: DispatchToolRequestRequest,
@@ -453,7 +545,11 @@ class BridgeServiceClient(ConnectClient):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,
@@ -476,15 +572,17 @@ class BridgeServiceSync(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -501,6 +599,17 @@ class BridgeServiceSync(Protocol):
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
         for three heartbeat intervals should reconnect.
+
+        Routing: a tool request goes to a host of its session that reads its
+        stream, known by its answers to read checks (Heartbeat.read_check,
+        AnswerReadCheck); among those to one with a named handler for the tool
+        before one with a generic handler, then to the least loaded. A host that
+        has not answered a read check yet (it has just opened, or it does not
+        answer them) gets requests only when no host that answers serves the
+        session. A host that answered before and leaves a read check unanswered
+        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        ends as if it had gone, its read-only or idempotent requests go to another
+        host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -559,6 +668,23 @@ class BridgeServiceSync(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def answer_read_check(self, request: AnswerReadCheckRequest, ctx: RequestContext[AnswerReadCheckRequest, AnswerReadCheckResponse], /) -> AnswerReadCheckResponse:
+        """
+        AnswerReadCheck tells the bridge that the host has read its stream up to
+        the Heartbeat carrying read_check: a host calls it as soon as it reads
+        such a heartbeat. The bridge sends a read check when the session opens,
+        with heartbeats, and when a request has waited 0.5 s
+        (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+        unknown check changes nothing.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     def dispatch_tool_request(self, request: DispatchToolRequestRequest, ctx: RequestContext[DispatchToolRequestRequest, DispatchToolRequestResponse], /) -> DispatchToolRequestResponse:
         """
         DispatchToolRequest sends one tool request to a host that serves the
@@ -585,7 +711,11 @@ class BridgeServiceSync(Protocol):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -634,6 +764,17 @@ class BridgeServiceWSGIApplication(ConnectWSGIApplication):
                     ),
                     function=service.declare_host_tools,
                 ),
+                "/toolmesh.v1.BridgeService/AnswerReadCheck": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="AnswerReadCheck",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=AnswerReadCheckRequest,
+                        output=AnswerReadCheckResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.answer_read_check,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": EndpointSync.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -676,15 +817,17 @@ class BridgeServiceClientSync(ConnectClientSync):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -731,6 +874,17 @@ class BridgeServiceClientSync(ConnectClientSync):
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
         for three heartbeat intervals should reconnect.
+
+        Routing: a tool request goes to a host of its session that reads its
+        stream, known by its answers to read checks (Heartbeat.read_check,
+        AnswerReadCheck); among those to one with a named handler for the tool
+        before one with a generic handler, then to the least loaded. A host that
+        has not answered a read check yet (it has just opened, or it does not
+        answer them) gets requests only when no host that answers serves the
+        session. A host that answered before and leaves a read check unanswered
+        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        ends as if it had gone, its read-only or idempotent requests go to another
+        host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -834,6 +988,40 @@ class BridgeServiceClientSync(ConnectClientSync):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    def answer_read_check(
+        self,
+        request: AnswerReadCheckRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AnswerReadCheckResponse:
+        """
+        AnswerReadCheck tells the bridge that the host has read its stream up to
+        the Heartbeat carrying read_check: a host calls it as soon as it reads
+        such a heartbeat. The bridge sends a read check when the session opens,
+        with heartbeats, and when a request has waited 0.5 s
+        (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+        unknown check changes nothing.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="AnswerReadCheck",
+                service_name="toolmesh.v1.BridgeService",
+                input=AnswerReadCheckRequest,
+                output=AnswerReadCheckResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     def dispatch_tool_request(
         self,
         request: DispatchToolRequestRequest,
@@ -883,7 +1071,11 @@ class BridgeServiceClientSync(ConnectClientSync):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         return self.execute_bidi_stream(
             request=request,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import grpc
 
-from toolmesh.core.limits import MAX_MESSAGE_BYTES
+from toolmesh.core.limits import MAX_MESSAGE_BYTES, RECONNECT_BACKOFF_FIRST_MS, RECONNECT_BACKOFF_MAX_MS
 
 # Shared by servers and clients: message limits, and keepalive pings so that
 # either end of a long-lived stream notices a dead peer even when nothing is sent.
@@ -23,6 +23,10 @@ CHANNEL_OPTIONS = [
     # toolmesh decides what may be retried (the ledger, the host SDK); gRPC's
     # transparent retries would also hold a copy of every request in flight.
     ("grpc.enable_retries", 0),
+    # gRPC's own backoff grows to 120 s: after a 30 s outage a channel waited
+    # about 16 s more before it tried again, failing every call meanwhile.
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_FIRST_MS),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
 ]
 
 

@@ -73,6 +73,7 @@ class Code(enum.StrEnum):
     REQUEST_ENDED = "REQUEST_ENDED"
     REQUEST_DUPLICATE = "REQUEST_DUPLICATE"
     HOST_SESSION_UNKNOWN = "HOST_SESSION_UNKNOWN"
+    HOST_NOT_READING = "HOST_NOT_READING"
     # The invocation ledger.
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVOCATION_NOT_FOUND = "INVOCATION_NOT_FOUND"
@@ -83,6 +84,8 @@ class Code(enum.StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     WRONG_LISTENER = "WRONG_LISTENER"
+    # An InvokeTools stream whose caller stopped reading its results.
+    RESULTS_NOT_READ = "RESULTS_NOT_READ"
     # Seen by a caller that received no outcome at all.
     CALLER_DEADLINE_EXCEEDED = "CALLER_DEADLINE_EXCEEDED"
     TRANSPORT_FAILED = "TRANSPORT_FAILED"
@@ -215,6 +218,11 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.HOST_SESSION_UNKNOWN: ErrorSpec(
         status=S.NOT_FOUND, retryable=False, message="The host session does not exist or has ended."
     ),
+    Code.HOST_NOT_READING: ErrorSpec(
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message="The host left a read check unanswered, so its session ended; open a new one.",
+    ),
     Code.RESULT_NOT_JSON: ErrorSpec(
         status=S.INVALID_ARGUMENT, retryable=False, caller_fault=True, message="The result is not valid JSON."
     ),
@@ -242,6 +250,11 @@ _TABLE: dict[Code, ErrorSpec] = {
         caller_fault=True,
         message="This RPC is not served on this port: internal RPCs only on the internal listener, "
         "the others only on the public one.",
+    ),
+    Code.RESULTS_NOT_READ: ErrorSpec(
+        status=S.RESOURCE_EXHAUSTED,
+        retryable=True,
+        message="The caller did not read its results, so the stream ended; an exact retry replays them.",
     ),
     Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
         status=S.DEADLINE_EXCEEDED,

@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE
+
 T = TypeVar("T")
 
 # Well under the transport's message limit (limits.MAX_MESSAGE_BYTES),
@@ -21,19 +23,40 @@ BATCH_BYTES = 1024 * 1024
 
 
 class Outbox(Generic[T]):
-    def __init__(self, size_of: Callable[[T], int], batch_bytes: int = BATCH_BYTES) -> None:
+    """Items in order, taken in batches of at most `batch_bytes` and `batch_items` (one item at least)."""
+
+    def __init__(
+        self,
+        size_of: Callable[[T], int],
+        batch_bytes: int = BATCH_BYTES,
+        batch_items: int = MAX_CALLS_PER_MESSAGE,
+    ) -> None:
         self._size_of = size_of
         self._batch_bytes = batch_bytes
-        self._items: deque[T] = deque()
+        self._batch_items = batch_items
+        self._items: deque[tuple[T, int]] = deque()
+        self._bytes = 0
         self._ready = asyncio.Event()
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def bytes(self) -> int:
+        """The sizes of the items waiting, added up."""
+        return self._bytes
+
     def put(self, item: T) -> None:
-        self._items.append(item)
+        size = self._size_of(item)
+        self._items.append((item, size))
+        self._bytes += size
         self._ready.set()
+
+    def clear(self) -> None:
+        """Drop every item waiting."""
+        self._items.clear()
+        self._bytes = 0
 
     def close(self) -> None:
         """No more items: `take` returns what is left, then an empty batch."""
@@ -41,19 +64,21 @@ class Outbox(Generic[T]):
         self._ready.set()
 
     async def take(self) -> list[T]:
-        """The items ready now, oldest first, up to the byte budget (at least one).
+        """The items ready now, oldest first, up to the budgets (at least one).
 
         Waits while there are none; [] once closed and empty.
         """
         await self._ready.wait()
         batch: list[T] = []
         total = 0
-        while self._items:
-            size = self._size_of(self._items[0])
+        while self._items and len(batch) < self._batch_items:
+            item, size = self._items[0]
             if batch and total + size > self._batch_bytes:
                 break
-            batch.append(self._items.popleft())
+            self._items.popleft()
+            batch.append(item)
             total += size
+        self._bytes -= total
         if not self._items and not self._closed:
             self._ready.clear()
         return batch

@@ -16,7 +16,7 @@ import jsonschema_rs
 
 from toolmesh.core import jsontext
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import MAX_SCHEMA_BYTES
+from toolmesh.core.limits import MAX_REPORTED_VIOLATIONS, MAX_SCHEMA_BYTES, MAX_VIOLATION_TEXT
 
 Validator = jsonschema_rs.Draft202012Validator | jsonschema_rs.Draft7Validator
 
@@ -25,7 +25,6 @@ DIALECTS: dict[str, type[Validator]] = {
     "json-schema.org/draft-07/schema": jsonschema_rs.Draft7Validator,
 }
 DEFAULT_DIALECT: type[Validator] = jsonschema_rs.Draft202012Validator
-MAX_REPORTED_VIOLATIONS = 20
 
 
 def _dialect(schema: dict[str, Any]) -> type[Validator] | None:
@@ -78,16 +77,46 @@ def _compile(text: str, tool: str, which: str, require_object: bool) -> Validato
 
 @dataclass(frozen=True, slots=True)
 class Violation:
+    """Where the instance breaks the schema (a JSON Pointer) and how, each cut to MAX_VIOLATION_TEXT."""
+
     path: str
     message: str
 
 
-def violations(validator: Validator, instance: Any) -> list[Violation]:
-    """Where `instance` breaks the schema, first ones by path; empty when it conforms."""
+def violations(validator: Validator, instance: Any, *, all_of_them: bool = True) -> list[Violation]:
+    """Where `instance` breaks the schema, first ones by path; empty when it conforms.
+
+    At most MAX_REPORTED_VIOLATIONS. Listing them all costs time in proportion
+    to how many there are; with `all_of_them` false only the first one found
+    is reported, at a cost that does not grow with the instance.
+    """
     if validator.is_valid(instance):
         return []
-    found = sorted(validator.iter_errors(instance), key=lambda error: [str(p) for p in error.instance_path])
-    return [
-        Violation("/" + "/".join(str(part) for part in error.instance_path), error.message)
-        for error in found[:MAX_REPORTED_VIOLATIONS]
+    if not all_of_them:
+        try:
+            validator.validate(instance)
+        except jsonschema_rs.ValidationError as error:
+            return [_violation(_pointer(error.instance_path), error.message, _pointer(error.schema_path))]
+        return []  # is_valid said otherwise: not reached
+    found = [
+        _violation(error["instanceLocation"], error["error"], error["schemaLocation"])
+        for error in validator.evaluate(instance).errors()
     ]
+    found.sort(key=lambda violation: violation.path.split("/"))
+    return found[:MAX_REPORTED_VIOLATIONS]
+
+
+def _pointer(parts: Any) -> str:
+    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in parts)
+
+
+def _violation(path: str, message: str, schema_location: str) -> Violation:
+    """A violation whose text is bounded: messages quote the value, which may be as large as the arguments."""
+    if len(message) > MAX_VIOLATION_TEXT:
+        keyword = schema_location.rsplit("/", 1)[-1]
+        message = f'does not satisfy "{keyword}" at {schema_location} (the value is too long to quote)'
+    return Violation(_cut(path), _cut(message))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_VIOLATION_TEXT else text[: MAX_VIOLATION_TEXT - 1] + "…"

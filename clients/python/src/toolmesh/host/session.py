@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import json
 import logging
-import random
 import socket
 import time
 from collections.abc import Callable
@@ -18,9 +17,11 @@ import grpc
 from opentelemetry.trace import SpanKind
 
 from toolmesh.core import correlation, telemetry
+from toolmesh.core.backoff import Backoff
 from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
+from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code, error_info, status_of
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
@@ -50,8 +51,9 @@ class HostError:
     turn_id: str = ""
     tool_request_id: str = ""
     tool_name: str = ""
-    # For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...)
-    # or TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE.
+    # For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...),
+    # TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE, or SHUTTING_DOWN
+    # (stop() came first), INTERNAL (the SDK itself failed; its log says how).
     cause: str = ""
 
 
@@ -107,21 +109,28 @@ class _Registered:
         return cls(handler, inspect.iscoroutinefunction(handler))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _ActiveCall:
     task: asyncio.Task[None]
     ctx: ToolContext
     cancellable: bool
+    # Set once the handler has produced its outcome: from then on the runtime's
+    # cancellation no longer reaches the task, so the outcome is submitted (and
+    # a refusal reported), never dropped.
+    submitting: bool = False
 
 
 # Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
 MAX_CONCURRENT_SUBMITS = 256
 SUBMIT_GRACE_S = 5.0
+# How long stop() lets results already on their way to the bridge arrive.
+STOP_GRACE_S = 2.0
 # Missing this many heartbeats in a row means the bridge is gone.
 _MISSED_HEARTBEATS = 3
 # The bridge refused the host itself: its token, or the address it was given.
 _REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
 DECLARE_TIMEOUT_S = 10.0
+READ_CHECK_TIMEOUT_S = READ_CHECK_TIMEOUT_MS / 1000
 
 
 class ToolHost:
@@ -186,6 +195,7 @@ class ToolHost:
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
+        self._answering: set[asyncio.Task[None]] = set()
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
         self._runner: asyncio.Task[None] | None = None
         self.host_session_id = ""
@@ -245,8 +255,11 @@ class ToolHost:
 
         That is a handler that raised, a result that could not be sent as it was,
         and a result the bridge refused or could not be reached for (after
-        retrying transport failures until the call's deadline). A callback that
-        raises is logged and does not stop the others.
+        retrying transport failures until the call's deadline), or that `stop()`
+        kept from arriving. Every handler run ends either with its result handed
+        to the bridge or with such a report, whatever arrives when (a
+        cancellation once the handler has finished does not stop its submit).
+        A callback that raises is logged and does not stop the others.
         """
         self._error_callbacks.append(callback)
 
@@ -316,15 +329,16 @@ class ToolHost:
     async def run(self) -> None:
         """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
 
-        Reconnects after a jittered backoff (0.1 s doubling up to 5 s). A stream
+        Reconnects after a jittered backoff (0.1 s doubling up to 1 s, so that a
+        bridge that comes back is reached within about a second). A stream
         counts as silent when the bridge sends nothing for three heartbeat
         intervals. Failures are logged, never raised. `start()` runs this in a task.
         """
-        backoff = 0.1
+        backoff = Backoff()
         while not self._stopping:
             try:
                 await self._serve_once()
-                backoff = 0.1
+                backoff.reset()
             except grpc.aio.AioRpcError as error:
                 self._last_failure = f"{error.code().name}: {error.details()}"
                 log.warning(
@@ -344,8 +358,7 @@ class ToolHost:
             self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channels[self._turn])
             # Waiting to reconnect, but not past stop(): it would wait as long.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_requested.wait(), backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 5.0)
+                await asyncio.wait_for(self._stop_requested.wait(), backoff.next())
 
     def _refused(self, error: grpc.aio.AioRpcError) -> None:
         code = error_code(error)
@@ -361,11 +374,15 @@ class ToolHost:
             self._report(self._refusal)
 
     async def stop(self) -> None:
-        """Close the stream, cancel the async handlers still running, and close an owned channel.
+        """Close the stream, cancel the handlers still running, finish submits, close an owned channel.
 
-        Returns without waiting out a reconnect backoff. A sync handler's thread
-        cannot be cancelled: it finishes, and its result is not sent. Stopping
-        twice is harmless.
+        Results being handed to the bridge get up to STOP_GRACE_S to arrive.
+        Every call whose result does not reach the bridge (its handler was
+        cancelled, or its submit did not finish in time) is reported to
+        `on_error` as SUBMIT_TOOL_RESULT_FAILED with cause SHUTTING_DOWN. A sync
+        handler's thread cannot be cancelled: it finishes, and its result is not
+        sent. Returns without waiting out a reconnect backoff. Stopping twice is
+        harmless.
         """
         if self._closed:
             return
@@ -377,10 +394,18 @@ class ToolHost:
         if self._runner is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
-        tasks = [active.task for active in self._active.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        calls = list(self._active.values())
+        for call in calls:
+            if not call.submitting:
+                call.task.cancel()
+        tasks = [call.task for call in calls]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=STOP_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for answering in list(self._answering):
+            answering.cancel()
         if self._own_channel:
             for channel in self._channels:
                 await channel.close()
@@ -442,6 +467,26 @@ class ToolHost:
                 self._begin(event.tool_request, self.host_session_id)
             elif kind == "cancelled":
                 self._cancel(event.cancelled)
+            elif kind == "heartbeat" and event.heartbeat.read_check:
+                self._answer_read_check(self.host_session_id, event.heartbeat.read_check)
+
+    def _answer_read_check(self, host_session_id: str, read_check: int) -> None:
+        """Tell the bridge this host reads its stream: it routes requests to hosts that do."""
+        task = asyncio.create_task(self._send_read_check(host_session_id, read_check))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _send_read_check(self, host_session_id: str, read_check: int) -> None:
+        request = bridge_pb2.AnswerReadCheckRequest(host_session_id=host_session_id, read_check=read_check)
+        try:
+            with telemetry.client_call("toolmesh.v1.BridgeService/AnswerReadCheck") as metadata:
+                await self._stub.AnswerReadCheck(
+                    request, timeout=READ_CHECK_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+                )
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as error:
+            # The next check asks again; a bridge that takes us for gone ends the stream.
+            status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else "CLOSED"
+            log.debug("answering a read check failed", extra={"grpc_status": status})
 
     async def _declare(self, host_session_id: str) -> None:
         """Send the declared tools; a refusal goes to the error callbacks.
@@ -486,7 +531,7 @@ class ToolHost:
         reason = "timeout" if cancelled.reason == bridge_pb2.CANCEL_REASON_TIMEOUT else "cancelled"
         active.ctx.cancellation.set(reason)
         log.info("tool call cancelled", extra=_ids(active.ctx) | {"reason": reason})
-        if active.cancellable:
+        if active.cancellable and not active.submitting:
             active.task.cancel()
 
     async def _serve(
@@ -512,6 +557,9 @@ class ToolHost:
             if outcome is None:
                 span.set_attribute("toolmesh.cancelled", True)
                 return
+            active = self._active.get(ctx.tool_request_id)
+            if active is not None:
+                active.submitting = True
             telemetry.record_outcome(outcome)
             await self._submit(outcome, ctx, host_session_id)
 
@@ -534,7 +582,10 @@ class ToolHost:
                 if inspect.isawaitable(value):
                     value = await value
         except asyncio.CancelledError:
-            if self._stopping or ctx.cancelled:
+            if self._stopping:
+                self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped while the handler ran.")
+                return None
+            if ctx.cancelled:  # the runtime said stop: the caller has its outcome, nothing was produced
                 return None
             raise
         except Exception as exc:
@@ -559,11 +610,31 @@ class ToolHost:
     async def _submit(self, outcome: Outcome, ctx: ToolContext, host_session_id: str) -> None:
         """Hand the outcome to the bridge, retrying transport failures until the call's deadline.
 
-        Sending the same outcome again is safe: the bridge accepts one outcome
-        per request and says whether it was this one (REQUEST_ENDED, ended=answered).
-        When the stream broke meanwhile (its bridge replica may be gone), it waits for the
-        next connection and hands the outcome in there, naming the same request.
+        Ends with the outcome delivered or a SUBMIT_TOOL_RESULT_FAILED report,
+        whatever happens meanwhile: a refusal, a transport that stays down, this
+        host stopping. When the stream broke meanwhile (its bridge replica may be
+        gone), it waits for the next connection and hands the outcome in there,
+        naming the same request. Sending the same outcome again is safe: the
+        bridge accepts one outcome per request and says whether it was this one
+        (REQUEST_ENDED, ended=answered).
         """
+        try:
+            cause, detail = await self._deliver(outcome, ctx, host_session_id)
+        except asyncio.CancelledError:
+            # Only stop() cancels a submit: the result goes nowhere, so say so.
+            self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped before the bridge answered.")
+            raise
+        except Exception as exc:
+            log.exception("submit raised", extra=_ids(ctx) | {"exception": type(exc).__name__})
+            self._submit_failed(ctx, Code.INTERNAL.value, type(exc).__name__)
+            return
+        if cause is not None:
+            self._submit_failed(ctx, cause, detail)
+
+    async def _deliver(
+        self, outcome: Outcome, ctx: ToolContext, host_session_id: str
+    ) -> tuple[str | None, str]:
+        """Send until the bridge takes the outcome (None) or says why not (the cause and its message)."""
         request = bridge_pb2.SubmitToolResultRequest(
             host_session_id=host_session_id,
             tool_request_id=ctx.tool_request_id,
@@ -584,7 +655,9 @@ class ToolHost:
                             timeout=max(ctx.time_remaining(), 1.0) + SUBMIT_GRACE_S,
                             metadata=await self._bearer.metadata(metadata),
                         )
-                return
+                return None, ""
+            except grpc.aio.UsageError:
+                return Code.TRANSPORT_FAILED.value, "The channel to the bridge is closed."
             except grpc.aio.AioRpcError as error:
                 info = error_info(error)
                 reason = code_for_reason(info.reason) if info is not None else None
@@ -594,7 +667,7 @@ class ToolHost:
                     and info
                     and info.metadata.get("ended") == "answered"
                 ):
-                    return  # an earlier attempt got through; its answer was lost on the way back
+                    return None, ""  # an earlier attempt got through; its answer was lost on the way back
                 # No code of ours: the transport's own failure, retried while the table says it may pass.
                 transient = reason is None and status_of(error.code()) in RETRYABLE_STATUSES
                 retry = transient and ctx.time_remaining() > 0
@@ -605,10 +678,10 @@ class ToolHost:
                 log.warning(
                     "submit failed", extra=_ids(ctx) | {"cause": cause, "grpc_status": error.code().name}
                 )
-                self._report(
-                    HostError(Code.SUBMIT_TOOL_RESULT_FAILED, error.details() or "", cause=cause, **_ids(ctx))
-                )
-                return
+                return cause, error.details() or ""
+
+    def _submit_failed(self, ctx: ToolContext, cause: str, detail: str) -> None:
+        self._report(HostError(Code.SUBMIT_TOOL_RESULT_FAILED, detail, cause=cause, **_ids(ctx)))
 
     def _report(self, error: HostError) -> None:
         for callback in self._error_callbacks:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from toolmesh.v1 import tool_pb2 as toolmesh_dot_v1_dot_tool__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18toolmesh/v1/bridge.proto\x12\x0btoolmesh.v1\x1a\x16toolmesh/v1/tool.proto\"s\n\x16OpenHostSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\thost_name\x18\x02 \x01(\t\x12\x15\n\rhandler_names\x18\x03 \x03(\t\x12\x1b\n\x13has_generic_handler\x18\x04 \x01(\x08\"\xeb\x01\n\x17OpenHostSessionResponse\x12\x30\n\x06opened\x18\x01 \x01(\x0b\x32\x1e.toolmesh.v1.HostSessionOpenedH\x00\x12\x30\n\x0ctool_request\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolRequestH\x00\x12\x36\n\tcancelled\x18\x03 \x01(\x0b\x32!.toolmesh.v1.ToolRequestCancelledH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.toolmesh.v1.HeartbeatH\x00\x42\x07\n\x05\x65vent\"K\n\x11HostSessionOpened\x12\x17\n\x0fhost_session_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"\x99\x02\n\x0bToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x17\n\x0ftool_request_id\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.toolmesh.v1.ToolRequest.TraceContextEntry\x12\x15\n\rredeliverable\x18\x08 \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x14ToolRequestCancelled\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12)\n\x06reason\x18\x02 \x01(\x0e\x32\x19.toolmesh.v1.CancelReason\"\x0b\n\tHeartbeat\"v\n\x17SubmitToolResultRequest\x12\x17\n\x0fhost_session_id\x18\x01 \x01(\t\x12\x17\n\x0ftool_request_id\x18\x02 \x01(\t\x12)\n\x07outcome\x18\x03 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\"\x1a\n\x18SubmitToolResultResponse\"^\n\x17\x44\x65\x63lareHostToolsRequest\x12\x17\n\x0fhost_session_id\x18\x01 \x01(\t\x12*\n\x05tools\x18\x02 \x03(\x0b\x32\x1b.toolmesh.v1.ToolDefinition\",\n\x18\x44\x65\x63lareHostToolsResponse\x12\x10\n\x08revision\x18\x01 \x01(\x04\"G\n\x1a\x44ispatchToolRequestRequest\x12)\n\x07request\x18\x01 \x01(\x0b\x32\x18.toolmesh.v1.ToolRequest\"H\n\x1b\x44ispatchToolRequestResponse\x12)\n\x07outcome\x18\x01 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\"j\n\x1b\x44ispatchToolRequestsRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.toolmesh.v1.ToolRequest\x12\x1f\n\x17\x63\x61ncel_tool_request_ids\x18\x02 \x03(\t\"L\n\x1c\x44ispatchToolRequestsResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.toolmesh.v1.DispatchResult\"\x91\x01\n\x0e\x44ispatchResult\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12+\n\x07outcome\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcomeH\x00\x12/\n\x07refusal\x18\x03 \x01(\x0b\x32\x1c.toolmesh.v1.DispatchRefusalH\x00\x42\x08\n\x06result\"2\n\x0f\x44ispatchRefusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t*e\n\x0c\x43\x61ncelReason\x12\x1d\n\x19\x43\x41NCEL_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41NCEL_REASON_TIMEOUT\x10\x01\x12\x1b\n\x17\x43\x41NCEL_REASON_CANCELLED\x10\x02\x32\x8c\x04\n\rBridgeService\x12^\n\x0fOpenHostSession\x12#.toolmesh.v1.OpenHostSessionRequest\x1a$.toolmesh.v1.OpenHostSessionResponse0\x01\x12_\n\x10SubmitToolResult\x12$.toolmesh.v1.SubmitToolResultRequest\x1a%.toolmesh.v1.SubmitToolResultResponse\x12_\n\x10\x44\x65\x63lareHostTools\x12$.toolmesh.v1.DeclareHostToolsRequest\x1a%.toolmesh.v1.DeclareHostToolsResponse\x12h\n\x13\x44ispatchToolRequest\x12\'.toolmesh.v1.DispatchToolRequestRequest\x1a(.toolmesh.v1.DispatchToolRequestResponse\x12o\n\x14\x44ispatchToolRequests\x12(.toolmesh.v1.DispatchToolRequestsRequest\x1a).toolmesh.v1.DispatchToolRequestsResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18toolmesh/v1/bridge.proto\x12\x0btoolmesh.v1\x1a\x16toolmesh/v1/tool.proto\"s\n\x16OpenHostSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\thost_name\x18\x02 \x01(\t\x12\x15\n\rhandler_names\x18\x03 \x03(\t\x12\x1b\n\x13has_generic_handler\x18\x04 \x01(\x08\"\xeb\x01\n\x17OpenHostSessionResponse\x12\x30\n\x06opened\x18\x01 \x01(\x0b\x32\x1e.toolmesh.v1.HostSessionOpenedH\x00\x12\x30\n\x0ctool_request\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolRequestH\x00\x12\x36\n\tcancelled\x18\x03 \x01(\x0b\x32!.toolmesh.v1.ToolRequestCancelledH\x00\x12+\n\theartbeat\x18\x04 \x01(\x0b\x32\x16.toolmesh.v1.HeartbeatH\x00\x42\x07\n\x05\x65vent\"K\n\x11HostSessionOpened\x12\x17\n\x0fhost_session_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"\x99\x02\n\x0bToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x17\n\x0ftool_request_id\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\t\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.toolmesh.v1.ToolRequest.TraceContextEntry\x12\x15\n\rredeliverable\x18\x08 \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x14ToolRequestCancelled\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12)\n\x06reason\x18\x02 \x01(\x0e\x32\x19.toolmesh.v1.CancelReason\"\x1f\n\tHeartbeat\x12\x12\n\nread_check\x18\x01 \x01(\x04\"v\n\x17SubmitToolResultRequest\x12\x17\n\x0fhost_session_id\x18\x01 \x01(\t\x12\x17\n\x0ftool_request_id\x18\x02 \x01(\t\x12)\n\x07outcome\x18\x03 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\"\x1a\n\x18SubmitToolResultResponse\"E\n\x16\x41nswerReadCheckRequest\x12\x17\n\x0fhost_session_id\x18\x01 \x01(\t\x12\x12\n\nread_check\x18\x02 \x01(\x04\"\x19\n\x17\x41nswerReadCheckResponse\"^\n\x17\x44\x65\x63lareHostToolsRequest\x12\x17\n\x0fhost_session_id\x18\x01 \x01(\t\x12*\n\x05tools\x18\x02 \x03(\x0b\x32\x1b.toolmesh.v1.ToolDefinition\",\n\x18\x44\x65\x63lareHostToolsResponse\x12\x10\n\x08revision\x18\x01 \x01(\x04\"G\n\x1a\x44ispatchToolRequestRequest\x12)\n\x07request\x18\x01 \x01(\x0b\x32\x18.toolmesh.v1.ToolRequest\"H\n\x1b\x44ispatchToolRequestResponse\x12)\n\x07outcome\x18\x01 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\"j\n\x1b\x44ispatchToolRequestsRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.toolmesh.v1.ToolRequest\x12\x1f\n\x17\x63\x61ncel_tool_request_ids\x18\x02 \x03(\t\"L\n\x1c\x44ispatchToolRequestsResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.toolmesh.v1.DispatchResult\"\x91\x01\n\x0e\x44ispatchResult\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12+\n\x07outcome\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcomeH\x00\x12/\n\x07refusal\x18\x03 \x01(\x0b\x32\x1c.toolmesh.v1.DispatchRefusalH\x00\x42\x08\n\x06result\"2\n\x0f\x44ispatchRefusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t*e\n\x0c\x43\x61ncelReason\x12\x1d\n\x19\x43\x41NCEL_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41NCEL_REASON_TIMEOUT\x10\x01\x12\x1b\n\x17\x43\x41NCEL_REASON_CANCELLED\x10\x02\x32\xea\x04\n\rBridgeService\x12^\n\x0fOpenHostSession\x12#.toolmesh.v1.OpenHostSessionRequest\x1a$.toolmesh.v1.OpenHostSessionResponse0\x01\x12_\n\x10SubmitToolResult\x12$.toolmesh.v1.SubmitToolResultRequest\x1a%.toolmesh.v1.SubmitToolResultResponse\x12_\n\x10\x44\x65\x63lareHostTools\x12$.toolmesh.v1.DeclareHostToolsRequest\x1a%.toolmesh.v1.DeclareHostToolsResponse\x12\\\n\x0f\x41nswerReadCheck\x12#.toolmesh.v1.AnswerReadCheckRequest\x1a$.toolmesh.v1.AnswerReadCheckResponse\x12h\n\x13\x44ispatchToolRequest\x12\'.toolmesh.v1.DispatchToolRequestRequest\x1a(.toolmesh.v1.DispatchToolRequestResponse\x12o\n\x14\x44ispatchToolRequests\x12(.toolmesh.v1.DispatchToolRequestsRequest\x1a).toolmesh.v1.DispatchToolRequestsResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TOOLREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_TOOLREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_CANCELREASON']._serialized_start=1709
-  _globals['_CANCELREASON']._serialized_end=1810
+  _globals['_CANCELREASON']._serialized_start=1827
+  _globals['_CANCELREASON']._serialized_end=1928
   _globals['_OPENHOSTSESSIONREQUEST']._serialized_start=65
   _globals['_OPENHOSTSESSIONREQUEST']._serialized_end=180
   _globals['_OPENHOSTSESSIONRESPONSE']._serialized_start=183
@@ -49,27 +49,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLREQUESTCANCELLED']._serialized_start=781
   _globals['_TOOLREQUESTCANCELLED']._serialized_end=871
   _globals['_HEARTBEAT']._serialized_start=873
-  _globals['_HEARTBEAT']._serialized_end=884
-  _globals['_SUBMITTOOLRESULTREQUEST']._serialized_start=886
-  _globals['_SUBMITTOOLRESULTREQUEST']._serialized_end=1004
-  _globals['_SUBMITTOOLRESULTRESPONSE']._serialized_start=1006
-  _globals['_SUBMITTOOLRESULTRESPONSE']._serialized_end=1032
-  _globals['_DECLAREHOSTTOOLSREQUEST']._serialized_start=1034
-  _globals['_DECLAREHOSTTOOLSREQUEST']._serialized_end=1128
-  _globals['_DECLAREHOSTTOOLSRESPONSE']._serialized_start=1130
-  _globals['_DECLAREHOSTTOOLSRESPONSE']._serialized_end=1174
-  _globals['_DISPATCHTOOLREQUESTREQUEST']._serialized_start=1176
-  _globals['_DISPATCHTOOLREQUESTREQUEST']._serialized_end=1247
-  _globals['_DISPATCHTOOLREQUESTRESPONSE']._serialized_start=1249
-  _globals['_DISPATCHTOOLREQUESTRESPONSE']._serialized_end=1321
-  _globals['_DISPATCHTOOLREQUESTSREQUEST']._serialized_start=1323
-  _globals['_DISPATCHTOOLREQUESTSREQUEST']._serialized_end=1429
-  _globals['_DISPATCHTOOLREQUESTSRESPONSE']._serialized_start=1431
-  _globals['_DISPATCHTOOLREQUESTSRESPONSE']._serialized_end=1507
-  _globals['_DISPATCHRESULT']._serialized_start=1510
-  _globals['_DISPATCHRESULT']._serialized_end=1655
-  _globals['_DISPATCHREFUSAL']._serialized_start=1657
-  _globals['_DISPATCHREFUSAL']._serialized_end=1707
-  _globals['_BRIDGESERVICE']._serialized_start=1813
-  _globals['_BRIDGESERVICE']._serialized_end=2337
+  _globals['_HEARTBEAT']._serialized_end=904
+  _globals['_SUBMITTOOLRESULTREQUEST']._serialized_start=906
+  _globals['_SUBMITTOOLRESULTREQUEST']._serialized_end=1024
+  _globals['_SUBMITTOOLRESULTRESPONSE']._serialized_start=1026
+  _globals['_SUBMITTOOLRESULTRESPONSE']._serialized_end=1052
+  _globals['_ANSWERREADCHECKREQUEST']._serialized_start=1054
+  _globals['_ANSWERREADCHECKREQUEST']._serialized_end=1123
+  _globals['_ANSWERREADCHECKRESPONSE']._serialized_start=1125
+  _globals['_ANSWERREADCHECKRESPONSE']._serialized_end=1150
+  _globals['_DECLAREHOSTTOOLSREQUEST']._serialized_start=1152
+  _globals['_DECLAREHOSTTOOLSREQUEST']._serialized_end=1246
+  _globals['_DECLAREHOSTTOOLSRESPONSE']._serialized_start=1248
+  _globals['_DECLAREHOSTTOOLSRESPONSE']._serialized_end=1292
+  _globals['_DISPATCHTOOLREQUESTREQUEST']._serialized_start=1294
+  _globals['_DISPATCHTOOLREQUESTREQUEST']._serialized_end=1365
+  _globals['_DISPATCHTOOLREQUESTRESPONSE']._serialized_start=1367
+  _globals['_DISPATCHTOOLREQUESTRESPONSE']._serialized_end=1439
+  _globals['_DISPATCHTOOLREQUESTSREQUEST']._serialized_start=1441
+  _globals['_DISPATCHTOOLREQUESTSREQUEST']._serialized_end=1547
+  _globals['_DISPATCHTOOLREQUESTSRESPONSE']._serialized_start=1549
+  _globals['_DISPATCHTOOLREQUESTSRESPONSE']._serialized_end=1625
+  _globals['_DISPATCHRESULT']._serialized_start=1628
+  _globals['_DISPATCHRESULT']._serialized_end=1773
+  _globals['_DISPATCHREFUSAL']._serialized_start=1775
+  _globals['_DISPATCHREFUSAL']._serialized_end=1825
+  _globals['_BRIDGESERVICE']._serialized_start=1931
+  _globals['_BRIDGESERVICE']._serialized_end=2549
 # @@protoc_insertion_point(module_scope)

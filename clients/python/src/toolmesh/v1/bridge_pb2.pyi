@@ -278,12 +278,20 @@ class Heartbeat(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    READ_CHECK_FIELD_NUMBER: _builtins.int
+    read_check: _builtins.int
+    """Nonzero: a read check. Answer it with AnswerReadCheck as soon as this
+    event is read, so the bridge knows this host reads its stream (see
+    OpenHostSession for what it does with the answers).
+    """
     def __init__(
         self,
+        *,
+        read_check: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_check", b"read_check"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -335,6 +343,45 @@ class SubmitToolResultResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitToolResultResponse: _TypeAlias = SubmitToolResultResponse  # noqa: Y015
+
+@_typing.final
+class AnswerReadCheckRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    READ_CHECK_FIELD_NUMBER: _builtins.int
+    host_session_id: _builtins.str
+    """From HostSessionOpened."""
+    read_check: _builtins.int
+    """The Heartbeat's read_check."""
+    def __init__(
+        self,
+        *,
+        host_session_id: _builtins.str = ...,
+        read_check: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_session_id", b"host_session_id", "read_check", b"read_check"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AnswerReadCheckRequest: _TypeAlias = AnswerReadCheckRequest  # noqa: Y015
+
+@_typing.final
+class AnswerReadCheckResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AnswerReadCheckResponse: _TypeAlias = AnswerReadCheckResponse  # noqa: Y015
 
 @_typing.final
 class DeclareHostToolsRequest(_message.Message):

@@ -31,15 +31,17 @@ class BridgeServiceStub:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -70,6 +72,11 @@ class BridgeServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsResponse.FromString,
                 _registered_method=True)
+        self.AnswerReadCheck = channel.unary_unary(
+                '/toolmesh.v1.BridgeService/AnswerReadCheck',
+                request_serializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckResponse.FromString,
+                _registered_method=True)
         self.DispatchToolRequest = channel.unary_unary(
                 '/toolmesh.v1.BridgeService/DispatchToolRequest',
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.SerializeToString,
@@ -88,15 +95,17 @@ class BridgeServiceServicer:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -113,6 +122,17 @@ class BridgeServiceServicer:
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
         for three heartbeat intervals should reconnect.
+
+        Routing: a tool request goes to a host of its session that reads its
+        stream, known by its answers to read checks (Heartbeat.read_check,
+        AnswerReadCheck); among those to one with a named handler for the tool
+        before one with a generic handler, then to the least loaded. A host that
+        has not answered a read check yet (it has just opened, or it does not
+        answer them) gets requests only when no host that answers serves the
+        session. A host that answered before and leaves a read check unanswered
+        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        ends as if it had gone, its read-only or idempotent requests go to another
+        host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -175,6 +195,24 @@ class BridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnswerReadCheck(self, request, context):
+        """AnswerReadCheck tells the bridge that the host has read its stream up to
+        the Heartbeat carrying read_check: a host calls it as soon as it reads
+        such a heartbeat. The bridge sends a read check when the session opens,
+        with heartbeats, and when a request has waited 0.5 s
+        (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+        unknown check changes nothing.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DispatchToolRequest(self, request, context):
         """DispatchToolRequest sends one tool request to a host that serves the
         session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -201,7 +239,11 @@ class BridgeServiceServicer:
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -224,6 +266,11 @@ def add_BridgeServiceServicer_to_server(servicer, server):
                     servicer.DeclareHostTools,
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsResponse.SerializeToString,
+            ),
+            'AnswerReadCheck': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnswerReadCheck,
+                    request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckResponse.SerializeToString,
             ),
             'DispatchToolRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.DispatchToolRequest,
@@ -249,15 +296,17 @@ class BridgeService:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -338,6 +387,33 @@ class BridgeService:
             '/toolmesh.v1.BridgeService/DeclareHostTools',
             toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsRequest.SerializeToString,
             toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnswerReadCheck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.BridgeService/AnswerReadCheck',
+            toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckRequest.SerializeToString,
+            toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,

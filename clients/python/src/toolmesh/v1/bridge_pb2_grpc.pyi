@@ -32,15 +32,17 @@ class BridgeServiceStub:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -61,6 +63,17 @@ class BridgeServiceStub:
     stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
     reconnect, to another bridge if there is one). A host that sees no event
     for three heartbeat intervals should reconnect.
+
+    Routing: a tool request goes to a host of its session that reads its
+    stream, known by its answers to read checks (Heartbeat.read_check,
+    AnswerReadCheck); among those to one with a named handler for the tool
+    before one with a generic handler, then to the least loaded. A host that
+    has not answered a read check yet (it has just opened, or it does not
+    answer them) gets requests only when no host that answers serves the
+    session. A host that answered before and leaves a read check unanswered
+    for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+    ends as if it had gone, its read-only or idempotent requests go to another
+    host and the others end with TOOL_HOST_DISCONNECTED.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -111,6 +124,20 @@ class BridgeServiceStub:
     UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
     the declaration is kept, and the bridge puts it once the registry answers).
     """
+    AnswerReadCheck: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.AnswerReadCheckRequest, _bridge_pb2.AnswerReadCheckResponse]
+    """AnswerReadCheck tells the bridge that the host has read its stream up to
+    the Heartbeat carrying read_check: a host calls it as soon as it reads
+    such a heartbeat. The bridge sends a read check when the session opens,
+    with heartbeats, and when a request has waited 0.5 s
+    (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+    unknown check changes nothing.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended; or one of a session the token does not name).
+    """
     DispatchToolRequest: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -133,7 +160,11 @@ class BridgeServiceStub:
     outcome or the reason it was refused. Outcomes are as for
     DispatchToolRequest. When the caller stops sending, the stream ends once
     every request is answered; when the stream breaks, the bridge cancels the
-    requests it still holds for it. Internal listener only.
+    requests it still holds for it. A message carries at most 1,000 requests
+    and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+    more, or one that does not decode, ends what the caller sends: the
+    requests already taken are answered, then the stream fails with
+    INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
     """
 
 @_typing.type_check_only
@@ -143,15 +174,17 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -169,6 +202,17 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
     reconnect, to another bridge if there is one). A host that sees no event
     for three heartbeat intervals should reconnect.
+
+    Routing: a tool request goes to a host of its session that reads its
+    stream, known by its answers to read checks (Heartbeat.read_check,
+    AnswerReadCheck); among those to one with a named handler for the tool
+    before one with a generic handler, then to the least loaded. A host that
+    has not answered a read check yet (it has just opened, or it does not
+    answer them) gets requests only when no host that answers serves the
+    session. A host that answered before and leaves a read check unanswered
+    for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+    ends as if it had gone, its read-only or idempotent requests go to another
+    host and the others end with TOOL_HOST_DISCONNECTED.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -219,6 +263,20 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
     the declaration is kept, and the bridge puts it once the registry answers).
     """
+    AnswerReadCheck: _aio.UnaryUnaryMultiCallable[_bridge_pb2.AnswerReadCheckRequest, _bridge_pb2.AnswerReadCheckResponse]  # type: ignore[assignment]
+    """AnswerReadCheck tells the bridge that the host has read its stream up to
+    the Heartbeat carrying read_check: a host calls it as soon as it reads
+    such a heartbeat. The bridge sends a read check when the session opens,
+    with heartbeats, and when a request has waited 0.5 s
+    (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+    unknown check changes nothing.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended; or one of a session the token does not name).
+    """
     DispatchToolRequest: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]  # type: ignore[assignment]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -241,7 +299,11 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     outcome or the reason it was refused. Outcomes are as for
     DispatchToolRequest. When the caller stops sending, the stream ends once
     every request is answered; when the stream breaks, the bridge cancels the
-    requests it still holds for it. Internal listener only.
+    requests it still holds for it. A message carries at most 1,000 requests
+    and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+    more, or one that does not decode, ends what the caller sends: the
+    requests already taken are answered, then the stream fails with
+    INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
     """
 
 class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -250,15 +312,17 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
-    RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
     own, to the browser origins it is configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
-    a code of toolmesh's error table.
+    a code of toolmesh's error table. A request message that does not decode (a
+    corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+    INVALID_ARGUMENT, reason INVALID_REQUEST.
 
-    Who may call: when the bridge verifies tokens, OpenHostSession and
-    SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+    Who may call: when the bridge verifies tokens, OpenHostSession,
+    SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -280,6 +344,17 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
         for three heartbeat intervals should reconnect.
+
+        Routing: a tool request goes to a host of its session that reads its
+        stream, known by its answers to read checks (Heartbeat.read_check,
+        AnswerReadCheck); among those to one with a named handler for the tool
+        before one with a generic handler, then to the least loaded. A host that
+        has not answered a read check yet (it has just opened, or it does not
+        answer them) gets requests only when no host that answers serves the
+        session. A host that answered before and leaves a read check unanswered
+        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        ends as if it had gone, its read-only or idempotent requests go to another
+        host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -344,6 +419,26 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def AnswerReadCheck(
+        self,
+        request: _bridge_pb2.AnswerReadCheckRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bridge_pb2.AnswerReadCheckResponse, _abc.Awaitable[_bridge_pb2.AnswerReadCheckResponse]]:
+        """AnswerReadCheck tells the bridge that the host has read its stream up to
+        the Heartbeat carrying read_check: a host calls it as soon as it reads
+        such a heartbeat. The bridge sends a read check when the session opens,
+        with heartbeats, and when a request has waited 0.5 s
+        (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+        unknown check changes nothing.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name).
+        """
+
+    @_abc_1.abstractmethod
     def DispatchToolRequest(
         self,
         request: _bridge_pb2.DispatchToolRequestRequest,
@@ -376,7 +471,11 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         outcome or the reason it was refused. Outcomes are as for
         DispatchToolRequest. When the caller stops sending, the stream ends once
         every request is answered; when the stream breaks, the bridge cancels the
-        requests it still holds for it. Internal listener only.
+        requests it still holds for it. A message carries at most 1,000 requests
+        and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+        more, or one that does not decode, ends what the caller sends: the
+        requests already taken are answered, then the stream fails with
+        INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
         """
 
 def add_BridgeServiceServicer_to_server(servicer: BridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -73,7 +73,16 @@ class InvokeToolRequest(_message.Message):
     """Required. [A-Za-z0-9_.-]{1,128}."""
     arguments_json: _builtins.str
     """The arguments as JSON text, at most 1 MiB. Anything but a JSON object
-    that fits the tool's input schema gives the outcome TOOL_ARGS_INVALID.
+    that fits the tool's input schema gives the outcome TOOL_ARGS_INVALID,
+    and so does text that JSON readers take differently, since the host must
+    receive what was validated: a key twice in one object, a number a 64-bit
+    float cannot hold (1e400), an integer beyond 2^53 that a float reader
+    would round, an escaped lone surrogate ("\\ud800") (details.reason
+    "not_json"). Schema violations
+    (details.reason "schema", details.violations) are listed up to 20, each
+    path and message cut to 200 characters, a message that would quote a long
+    value replaced by a description; for arguments over 8 KiB only the first
+    violation is looked for.
     """
     idempotency_key: _builtins.str
     """Optional; [A-Za-z0-9_.:-]{1,128}. For tools that support safe retries: the same key with the same

@@ -52,6 +52,10 @@ class InvocationServiceStub:
     (reason UNAUTHENTICATED); a call for a session it does not name:
     PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
     are not found and not confirmed, as if they did not exist.
+
+    A request message that does not decode (a corrupt protobuf, or a string
+    field that is not UTF-8) fails its RPC with INVALID_ARGUMENT, reason
+    INVALID_REQUEST; in a request stream, see InvokeTools.
     """
 
     @_typing.overload
@@ -95,6 +99,20 @@ class InvocationServiceStub:
     never in `results`, so that the refusal cannot be taken for the open
     call's result. A message is at most 4 MiB: a call whose arguments do not
     fit goes as a unary InvokeTool instead.
+
+    Limits. A message carries at most 1,000 calls
+    (limits.MAX_CALLS_PER_MESSAGE); the service starts them a few at a time.
+    A message with more, or one that does not decode, ends what the caller
+    sends: nothing after it is taken (its own calls do not run), the calls
+    already taken are answered, then the stream fails with INVALID_ARGUMENT,
+    reason INVALID_REQUEST. A caller must read its results: while more than
+    1 MiB of them wait to be sent (limits.UNREAD_RESULTS_PAUSE_BYTES), the
+    service takes no more calls from the stream, so the caller's sends wait
+    (HTTP/2 flow control); beyond 16 MiB (limits.UNREAD_RESULTS_MAX_BYTES:
+    calls taken earlier kept ending) it drops them and fails the stream with
+    RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
+    the ledger: an exact retry of each call replays it. The service sends at
+    most 1,000 results per message.
     """
     ConfirmDelivery: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
@@ -146,6 +164,10 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     (reason UNAUTHENTICATED); a call for a session it does not name:
     PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
     are not found and not confirmed, as if they did not exist.
+
+    A request message that does not decode (a corrupt protobuf, or a string
+    field that is not UTF-8) fails its RPC with INVALID_ARGUMENT, reason
+    INVALID_REQUEST; in a request stream, see InvokeTools.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -186,6 +208,20 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     never in `results`, so that the refusal cannot be taken for the open
     call's result. A message is at most 4 MiB: a call whose arguments do not
     fit goes as a unary InvokeTool instead.
+
+    Limits. A message carries at most 1,000 calls
+    (limits.MAX_CALLS_PER_MESSAGE); the service starts them a few at a time.
+    A message with more, or one that does not decode, ends what the caller
+    sends: nothing after it is taken (its own calls do not run), the calls
+    already taken are answered, then the stream fails with INVALID_ARGUMENT,
+    reason INVALID_REQUEST. A caller must read its results: while more than
+    1 MiB of them wait to be sent (limits.UNREAD_RESULTS_PAUSE_BYTES), the
+    service takes no more calls from the stream, so the caller's sends wait
+    (HTTP/2 flow control); beyond 16 MiB (limits.UNREAD_RESULTS_MAX_BYTES:
+    calls taken earlier kept ending) it drops them and fails the stream with
+    RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
+    the ledger: an exact retry of each call replays it. The service sends at
+    most 1,000 results per message.
     """
     ConfirmDelivery: _aio.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]  # type: ignore[assignment]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
@@ -236,6 +272,10 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
     (reason UNAUTHENTICATED); a call for a session it does not name:
     PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
     are not found and not confirmed, as if they did not exist.
+
+    A request message that does not decode (a corrupt protobuf, or a string
+    field that is not UTF-8) fails its RPC with INVALID_ARGUMENT, reason
+    INVALID_REQUEST; in a request stream, see InvokeTools.
     """
 
     @_abc_1.abstractmethod
@@ -286,6 +326,20 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         never in `results`, so that the refusal cannot be taken for the open
         call's result. A message is at most 4 MiB: a call whose arguments do not
         fit goes as a unary InvokeTool instead.
+
+        Limits. A message carries at most 1,000 calls
+        (limits.MAX_CALLS_PER_MESSAGE); the service starts them a few at a time.
+        A message with more, or one that does not decode, ends what the caller
+        sends: nothing after it is taken (its own calls do not run), the calls
+        already taken are answered, then the stream fails with INVALID_ARGUMENT,
+        reason INVALID_REQUEST. A caller must read its results: while more than
+        1 MiB of them wait to be sent (limits.UNREAD_RESULTS_PAUSE_BYTES), the
+        service takes no more calls from the stream, so the caller's sends wait
+        (HTTP/2 flow control); beyond 16 MiB (limits.UNREAD_RESULTS_MAX_BYTES:
+        calls taken earlier kept ending) it drops them and fails the stream with
+        RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
+        the ledger: an exact retry of each call replays it. The service sends at
+        most 1,000 results per message.
         """
 
     @_abc_1.abstractmethod

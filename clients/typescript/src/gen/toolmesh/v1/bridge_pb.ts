@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/bridge.proto.
  */
 export const file_toolmesh_v1_bridge: GenFile = /*@__PURE__*/
-  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxInMKFk9wZW5Ib3N0U2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCglob3N0X25hbWUYAiABKAkSFQoNaGFuZGxlcl9uYW1lcxgDIAMoCRIbChNoYXNfZ2VuZXJpY19oYW5kbGVyGAQgASgIIusBChdPcGVuSG9zdFNlc3Npb25SZXNwb25zZRIwCgZvcGVuZWQYASABKAsyHi50b29sbWVzaC52MS5Ib3N0U2Vzc2lvbk9wZW5lZEgAEjAKDHRvb2xfcmVxdWVzdBgCIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0SAASNgoJY2FuY2VsbGVkGAMgASgLMiEudG9vbG1lc2gudjEuVG9vbFJlcXVlc3RDYW5jZWxsZWRIABIrCgloZWFydGJlYXQYBCABKAsyFi50b29sbWVzaC52MS5IZWFydGJlYXRIAEIHCgVldmVudCJLChFIb3N0U2Vzc2lvbk9wZW5lZBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSHQoVaGVhcnRiZWF0X2ludGVydmFsX21zGAIgASgNIpkCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIGjMKEVRyYWNlQ29udGV4dEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWgoUVG9vbFJlcXVlc3RDYW5jZWxsZWQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKBnJlYXNvbhgCIAEoDjIZLnRvb2xtZXNoLnYxLkNhbmNlbFJlYXNvbiILCglIZWFydGJlYXQidgoXU3VibWl0VG9vbFJlc3VsdFJlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhcKD3Rvb2xfcmVxdWVzdF9pZBgCIAEoCRIpCgdvdXRjb21lGAMgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiGgoYU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlIl4KF0RlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIqCgV0b29scxgCIAMoCzIbLnRvb2xtZXNoLnYxLlRvb2xEZWZpbml0aW9uIiwKGERlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBCJHChpEaXNwYXRjaFRvb2xSZXF1ZXN0UmVxdWVzdBIpCgdyZXF1ZXN0GAEgASgLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QiSAobRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEikKB291dGNvbWUYASABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJqChtEaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QSKgoIcmVxdWVzdHMYASADKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdBIfChdjYW5jZWxfdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCSJMChxEaXNwYXRjaFRvb2xSZXF1ZXN0c1Jlc3BvbnNlEiwKB3Jlc3VsdHMYASADKAsyGy50b29sbWVzaC52MS5EaXNwYXRjaFJlc3VsdCKRAQoORGlzcGF0Y2hSZXN1bHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEisKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZUgAEi8KB3JlZnVzYWwYAyABKAsyHC50b29sbWVzaC52MS5EaXNwYXRjaFJlZnVzYWxIAEIICgZyZXN1bHQiMgoPRGlzcGF0Y2hSZWZ1c2FsEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJKmUKDENhbmNlbFJlYXNvbhIdChlDQU5DRUxfUkVBU09OX1VOU1BFQ0lGSUVEEAASGQoVQ0FOQ0VMX1JFQVNPTl9USU1FT1VUEAESGwoXQ0FOQ0VMX1JFQVNPTl9DQU5DRUxMRUQQAjKMBAoNQnJpZGdlU2VydmljZRJeCg9PcGVuSG9zdFNlc3Npb24SIy50b29sbWVzaC52MS5PcGVuSG9zdFNlc3Npb25SZXF1ZXN0GiQudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2UwARJfChBTdWJtaXRUb29sUmVzdWx0EiQudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlcXVlc3QaJS50b29sbWVzaC52MS5TdWJtaXRUb29sUmVzdWx0UmVzcG9uc2USXwoQRGVjbGFyZUhvc3RUb29scxIkLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0GiUudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlEmgKE0Rpc3BhdGNoVG9vbFJlcXVlc3QSJy50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0UmVxdWVzdBooLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRJvChREaXNwYXRjaFRvb2xSZXF1ZXN0cxIoLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RzUmVxdWVzdBopLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RzUmVzcG9uc2UoATABYgZwcm90bzM", [file_toolmesh_v1_tool]);
+  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxInMKFk9wZW5Ib3N0U2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCglob3N0X25hbWUYAiABKAkSFQoNaGFuZGxlcl9uYW1lcxgDIAMoCRIbChNoYXNfZ2VuZXJpY19oYW5kbGVyGAQgASgIIusBChdPcGVuSG9zdFNlc3Npb25SZXNwb25zZRIwCgZvcGVuZWQYASABKAsyHi50b29sbWVzaC52MS5Ib3N0U2Vzc2lvbk9wZW5lZEgAEjAKDHRvb2xfcmVxdWVzdBgCIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0SAASNgoJY2FuY2VsbGVkGAMgASgLMiEudG9vbG1lc2gudjEuVG9vbFJlcXVlc3RDYW5jZWxsZWRIABIrCgloZWFydGJlYXQYBCABKAsyFi50b29sbWVzaC52MS5IZWFydGJlYXRIAEIHCgVldmVudCJLChFIb3N0U2Vzc2lvbk9wZW5lZBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSHQoVaGVhcnRiZWF0X2ludGVydmFsX21zGAIgASgNIpkCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIGjMKEVRyYWNlQ29udGV4dEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWgoUVG9vbFJlcXVlc3RDYW5jZWxsZWQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKBnJlYXNvbhgCIAEoDjIZLnRvb2xtZXNoLnYxLkNhbmNlbFJlYXNvbiIfCglIZWFydGJlYXQSEgoKcmVhZF9jaGVjaxgBIAEoBCJ2ChdTdWJtaXRUb29sUmVzdWx0UmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEikKB291dGNvbWUYAyABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSIaChhTdWJtaXRUb29sUmVzdWx0UmVzcG9uc2UiRQoWQW5zd2VyUmVhZENoZWNrUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSEgoKcmVhZF9jaGVjaxgCIAEoBCIZChdBbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZSJeChdEZWNsYXJlSG9zdFRvb2xzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSKgoFdG9vbHMYAiADKAsyGy50b29sbWVzaC52MS5Ub29sRGVmaW5pdGlvbiIsChhEZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAQiRwoaRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QSKQoHcmVxdWVzdBgBIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0IkgKG0Rpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRIpCgdvdXRjb21lGAEgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiagobRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QSHwoXY2FuY2VsX3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkiTAocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQikQEKDkRpc3BhdGNoUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIrCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWVIABIvCgdyZWZ1c2FsGAMgASgLMhwudG9vbG1lc2gudjEuRGlzcGF0Y2hSZWZ1c2FsSABCCAoGcmVzdWx0IjIKD0Rpc3BhdGNoUmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCSplCgxDYW5jZWxSZWFzb24SHQoZQ0FOQ0VMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFUNBTkNFTF9SRUFTT05fVElNRU9VVBABEhsKF0NBTkNFTF9SRUFTT05fQ0FOQ0VMTEVEEAIy6gQKDUJyaWRnZVNlcnZpY2USXgoPT3Blbkhvc3RTZXNzaW9uEiMudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVxdWVzdBokLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlMAESXwoQU3VibWl0VG9vbFJlc3VsdBIkLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0GiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlEl8KEERlY2xhcmVIb3N0VG9vbHMSJC50b29sbWVzaC52MS5EZWNsYXJlSG9zdFRvb2xzUmVxdWVzdBolLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRJcCg9BbnN3ZXJSZWFkQ2hlY2sSIy50b29sbWVzaC52MS5BbnN3ZXJSZWFkQ2hlY2tSZXF1ZXN0GiQudG9vbG1lc2gudjEuQW5zd2VyUmVhZENoZWNrUmVzcG9uc2USaAoTRGlzcGF0Y2hUb29sUmVxdWVzdBInLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXF1ZXN0GigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEm8KFERpc3BhdGNoVG9vbFJlcXVlc3RzEigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0GikudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZSgBMAFiBnByb3RvMw", [file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.OpenHostSessionRequest
@@ -258,6 +258,14 @@ export const ToolRequestCancelledSchema: GenMessage<ToolRequestCancelled> = /*@_
  * @generated from message toolmesh.v1.Heartbeat
  */
 export type Heartbeat = Message<"toolmesh.v1.Heartbeat"> & {
+  /**
+   * Nonzero: a read check. Answer it with AnswerReadCheck as soon as this
+   * event is read, so the bridge knows this host reads its stream (see
+   * OpenHostSession for what it does with the answers).
+   *
+   * @generated from field: uint64 read_check = 1;
+   */
+  readCheck: bigint;
 };
 
 /**
@@ -316,6 +324,45 @@ export const SubmitToolResultResponseSchema: GenMessage<SubmitToolResultResponse
   messageDesc(file_toolmesh_v1_bridge, 7);
 
 /**
+ * @generated from message toolmesh.v1.AnswerReadCheckRequest
+ */
+export type AnswerReadCheckRequest = Message<"toolmesh.v1.AnswerReadCheckRequest"> & {
+  /**
+   * From HostSessionOpened.
+   *
+   * @generated from field: string host_session_id = 1;
+   */
+  hostSessionId: string;
+
+  /**
+   * The Heartbeat's read_check.
+   *
+   * @generated from field: uint64 read_check = 2;
+   */
+  readCheck: bigint;
+};
+
+/**
+ * Describes the message toolmesh.v1.AnswerReadCheckRequest.
+ * Use `create(AnswerReadCheckRequestSchema)` to create a new message.
+ */
+export const AnswerReadCheckRequestSchema: GenMessage<AnswerReadCheckRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 8);
+
+/**
+ * @generated from message toolmesh.v1.AnswerReadCheckResponse
+ */
+export type AnswerReadCheckResponse = Message<"toolmesh.v1.AnswerReadCheckResponse"> & {
+};
+
+/**
+ * Describes the message toolmesh.v1.AnswerReadCheckResponse.
+ * Use `create(AnswerReadCheckResponseSchema)` to create a new message.
+ */
+export const AnswerReadCheckResponseSchema: GenMessage<AnswerReadCheckResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 9);
+
+/**
  * @generated from message toolmesh.v1.DeclareHostToolsRequest
  */
 export type DeclareHostToolsRequest = Message<"toolmesh.v1.DeclareHostToolsRequest"> & {
@@ -340,7 +387,7 @@ export type DeclareHostToolsRequest = Message<"toolmesh.v1.DeclareHostToolsReque
  * Use `create(DeclareHostToolsRequestSchema)` to create a new message.
  */
 export const DeclareHostToolsRequestSchema: GenMessage<DeclareHostToolsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 8);
+  messageDesc(file_toolmesh_v1_bridge, 10);
 
 /**
  * @generated from message toolmesh.v1.DeclareHostToolsResponse
@@ -359,7 +406,7 @@ export type DeclareHostToolsResponse = Message<"toolmesh.v1.DeclareHostToolsResp
  * Use `create(DeclareHostToolsResponseSchema)` to create a new message.
  */
 export const DeclareHostToolsResponseSchema: GenMessage<DeclareHostToolsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 9);
+  messageDesc(file_toolmesh_v1_bridge, 11);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestRequest
@@ -378,7 +425,7 @@ export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolReques
  * Use `create(DispatchToolRequestRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestRequestSchema: GenMessage<DispatchToolRequestRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 10);
+  messageDesc(file_toolmesh_v1_bridge, 12);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestResponse
@@ -397,7 +444,7 @@ export type DispatchToolRequestResponse = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestResponseSchema: GenMessage<DispatchToolRequestResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 11);
+  messageDesc(file_toolmesh_v1_bridge, 13);
 
 /**
  * One message may carry many requests and cancellations: a sender that has
@@ -427,7 +474,7 @@ export type DispatchToolRequestsRequest = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestsRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestsRequestSchema: GenMessage<DispatchToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 12);
+  messageDesc(file_toolmesh_v1_bridge, 14);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestsResponse
@@ -446,7 +493,7 @@ export type DispatchToolRequestsResponse = Message<"toolmesh.v1.DispatchToolRequ
  * Use `create(DispatchToolRequestsResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestsResponseSchema: GenMessage<DispatchToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 13);
+  messageDesc(file_toolmesh_v1_bridge, 15);
 
 /**
  * DispatchResult answers one request of the stream.
@@ -490,7 +537,7 @@ export type DispatchResult = Message<"toolmesh.v1.DispatchResult"> & {
  * Use `create(DispatchResultSchema)` to create a new message.
  */
 export const DispatchResultSchema: GenMessage<DispatchResult> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 14);
+  messageDesc(file_toolmesh_v1_bridge, 16);
 
 /**
  * DispatchRefusal says why the bridge did not take a request: nothing ran.
@@ -519,7 +566,7 @@ export type DispatchRefusal = Message<"toolmesh.v1.DispatchRefusal"> & {
  * Use `create(DispatchRefusalSchema)` to create a new message.
  */
 export const DispatchRefusalSchema: GenMessage<DispatchRefusal> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 15);
+  messageDesc(file_toolmesh_v1_bridge, 17);
 
 /**
  * Why a request was cancelled.
@@ -561,15 +608,17 @@ export const CancelReasonSchema: GenEnum<CancelReason> = /*@__PURE__*/
  * cancellations on a server stream; it answers each request with the unary
  * SubmitToolResult. The host path uses only unary and server-streaming calls,
  * so gRPC-Web and Connect clients can serve tools too: the bridge serves
- * OpenHostSession, SubmitToolResult and DeclareHostTools (never the Dispatch
- * RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
+ * OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
+ * (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
  * own, to the browser origins it is configured to allow.
  *
  * Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
- * a code of toolmesh's error table.
+ * a code of toolmesh's error table. A request message that does not decode (a
+ * corrupt protobuf, or a string field that is not UTF-8) fails its RPC with
+ * INVALID_ARGUMENT, reason INVALID_REQUEST.
  *
- * Who may call: when the bridge verifies tokens, OpenHostSession and
- * SubmitToolResult need a bearer token (`authorization: Bearer <token>`
+ * Who may call: when the bridge verifies tokens, OpenHostSession,
+ * SubmitToolResult and AnswerReadCheck need a bearer token (`authorization: Bearer <token>`
  * metadata) with the role host for the session; without a valid one they fail
  * with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
  * the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
@@ -588,6 +637,17 @@ export const BridgeService: GenService<{
    * stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
    * reconnect, to another bridge if there is one). A host that sees no event
    * for three heartbeat intervals should reconnect.
+   *
+   * Routing: a tool request goes to a host of its session that reads its
+   * stream, known by its answers to read checks (Heartbeat.read_check,
+   * AnswerReadCheck); among those to one with a named handler for the tool
+   * before one with a generic handler, then to the least loaded. A host that
+   * has not answered a read check yet (it has just opened, or it does not
+   * answer them) gets requests only when no host that answers serves the
+   * session. A host that answered before and leaves a read check unanswered
+   * for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+   * ends as if it had gone, its read-only or idempotent requests go to another
+   * host and the others end with TOOL_HOST_DISCONNECTED.
    *
    * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
    * handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
@@ -660,6 +720,27 @@ export const BridgeService: GenService<{
     output: typeof DeclareHostToolsResponseSchema;
   },
   /**
+   * AnswerReadCheck tells the bridge that the host has read its stream up to
+   * the Heartbeat carrying read_check: a host calls it as soon as it reads
+   * such a heartbeat. The bridge sends a read check when the session opens,
+   * with heartbeats, and when a request has waited 0.5 s
+   * (limits.READ_CHECK_AFTER_MS) without an answer. Answering an old or an
+   * unknown check changes nothing.
+   *
+   * Called by the host holding the host session, the peers that may call
+   * OpenHostSession.
+   *
+   * Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+   * or it has ended; or one of a session the token does not name).
+   *
+   * @generated from rpc toolmesh.v1.BridgeService.AnswerReadCheck
+   */
+  answerReadCheck: {
+    methodKind: "unary";
+    input: typeof AnswerReadCheckRequestSchema;
+    output: typeof AnswerReadCheckResponseSchema;
+  },
+  /**
    * DispatchToolRequest sends one tool request to a host that serves the
    * session and waits for the host's outcome, at most timeout_ms. Outcomes
    * produced by the bridge itself: TOOL_TIMEOUT (the deadline passed; the host
@@ -688,7 +769,11 @@ export const BridgeService: GenService<{
    * outcome or the reason it was refused. Outcomes are as for
    * DispatchToolRequest. When the caller stops sending, the stream ends once
    * every request is answered; when the stream breaks, the bridge cancels the
-   * requests it still holds for it. Internal listener only.
+   * requests it still holds for it. A message carries at most 1,000 requests
+   * and cancellations together (limits.MAX_CALLS_PER_MESSAGE); a message with
+   * more, or one that does not decode, ends what the caller sends: the
+   * requests already taken are answered, then the stream fails with
+   * INVALID_ARGUMENT, reason INVALID_REQUEST. Internal listener only.
    *
    * @generated from rpc toolmesh.v1.BridgeService.DispatchToolRequests
    */

@@ -44,7 +44,16 @@ export type InvokeToolRequest = Message<"toolmesh.v1.InvokeToolRequest"> & {
 
   /**
    * The arguments as JSON text, at most 1 MiB. Anything but a JSON object
-   * that fits the tool's input schema gives the outcome TOOL_ARGS_INVALID.
+   * that fits the tool's input schema gives the outcome TOOL_ARGS_INVALID,
+   * and so does text that JSON readers take differently, since the host must
+   * receive what was validated: a key twice in one object, a number a 64-bit
+   * float cannot hold (1e400), an integer beyond 2^53 that a float reader
+   * would round, an escaped lone surrogate ("\ud800") (details.reason
+   * "not_json"). Schema violations
+   * (details.reason "schema", details.violations) are listed up to 20, each
+   * path and message cut to 200 characters, a message that would quote a long
+   * value replaced by a description; for arguments over 8 KiB only the first
+   * violation is looked for.
    *
    * @generated from field: string arguments_json = 4;
    */
@@ -510,6 +519,10 @@ export const InvocationStateSchema: GenEnum<InvocationState> = /*@__PURE__*/
  * PERMISSION_DENIED (reason PERMISSION_DENIED). Invocations of other sessions
  * are not found and not confirmed, as if they did not exist.
  *
+ * A request message that does not decode (a corrupt protobuf, or a string
+ * field that is not UTF-8) fails its RPC with INVALID_ARGUMENT, reason
+ * INVALID_REQUEST; in a request stream, see InvokeTools.
+ *
  * @generated from service toolmesh.v1.InvocationService
  */
 export const InvocationService: GenService<{
@@ -557,6 +570,20 @@ export const InvocationService: GenService<{
    * never in `results`, so that the refusal cannot be taken for the open
    * call's result. A message is at most 4 MiB: a call whose arguments do not
    * fit goes as a unary InvokeTool instead.
+   *
+   * Limits. A message carries at most 1,000 calls
+   * (limits.MAX_CALLS_PER_MESSAGE); the service starts them a few at a time.
+   * A message with more, or one that does not decode, ends what the caller
+   * sends: nothing after it is taken (its own calls do not run), the calls
+   * already taken are answered, then the stream fails with INVALID_ARGUMENT,
+   * reason INVALID_REQUEST. A caller must read its results: while more than
+   * 1 MiB of them wait to be sent (limits.UNREAD_RESULTS_PAUSE_BYTES), the
+   * service takes no more calls from the stream, so the caller's sends wait
+   * (HTTP/2 flow control); beyond 16 MiB (limits.UNREAD_RESULTS_MAX_BYTES:
+   * calls taken earlier kept ending) it drops them and fails the stream with
+   * RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
+   * the ledger: an exact retry of each call replays it. The service sends at
+   * most 1,000 results per message.
    *
    * @generated from rpc toolmesh.v1.InvocationService.InvokeTools
    */

@@ -216,7 +216,9 @@ export const WatchToolsResponseSchema: GenMessage<WatchToolsResponse> = /*@__PUR
  * that moves whenever the list changes.
  *
  * Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
- * a code of toolmesh's error table. On a shared store (Redis), PutTools,
+ * a code of toolmesh's error table. A request that does not decode (a corrupt
+ * protobuf, or a string field that is not UTF-8) fails with INVALID_ARGUMENT,
+ * reason INVALID_REQUEST. On a shared store (Redis), PutTools,
  * ListTools and GetTool fail with UNAVAILABLE, reason STORE_UNAVAILABLE, while
  * the store cannot be reached (a PutTools whose answer was lost may have been
  * stored: read the revision); WatchTools waits instead, and sends the list
