@@ -78,6 +78,9 @@ async def paste(block: str, folder: Path, env: dict[str, str]) -> list[str]:
     return out.decode().splitlines()
 
 
+# Three pastes, each starting about eight CLI processes: on a loaded 2-core machine
+# their start-up alone can pass the default 60 s.
+@pytest.mark.timeout(240)
 @in_module_loop
 async def test_the_first_tool_call_works_pasted_whole_every_time(up: dict[str, str], tmp_path: Path) -> None:
     block = block_after("## A first tool call", "sh")
