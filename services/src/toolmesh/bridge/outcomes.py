@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from toolmesh.bridge.router import HostSession, check_result
+from toolmesh.bridge.router import HostSession, check_outcome
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.invocation.ledger import Ledger
@@ -53,7 +53,7 @@ class OutcomeRecorder:
         if record.finished:
             ended = "answered" if record.outcome == outcome else record.state.value
             raise ToolmeshError(Code.REQUEST_ENDED, f"It ended ({ended}).", {**metadata, "ended": ended})
-        check_result(outcome, metadata)
+        check_outcome(outcome, metadata)
         await self.ledger.finish(tool_request_id, outcome, claimed=record)
         log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
 
