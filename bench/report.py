@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import replicas
+
 LABELS = {
     "floor": "floor: bare grpc.aio chain, 3 processes",
     "floor+lookup": "floor + a lookup hop (as registry GetTool)",
@@ -157,9 +159,7 @@ def table(results: dict[str, Any]) -> str:
         for name, ratio in results["ratios"].items():
             p50, p99, rate = ratio["p50_ms"], ratio["p99_ms"], ratio["calls_per_s"]
             lines.append(f"  {name:<44} {p50:>7.2f}x {p99:>7.2f}x {rate:>8.2f}x")
-    stored = results.get("store")
-    if stored is not None:
-        lines += _store_lines(stored)
+    lines += _state_lines(results)
     traced = results.get("tracing")
     if traced is not None:
         lines += [
@@ -214,6 +214,18 @@ def table(results: dict[str, Any]) -> str:
             shown = f"{value:.2f}" if isinstance(value, float) else str(value)
             lines.append(f"  {'met   ' if target['met'] else 'MISSED'} {name:<46} {shown}")
     return "\n".join(lines)
+
+
+def _state_lines(results: dict[str, Any]) -> list[str]:
+    """The store and replicas sections, those that ran."""
+    lines = []
+    stored = results.get("store")
+    if stored is not None:
+        lines += _store_lines(stored)
+    replicated = results.get("replicas")
+    if replicated is not None:
+        lines += replicas.lines(replicated, _figures)
+    return lines
 
 
 def _store_lines(stored: dict[str, Any]) -> list[str]:

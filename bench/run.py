@@ -24,11 +24,11 @@ from typing import Any
 
 import grpc
 
-from bench import floor, measure, procs, report, security, stack, store, stress, tracing, validation
+from bench import floor, measure, procs, replicas, report, security, stack, store, stress, tracing, validation
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("validation", "latency", "store", "tracing", "security", "scale", "join")
+SECTIONS = ("validation", "latency", "store", "replicas", "tracing", "security", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -378,6 +378,16 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
     if "store" in sections:
         print("... state in memory, then in Redis", file=sys.stderr, flush=True)
         results["store"] = await measure_store(sizes)
+    if "replicas" in sections:
+        print("... replicas: 1+1, routed, 2+2 on one Redis", file=sys.stderr, flush=True)
+        results["replicas"] = await replicas.measure_replicas(
+            calls=sizes.calls,
+            warmup=sizes.warmup,
+            concurrency=sizes.concurrency,
+            seconds=sizes.seconds,
+            warmup_s=sizes.warmup_s,
+            cpu_of_redis=await store.server_pid(),
+        )
     if "tracing" in sections:
         print("... tracing off, then on (exporting over OTLP)", file=sys.stderr, flush=True)
         off = (await measure_toolmesh(sizes, Profiler(None), {"OTEL_SDK_DISABLED": "true"}, variants=()))[

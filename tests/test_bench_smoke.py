@@ -22,6 +22,7 @@ TABLE_HEADINGS = [
     "Argument validation alone",
     "TLS and tokens: plaintext without tokens",
     "State store:",
+    "Replicas:",
     "Targets (issues 6, 10 and 11)",
 ]
 

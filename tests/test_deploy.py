@@ -38,9 +38,7 @@ K8S = DEPLOY / "k8s"
 KUBERNETES_VERSION = "1.30.0"
 SERVICES = ("registry", "invocation", "bridge")
 # Set by deploy/ for work of issue 10 landing in parallel; each entry goes once the code reads it.
-PENDING_ENV = {
-    "TOOLMESH_ADVERTISE_ADDR": "the bridge replica's own address in host routes",
-}
+PENDING_ENV: dict[str, str] = {}
 # Longest a last telemetry export may take: one export of spans and one of metrics, each
 # bounded by OTEL_EXPORTER_OTLP_TIMEOUT (seconds) from the configuration.
 EXPORTS_AT_STOP = 2

@@ -24,7 +24,11 @@ from toolmesh.store.ledger import LedgerStore
 from toolmesh.store.memory import MemoryLedgerStore
 
 POLICY = LedgerPolicy(
-    replay_window_s=2.0, timeout_replay_window_s=0.1, record_retention_s=5.0, running_grace_s=0.2
+    replay_window_s=2.0,
+    timeout_replay_window_s=0.1,
+    record_retention_s=5.0,
+    running_grace_s=0.2,
+    owner_grace_s=0.1,  # within running_grace_s: the running record is still there
 )
 
 
@@ -267,3 +271,33 @@ async def test_confirmations_of_other_sessions_change_nothing(ledger: Ledger) ->
     await ledger.confirm("tr_mine", {"mine"})
     mine = await ledger.get("tr_mine")
     assert mine is not None and mine.delivered
+
+
+async def test_the_first_finish_wins_and_an_unknown_invocation_is_not_made(ledger: Ledger) -> None:
+    # The bridge replica and the invocation replica may both record the outcome.
+    await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.success("1"))
+    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_TIMEOUT))
+    record = await ledger.get("tr_1")
+    assert record is not None and record.outcome == Outcome.success("1")
+    await ledger.finish("tr_never_claimed", Outcome.success("1"))
+    assert await ledger.get("tr_never_claimed") is None
+
+
+async def test_a_call_whose_owner_is_lost_ends_timed_out_after_its_deadline_and_grace(ledger: Ledger) -> None:
+    await ledger.claim(call(), "tr_1", 100)  # its owner never finishes it
+    started = asyncio.get_running_loop().time()
+    record = await asyncio.wait_for(ledger.outcome_from_owner("tr_1", 100), 5)
+    assert asyncio.get_running_loop().time() - started >= 0.15  # not before deadline + grace
+    assert record is not None and record.state is InvocationState.TIMED_OUT and record.outcome is not None
+    failure = record.outcome.failure
+    assert failure is not None and failure.code == "TOOL_TIMEOUT"
+    assert failure.details is not None and failure.details["ownerLost"] is True
+
+
+async def test_an_outcome_recorded_by_the_owner_in_time_wins(ledger: Ledger) -> None:
+    await ledger.claim(call(), "tr_1", 10_000)
+    waiting = asyncio.create_task(ledger.outcome_from_owner("tr_1", 10_000))
+    await ledger.finish("tr_1", Outcome.success("5"))
+    record = await asyncio.wait_for(waiting, 5)
+    assert record is not None and record.outcome == Outcome.success("5")

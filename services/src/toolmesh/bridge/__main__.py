@@ -1,9 +1,13 @@
 import argparse
+import os
 
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
-from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of
+from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of, stores_of
 from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_bridge
+from toolmesh.store.backends import MEMORY, store_url
+
+ADVERTISE_ENV = "TOOLMESH_ADVERTISE_ADDR"
 
 
 def _extend(parser: argparse.ArgumentParser) -> None:
@@ -13,6 +17,11 @@ def _extend(parser: argparse.ArgumentParser) -> None:
         help="address of the port for pages, Connect and gRPC-Web (default %(default)s; 'off' serves none)",
     )
     add_web_arguments(parser)
+    parser.add_argument(
+        "--advertise",
+        help="this replica's internal listener address as invocation replicas reach it, written in "
+        f"the routes of its sessions in a shared store (env {ADVERTISE_ENV}, default --internal-listen)",
+    )
 
 
 async def _start() -> RunningServer:
@@ -23,6 +32,9 @@ async def _start() -> RunningServer:
         web_origins=web_origins(args.web_origins),
         security=security,
         internal_address=args.internal_listen,
+        # Routes only matter where invocation replicas can read them: a shared store.
+        stores=None if store_url(args.store) == MEMORY else stores_of(args),
+        advertise=args.advertise or os.environ.get(ADVERTISE_ENV),
     )
     return server
 

@@ -15,6 +15,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.errors import Code, ToolmeshError
@@ -35,8 +36,13 @@ _SPAN_ATTRIBUTES = {
 
 
 class DispatchStream:
-    def __init__(self, router: Router) -> None:
+    """With `recorder` (a shared ledger), every outcome is also written there, and requests
+    outlive the stream: its invocation replica may have died, and the call should still end
+    and be recorded for an exact retry elsewhere. Without one, requests end with the stream."""
+
+    def __init__(self, router: Router, recorder: OutcomeRecorder | None = None) -> None:
         self._router = router
+        self._recorder = recorder
         # Results to send back, in the order requests ended; closed when the stream may end.
         self._results: Outbox[bridge_pb2.DispatchResult] = Outbox(_result_size)
         # Requests taken from this stream that have no outcome yet, with their spans.
@@ -75,7 +81,9 @@ class DispatchStream:
             yield bridge_pb2.DispatchToolRequestsResponse(results=results)
 
     def close(self) -> None:
-        """The stream ended: give up on every request it still holds."""
+        """The stream ended: give up on every request it still holds, unless they are recorded."""
+        if self._recorder is not None:
+            return
         for tool_request_id in list(self._held):
             self._cancel(tool_request_id)
 
@@ -109,6 +117,8 @@ class DispatchStream:
 
             def settle(outcome: Outcome) -> None:
                 self._held.pop(tool_request_id, None)
+                if self._recorder is not None and not _nothing_ran(outcome):
+                    self._recorder.record(tool_request_id, outcome)
                 if span.is_recording():
                     with trace.use_span(span, end_on_exit=True):
                         telemetry.record_outcome(outcome)
@@ -141,6 +151,12 @@ class DispatchStream:
     def _end_when_answered(self) -> None:
         if not self._reading and not self._held:
             self._results.close()
+
+
+def _nothing_ran(outcome: Outcome) -> bool:
+    """No host here: answered at once, so the invocation replica records it, and may send the
+    request to another bridge replica that has one."""
+    return outcome.failure is not None and outcome.failure.code == Code.TOOL_HOST_UNAVAILABLE
 
 
 def _result_size(result: bridge_pb2.DispatchResult) -> int:

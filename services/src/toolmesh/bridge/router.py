@@ -193,6 +193,8 @@ class Router:
         self._ended: OrderedDict[str, _Ended] = OrderedDict()
         self._ended_memory = ended_memory
         self._turn = itertools.count()
+        # Called with each host session that opens, before requests waiting for it are delivered.
+        self.opened_hooks: list[Callable[[HostSession], None]] = []
         self._read_checks = itertools.count(1)
         # Called with each host session that ends, after its requests are settled.
         self.closed_hooks: list[Callable[[HostSession], None]] = []
@@ -224,6 +226,8 @@ class Router:
             "host connected",
             extra={"session_id": session_id, "host_session_id": host.host_session_id, "host": host.host_name},
         )
+        for hook in self.opened_hooks:
+            hook(host)
         waiting = self._waiting.pop(session_id, [])
         for pending in waiting:
             if host.preference(pending.request.tool_name):
@@ -493,10 +497,15 @@ class Router:
             )
         if pending.host is not host:
             raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
-        _check_result(outcome, metadata)
-        _check_error_code(outcome, metadata)
+        check_outcome(outcome, metadata)
         self._end(pending, EndReason.ANSWERED)
         pending.settle(outcome)
+
+
+def check_outcome(outcome: Outcome, metadata: dict[str, str]) -> None:
+    """Raise a ToolmeshError for an outcome the bridge refuses from a host (its result, its error code)."""
+    _check_result(outcome, metadata)
+    _check_error_code(outcome, metadata)
 
 
 def _check_result(outcome: Outcome, metadata: dict[str, str]) -> None:

@@ -13,8 +13,10 @@ from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import scope
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
+from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
@@ -86,9 +88,12 @@ async def declare(
 
 
 class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
-    def __init__(self, router: Router, declarations: Declarations) -> None:
+    def __init__(
+        self, router: Router, declarations: Declarations, recorder: OutcomeRecorder | None = None
+    ) -> None:
         self._router = router
         self._declarations = declarations
+        self._recorder = recorder
 
     async def OpenHostSession(
         self, request: bridge_pb2.OpenHostSessionRequest, context: ServicerContext
@@ -99,7 +104,16 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     async def SubmitToolResult(
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
-        return submit(self._router, request, scope(Role.HOST))
+        sessions = scope(Role.HOST)
+        try:
+            return submit(self._router, request, sessions)
+        except ToolmeshError as error:
+            if error.code is not Code.REQUEST_UNKNOWN or self._recorder is None:
+                raise
+        # Sent by a replica that died while the host ran it: the ledger says whether it still runs.
+        host = self._router.host(request.host_session_id, sessions)
+        await self._recorder.adopt(host, request.tool_request_id, outcome_from_pb(request.outcome))
+        return bridge_pb2.SubmitToolResultResponse()
 
     async def DeclareHostTools(
         self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext
@@ -132,12 +146,15 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         request_iterator: AsyncIterator[bridge_pb2.DispatchToolRequestsRequest],
         context: ServicerContext,
     ) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
-        async for response in relay(DispatchStream(self._router), request_iterator):
+        async for response in relay(DispatchStream(self._router, self._recorder), request_iterator):
             yield response
 
 
-def bridge_service(router: Router, declarations: Declarations) -> Service:
-    servicer = BridgeServicer(router, declarations)
+def bridge_service(
+    router: Router, declarations: Declarations, recorder: OutcomeRecorder | None = None
+) -> Service:
+    """`recorder`: the shared ledger outcomes are recorded in too (None: only sent back)."""
+    servicer = BridgeServicer(router, declarations, recorder)
 
     async def on_shutdown() -> None:
         router.shutdown()

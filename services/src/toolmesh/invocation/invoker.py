@@ -19,7 +19,13 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.ledger import Claim, InvocationRecord, Ledger
-from toolmesh.invocation.ports import Dispatcher, InvocationObserver, NoInvocationObserver, ToolCatalog
+from toolmesh.invocation.ports import (
+    Dispatcher,
+    InvocationObserver,
+    NoInvocationObserver,
+    OutcomeElsewhere,
+    ToolCatalog,
+)
 
 log = logging.getLogger("toolmesh.invocation")
 
@@ -299,9 +305,8 @@ class Invoker:
                     return InvokeResult(record.tool_request_id, record.outcome, replayed=True)
             with self._observer.attached(record, "joined"):
                 log.info("joined a running invocation")
-                return InvokeResult(
-                    record.tool_request_id, await self._outcome_of(record.tool_request_id), joined=True
-                )
+                outcome = await self._outcome_of(record.tool_request_id, tool.effective_timeout_ms)
+                return InvokeResult(record.tool_request_id, outcome, joined=True)
 
     async def _claim(
         self, claiming: Coroutine[Any, Any, Claim], request: ToolRequest, tool: ToolSpec, leaves_early: bool
@@ -366,6 +371,10 @@ class Invoker:
         self._observer.in_flight(1)
         try:
             outcome = await self._dispatcher.dispatch(request)
+        except OutcomeElsewhere:
+            # The bridge replica it went to died: the host hands its outcome to another one.
+            log.warning("bridge lost mid-call: waiting for the outcome in the ledger")
+            return await self._outcome_of(request.tool_request_id, request.timeout_ms, mine=False)
         except ToolmeshError as error:
             # The bridge could not be reached: record why; an exact retry runs anew (not replayable).
             await self.ledger.finish(
@@ -378,12 +387,14 @@ class Invoker:
         await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
         return outcome
 
-    async def _outcome_of(self, tool_request_id: str) -> Outcome:
-        task = self._running.get(tool_request_id)
+    async def _outcome_of(self, tool_request_id: str, timeout_ms: int, *, mine: bool = True) -> Outcome:
+        """The outcome of a running invocation: from this process's task when it runs it (`mine`),
+        else from the ledger, within its deadline and a grace."""
+        task = self._running.get(tool_request_id) if mine else None
         if task is not None:
             return await asyncio.shield(task)
         # Running in another process: wait for the ledger to say it ended.
-        record = await self.ledger.wait_finished(tool_request_id)
+        record = await self.ledger.outcome_from_owner(tool_request_id, timeout_ms)
         if record is None or record.outcome is None:
             raise ToolmeshError(
                 Code.INVOCATION_NOT_FOUND, "It vanished while joined.", {"toolRequestId": tool_request_id}

@@ -82,6 +82,10 @@ class LedgerPolicy:
     idempotency_retention_s: float = 24 * 3600.0
     # A running record outlives its deadline by this much at most (a lost owner).
     running_grace_s: float = 30.0
+    # A call waiting on a record another process should finish gives up this long after the
+    # deadline and finishes it with TOOL_TIMEOUT: its owner was lost. Below running_grace_s,
+    # so that the record is still there to finish.
+    owner_grace_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,16 +403,44 @@ class Ledger:
             if record is not None and record.session_id in sessions
         ]
 
-    async def wait_finished(self, tool_request_id: str) -> InvocationRecord | None:
-        """Wait until the invocation has ended (it may run in another process); None if it vanished."""
-        async with contextlib.aclosing(self._store.watch(tool_request_id)) as watched:
-            async for stored in watched:
-                if stored is None:
-                    return None
-                record = self._decode(stored)
-                if record.finished:
-                    return record
-        return None
+    async def wait_finished(
+        self, tool_request_id: str, timeout_s: float | None = None
+    ) -> InvocationRecord | None:
+        """Wait until the invocation has ended (it may run in another process); None if it vanished.
+
+        After `timeout_s` (None: no limit), the record as last read, still running.
+        """
+        seen: InvocationRecord | None = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                async with contextlib.aclosing(self._store.watch(tool_request_id)) as watched:
+                    async for stored in watched:
+                        if stored is None:
+                            return None
+                        seen = self._decode(stored)
+                        if seen.finished:
+                            return seen
+        return seen
+
+    async def outcome_from_owner(self, tool_request_id: str, timeout_ms: int) -> InvocationRecord | None:
+        """The record once another process (an invocation or bridge replica) finished it; None if it
+        vanished. Past its deadline plus `owner_grace_s` its owner is lost: it is finished here with
+        TOOL_TIMEOUT (unless someone finished it first, whose outcome wins)."""
+        record = await self.get(tool_request_id)
+        if record is None or record.finished:
+            return record
+        give_up_at = record.created_at + timeout_ms / 1000 + self.policy.owner_grace_s
+        record = await self.wait_finished(tool_request_id, max(give_up_at - self._clock(), 0.0))
+        if record is None or record.finished:
+            return record
+        log.warning("owner lost: the call ends as timed out", extra={"tool_request_id": tool_request_id})
+        lost = Outcome.runtime_error(
+            Code.TOOL_TIMEOUT,
+            f"No outcome within {timeout_ms} ms: the process that ran it was lost.",
+            {"timeoutMs": timeout_ms, "ownerLost": True},
+        )
+        await self.finish(tool_request_id, lost, claimed=record)
+        return await self.get(tool_request_id)
 
     async def aclose(self) -> None:
         """Stop trying to write kept outcomes (the process is stopping)."""

@@ -24,11 +24,18 @@ class ToolCatalog(Protocol):
         ...
 
 
+class OutcomeElsewhere(Exception):
+    """The link to the bridge broke after the request was sent, and bridges record outcomes in the
+    shared ledger: the host may still run it and hand its outcome to another bridge replica, which
+    records it. Ending the call now (BRIDGE_UNAVAILABLE) would let an exact retry run it again."""
+
+
 class Dispatcher(Protocol):
     async def dispatch(self, request: ToolRequest) -> Outcome:
         """Run the request on a handler host within its timeout and return the outcome.
 
-        Raises ToolmeshError(BRIDGE_UNAVAILABLE) when the bridge cannot be reached.
+        Raises ToolmeshError(BRIDGE_UNAVAILABLE) when the bridge cannot be reached, or
+        OutcomeElsewhere when its outcome, if any, is to come from the ledger.
         """
         ...
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator
 
 import grpc
 
+from toolmesh.bridge.routes import route_of
 from toolmesh.client.registry import RegistryClient
 from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
+from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
@@ -25,7 +28,8 @@ from toolmesh.invocation.catalog_cache import (
     WatchSource,
     unavailable,
 )
-from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S
+from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere
+from toolmesh.store.base import Store
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger("toolmesh.invocation")
@@ -34,6 +38,11 @@ log = logging.getLogger("toolmesh.invocation")
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
 DISPATCH_METHOD = "toolmesh.v1.BridgeService/DispatchToolRequests"
+# A link to a bridge replica other than the default closes after this long without requests.
+LINK_IDLE_S = 30.0
+# A session's route is read again after this long; sooner when the replica it named has no host.
+ROUTE_CACHE_S = 1.0
+ROUTE_CACHE_SIZE = 10_000
 
 
 class RemoteCatalog:
@@ -185,3 +194,127 @@ def _outcome_of(result: bridge_pb2.DispatchResult) -> Outcome:
 
 def _size(item: bridge_pb2.ToolRequest | str) -> int:
     return len(item) if isinstance(item, str) else item.ByteSize()
+
+
+class _Bridge:
+    """One bridge replica's channel and dispatch stream, and how many requests ride it now."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
+        self.channel = open_channel(target, credentials)
+        self.dispatcher = RemoteDispatcher(self.channel)
+        self.busy = 0
+        self.idle: asyncio.TimerHandle | None = None
+
+    async def aclose(self) -> None:
+        await self.dispatcher.aclose()
+        await self.channel.close()
+
+
+class RoutedDispatcher:
+    """Tool requests to the bridge replica that holds a host of their session.
+
+    Each bridge replica writes its address under the sessions it holds hosts of
+    (toolmesh.bridge.routes); a request goes to the replica its session's route
+    names, over one DispatchToolRequests stream per replica, opened on demand and
+    closed after `idle_s` without requests. Without a route it goes to
+    `default_target`, which answers TOOL_HOST_UNAVAILABLE when it holds no host either.
+
+    With `recorded` (bridges record outcomes in a ledger shared with this process), a link
+    that breaks under a request raises OutcomeElsewhere rather than BRIDGE_UNAVAILABLE.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        default_target: str,
+        credentials: grpc.ChannelCredentials | None = None,
+        *,
+        idle_s: float = LINK_IDLE_S,
+        recorded: bool = False,
+        route_cache_s: float = ROUTE_CACHE_S,
+    ) -> None:
+        self._store = store
+        self._route_cache_s = route_cache_s
+        self._recorded = recorded
+        self._default = default_target
+        self._credentials = credentials
+        self._idle_s = idle_s
+        self._bridges: dict[str, _Bridge] = {}
+        # Each session's route as last read, and when (time.monotonic()).
+        self._routes: dict[str, tuple[str, float]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def targets(self) -> list[str]:
+        """The bridge replicas with an open link."""
+        return list(self._bridges)
+
+    async def dispatch(self, request: ToolRequest) -> Outcome:
+        """The outcome from the session's bridge replica; ToolmeshError(BRIDGE_UNAVAILABLE or
+        STORE_UNAVAILABLE, when the route cannot be read) when it has none.
+
+        A route read within `route_cache_s` is used again without reading the store; when the
+        replica it names holds no host of the session (TOOL_HOST_UNAVAILABLE: nothing ran), the
+        route is read again and, if it names another replica, the request goes there.
+        """
+        session_id = request.session_id
+        cached = self._routes.get(session_id)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < self._route_cache_s:
+            target = cached[0]
+            outcome = await self._send(target, request)
+            if not _no_host(outcome):
+                return outcome
+            fresh = await self._read_route(session_id)
+            return outcome if fresh == target else await self._send(fresh, request)
+        return await self._send(await self._read_route(session_id), request)
+
+    async def _read_route(self, session_id: str) -> str:
+        target = await route_of(self._store, session_id) or self._default
+        if len(self._routes) >= ROUTE_CACHE_SIZE:
+            self._routes.clear()
+        self._routes[session_id] = (target, time.monotonic())
+        return target
+
+    async def _send(self, target: str, request: ToolRequest) -> Outcome:
+        bridge = self._bridges.get(target)
+        if bridge is None:
+            bridge = self._bridges[target] = _Bridge(target, self._credentials)
+        if bridge.idle is not None:
+            bridge.idle.cancel()
+            bridge.idle = None
+        bridge.busy += 1
+        try:
+            return await bridge.dispatcher.dispatch(request)
+        except ToolmeshError as error:
+            # Not a refusal (a configuration to fix): the bridge went away, maybe with the request.
+            broke = error.code is Code.BRIDGE_UNAVAILABLE and "reason" not in error.metadata
+            if broke and self._recorded:
+                raise OutcomeElsewhere from None
+            raise
+        finally:
+            bridge.busy -= 1
+            if bridge.busy == 0 and target != self._default:
+                bridge.idle = asyncio.get_running_loop().call_later(self._idle_s, self._close_idle, target)
+
+    def _close_idle(self, target: str) -> None:
+        bridge = self._bridges.get(target)
+        if bridge is None or bridge.busy:
+            return
+        del self._bridges[target]
+        task = asyncio.create_task(bridge.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        bridges, self._bridges = list(self._bridges.values()), {}
+        for bridge in bridges:
+            if bridge.idle is not None:
+                bridge.idle.cancel()
+            await bridge.aclose()
+        if self._closing:
+            await asyncio.wait(set(self._closing))
+
+
+def _no_host(outcome: Outcome) -> bool:
+    return outcome.failure is not None and outcome.failure.code == Code.TOOL_HOST_UNAVAILABLE

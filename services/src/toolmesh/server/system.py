@@ -7,15 +7,17 @@ from dataclasses import dataclass
 
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.observability import RouterTelemetry
+from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.registry_lists import RegistryToolLists
 from toolmesh.bridge.router import Router
+from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.core.channels import open_channel
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.observability import InvocationTelemetry
-from toolmesh.invocation.remote import RemoteDispatcher, cached_registry_catalog
+from toolmesh.invocation.remote import RoutedDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
@@ -59,9 +61,15 @@ async def start_bridge(
     web_origins: Sequence[str] = (),
     security: Security = LOOPBACK,
     internal_address: str = INTERNAL_ADDRESS,
+    stores: Stores | None = None,
+    advertise: str | None = None,
 ) -> tuple[RunningServer, Router]:
     """The bridge on `address`, its internal listener (Dispatch, for the invocation service) on
     `internal_address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
+
+    With `stores` (closed when it stops), it writes there the routes of the sessions it holds
+    hosts of, under `advertise` (default: its internal listener's address), for invocation
+    replicas to find it (toolmesh.bridge.routes).
 
     With `registry_target` (the registry's internal listener), hosts may declare their tools
     (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own.
@@ -75,8 +83,18 @@ async def start_bridge(
         else None
     )
     declarations = Declarations(router, lists)
-    service = bridge_service(router, declarations)
+    recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger))
+    service = bridge_service(router, declarations, recorder)
     running = await start_server([service], address, security=security, internal_address=internal_address)
+    if stores is not None:
+        host = internal_address.rsplit(":", 1)[0]
+        routes = Routes(stores.store, advertise or f"{host}:{running.internal_port}", router)
+        routes.start()
+        running.after_stop.append(routes.aclose)
+    if recorder is not None:
+        running.after_stop.append(recorder.aclose)
+    if stores is not None:
+        running.after_stop.append(stores.close)
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
@@ -117,17 +135,17 @@ async def start_invocation(
     security.check_public(address)
     stores = stores or open_stores()
     registry_channel = open_channel(registry_target, security.peer_credentials())
-    bridge_channel = open_channel(bridge_target, security.peer_credentials())
     ledger = Ledger(stores.ledger, policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
-    dispatcher = RemoteDispatcher(bridge_channel)
+    dispatcher = RoutedDispatcher(
+        stores.store, bridge_target, security.peer_credentials(), recorded=stores.shared
+    )
     invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
     closers = [
         catalog.aclose,
         registry_channel.close,
         dispatcher.aclose,
-        bridge_channel.close,
         ledger.aclose,
         stores.close,
     ]
@@ -222,6 +240,7 @@ async def start_local_system(
             web_address=f"{host}:{web_port}",
             web_origins=web_origins,
             security=security,
+            stores=None if store_url == MEMORY else open_stores(store_url, store_prefix),
         )
     except BaseException:
         await registry.stop(0)
@@ -241,3 +260,44 @@ async def start_local_system(
         await registry.stop(0)
         raise
     return LocalSystem(registry, invocation, bridge, router, host, web_tls=security.serves_tls)
+
+
+async def start_replicas(
+    system: LocalSystem,
+    count: int,
+    store_url: str,
+    store_prefix: str | None = None,
+    *,
+    security: Security = LOOPBACK,
+) -> list[RunningServer]:
+    """`count` more replicas of each service beside `system`, on free ports, keeping their state in
+    the same shared store (a Redis: replicas share nothing else). Each invocation replica uses its
+    own registry replica and, for sessions without a route, its own bridge replica."""
+    started: list[RunningServer] = []
+    try:
+        for _ in range(count):
+            registry = await start_registry(
+                f"{system.host}:0", open_stores(store_url, store_prefix), security=security
+            )
+            started.append(registry)
+            registry_internal = f"127.0.0.1:{registry.internal_port}"
+            bridge, _ = await start_bridge(
+                f"{system.host}:0",
+                registry_target=registry_internal,
+                security=security,
+                stores=open_stores(store_url, store_prefix),
+            )
+            started.append(bridge)
+            invocation = await start_invocation(
+                registry_internal,
+                f"127.0.0.1:{bridge.internal_port}",
+                f"{system.host}:0",
+                stores=open_stores(store_url, store_prefix),
+                security=security,
+            )
+            started.append(invocation)
+    except BaseException:
+        for server in reversed(started):
+            await server.stop(0)
+        raise
+    return started

@@ -15,8 +15,8 @@ from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.server import security
 from toolmesh.server.entrypoint import add_store_arguments
 from toolmesh.server.runtime import CannotListen, serve_until_signalled
-from toolmesh.server.system import start_local_system
-from toolmesh.store.backends import describe_store, store_url
+from toolmesh.server.system import start_local_system, start_replicas
+from toolmesh.store.backends import MEMORY, describe_store, store_url
 
 EXIT_CONFIG = 2
 
@@ -40,12 +40,22 @@ def add_parser(commands: Any) -> None:
     add_web_arguments(parser)
     security.add_arguments(parser)
     add_store_arguments(parser)
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas of each service (default 1); more than one needs a shared --store: "
+        "the first on the ports given, the others on free ports",
+    )
     parser.set_defaults(run=run)
 
 
 async def run(args: argparse.Namespace) -> int:
     """Run the services until SIGTERM or Ctrl-C; returns 0, 1 when a port is taken, 2 for bad settings."""
     url = store_url(args.store)
+    if args.replicas < 1 or (args.replicas > 1 and url == MEMORY):
+        print("toolmesh up: --replicas above 1 needs a shared --store (redis://...)", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         description = describe_store(url)
         protection = security.from_args(args)
@@ -60,6 +70,13 @@ async def run(args: argparse.Namespace) -> int:
             store_url=url,
             store_prefix=args.store_prefix,
         )
+        try:
+            replicas = await start_replicas(
+                system, args.replicas - 1, url, args.store_prefix, security=protection
+            )
+        except BaseException:
+            await system.stop(0)
+            raise
     except CannotListen as exc:
         print(
             f"toolmesh up: {exc.strerror}; choose other ports with --registry-port, --invocation-port, "
@@ -75,9 +92,14 @@ async def run(args: argparse.Namespace) -> int:
     print(f"  invocation  {system.invocation_target}")
     print(f"  bridge      {system.bridge_target}")
     print(f"  pages       {system.web_url}  (Connect, gRPC-Web)")
+    for index in range(0, len(replicas), 3):
+        registry, bridge, invocation = replicas[index : index + 3]
+        print(f"  replica {index // 3 + 2}:  registry {system.host}:{registry.port}  ", end="")
+        print(f"invocation {system.host}:{invocation.port}  bridge {system.host}:{bridge.port}")
     if protection.verifier is not None:
         print("  tokens required (mint one with `toolmesh token`)")
     print("Press Ctrl-C to stop.", flush=True)
-    await serve_until_signalled(system.servers, grace=2.0)
+    # Callers first, as in LocalSystem.stop.
+    await serve_until_signalled([*reversed(replicas), *system.servers], grace=2.0)
     print("toolmesh stopped", flush=True)
     return 0

@@ -24,6 +24,8 @@ class Stores:
     store: Store
     ledger: LedgerStore
     close: Callable[[], Awaitable[None]]
+    # Other processes see this state (Redis), not only this one (memory).
+    shared: bool = False
 
 
 def store_url(flag: str | None) -> str:
@@ -43,7 +45,7 @@ def open_stores(url: str = MEMORY, prefix: str | None = None) -> Stores:
         return Stores(store, MemoryLedgerStore(), store.close)
     describe_store(url)  # checks the URL
     connection = RedisConnection(url, prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX)
-    return Stores(RedisStore(connection), RedisLedgerStore(connection), connection.close)
+    return Stores(RedisStore(connection), RedisLedgerStore(connection), connection.close, shared=True)
 
 
 def describe_store(url: str) -> str:

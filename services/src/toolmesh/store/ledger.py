@@ -80,8 +80,10 @@ class LedgerStore(Protocol):
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> None:
-        """Store the finished record, kept `keep_s`, and wake whoever watches it.
+    ) -> bool:
+        """Store the finished record, kept `keep_s`, and wake whoever watches it; only if the
+        invocation is stored and still running (the first finish wins: the bridge replica that
+        got the host's outcome and the invocation replica may both record it). Return whether it wrote.
 
         `identity` is the pointer that names the invocation ("" for none). With
         `replay_s` the pointer names this invocation for that long (exact retries

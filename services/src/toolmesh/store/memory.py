@@ -242,15 +242,19 @@ class MemoryLedgerStore:
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> None:
+    ) -> bool:
+        running = self._invocations.live(tool_request_id)
+        if running is None or running.value.finished:
+            return False
         finished = _Invocation(record, True, False, keep_s, identity, replay_s is not None)
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
-            return
+            return True
         if replay_s is not None:
             self._identities.write(identity, tool_request_id, replay_s)
         else:
             self._drop_pointer(identity, tool_request_id)
+        return True
 
     def _drop_pointer(self, identity: str, tool_request_id: str) -> None:
         pointer = self._identities.live(identity)

@@ -93,6 +93,8 @@ return false
 # keep ms, replay ms ('' for an outcome not to replay: drops the pointer if it names
 # this id, and marks the record `once`), identity.
 _FINISH = Script("""
+local state = redis.call('HMGET', KEYS[1], 'rec', 'end')
+if not state[1] or state[2] then return 0 end
 redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
 if ARGV[4] == '' then redis.call('HSET', KEYS[1], 'once', '1') end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -101,7 +103,7 @@ if KEYS[2] then
   elseif redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 end
 redis.call('PUBLISH', KEYS[1], '1')
-return 0
+return 1
 """)
 
 # KEYS: the records. ARGV: the pointer key prefix, then the ids. Returns the ids still running.
@@ -182,7 +184,7 @@ class RedisLedgerStore:
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> None:
+    ) -> bool:
         keys = [self._records + tool_request_id]
         if identity:
             keys.append(self._identities + identity)
@@ -193,7 +195,7 @@ class RedisLedgerStore:
             milliseconds(replay_s),
             identity,
         ]
-        await self._run(_FINISH, keys, args)
+        return bool(await self._run(_FINISH, keys, args))
 
     async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
         if not tool_request_ids:

@@ -147,7 +147,9 @@ class ToolHost:
     `on_tool`), and problems the caller cannot see are reported to `on_error`.
 
     Args:
-        bridge_target: The bridge's address, `host:port`.
+        bridge_target: The bridge's address, `host:port`; or several replicas' addresses separated
+            by commas: the host connects to one and, when its stream breaks, to the next. A result
+            whose bridge replica was lost while the handler ran is handed in on the next connection.
         session_id: The session whose tools this host serves.
         host_name: How the bridge's logs name this host; default `<hostname>:python`.
         channel: A channel to use instead of opening one (the host then does not close it).
@@ -173,8 +175,11 @@ class ToolHost:
         self._last_failure = ""
         self._closed = False
         self._own_channel = channel is None
-        self._channel = channel or open_channel(bridge_target, credentials)
-        self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
+        targets = [target.strip() for target in bridge_target.split(",") if target.strip()]
+        self._channels = [channel] if channel is not None else [open_channel(t, credentials) for t in targets]
+        # The replica connected to (or tried) now; the next one after a broken stream.
+        self._turn = 0
+        self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channels[0])
         self._bearer = Bearer(token)
         # Set while the bridge refuses the host (`_refusal` says why); cleared once it takes it.
         self._refused_now = asyncio.Event()
@@ -349,6 +354,8 @@ class ToolHost:
                 self._call = None
             if self._stopping:
                 break
+            self._turn = (self._turn + 1) % len(self._channels)
+            self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channels[self._turn])
             # Waiting to reconnect, but not past stop(): it would wait as long.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), backoff.next())
@@ -400,7 +407,8 @@ class ToolHost:
         for answering in list(self._answering):
             answering.cancel()
         if self._own_channel:
-            await self._channel.close()
+            for channel in self._channels:
+                await channel.close()
 
     async def __aenter__(self) -> ToolHost:
         await self.start()
@@ -604,9 +612,11 @@ class ToolHost:
 
         Ends with the outcome delivered or a SUBMIT_TOOL_RESULT_FAILED report,
         whatever happens meanwhile: a refusal, a transport that stays down, this
-        host stopping. Sending the same outcome again is safe: the bridge accepts
-        one outcome per request and says whether it was this one (REQUEST_ENDED,
-        ended=answered).
+        host stopping. When the stream broke meanwhile (its bridge replica may be
+        gone), it waits for the next connection and hands the outcome in there,
+        naming the same request. Sending the same outcome again is safe: the
+        bridge accepts one outcome per request and says whether it was this one
+        (REQUEST_ENDED, ended=answered).
         """
         try:
             cause, detail = await self._deliver(outcome, ctx, host_session_id)
@@ -633,6 +643,10 @@ class ToolHost:
         attempt = 0
         while True:
             attempt += 1
+            if not self._connected.is_set() or request.host_session_id != self.host_session_id:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._connected.wait(), max(ctx.time_remaining(), 0.0))
+                request.host_session_id = self.host_session_id
             try:
                 async with self._submit_slots:
                     with telemetry.client_call("toolmesh.v1.BridgeService/SubmitToolResult") as metadata:

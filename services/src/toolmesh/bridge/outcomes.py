@@ -1,0 +1,64 @@
+"""Outcomes recorded where they happen: the bridge replica that gets a host's outcome writes it
+in the shared ledger too, so that a call whose invocation replica died loses nothing.
+
+The ledger's finish is conditional (only a running invocation is finished, the
+first writer wins), so the invocation replica may write the same outcome too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from toolmesh.bridge.router import HostSession, check_outcome
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.outcome import Outcome
+from toolmesh.invocation.ledger import Ledger
+
+log = logging.getLogger("toolmesh.bridge")
+
+
+class OutcomeRecorder:
+    """Writes outcomes in `ledger` beside sending them back, without holding up the stream."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def record(self, tool_request_id: str, outcome: Outcome) -> None:
+        task = asyncio.create_task(self._write(tool_request_id, outcome))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, tool_request_id: str, outcome: Outcome) -> None:
+        try:
+            # Kept and written later by the ledger itself when the store is out.
+            await self.ledger.finish(tool_request_id, outcome)
+        except ToolmeshError as error:
+            log.warning(
+                "outcome not recorded", extra={"tool_request_id": tool_request_id, "code": error.code.value}
+            )
+
+    async def adopt(self, host: HostSession, tool_request_id: str, outcome: Outcome) -> None:
+        """Record the outcome a host hands in for a request this replica does not hold: one another
+        replica sent it, which died while the handler ran, and the host reconnected here.
+
+        Taken only while the ledger has the invocation running, for the host's own session; else
+        ToolmeshError(REQUEST_UNKNOWN, or REQUEST_ENDED when it has ended), as for any submit.
+        """
+        metadata = {"host_session_id": host.host_session_id, "tool_request_id": tool_request_id}
+        record = await self.ledger.get(tool_request_id)
+        if record is None or record.session_id != host.session_id:
+            raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
+        if record.finished:
+            ended = "answered" if record.outcome == outcome else record.state.value
+            raise ToolmeshError(Code.REQUEST_ENDED, f"It ended ({ended}).", {**metadata, "ended": ended})
+        check_outcome(outcome, metadata)
+        await self.ledger.finish(tool_request_id, outcome, claimed=record)
+        log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
+
+    async def aclose(self) -> None:
+        """Wait for the writes under way, then stop the ledger's later writes."""
+        if self._writes:
+            await asyncio.wait(set(self._writes))
+        await self.ledger.aclose()

@@ -1,0 +1,114 @@
+"""Which bridge replica holds hosts of which session: routes in the shared store, with expiry.
+
+Each bridge replica writes `bridge:route:<session>` = its advertise address
+(the internal listener the invocation service can reach) for every session it
+holds a host of, refreshes it every `refresh_s` and lets it expire after
+`ttl_s`, so a replica that died stops being named within `ttl_s`. When the last
+host of a session leaves, the replica removes the route if it still names it.
+The invocation service reads the route to pick the replica to dispatch to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from toolmesh.bridge.router import HostSession, Router
+from toolmesh.core.errors import ToolmeshError
+from toolmesh.store.base import Store
+
+log = logging.getLogger("toolmesh.bridge")
+
+ROUTE_PREFIX = "bridge:route:"
+ROUTE_TTL_S = 10.0
+REFRESH_S = 3.0
+
+
+def route_key(session_id: str) -> str:
+    return f"{ROUTE_PREFIX}{session_id}"
+
+
+async def route_of(store: Store, session_id: str) -> str | None:
+    """The address of the bridge replica holding a host of the session, or None."""
+    found = await store.get(route_key(session_id))
+    return None if found is None else found.value.decode()
+
+
+class Routes:
+    """Publishes this replica's `address` for every session `router` holds a host of."""
+
+    def __init__(
+        self,
+        store: Store,
+        address: str,
+        router: Router,
+        *,
+        ttl_s: float = ROUTE_TTL_S,
+        refresh_s: float = REFRESH_S,
+    ) -> None:
+        self._store = store
+        self.address = address
+        self._value = address.encode()
+        self._router = router
+        self._ttl_s = ttl_s
+        self._refresh_s = refresh_s
+        self._sessions: set[str] = set()
+        # Writes in flight, kept so that they are not collected before they run.
+        self._writes: set[asyncio.Task[None]] = set()
+        self._refresher: asyncio.Task[None] | None = None
+        router.opened_hooks.append(self._opened)
+        router.closed_hooks.append(self._closed)
+
+    def start(self) -> None:
+        self._refresher = asyncio.create_task(self._refresh())
+
+    def _opened(self, host: HostSession) -> None:
+        if host.session_id not in self._sessions:
+            self._sessions.add(host.session_id)
+            self._spawn(self._write(host.session_id))
+
+    def _closed(self, host: HostSession) -> None:
+        if host.session_id in self._sessions and not self._router.serves(host.session_id):
+            self._sessions.discard(host.session_id)
+            self._spawn(self._remove(host.session_id))
+
+    def _spawn(self, step: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(step)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, session_id: str) -> None:
+        try:
+            await self._store.put(route_key(session_id), self._value, ttl_s=self._ttl_s)
+        except ToolmeshError as error:
+            # The next refresh writes it again.
+            log.warning("route not written", extra={"session_id": session_id, "code": error.code.value})
+
+    async def _remove(self, session_id: str) -> None:
+        try:
+            if session_id in self._sessions:  # a host of it came back meanwhile
+                return
+            # Only our own: another replica may hold a host of the session too, and have written it.
+            if await route_of(self._store, session_id) == self.address:
+                await self._store.delete(route_key(session_id))
+        except ToolmeshError as error:
+            log.warning("route not removed", extra={"session_id": session_id, "code": error.code.value})
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            await asyncio.gather(*(self._write(session_id) for session_id in list(self._sessions)))
+
+    async def aclose(self) -> None:
+        """Stop refreshing and remove this replica's routes (its hosts have gone by now)."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        sessions, self._sessions = list(self._sessions), set()
+        await asyncio.gather(*(self._remove(session_id) for session_id in sessions))
+        if self._writes:
+            await asyncio.wait(set(self._writes))
