@@ -78,3 +78,23 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
     assert traced["spans_exported"] > 0  # tracing on really exported, off really did not
     assert set(traced["on/off"]) == {"p50", "p99", "calls_per_s", "cpu_per_call"}
     assert results["targets"]
+
+
+@pytest.mark.timeout(240)
+def test_bench_faults_quick_runs_every_scenario(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.faults", "--quick", "--baseline", "none", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    [written] = tmp_path.glob("faults-quick-*.json")
+    figures = json.loads(written.read_text())["results"]["this tree"]
+    assert set(figures) == {"message", "unread", "recovery", "routing"}
+    assert figures["message"]["quiet"]["calls"] > 0
+    assert figures["unread"]["calls_sent"] > 0
+    assert figures["recovery"]["registry_back_to_ok_s"] > 0
+    assert len(figures["routing"]["rounds"]) == 2

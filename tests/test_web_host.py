@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import grpc
 import pytest
 import pytest_asyncio
 
@@ -23,6 +24,7 @@ from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.server.runtime import RunningServer
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import eventually, free_port, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -245,6 +247,29 @@ async def test_timeout_aborts_the_handlers_signal_in_the_page(
     # The page submitted nothing for it: no error reported.
     errors = await driver.eval("a", "window.toolmesh.errors")
     assert all(error["toolName"] != "slow" for error in errors)
+
+
+async def test_the_page_answers_read_checks_so_it_gets_calls_before_hosts_that_do_not(
+    driver: BrowserDriver, stack: WebStack, client: InvocationClient
+) -> None:
+    await open_page(driver, stack, "reads", "web-reads")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.bridge_port}") as channel:
+        bridge = bridge_pb2_grpc.BridgeServiceStub(channel)
+        stalled = []
+        for n in range(10):  # hosts that read their first event, then nothing more
+            events = bridge.OpenHostSession(
+                bridge_pb2.OpenHostSessionRequest(
+                    session_id="web-reads", host_name=f"stalled-{n}", handler_names=["echo"]
+                )
+            )
+            await events.read()
+            stalled.append(events)
+        results = await asyncio.gather(
+            *(client.invoke("web-reads", "echo", {"n": n}, turn_id="t", timeout=5) for n in range(10))
+        )
+        for events in stalled:
+            events.cancel()
+    assert [r.outcome.code if r.outcome is not None else r.code for r in results] == ["OK"] * 10
 
 
 async def test_a_value_returned_after_the_call_ended_is_reported_not_dropped(
