@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem
@@ -118,6 +119,62 @@ async def test_a_host_that_answers_no_read_checks_still_serves_when_it_is_the_on
         serving.cancel()
 
 
+@pytest.mark.timeout(60)
+async def test_a_host_that_keeps_answering_requests_is_not_taken_for_gone(
+    system: LocalSystem, bridge: bridge_pb2_grpc.BridgeServiceAsyncStub
+) -> None:
+    """Too busy to answer read checks, but its results show it reads past them."""
+    session = f"busy-{uuid.uuid4().hex[:8]}"
+    await put(system, session, [ToolSpec("work", "", OBJECT, timeout_ms=5000)])
+    events = bridge.OpenHostSession(
+        bridge_pb2.OpenHostSessionRequest(session_id=session, host_name="busy", handler_names=["work"])
+    )
+    first = await events.read()
+    assert isinstance(first, bridge_pb2.OpenHostSessionResponse)
+    host_session_id = first.opened.host_session_id
+    answered_once = False
+    ended: list[str] = []
+
+    async def serve() -> None:
+        nonlocal answered_once
+        try:
+            while (event := await events.read()) is not grpc.aio.EOF:
+                assert isinstance(event, bridge_pb2.OpenHostSessionResponse)
+                kind = event.WhichOneof("event")
+                if kind == "heartbeat" and event.heartbeat.read_check and not answered_once:
+                    answered_once = True  # one answer, then never again
+                    await bridge.AnswerReadCheck(
+                        bridge_pb2.AnswerReadCheckRequest(
+                            host_session_id=host_session_id, read_check=event.heartbeat.read_check
+                        )
+                    )
+                elif kind == "tool_request":
+                    outcome = tool_pb2.ToolOutcome(result_json="true")
+                    await bridge.SubmitToolResult(
+                        bridge_pb2.SubmitToolResultRequest(
+                            host_session_id=host_session_id,
+                            tool_request_id=event.tool_request.tool_request_id,
+                            outcome=outcome,
+                        )
+                    )
+        except grpc.aio.AioRpcError as error:
+            ended.append(error.code().name)
+
+    serving = asyncio.create_task(serve())
+    try:
+        async with InvocationClient(system.invocation_target) as client:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + 1.5 * READ_CHECK_TIMEOUT_MS / 1000
+            while loop.time() < until:
+                result = await client.invoke(session, "work", {"r": uuid.uuid4().hex}, turn_id="t")
+                assert result.outcome is not None and result.outcome.ok, result
+                await asyncio.sleep(0.2)  # a call now and then, as a busy host's callers make them
+        assert answered_once and not ended  # its session is still open
+    finally:
+        events.cancel()
+        serving.cancel()
+
+
 class Quick:
     def __init__(self) -> None:
         self.calls = 0
@@ -127,6 +184,7 @@ class Quick:
         return {"by": "second host"}
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redeliverable", [True, False], ids=["read-only", "side-effecting"])
 async def test_a_host_that_stops_reading_is_taken_for_gone(
     system: LocalSystem, marker_dir: Path, redeliverable: bool
@@ -134,7 +192,7 @@ async def test_a_host_that_stops_reading_is_taken_for_gone(
     session = f"frozen-{uuid.uuid4().hex[:8]}"
     annotations = ToolAnnotations(read_only=redeliverable)
     await put(
-        system, session, [ToolSpec("slow_async", "", OBJECT, timeout_ms=20_000, annotations=annotations)]
+        system, session, [ToolSpec("slow_async", "", OBJECT, timeout_ms=60_000, annotations=annotations)]
     )
     frozen = await start_host_process(system.bridge_target, session, "e2e_handlers:HANDLERS", marker_dir)
     second = ToolHost(system.bridge_target, session)
@@ -143,7 +201,7 @@ async def test_a_host_that_stops_reading_is_taken_for_gone(
         async with InvocationClient(system.invocation_target) as client:
             marker = uuid.uuid4().hex
             call = asyncio.create_task(
-                client.invoke(session, "slow_async", {"marker": marker}, turn_id="t", timeout=30)
+                client.invoke(session, "slow_async", {"marker": marker}, turn_id="t", timeout=70)
             )
             await eventually((marker_dir / f"started-{marker}").exists)  # it runs on the first host
             second.on_tool("slow_async", quick)
@@ -157,7 +215,8 @@ async def test_a_host_that_stops_reading_is_taken_for_gone(
             assert result.outcome.code == "OK" and quick.calls == 1  # sent again, to the host that reads
         else:
             assert result.outcome.code == "TOOL_HOST_DISCONNECTED" and quick.calls == 0
-        assert waited < 10  # found out by its read checks, not by the tool's deadline (20 s)
+        # Found out by its read checks (READ_CHECK_TIMEOUT_MS), not by the tool's deadline (60 s).
+        assert waited < 30
     finally:
         frozen.process.send_signal(signal.SIGCONT)
         await second.stop()

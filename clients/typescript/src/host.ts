@@ -85,7 +85,7 @@ const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.Resourc
 const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
 /** As the bridge waits for an answer to a read check (toolmesh.core.limits.READ_CHECK_TIMEOUT_MS). */
-const READ_CHECK_TIMEOUT_MS = 2_000;
+const READ_CHECK_TIMEOUT_MS = 10_000;
 
 interface Registered {
   readonly handler: ToolHandler;

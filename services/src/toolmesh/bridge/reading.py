@@ -14,7 +14,10 @@ everything sent before it.
   answer checks at all, as hosts built before them) gets requests only when
   no host that reads serves the session.
 - A host that answered before and leaves a check unanswered for
-  READ_CHECK_TIMEOUT_MS has stopped reading: the router takes it for gone.
+  READ_CHECK_TIMEOUT_MS has stopped reading: the router takes it for gone. A
+  result it submits for a request sent after the check answers the check
+  too (it read past it), so a host too busy to answer promptly but still
+  working is not taken for gone.
 """
 
 from __future__ import annotations

@@ -141,6 +141,8 @@ class PendingRequest:
     settle: Settle
     started: float
     deadline: asyncio.TimerHandle | None = None
+    # The read check its host had not answered when the request was sent after it (0: none).
+    after_check: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +274,7 @@ class Router:
             request = replace(request, timeout_ms=max(left_ms, 1))
         host.send(request)
         checks = host.checks
+        pending.after_check = checks.waiting
         if checks.early is None and checks.waiting == 0:
             # Unanswered by then, the request asks whether the host reads at all.
             checks.early = asyncio.get_running_loop().call_later(READ_CHECK_AFTER_S, self._early_check, host)
@@ -498,6 +501,9 @@ class Router:
         if pending.host is not host:
             raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
         check_outcome(outcome, metadata)
+        if pending.after_check:
+            # The host read this request, so the check sent before it too (the stream is in order).
+            host.checks.answer(pending.after_check)
         self._end(pending, EndReason.ANSWERED)
         pending.settle(outcome)
 

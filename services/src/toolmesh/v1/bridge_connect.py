@@ -79,7 +79,7 @@ class BridgeService(Protocol):
         has not answered a read check yet (it has just opened, or it does not
         answer them) gets requests only when no host that answers serves the
         session. A host that answered before and leaves a read check unanswered
-        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
         host and the others end with TOOL_HOST_DISCONNECTED.
 
@@ -356,7 +356,7 @@ class BridgeServiceClient(ConnectClient):
         has not answered a read check yet (it has just opened, or it does not
         answer them) gets requests only when no host that answers serves the
         session. A host that answered before and leaves a read check unanswered
-        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
         host and the others end with TOOL_HOST_DISCONNECTED.
 
@@ -607,7 +607,7 @@ class BridgeServiceSync(Protocol):
         has not answered a read check yet (it has just opened, or it does not
         answer them) gets requests only when no host that answers serves the
         session. A host that answered before and leaves a read check unanswered
-        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
         host and the others end with TOOL_HOST_DISCONNECTED.
 
@@ -882,7 +882,7 @@ class BridgeServiceClientSync(ConnectClientSync):
         has not answered a read check yet (it has just opened, or it does not
         answer them) gets requests only when no host that answers serves the
         session. A host that answered before and leaves a read check unanswered
-        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
         host and the others end with TOOL_HOST_DISCONNECTED.
 

@@ -39,8 +39,11 @@ RECONNECT_BACKOFF_FIRST_MS = 100
 RECONNECT_BACKOFF_MAX_MS = 1_000
 # Read checks (BridgeService.AnswerReadCheck): the bridge sends one when a host
 # session opens, with heartbeats, and when a request has waited READ_CHECK_AFTER_MS
-# on a host without an answer. A host that answered before and leaves one
-# unanswered for READ_CHECK_TIMEOUT_MS has stopped reading its stream: it is
-# taken for gone.
+# on a host without an answer; a host whose check has waited longer than that
+# gets requests only when no host that answers serves the session. A host that
+# answered before and leaves one unanswered for READ_CHECK_TIMEOUT_MS has
+# stopped reading its stream: it is taken for gone. Long enough that a host
+# merely busy is not (a result it submits for a request sent after the check
+# answers it too).
 READ_CHECK_AFTER_MS = 500
-READ_CHECK_TIMEOUT_MS = 2_000
+READ_CHECK_TIMEOUT_MS = 10_000

@@ -71,7 +71,7 @@ class BridgeServiceStub:
     has not answered a read check yet (it has just opened, or it does not
     answer them) gets requests only when no host that answers serves the
     session. A host that answered before and leaves a read check unanswered
-    for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+    for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
     ends as if it had gone, its read-only or idempotent requests go to another
     host and the others end with TOOL_HOST_DISCONNECTED.
 
@@ -210,7 +210,7 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     has not answered a read check yet (it has just opened, or it does not
     answer them) gets requests only when no host that answers serves the
     session. A host that answered before and leaves a read check unanswered
-    for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+    for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
     ends as if it had gone, its read-only or idempotent requests go to another
     host and the others end with TOOL_HOST_DISCONNECTED.
 
@@ -352,7 +352,7 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         has not answered a read check yet (it has just opened, or it does not
         answer them) gets requests only when no host that answers serves the
         session. A host that answered before and leaves a read check unanswered
-        for 2 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
+        for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
         host and the others end with TOOL_HOST_DISCONNECTED.
 
