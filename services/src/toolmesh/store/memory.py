@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from toolmesh.store.base import VersionConflict, Versioned, until_set
-from toolmesh.store.ledger import KeyReused, StoredInvocation
+from toolmesh.store.ledger import FIRST_ATTACHMENT, Delivered, KeyReused, StoredInvocation
 
 # Sweep expired keys after this many writes, so memory stays bounded even
 # for keys that are never read again.
@@ -167,6 +167,16 @@ class _Invocation:
     identity: str
     # Finished with an outcome retries may be given again (see LedgerStore.finish).
     replayable: bool = True
+    # How many attachments it has had; the last one's id is this number.
+    attachments: int = 1
+    # The attachments whose delivery is not confirmed.
+    unconfirmed: frozenset[str] = frozenset((FIRST_ATTACHMENT,))
+
+    def attached(self) -> _Invocation:
+        """With one more attachment (unconfirmed, unless all were confirmed already)."""
+        count = self.attachments + 1
+        unconfirmed = self.unconfirmed if self.delivered else self.unconfirmed | {str(count)}
+        return replace(self, attachments=count, unconfirmed=unconfirmed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +207,16 @@ class MemoryLedgerStore:
     def _store_running(self, tool_request_id: str, record: bytes, identity: str, ttl_s: float) -> None:
         self._invocations.write(tool_request_id, _Invocation(record, False, False, ttl_s, identity), ttl_s)
 
+    def _attach(
+        self, tool_request_id: str, entry_ttl: float | None, invocation: _Invocation
+    ) -> StoredInvocation:
+        attached = invocation.attached()
+        # An attachment changes nothing a watcher waits for: no change event, same expiry.
+        self._invocations.write(tool_request_id, attached, entry_ttl, notify=False)
+        return StoredInvocation(
+            tool_request_id, attached.record, attached.delivered, str(attached.attachments)
+        )
+
     async def claim(
         self,
         tool_request_id: str,
@@ -204,14 +224,14 @@ class MemoryLedgerStore:
         identity: str,
         running_ttl_s: float,
         *,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
         self._confirm(confirmed)
         pointer = self._identities.live(identity)
         if pointer is not None and pointer.value != tool_request_id:
             other = self._invocations.live(pointer.value)
             if other is not None and not other.value.delivered:
-                return StoredInvocation(pointer.value, other.value.record, False)
+                return self._attach(pointer.value, self._invocations.expires_in(pointer.value), other.value)
         self._store_running(tool_request_id, record, identity, running_ttl_s)
         self._identities.write(identity, tool_request_id, running_ttl_s)
         return None
@@ -225,7 +245,7 @@ class MemoryLedgerStore:
         *,
         running_ttl_s: float,
         key_ttl_s: float,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
         self._confirm(confirmed)
         claimed = self._keys.live(key)
@@ -235,7 +255,7 @@ class MemoryLedgerStore:
             named = claimed.value.tool_request_id
             entry = self._invocations.live(named)
             if entry is not None and entry.value.replayable:
-                return StoredInvocation(named, entry.value.record, entry.value.delivered)
+                return self._attach(named, self._invocations.expires_in(named), entry.value)
         self._keys.write(key, _KeyClaim(tool_request_id, identity), key_ttl_s)
         self._store_running(tool_request_id, record, "", running_ttl_s)
         return None
@@ -246,7 +266,14 @@ class MemoryLedgerStore:
         running = self._invocations.live(tool_request_id)
         if running is None or running.value.finished:
             return False
-        finished = _Invocation(record, True, False, keep_s, identity, replay_s is not None)
+        finished = replace(
+            running.value,
+            record=record,
+            finished=True,
+            keep_s=keep_s,
+            identity=identity,
+            replayable=replay_s is not None,
+        )
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
             return True
@@ -261,12 +288,12 @@ class MemoryLedgerStore:
         if pointer is not None and pointer.value == tool_request_id:
             self._identities.remove(identity)
 
-    async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
-        return self._confirm(tool_request_ids)
+    async def confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
+        return self._confirm(deliveries)
 
-    def _confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
+    def _confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
         running = []
-        for tool_request_id in tool_request_ids:
+        for tool_request_id, attachment_id in deliveries:
             entry = self._invocations.live(tool_request_id)
             if entry is None or entry.value.delivered:
                 continue
@@ -274,8 +301,15 @@ class MemoryLedgerStore:
             if not invocation.finished:
                 running.append(tool_request_id)
                 continue
-            delivered = replace(invocation, delivered=True)
+            unconfirmed = invocation.unconfirmed - {attachment_id} if attachment_id else frozenset[str]()
             # Nobody waits for a delivery: no change event.
+            if unconfirmed:
+                confirmed = replace(invocation, unconfirmed=unconfirmed)
+                self._invocations.write(
+                    tool_request_id, confirmed, self._invocations.expires_in(tool_request_id), notify=False
+                )
+                continue
+            delivered = replace(invocation, delivered=True, unconfirmed=unconfirmed)
             self._invocations.write(tool_request_id, delivered, invocation.keep_s, notify=False)
             if invocation.identity:
                 self._drop_pointer(invocation.identity, tool_request_id)

@@ -64,6 +64,7 @@ class Code(enum.StrEnum):
     REGISTRY_UNAVAILABLE = "REGISTRY_UNAVAILABLE"
     BRIDGE_UNAVAILABLE = "BRIDGE_UNAVAILABLE"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    OUTCOME_UNAVAILABLE = "OUTCOME_UNAVAILABLE"
     OVERLOADED = "OVERLOADED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
@@ -177,6 +178,14 @@ _TABLE: dict[Code, ErrorSpec] = {
     ),
     Code.STORE_UNAVAILABLE: ErrorSpec(
         status=S.UNAVAILABLE, retryable=True, message="The state store could not be reached; no tool ran."
+    ),
+    Code.OUTCOME_UNAVAILABLE: ErrorSpec(
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message=(
+            "The state store failed while the call waited for its outcome; the tool may have run. "
+            "An exact retry is safe: it joins or replays the call once the store is back."
+        ),
     ),
     Code.OVERLOADED: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED, retryable=True, message="The service is overloaded; try again."

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from toolmesh.v1 import tool_pb2 as toolmesh_dot_v1_dot_tool__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolmesh/v1/invocation.proto\x12\x0btoolmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16toolmesh/v1/tool.proto\"\xa0\x01\n\x11InvokeToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\"\n\x1a\x63onfirmed_tool_request_ids\x18\x06 \x03(\t\"z\n\x12InvokeToolResponse\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12)\n\x07outcome\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x0e\n\x06joined\x18\x03 \x01(\x08\x12\x10\n\x08replayed\x18\x04 \x01(\x08\"B\n\x12InvokeToolsRequest\x12,\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1d.toolmesh.v1.StreamedToolCall\"\xd1\x01\n\x10StreamedToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1e.toolmesh.v1.InvokeToolRequest\x12\x46\n\rtrace_context\x18\x03 \x03(\x0b\x32/.toolmesh.v1.StreamedToolCall.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x13InvokeToolsResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.toolmesh.v1.StreamedToolResult\x12;\n\x12refused_duplicates\x18\x02 \x03(\x0b\x32\x1f.toolmesh.v1.StreamedToolResult\"\x8d\x01\n\x12StreamedToolResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x33\n\x08response\x18\x02 \x01(\x0b\x32\x1f.toolmesh.v1.InvokeToolResponseH\x00\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.toolmesh.v1.CallErrorH\x00\x42\x08\n\x06result\"\x95\x01\n\tCallError\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x36\n\x08metadata\x18\x03 \x03(\x0b\x32$.toolmesh.v1.CallError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"2\n\x16\x43onfirmDeliveryRequest\x12\x18\n\x10tool_request_ids\x18\x01 \x03(\t\"\x19\n\x17\x43onfirmDeliveryResponse\"/\n\x14GetInvocationRequest\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\"D\n\x15GetInvocationResponse\x12+\n\ninvocation\x18\x01 \x01(\x0b\x32\x17.toolmesh.v1.Invocation\"\xa9\x02\n\nInvocation\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12+\n\x05state\x18\x05 \x01(\x0e\x32\x1c.toolmesh.v1.InvocationState\x12)\n\x07outcome\x18\x06 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x11\n\tdelivered\x18\x07 \x01(\x08\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xae\x01\n\x0fInvocationState\x12 \n\x1cINVOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18INVOCATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aINVOCATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aINVOCATION_STATE_TIMED_OUT\x10\x03\x12\x1b\n\x17INVOCATION_STATE_FAILED\x10\x04\x32\xee\x02\n\x11InvocationService\x12M\n\nInvokeTool\x12\x1e.toolmesh.v1.InvokeToolRequest\x1a\x1f.toolmesh.v1.InvokeToolResponse\x12T\n\x0bInvokeTools\x12\x1f.toolmesh.v1.InvokeToolsRequest\x1a .toolmesh.v1.InvokeToolsResponse(\x01\x30\x01\x12\\\n\x0f\x43onfirmDelivery\x12#.toolmesh.v1.ConfirmDeliveryRequest\x1a$.toolmesh.v1.ConfirmDeliveryResponse\x12V\n\rGetInvocation\x12!.toolmesh.v1.GetInvocationRequest\x1a\".toolmesh.v1.GetInvocationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolmesh/v1/invocation.proto\x12\x0btoolmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16toolmesh/v1/tool.proto\"\xe1\x01\n\x11InvokeToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\"\n\x1a\x63onfirmed_tool_request_ids\x18\x06 \x03(\t\x12?\n\x15\x63onfirmed_attachments\x18\x07 \x03(\x0b\x32 .toolmesh.v1.DeliveredAttachment\"\x91\x01\n\x12InvokeToolResponse\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12)\n\x07outcome\x18\x02 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x0e\n\x06joined\x18\x03 \x01(\x08\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x12\x15\n\rattachment_id\x18\x05 \x01(\t\"B\n\x12InvokeToolsRequest\x12,\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1d.toolmesh.v1.StreamedToolCall\"\xd1\x01\n\x10StreamedToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1e.toolmesh.v1.InvokeToolRequest\x12\x46\n\rtrace_context\x18\x03 \x03(\x0b\x32/.toolmesh.v1.StreamedToolCall.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x13InvokeToolsResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.toolmesh.v1.StreamedToolResult\x12;\n\x12refused_duplicates\x18\x02 \x03(\x0b\x32\x1f.toolmesh.v1.StreamedToolResult\"\x8d\x01\n\x12StreamedToolResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x33\n\x08response\x18\x02 \x01(\x0b\x32\x1f.toolmesh.v1.InvokeToolResponseH\x00\x12\'\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x16.toolmesh.v1.CallErrorH\x00\x42\x08\n\x06result\"\x95\x01\n\tCallError\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x36\n\x08metadata\x18\x03 \x03(\x0b\x32$.toolmesh.v1.CallError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"i\n\x16\x43onfirmDeliveryRequest\x12\x18\n\x10tool_request_ids\x18\x01 \x03(\t\x12\x35\n\x0b\x61ttachments\x18\x02 \x03(\x0b\x32 .toolmesh.v1.DeliveredAttachment\"E\n\x13\x44\x65liveredAttachment\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12\x15\n\rattachment_id\x18\x02 \x01(\t\"\x19\n\x17\x43onfirmDeliveryResponse\"/\n\x14GetInvocationRequest\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\"D\n\x15GetInvocationResponse\x12+\n\ninvocation\x18\x01 \x01(\x0b\x32\x17.toolmesh.v1.Invocation\"\xa9\x02\n\nInvocation\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0f\n\x07turn_id\x18\x03 \x01(\t\x12\x11\n\ttool_name\x18\x04 \x01(\t\x12+\n\x05state\x18\x05 \x01(\x0e\x32\x1c.toolmesh.v1.InvocationState\x12)\n\x07outcome\x18\x06 \x01(\x0b\x32\x18.toolmesh.v1.ToolOutcome\x12\x11\n\tdelivered\x18\x07 \x01(\x08\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xae\x01\n\x0fInvocationState\x12 \n\x1cINVOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18INVOCATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1aINVOCATION_STATE_COMPLETED\x10\x02\x12\x1e\n\x1aINVOCATION_STATE_TIMED_OUT\x10\x03\x12\x1b\n\x17INVOCATION_STATE_FAILED\x10\x04\x32\xee\x02\n\x11InvocationService\x12M\n\nInvokeTool\x12\x1e.toolmesh.v1.InvokeToolRequest\x1a\x1f.toolmesh.v1.InvokeToolResponse\x12T\n\x0bInvokeTools\x12\x1f.toolmesh.v1.InvokeToolsRequest\x1a .toolmesh.v1.InvokeToolsResponse(\x01\x30\x01\x12\\\n\x0f\x43onfirmDelivery\x12#.toolmesh.v1.ConfirmDeliveryRequest\x1a$.toolmesh.v1.ConfirmDeliveryResponse\x12V\n\rGetInvocation\x12!.toolmesh.v1.GetInvocationRequest\x1a\".toolmesh.v1.GetInvocationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,36 +37,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMEDTOOLCALL_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_CALLERROR_METADATAENTRY']._loaded_options = None
   _globals['_CALLERROR_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_INVOCATIONSTATE']._serialized_start=1599
-  _globals['_INVOCATIONSTATE']._serialized_end=1773
+  _globals['_INVOCATIONSTATE']._serialized_start=1814
+  _globals['_INVOCATIONSTATE']._serialized_end=1988
   _globals['_INVOKETOOLREQUEST']._serialized_start=103
-  _globals['_INVOKETOOLREQUEST']._serialized_end=263
-  _globals['_INVOKETOOLRESPONSE']._serialized_start=265
-  _globals['_INVOKETOOLRESPONSE']._serialized_end=387
-  _globals['_INVOKETOOLSREQUEST']._serialized_start=389
-  _globals['_INVOKETOOLSREQUEST']._serialized_end=455
-  _globals['_STREAMEDTOOLCALL']._serialized_start=458
-  _globals['_STREAMEDTOOLCALL']._serialized_end=667
-  _globals['_STREAMEDTOOLCALL_TRACECONTEXTENTRY']._serialized_start=616
-  _globals['_STREAMEDTOOLCALL_TRACECONTEXTENTRY']._serialized_end=667
-  _globals['_INVOKETOOLSRESPONSE']._serialized_start=670
-  _globals['_INVOKETOOLSRESPONSE']._serialized_end=802
-  _globals['_STREAMEDTOOLRESULT']._serialized_start=805
-  _globals['_STREAMEDTOOLRESULT']._serialized_end=946
-  _globals['_CALLERROR']._serialized_start=949
-  _globals['_CALLERROR']._serialized_end=1098
-  _globals['_CALLERROR_METADATAENTRY']._serialized_start=1051
-  _globals['_CALLERROR_METADATAENTRY']._serialized_end=1098
-  _globals['_CONFIRMDELIVERYREQUEST']._serialized_start=1100
-  _globals['_CONFIRMDELIVERYREQUEST']._serialized_end=1150
-  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_start=1152
-  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_end=1177
-  _globals['_GETINVOCATIONREQUEST']._serialized_start=1179
-  _globals['_GETINVOCATIONREQUEST']._serialized_end=1226
-  _globals['_GETINVOCATIONRESPONSE']._serialized_start=1228
-  _globals['_GETINVOCATIONRESPONSE']._serialized_end=1296
-  _globals['_INVOCATION']._serialized_start=1299
-  _globals['_INVOCATION']._serialized_end=1596
-  _globals['_INVOCATIONSERVICE']._serialized_start=1776
-  _globals['_INVOCATIONSERVICE']._serialized_end=2142
+  _globals['_INVOKETOOLREQUEST']._serialized_end=328
+  _globals['_INVOKETOOLRESPONSE']._serialized_start=331
+  _globals['_INVOKETOOLRESPONSE']._serialized_end=476
+  _globals['_INVOKETOOLSREQUEST']._serialized_start=478
+  _globals['_INVOKETOOLSREQUEST']._serialized_end=544
+  _globals['_STREAMEDTOOLCALL']._serialized_start=547
+  _globals['_STREAMEDTOOLCALL']._serialized_end=756
+  _globals['_STREAMEDTOOLCALL_TRACECONTEXTENTRY']._serialized_start=705
+  _globals['_STREAMEDTOOLCALL_TRACECONTEXTENTRY']._serialized_end=756
+  _globals['_INVOKETOOLSRESPONSE']._serialized_start=759
+  _globals['_INVOKETOOLSRESPONSE']._serialized_end=891
+  _globals['_STREAMEDTOOLRESULT']._serialized_start=894
+  _globals['_STREAMEDTOOLRESULT']._serialized_end=1035
+  _globals['_CALLERROR']._serialized_start=1038
+  _globals['_CALLERROR']._serialized_end=1187
+  _globals['_CALLERROR_METADATAENTRY']._serialized_start=1140
+  _globals['_CALLERROR_METADATAENTRY']._serialized_end=1187
+  _globals['_CONFIRMDELIVERYREQUEST']._serialized_start=1189
+  _globals['_CONFIRMDELIVERYREQUEST']._serialized_end=1294
+  _globals['_DELIVEREDATTACHMENT']._serialized_start=1296
+  _globals['_DELIVEREDATTACHMENT']._serialized_end=1365
+  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_start=1367
+  _globals['_CONFIRMDELIVERYRESPONSE']._serialized_end=1392
+  _globals['_GETINVOCATIONREQUEST']._serialized_start=1394
+  _globals['_GETINVOCATIONREQUEST']._serialized_end=1441
+  _globals['_GETINVOCATIONRESPONSE']._serialized_start=1443
+  _globals['_GETINVOCATIONRESPONSE']._serialized_end=1511
+  _globals['_INVOCATION']._serialized_start=1514
+  _globals['_INVOCATION']._serialized_end=1811
+  _globals['_INVOCATIONSERVICE']._serialized_start=1991
+  _globals['_INVOCATIONSERVICE']._serialized_end=2357
 # @@protoc_insertion_point(module_scope)
