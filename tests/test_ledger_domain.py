@@ -151,6 +151,19 @@ async def test_an_attachment_never_confirmed_holds_the_invocation_only_within_th
     assert (await ledger.claim(call(), "tr_4", 10_000)).is_new
 
 
+async def test_the_claimant_s_replay_window_holds_whoever_finishes(
+    backend: tuple[LedgerStore, Clock, str],
+) -> None:
+    """A bridge replica records the host's outcome with a ledger of its own default policy."""
+    store, clock, _ = backend
+    claimant, bridge = Ledger(store, POLICY, clock=clock), Ledger(store, LedgerPolicy(), clock=clock)
+    await claimant.claim(call(), "tr_1", 10_000)
+    await bridge.finish("tr_1", Outcome.success("7"))
+    assert not (await claimant.claim(call(), "tr_2", 10_000)).is_new
+    await clock.advance(POLICY.replay_window_s + 0.1)
+    assert (await claimant.claim(call(), "tr_3", 10_000)).is_new
+
+
 async def test_the_id_alone_confirms_every_attachment(ledger: Ledger) -> None:
     await ledger.claim(call(), "tr_1", 10_000)
     await ledger.claim(call(), "tr_2", 10_000)

@@ -103,6 +103,9 @@ class InvocationRecord:
     idempotency_key: str = ""
     # W3C trace context of the first call, so joined and replayed calls can link to it.
     trace_context: dict[str, str] = field(default_factory=dict)
+    # The claimant's replay windows (LedgerPolicy's replay_window_s, timeout_replay_window_s):
+    # whichever process finishes the invocation (a bridge replica may) applies them.
+    replay_windows: tuple[float, float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -132,6 +135,7 @@ class InvocationRecord:
             finished_at,
             self.idempotency_key,
             self.trace_context,
+            self.replay_windows,
         )
 
 
@@ -184,6 +188,7 @@ def _encode(record: InvocationRecord) -> bytes:
             "finished": record.finished_at,
             "idem": record.idempotency_key,
             "trace": record.trace_context,
+            "windows": record.replay_windows,
         },
     ).encode()
 
@@ -202,6 +207,7 @@ def _decode(raw: bytes) -> InvocationRecord:
         finished_at=data["finished"],
         idempotency_key=data["idem"],
         trace_context=data["trace"],
+        replay_windows=None if data.get("windows") is None else tuple(data["windows"]),
     )
 
 
@@ -279,6 +285,7 @@ class Ledger:
             created_at=self._clock(),
             idempotency_key=idempotency_key,
             trace_context=trace_context or {},
+            replay_windows=(self.policy.replay_window_s, self.policy.timeout_replay_window_s),
         )
         running_ttl = timeout_ms / 1000 + self.policy.running_grace_s
         if idempotency_key:
@@ -316,9 +323,12 @@ class Ledger:
         return self.policy.record_retention_s
 
     def _replay_window(self, record: InvocationRecord) -> float:
-        if record.state is InvocationState.TIMED_OUT:
-            return self.policy.timeout_replay_window_s
-        return self.policy.replay_window_s
+        """The claimant's window (records from before it was kept in them: this ledger's)."""
+        replay, timeout_replay = record.replay_windows or (
+            self.policy.replay_window_s,
+            self.policy.timeout_replay_window_s,
+        )
+        return timeout_replay if record.state is InvocationState.TIMED_OUT else replay
 
     async def finish(
         self,
