@@ -443,8 +443,9 @@ class Ledger:
 
     async def outcome_from_owner(self, tool_request_id: str, timeout_ms: int) -> InvocationRecord | None:
         """The record once another process (an invocation or bridge replica) finished it; None if it
-        vanished. Past its deadline plus `owner_grace_s` its owner is lost: it is finished here with
-        TOOL_TIMEOUT (unless someone finished it first, whose outcome wins).
+        vanished. Past its deadline plus `owner_grace_s` (and `owner_grace_s` after this call
+        began to wait) its owner is lost: it is finished here with TOOL_TIMEOUT (unless someone
+        finished it first, whose outcome wins).
 
         Raises ToolmeshError(STORE_UNAVAILABLE) when the store cannot be read; then
         nothing is presumed lost (the owner may hold an outcome the store could not take).
@@ -452,11 +453,14 @@ class Ledger:
         record = await self.get(tool_request_id)
         if record is None or record.finished:
             return record
-        give_up_at = record.created_at + timeout_ms / 1000 + self.policy.owner_grace_s
-        record = await self.wait_finished(tool_request_id, max(give_up_at - self._clock(), 0.0))
-        if record is None or record.finished:
-            return record
-        # Read once more: the wait goes through an outage, which must not pass for a lost owner.
+        # The grace counts from the deadline, or from now for a call that joins later: the owner
+        # may hold an outcome it could not write yet (the store was out) and be about to.
+        deadline = record.created_at + timeout_ms / 1000
+        give_up_at = max(deadline, self._clock()) + self.policy.owner_grace_s
+        waited = await self.wait_finished(tool_request_id, give_up_at - self._clock())
+        if waited is not None and waited.finished:
+            return waited
+        # Read once more (the wait may have seen nothing): an outage must not pass for a lost owner.
         record = await self.get(tool_request_id)
         if record is None or record.finished:
             return record
