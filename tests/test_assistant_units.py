@@ -70,6 +70,7 @@ CALL_CODES = {
     Code.REGISTRY_UNAVAILABLE,
     Code.BRIDGE_UNAVAILABLE,
     Code.STORE_UNAVAILABLE,
+    Code.OUTCOME_UNAVAILABLE,
     Code.OVERLOADED,
     Code.SHUTTING_DOWN,
     Code.INTERNAL,
@@ -105,6 +106,7 @@ def test_every_call_code_maps_onto_a_turn_code() -> None:
         ("TOOL_RESULT_INVALID", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         ("TOOL_HOST_DISCONNECTED", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         ("TOOL_TIMEOUT", ErrorKind.RUNTIME, TurnCode.TIMEOUT),
+        ("OUTCOME_UNAVAILABLE", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         # A handler's own code, whatever it is.
         ("TOOL_NOT_FOUND", ErrorKind.DOMAIN, TurnCode.EXECUTION_FAILED),
         ("SOMETHING_NEWER", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
