@@ -24,6 +24,8 @@ _SWEEP_EVERY = 256
 V = TypeVar("V")
 T = TypeVar("T")
 _NOTHING: Any = object()
+# Shared: an empty frozenset is a new object each time (about 200 bytes).
+_NONE: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -266,13 +268,16 @@ class MemoryLedgerStore:
         running = self._invocations.live(tool_request_id)
         if running is None or running.value.finished:
             return False
-        finished = replace(
-            running.value,
-            record=record,
-            finished=True,
-            keep_s=keep_s,
-            identity=identity,
-            replayable=replay_s is not None,
+        attached = running.value
+        finished = _Invocation(
+            record,
+            True,
+            False,
+            keep_s,
+            identity,
+            replay_s is not None,
+            attached.attachments,
+            attached.unconfirmed,
         )
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
@@ -301,7 +306,7 @@ class MemoryLedgerStore:
             if not invocation.finished:
                 running.append(tool_request_id)
                 continue
-            unconfirmed = invocation.unconfirmed - {attachment_id} if attachment_id else frozenset[str]()
+            unconfirmed = invocation.unconfirmed - {attachment_id} if attachment_id else _NONE
             # Nobody waits for a delivery: no change event.
             if unconfirmed:
                 confirmed = replace(invocation, unconfirmed=unconfirmed)
@@ -309,7 +314,7 @@ class MemoryLedgerStore:
                     tool_request_id, confirmed, self._invocations.expires_in(tool_request_id), notify=False
                 )
                 continue
-            delivered = replace(invocation, delivered=True, unconfirmed=unconfirmed)
+            delivered = replace(invocation, delivered=True, unconfirmed=_NONE)
             self._invocations.write(tool_request_id, delivered, invocation.keep_s, notify=False)
             if invocation.identity:
                 self._drop_pointer(invocation.identity, tool_request_id)
