@@ -674,10 +674,12 @@ export const InvocationService: GenService<{
    * attached to it has confirmed (see Attachments above). Confirming twice, or
    * confirming an expired or still running invocation, changes nothing.
    * Callers that make further calls can instead carry their confirmations on
-   * the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
+   * the next InvokeTool (confirmed_attachments, confirmed_tool_request_ids)
+   * and save the round trip.
    *
-   * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-   * more than 1,000 ids and attachments together); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+   * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, an
+   * attachment without its attachment_id, or more than 1,000 ids and
+   * attachments together); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
    * was confirmed: the outcomes stay replayable to an exact retry). Ids of
    * other sessions' invocations change nothing.
    *
