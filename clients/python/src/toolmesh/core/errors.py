@@ -182,7 +182,7 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.OUTCOME_UNAVAILABLE: ErrorSpec(
         status=S.UNAVAILABLE,
         retryable=True,
-        message="The state store failed while the call waited; the tool may have run, an exact retry is safe.",
+        message="The state store failed mid-call; the tool may have run, and an exact retry is safe.",
     ),
     Code.OVERLOADED: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED, retryable=True, message="The service is overloaded; try again."
