@@ -219,3 +219,48 @@ async def test_requests_ready_together_go_out_in_one_message() -> None:
         assert len(quiet.received) <= 5  # batched, not one message per request
         for dispatch in dispatches:
             dispatch.cancel()
+
+
+async def test_a_bridge_that_refuses_connections_was_sent_nothing() -> None:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nothing listens there
+    dispatcher = RemoteDispatcher(channel)
+    try:
+        with pytest.raises(remote.BridgeLost) as lost:
+            await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_refused")), 10)
+        assert lost.value.code is Code.BRIDGE_UNAVAILABLE and lost.value.sent is False
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+
+
+async def test_a_bridge_that_never_completes_the_connection_was_sent_nothing() -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept_and_say_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # no HTTP/2 settings ever: the channel stays CONNECTING
+
+    server = await asyncio.start_server(accept_and_say_nothing, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    dispatcher = RemoteDispatcher(channel, connect_s=0.3)
+    try:
+        with pytest.raises(remote.BridgeLost) as lost:
+            await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_silent")), 10)
+        assert lost.value.sent is False and lost.value.metadata["grpcStatus"] == "UNAVAILABLE"
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_request_handed_to_a_stream_that_then_breaks_may_have_been_sent() -> None:
+    async with dispatcher_to_quiet_bridge() as (dispatcher, quiet):
+        dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_taken")))
+        await eventually(lambda: quiet.received)
+        await dispatcher.aclose()  # the stream ends under the request the bridge took
+        with pytest.raises(remote.BridgeLost) as lost:
+            await asyncio.wait_for(dispatch, 10)
+        assert lost.value.sent is True
