@@ -41,7 +41,7 @@ log = logging.getLogger("toolmesh.invocation")
 BRIDGE_GRACE_S = 2.0
 # A new dispatch stream waits this long at most for its bridge's connection; then the request
 # fails as not sent (a bridge that refuses connections fails it at once).
-CONNECT_S = 2.0
+CONNECT_S = 5.0
 # While a read-only or idempotent request whose bridge replica died waits for another replica to
 # be named by its session's route, the route is read again this often.
 ROUTE_POLL_S = 0.25
