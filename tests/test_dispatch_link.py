@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from toolmesh.bridge.routes import route_key
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
@@ -22,8 +23,9 @@ from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.invocation import remote
-from toolmesh.invocation.remote import RemoteDispatcher
+from toolmesh.invocation.remote import RemoteDispatcher, RoutedDispatcher
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, free_port, start_service_process
 
@@ -264,3 +266,32 @@ async def test_a_request_handed_to_a_stream_that_then_breaks_may_have_been_sent(
         with pytest.raises(remote.BridgeLost) as lost:
             await asyncio.wait_for(dispatch, 10)
         assert lost.value.sent is True
+
+
+async def test_a_request_that_never_left_goes_to_another_replica_when_there_is_one() -> None:
+    store = InMemoryStore()
+    bridge, _ = await start_bridge()
+    host = ToolHost(f"127.0.0.1:{bridge.port}", "moved")
+    host.on_tool("wait", lambda args, ctx: {"served": True})
+    dispatcher = RoutedDispatcher(store, f"127.0.0.1:{bridge.internal_port}")
+    try:
+        await host.start(timeout=5)
+        # The session's route names a replica that is down; the default holds the host.
+        await store.put(route_key("moved"), f"127.0.0.1:{free_port()}".encode(), ttl_s=60)
+        outcome = await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_moved", session="moved")), 10)
+        assert outcome.ok and outcome.result_json == '{"served":true}'
+        # Down, and no other replica to try: it ends at once, saying nothing ran.
+        await store.put(route_key("stranded"), f"127.0.0.1:{free_port()}".encode(), ttl_s=60)
+        stranded = RoutedDispatcher(store, f"127.0.0.1:{free_port()}")
+        try:
+            alone = await asyncio.wait_for(
+                stranded.dispatch(tool_request("tr_alone", session="stranded")), 10
+            )
+        finally:
+            await stranded.aclose()
+        assert alone.failure is not None and alone.failure.code == "TOOL_HOST_UNAVAILABLE"
+        assert alone.failure.details == {"sessionId": "stranded", "bridge": "unreachable"}
+    finally:
+        await host.stop()
+        await dispatcher.aclose()
+        await bridge.stop(0)
