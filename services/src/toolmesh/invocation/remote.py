@@ -132,11 +132,17 @@ class RemoteDispatcher:
         self._link: DispatchLink | None = None
         # The ids of the requests handed to the current link's stream and not answered yet.
         self._sent: set[str] = set()
+        self._connecting: asyncio.Future[None] | None = None
 
     async def _open_link(self) -> tuple[DispatchLink, set[str]]:
         link = self._link
         if link is None or link.closed:
-            await self._connected()
+            # One wait for the connection, shared by every dispatch that needs it meanwhile.
+            connecting = self._connecting
+            if connecting is None or connecting.done():
+                connecting = self._connecting = asyncio.ensure_future(self._connected())
+                connecting.add_done_callback(_seen)
+            await asyncio.shield(connecting)
             link = self._link  # another dispatch may have opened one meanwhile
             if link is None or link.closed:
                 sent: set[str] = set()
@@ -195,6 +201,12 @@ class RemoteDispatcher:
 
 
 _DOWN = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
+
+
+def _seen(connecting: asyncio.Future[None]) -> None:
+    """Its failure reaches the dispatches that wait for it; marked as seen in case none is left."""
+    if not connecting.cancelled():
+        connecting.exception()
 
 
 DispatchLink = StreamLink[
