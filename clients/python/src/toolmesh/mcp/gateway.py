@@ -1,0 +1,235 @@
+"""The MCP gateway: a session's tools served to MCP clients, on the SDK's low-level server.
+
+tools/list reads the registry; tools/call is an InvokeTool with the ledger's
+semantics, so an MCP client's retry of a call (a new JSON-RPC id, the same
+tool and arguments) joins the running invocation or replays its outcome
+instead of running the tool again. The gateway never confirms delivery (MCP
+has no way to say a result arrived): an identical call within the replay
+window (120 s) replays, and a client that means to run a tool again with the
+same arguments sends another `toolmesh/idempotencyKey` in `_meta`.
+
+When the session's tools change (WatchTools), connected clients are told:
+notifications/tools/list_changed on handshake-era connections, a
+ToolsListChanged event on `subscriptions/listen` streams (2026-07-28).
+
+Who may call: the caller's own bearer token goes to the registry and the
+invocation service with each request (over HTTP, its Authorization header;
+over stdio, the gateway's --token); the services decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import mcp_types as types
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from toolmesh.client.invocation import InvocationClient
+from toolmesh.client.registry import RegistryClient
+from toolmesh.core.errors import ERROR_TABLE, Code
+from toolmesh.core.rpcstatus import error_code
+from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool
+
+log = logging.getLogger("toolmesh.mcp")
+
+# The token of the request being served: the clients' token callbacks read it.
+caller_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("caller_token", default=None)
+
+# How long the watch of a session's tools waits before it opens again after failing.
+REWATCH_S = 1.0
+
+
+def current_token() -> str:
+    """The token of the request being served (the clients ask this before each call)."""
+    return caller_token.get() or ""
+
+
+SessionOf = Callable[[ServerRequestContext[Any, Any]], str]
+
+
+@dataclass(eq=False)
+class _Watched:
+    """One session's tools as the gateway watches them, and who is told when they change."""
+
+    bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)
+    # Handshake-era connections that read this session's tools.
+    connections: weakref.WeakSet[Connection] = field(default_factory=weakref.WeakSet)
+    task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.listen = ListenHandler(self.bus)
+
+
+class Gateway:
+    """Serves sessions' tools to MCP clients; `server` is the MCP SDK's low-level server to run.
+
+    `session_of` says which session a request is for (the command line's for
+    stdio, the URL's for HTTP); `token_of` reads the caller's token from the
+    request (None: the clients' own token applies, as over stdio).
+    """
+
+    def __init__(
+        self,
+        registry: RegistryClient,
+        invocation: InvocationClient,
+        session_of: SessionOf,
+        token_of: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._invocation = invocation
+        self._session_of = session_of
+        self._token_of = token_of
+        self._watched: dict[str, _Watched] = {}
+        # Each handshake-era connection serves one session: the first it named.
+        self._bound: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
+        self.server: Server[Any] = Server(
+            "toolmesh",
+            version=_version(),
+            instructions="The tools of one toolmesh session. An exact retry of a call never runs it twice.",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=self._listen,
+        )
+
+    def initialization_options(self) -> Any:
+        """The handshake's options: tools, with list_changed."""
+        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+
+    async def close(self) -> None:
+        """Stop watching the sessions' tools."""
+        for watched in self._watched.values():
+            watched.listen.close()
+            if watched.task is not None:
+                watched.task.cancel()
+        tasks = [w.task for w in self._watched.values() if w.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watched.clear()
+
+    # -- requests ---------------------------------------------------------
+    def _enter(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str, _Watched]:
+        """The request's session, its caller's token set for the clients, its watch started."""
+        session_id = self._session_of(ctx)
+        if self._token_of is not None:
+            caller_token.set(self._token_of(ctx))
+        # The session a connection serves is fixed by its first request.
+        connection: Connection | None = getattr(ctx.session, "_connection", None)
+        handshake = connection is not None and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
+        if handshake and connection is not None:
+            bound = self._bound.setdefault(connection, session_id)
+            if bound != session_id:
+                raise MCPError(types.INVALID_REQUEST, "This MCP session serves another toolmesh session.")
+        watched = self._watched.get(session_id)
+        if watched is None:
+            watched = self._watched[session_id] = _Watched()
+        if handshake and connection is not None:
+            watched.connections.add(connection)
+        if watched.task is None or watched.task.done():
+            # Started in this request's context: it watches with this caller's token.
+            watched.task = asyncio.create_task(self._watch(session_id, watched))
+        return session_id, watched
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        session_id, _ = self._enter(ctx)
+        try:
+            tool_set = await self._registry.list_tools(session_id)
+        except grpc.aio.AioRpcError as error:
+            raise refused(error) from None
+        return types.ListToolsResult(tools=[mcp_tool(spec) for spec in tool_set.tools])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        session_id, _ = self._enter(ctx)
+        meta = params.meta or {}
+        key = meta.get(META_IDEMPOTENCY_KEY, "")
+        if not isinstance(key, str):
+            raise MCPError(types.INVALID_PARAMS, f"_meta {META_IDEMPOTENCY_KEY} must be a string.")
+        try:
+            result = await self._invocation.invoke(
+                session_id,
+                params.name,
+                params.arguments or {},
+                turn_id=f"mcp_{uuid.uuid4().hex[:16]}",
+                idempotency_key=key,
+                # No MCP message says a result arrived: outcomes replay to exact retries.
+                confirm_delivery=False,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise refused(error) from None
+        log.info(
+            "mcp tool call",
+            extra={
+                "session_id": session_id,
+                "tool_name": params.name,
+                "tool_request_id": result.tool_request_id or "",
+                "joined": result.joined,
+                "replayed": result.replayed,
+            },
+        )
+        return call_tool_result(result)
+
+    async def _listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        _, watched = self._enter(ctx)
+        return await watched.listen(ctx, params)
+
+    # -- list_changed -----------------------------------------------------
+    async def _watch(self, session_id: str, watched: _Watched) -> None:
+        """Tell the session's clients each time its revision moves, until closed."""
+        revision: int | None = None
+        while True:
+            try:
+                async for tool_set in self._registry.watch_tools(session_id):
+                    if revision is not None and tool_set.revision != revision:
+                        await self._announce(watched)
+                    revision = tool_set.revision
+            except grpc.aio.AioRpcError as error:
+                log.warning(
+                    "watching tools failed",
+                    extra={"session_id": session_id, "grpc_status": error.code().name},
+                )
+            await asyncio.sleep(REWATCH_S)
+
+    async def _announce(self, watched: _Watched) -> None:
+        await watched.bus.publish(ToolsListChanged())
+        for connection in list(watched.connections):
+            with contextlib.suppress(Exception):  # a connection that went away hears nothing
+                await connection.send_tool_list_changed()
+
+
+def refused(error: grpc.aio.AioRpcError) -> MCPError:
+    """A refused RPC as a JSON-RPC error, with the error table's code; never the request's values."""
+    code = error_code(error)
+    if code is None:
+        code = Code.TRANSPORT_FAILED
+    row = ERROR_TABLE[code]
+    number = types.INVALID_PARAMS if code is Code.INVALID_REQUEST else types.INTERNAL_ERROR
+    if code in (Code.UNAUTHENTICATED, Code.PERMISSION_DENIED):
+        number = types.INVALID_REQUEST
+    return MCPError(number, f"{code.value}: {row.message}", {"code": code.value, "retryable": row.retryable})
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("toolmesh")
+    except PackageNotFoundError:
+        return ""
