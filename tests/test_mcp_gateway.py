@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -12,15 +11,16 @@ import httpx2
 import mcp_types as types
 import pytest
 import pytest_asyncio
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from mcp_testing import gateway_stdio, http_gateway
 from toolmesh.core.tools import ToolAnnotations
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, META_REPLAYED, META_TOOL_REQUEST_ID, NO_OUTCOME
 from toolmesh.server.system import LocalSystem
-from toolmesh_testing import TESTS, eventually, toolmesh_command
+from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -68,47 +68,16 @@ async def tool_host(system: LocalSystem) -> AsyncIterator[ToolHost]:
     await host.stop()
 
 
-def services_env(system: LocalSystem) -> dict[str, str]:
-    return dict(
-        os.environ,
-        TOOLMESH_REGISTRY_ADDR=system.registry_target,
-        TOOLMESH_INVOCATION_ADDR=system.invocation_target,
-    )
-
-
 @asynccontextmanager
 async def stdio_client(system: LocalSystem, session: str = SESSION) -> AsyncIterator[Client]:
-    command = toolmesh_command()
-    params = StdioServerParameters(
-        command=command[0],
-        args=[*command[1:], "mcp", "--thread-id", session],
-        env=services_env(system),
-        cwd=TESTS,
-    )
-    async with Client(params) as client:
+    async with Client(gateway_stdio(system, session)) as client:
         yield client
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def http_gateway(system: LocalSystem) -> AsyncIterator[str]:
-    """`toolmesh mcp --http` on a free loopback port; yields its base URL."""
-    process = await asyncio.create_subprocess_exec(
-        *toolmesh_command(),
-        "mcp",
-        "--http",
-        "--listen",
-        "127.0.0.1:0",
-        env=services_env(system),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    assert process.stdout is not None
-    line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
-    assert line.startswith("toolmesh mcp: serving http://127.0.0.1:"), line
-    base = line.split("serving ", 1)[1].split("/sessions/", 1)[0]
-    yield base
-    process.terminate()
-    await asyncio.wait_for(process.wait(), 10)
+@pytest_asyncio.fixture(loop_scope="module", scope="module", name="http_gateway")
+async def http_gateway_fixture(system: LocalSystem) -> AsyncIterator[str]:
+    async with http_gateway(system) as base:
+        yield base
 
 
 async def test_stdio_lists_tools_with_annotations(tool_host: ToolHost, system: LocalSystem) -> None:
@@ -184,23 +153,11 @@ async def test_an_idempotency_key_names_a_new_run(tool_host: ToolHost, system: L
     assert replayed.structured_content == {"id": "keyed", "runs": 2}
 
 
-async def test_no_outcome_is_a_json_rpc_error_saying_retry_is_safe(tool_host: ToolHost) -> None:
+async def test_no_outcome_is_a_json_rpc_error_saying_retry_is_safe(
+    tool_host: ToolHost, system: LocalSystem
+) -> None:
     """The invocation service is not there: a JSON-RPC error, not an isError result."""
-    command = toolmesh_command()
-    params = StdioServerParameters(
-        command=command[0],
-        args=[
-            *command[1:],
-            "mcp",
-            "--thread-id",
-            SESSION,
-            "--invocation",
-            "127.0.0.1:1",
-            "--registry",
-            "127.0.0.1:1",
-        ],
-        cwd=TESTS,
-    )
+    params = gateway_stdio(system, SESSION, "--invocation", "127.0.0.1:1")
     async with Client(params) as client:
         with pytest.raises(MCPError) as raised:
             await client.call_tool("echo", {"value": 1})
@@ -217,13 +174,7 @@ async def test_list_changed_reaches_a_stdio_client(system: LocalSystem) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             heard.append(message.method)
 
-    command = toolmesh_command()
-    params = StdioServerParameters(
-        command=command[0],
-        args=[*command[1:], "mcp", "--thread-id", "mcp-changes"],
-        env=services_env(system),
-        cwd=TESTS,
-    )
+    params = gateway_stdio(system, "mcp-changes")
     host = ToolHost(system.bridge_target, "mcp-changes")
     host.on_tool("first", echo, description="first")
     await host.start()
