@@ -9,7 +9,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,6 +241,18 @@ class ToolHost:
                 timeout_ms=timeout_ms,
                 annotations=annotations or ToolAnnotations(),
             )
+
+    async def declare_tools(self, tools: Sequence[ToolSpec]) -> None:
+        """Replace the tools this host declares with `tools`: sent now when connected, else on connecting.
+
+        For hosts whose tools change while they serve (an MCP server's list, say);
+        `on_tool(..., description=...)` declares a fixed tool. A tool declared
+        before and left out now is withdrawn from the session's list. A refusal
+        is reported to `on_error`, as for `on_tool`.
+        """
+        self._declared = {spec.name: spec for spec in tools}
+        if self.connected and self.host_session_id:
+            await self._declare(self.host_session_id)
 
     def on_any(self, handler: Handler) -> None:
         """Serve every tool without a named handler; `ctx.tool_name` says which.

@@ -31,13 +31,13 @@ from typing import Any
 
 import grpc
 import mcp_types as types
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
 from toolmesh.client.invocation import InvocationClient
 from toolmesh.client.registry import RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code

@@ -6,11 +6,12 @@ import json
 from typing import Any
 
 import mcp_types as types
-
 from mcp.shared.exceptions import MCPError
+
 from toolmesh.client.invocation import CallResult, outcome_json
 from toolmesh.core import jsontext
 from toolmesh.core.errors import ERROR_TABLE, Code
+from toolmesh.core.limits import MAX_TOOL_TIMEOUT_MS
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 
 # `_meta` keys toolmesh adds to MCP messages ("toolmesh/" is its prefix).
@@ -107,14 +108,21 @@ def no_outcome_error(result: CallResult) -> MCPError:
 
 
 def tool_spec(tool: types.Tool) -> ToolSpec:
-    """An MCP server's tool as a toolmesh declaration: hints become flags, schemas stay as they are."""
+    """An MCP server's tool as a toolmesh declaration: hints become flags, schemas stay as they are.
+
+    `_meta["toolmesh/timeoutMs"]` (an integer within toolmesh's limit) sets the
+    tool's timeout; otherwise the default applies.
+    """
     hints = tool.annotations or types.ToolAnnotations()
     read_only = hints.read_only_hint is True
+    # A server written for toolmesh may say how long its tool may take.
+    timeout = (tool.meta or {}).get(META_TIMEOUT_MS, 0)
     return ToolSpec(
         name=tool.name,
         description=tool.description or tool.name,
         input_schema_json=json.dumps(tool.input_schema),
         output_schema_json=json.dumps(tool.output_schema) if tool.output_schema is not None else "",
+        timeout_ms=timeout if isinstance(timeout, int) and 0 < timeout <= MAX_TOOL_TIMEOUT_MS else 0,
         annotations=ToolAnnotations(read_only=read_only, idempotent=hints.idempotent_hint is True),
     )
 

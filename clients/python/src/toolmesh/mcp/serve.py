@@ -9,13 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from starlette.applications import Starlette
-from starlette.routing import Route
-
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.routing import Route
+
 from toolmesh.mcp.gateway import Gateway
 
 # The endpoint of a session: POST (and GET, DELETE) as streamable HTTP says.
