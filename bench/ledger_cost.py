@@ -39,7 +39,7 @@ class Catalog:
 
 
 class InstantHost:
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
         return RESULT
 
 

@@ -20,7 +20,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.stream_link import StreamBroken, StreamLink
 from toolmesh.core.tools import ToolSet, ToolSpec
-from toolmesh.core.wire import outcome_from_pb, request_to_pb, tool_from_pb
+from toolmesh.core.wire import outcome_from_pb, progress_from_pb, request_to_pb, tool_from_pb
 from toolmesh.invocation.catalog_cache import (
     DEFAULT_IDLE_S,
     DEFAULT_MAX_SESSIONS,
@@ -28,7 +28,7 @@ from toolmesh.invocation.catalog_cache import (
     WatchSource,
     unavailable,
 )
-from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere
+from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere, ProgressSink
 from toolmesh.store.base import Store
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
@@ -106,6 +106,8 @@ class RemoteDispatcher:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = bridge_pb2_grpc.BridgeServiceStub(channel)
         self._link: DispatchLink | None = None
+        # Where the progress reports of requests on the link go, by tool request id.
+        self._progress: dict[str, ProgressSink] = {}
 
     def _open_link(self) -> DispatchLink:
         link = self._link
@@ -116,12 +118,21 @@ class RemoteDispatcher:
                 size_of=_size,
                 results_of=lambda response: response.results,
                 key_of=lambda result: result.tool_request_id,
+                on_response=self._progressed,
             )
         return link
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    def _progressed(self, response: bridge_pb2.DispatchToolRequestsResponse) -> None:
+        for report in response.progress:
+            sink = self._progress.get(report.tool_request_id)
+            if sink is not None:
+                sink(progress_from_pb(report))
+
+    async def dispatch(self, request: ToolRequest, on_progress: ProgressSink | None = None) -> Outcome:
         link = self._open_link()
         tool_request_id = request.tool_request_id
+        if on_progress is not None:
+            self._progress[tool_request_id] = on_progress
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
             message = request_to_pb(request)
             message.trace_context.update(carrier)
@@ -140,6 +151,7 @@ class RemoteDispatcher:
                 return Outcome.runtime_error(Code.TOOL_TIMEOUT, detail, {"timeoutMs": request.timeout_ms})
             finally:
                 guard.cancel()
+                self._progress.pop(tool_request_id, None)
                 # Not answered (gave up, or this wait was cancelled): tell the bridge to stop it.
                 if link.forget(tool_request_id) and not link.closed:
                     link.send(tool_request_id)
@@ -249,7 +261,7 @@ class RoutedDispatcher:
         """The bridge replicas with an open link."""
         return list(self._bridges)
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: ProgressSink | None = None) -> Outcome:
         """The outcome from the session's bridge replica; ToolmeshError(BRIDGE_UNAVAILABLE or
         STORE_UNAVAILABLE, when the route cannot be read) when it has none.
 
@@ -262,12 +274,12 @@ class RoutedDispatcher:
         now = time.monotonic()
         if cached is not None and now - cached[1] < self._route_cache_s:
             target = cached[0]
-            outcome = await self._send(target, request)
+            outcome = await self._send(target, request, on_progress)
             if not _no_host(outcome):
                 return outcome
             fresh = await self._read_route(session_id)
-            return outcome if fresh == target else await self._send(fresh, request)
-        return await self._send(await self._read_route(session_id), request)
+            return outcome if fresh == target else await self._send(fresh, request, on_progress)
+        return await self._send(await self._read_route(session_id), request, on_progress)
 
     async def _read_route(self, session_id: str) -> str:
         target = await route_of(self._store, session_id) or self._default
@@ -276,7 +288,7 @@ class RoutedDispatcher:
         self._routes[session_id] = (target, time.monotonic())
         return target
 
-    async def _send(self, target: str, request: ToolRequest) -> Outcome:
+    async def _send(self, target: str, request: ToolRequest, on_progress: ProgressSink | None) -> Outcome:
         bridge = self._bridges.get(target)
         if bridge is None:
             bridge = self._bridges[target] = _Bridge(target, self._credentials)
@@ -285,7 +297,7 @@ class RoutedDispatcher:
             bridge.idle = None
         bridge.busy += 1
         try:
-            return await bridge.dispatcher.dispatch(request)
+            return await bridge.dispatcher.dispatch(request, on_progress)
         except ToolmeshError as error:
             # Not a refusal (a configuration to fix): the bridge went away, maybe with the request.
             broke = error.code is Code.BRIDGE_UNAVAILABLE and "reason" not in error.metadata

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +16,7 @@ from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.core.channels import open_channel
+from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.observability import InvocationTelemetry
@@ -141,8 +144,20 @@ async def start_invocation(
     dispatcher = RoutedDispatcher(
         stores.store, bridge_target, security.peer_credentials(), recorded=stores.shared
     )
-    invoker = Invoker(catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry())
+    # Replicas sharing the ledger hear of each other's cancellations through the store.
+    cancels = CancelBoard(stores.store) if stores.shared else None
+    invoker = Invoker(
+        catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry(), cancels=cancels
+    )
+    following = asyncio.create_task(invoker.follow_cancellations())
+
+    async def stop_following() -> None:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+
     closers = [
+        stop_following,
         catalog.aclose,
         registry_channel.close,
         dispatcher.aclose,

@@ -92,6 +92,16 @@ class LedgerStore(Protocol):
         """
         ...
 
+    async def cancel(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
+    ) -> str | None:
+        """Finish the invocation as `finish` does (with a replayable outcome), only if it is stored,
+        still running and no call has joined it (a `claim` or `claim_keyed` that returned it while it
+        ran). Returns "cancelled" when it wrote, "ended" when it had finished, "joined" when a call
+        joined it, None when it is not stored.
+        """
+        ...
+
     async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
         """Mark finished invocations delivered, keep each `keep_s` from now and drop its pointer.
 

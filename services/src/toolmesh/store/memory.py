@@ -167,6 +167,8 @@ class _Invocation:
     identity: str
     # Finished with an outcome retries may be given again (see LedgerStore.finish).
     replayable: bool = True
+    # A call joined it while it ran: a cancellation leaves it alone.
+    joined: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +213,7 @@ class MemoryLedgerStore:
         if pointer is not None and pointer.value != tool_request_id:
             other = self._invocations.live(pointer.value)
             if other is not None and not other.value.delivered:
+                self._joined(pointer.value)
                 return StoredInvocation(pointer.value, other.value.record, False)
         self._store_running(tool_request_id, record, identity, running_ttl_s)
         self._identities.write(identity, tool_request_id, running_ttl_s)
@@ -235,10 +238,31 @@ class MemoryLedgerStore:
             named = claimed.value.tool_request_id
             entry = self._invocations.live(named)
             if entry is not None and entry.value.replayable:
+                self._joined(named)
                 return StoredInvocation(named, entry.value.record, entry.value.delivered)
         self._keys.write(key, _KeyClaim(tool_request_id, identity), key_ttl_s)
         self._store_running(tool_request_id, record, "", running_ttl_s)
         return None
+
+    def _joined(self, tool_request_id: str) -> None:
+        """Mark a running invocation joined (a finished one is replayed, not joined)."""
+        entry = self._invocations.live(tool_request_id)
+        if entry is not None and not entry.value.finished and not entry.value.joined:
+            ttl_s = self._invocations.expires_in(tool_request_id)
+            self._invocations.write(tool_request_id, replace(entry.value, joined=True), ttl_s, notify=False)
+
+    async def cancel(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
+    ) -> str | None:
+        running = self._invocations.live(tool_request_id)
+        if running is None:
+            return None
+        if running.value.finished:
+            return "ended"
+        if running.value.joined:
+            return "joined"
+        self._finish(tool_request_id, record, identity, keep_s, replay_s)
+        return "cancelled"
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
@@ -246,15 +270,20 @@ class MemoryLedgerStore:
         running = self._invocations.live(tool_request_id)
         if running is None or running.value.finished:
             return False
+        self._finish(tool_request_id, record, identity, keep_s, replay_s)
+        return True
+
+    def _finish(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
+    ) -> None:
         finished = _Invocation(record, True, False, keep_s, identity, replay_s is not None)
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
-            return True
+            return
         if replay_s is not None:
             self._identities.write(identity, tool_request_id, replay_s)
         else:
             self._drop_pointer(identity, tool_request_id)
-        return True
 
     def _drop_pointer(self, identity: str, tool_request_id: str) -> None:
         pointer = self._identities.live(identity)

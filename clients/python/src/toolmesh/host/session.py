@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -31,6 +32,8 @@ from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
 log = logging.getLogger("toolmesh.host")
+# A progress report the bridge has not answered by then is given up (progress is best effort).
+PROGRESS_TIMEOUT_S = 5.0
 
 Handler = Callable[[dict[str, Any], ToolContext], Any]
 
@@ -526,6 +529,7 @@ class ToolHost:
             tool_request_id=request.tool_request_id,
             tool_name=request.tool_name,
             deadline=time.monotonic() + request.timeout_ms / 1000,
+            reporter=partial(self._report_progress, request.tool_request_id),
         )
         handler = self._handlers.get(ctx.tool_name) or self._generic
         task = asyncio.create_task(
@@ -535,6 +539,35 @@ class ToolHost:
         # thread cannot be, so it finishes and its late result is refused.
         self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, handler is not None and handler.is_async)
         task.add_done_callback(lambda _: self._active.pop(ctx.tool_request_id, None))
+
+    async def _report_progress(
+        self, tool_request_id: str, progress: float, total: float | None, message: str | None
+    ) -> None:
+        """Send one progress report to the bridge; never raises, logs no values (best effort)."""
+        request = bridge_pb2.ReportToolProgressRequest(
+            host_session_id=self.host_session_id, tool_request_id=tool_request_id, message=message or ""
+        )
+        try:
+            request.progress = progress
+            if total is not None:
+                request.total = total
+            with telemetry.client_call("toolmesh.v1.BridgeService/ReportToolProgress") as metadata:
+                response = await self._stub.ReportToolProgress(
+                    request, timeout=PROGRESS_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+                )
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, TypeError, ValueError) as error:
+            # A number of the wrong type, a transport failure, a host session gone: progress is optional.
+            status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else type(error).__name__
+            log.debug(
+                "a progress report was not sent", extra={"tool_request_id": tool_request_id, "cause": status}
+            )
+            return
+        if response.status != bridge_pb2.PROGRESS_REPORT_STATUS_ACCEPTED:
+            status_name = bridge_pb2.ProgressReportStatus.Name(response.status)
+            log.debug(
+                "a progress report was dropped",
+                extra={"tool_request_id": tool_request_id, "cause": status_name},
+            )
 
     def _cancel(self, cancelled: bridge_pb2.ToolRequestCancelled) -> None:
         active = self._active.get(cancelled.tool_request_id)
