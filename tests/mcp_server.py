@@ -38,6 +38,12 @@ async def slow(marker: str) -> str:
     return "done"
 
 
+@server.tool(description="Reports progress, then answers")
+async def progressing(ctx: Context[Any]) -> str:
+    await ctx.report_progress(3, 4, "three of four")
+    return "finished"
+
+
 def extra(x: int) -> int:
     return x
 

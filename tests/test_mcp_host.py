@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
+from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
 from toolmesh.server.system import LocalSystem
 from toolmesh_testing import TESTS, HostProcess, eventually, toolmesh_command
@@ -68,7 +69,7 @@ async def test_the_mcp_servers_tools_are_declared(
 
     async def declared() -> dict[str, ToolSpec] | None:
         tools = {tool.name: tool for tool in (await registry.list_tools(SESSION)).tools}
-        return tools if {"add", "fail", "slow", "grow"} <= set(tools) else None
+        return tools if {"add", "fail", "slow", "grow", "progressing"} <= set(tools) else None
 
     tools = await eventually(declared)
     add = tools["add"]
@@ -116,3 +117,13 @@ async def test_list_changed_redeclares(
     await eventually(listed)
     extra = await calls.invoke(SESSION, "extra", {"x": 4}, turn_id="t3")
     assert extra.outcome is not None and extra.outcome.result_json is not None
+
+
+async def test_the_mcp_servers_progress_reaches_the_caller(
+    mcp_host: HostProcess, clients: tuple[RegistryClient, InvocationClient]
+) -> None:
+    _, calls = clients
+    heard: list[ToolProgress] = []
+    result = await calls.invoke(SESSION, "progressing", {}, turn_id="t4", on_progress=heard.append)
+    assert result.outcome is not None and result.outcome.ok
+    assert [(p.progress, p.total, p.message) for p in heard] == [(3.0, 4.0, "three of four")]

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import grpc
 import mcp_types as types
 from mcp.server.connection import Connection
@@ -41,6 +42,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from toolmesh.client.invocation import InvocationClient
 from toolmesh.client.registry import RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code
+from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool
 
@@ -51,6 +53,8 @@ caller_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("calle
 
 # How long the watch of a session's tools waits before it opens again after failing.
 REWATCH_S = 1.0
+# How long a cancelled MCP call waits for CancelInvocation.
+CANCEL_TIMEOUT_S = 5.0
 
 
 def current_token() -> str:
@@ -160,6 +164,11 @@ class Gateway:
         key = meta.get(META_IDEMPOTENCY_KEY, "")
         if not isinstance(key, str):
             raise MCPError(types.INVALID_PARAMS, f"_meta {META_IDEMPOTENCY_KEY} must be a string.")
+        started: list[str] = []
+
+        async def progressed(progress: ToolProgress) -> None:
+            await ctx.session.report_progress(progress.progress, progress.total, progress.message)
+
         try:
             result = await self._invocation.invoke(
                 session_id,
@@ -169,9 +178,18 @@ class Gateway:
                 idempotency_key=key,
                 # No MCP message says a result arrived: outcomes replay to exact retries.
                 confirm_delivery=False,
+                on_started=started.append,
+                # Progress only to a client that asked for it (a progressToken).
+                on_progress=progressed if meta.get("progress_token") is not None else None,
             )
         except grpc.aio.AioRpcError as error:
             raise refused(error) from None
+        except BaseException:
+            # notifications/cancelled, or the client went away: the invocation stops, unless
+            # another caller joined it (the service decides).
+            if started:
+                await self._cancel(started[0])
+            raise
         log.info(
             "mcp tool call",
             extra={
@@ -183,6 +201,23 @@ class Gateway:
             },
         )
         return call_tool_result(result)
+
+    async def _cancel(self, tool_request_id: str) -> None:
+        """Cancel the invocation, shielded from the cancellation that asked for it; failures logged."""
+        with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
+            try:
+                cancelled = await self._invocation.cancel_invocation(tool_request_id)
+            except grpc.aio.AioRpcError as error:
+                code = error_code(error)
+                log.warning(
+                    "cancelling an invocation failed",
+                    extra={
+                        "tool_request_id": tool_request_id,
+                        "code": code.value if code else error.code().name,
+                    },
+                )
+                return
+            log.info("mcp call cancelled", extra={"tool_request_id": tool_request_id, "cancelled": cancelled})
 
     async def _listen(
         self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams

@@ -3,7 +3,8 @@
 The MCP server's tools/list becomes the host's declared tools (again on each
 notifications/tools/list_changed); a call reaches the host with toolmesh's
 deadline, join/replay, result cap and tracing in front of it, and is served
-by a tools/call to the MCP server. When toolmesh cancels the call (its
+by a tools/call to the MCP server; its notifications/progress go on as the
+call's progress (ctx.report_progress). When toolmesh cancels the call (its
 deadline passed, or its caller cancelled), the handler is cancelled and the
 SDK sends the MCP server notifications/cancelled. An isError result becomes a
 domain error (MCP_TOOL_ERROR); a JSON-RPC error from the server, a domain
@@ -84,8 +85,12 @@ class Upstream:
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> object:
         """Serve one call: a tools/call to the MCP server; its result, or a domain error."""
         assert self._client is not None
+
+        async def progressed(progress: float, total: float | None, message: str | None) -> None:
+            await ctx.report_progress(progress, total, message)
+
         try:
-            result = await self._client.call_tool(ctx.tool_name, arguments)
+            result = await self._client.call_tool(ctx.tool_name, arguments, progress_callback=progressed)
         except MCPError as error:
             details = {"jsonrpcCode": error.code}
             return {"error": {"code": MCP_ERROR, "message": error.message, "details": details}}
