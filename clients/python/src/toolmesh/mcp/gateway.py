@@ -25,7 +25,7 @@ import contextvars
 import logging
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,16 +35,17 @@ import mcp_types as types
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from toolmesh.client.invocation import InvocationClient
+from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
-from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code
-from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool
+from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool, refused
+from toolmesh.mcp.tasks import TaskMiddleware, capabilities
 
 log = logging.getLogger("toolmesh.mcp")
 
@@ -94,13 +95,14 @@ class Gateway:
         token_of: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
     ) -> None:
         self._registry = registry
-        self._invocation = invocation
+        self.invocation = invocation
         self._session_of = session_of
         self._token_of = token_of
         self._watched: dict[str, _Watched] = {}
         # Each handshake-era connection serves one session: the first it named.
         self._bound: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
-        self.server: Server[Any] = Server(
+        self.tasks = TaskMiddleware(self)
+        self.server: Server[Any] = _GatewayServer(
             "toolmesh",
             version=_version(),
             instructions="The tools of one toolmesh session. An exact retry of a call never runs it twice.",
@@ -108,13 +110,11 @@ class Gateway:
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
         )
-
-    def initialization_options(self) -> Any:
-        """The handshake's options: tools, with list_changed."""
-        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+        self.server.middleware.append(self.tasks)
 
     async def close(self) -> None:
-        """Stop watching the sessions' tools."""
+        """Stop watching the sessions' tools, and waiting for the calls of tasks."""
+        await self.tasks.close()
         for watched in self._watched.values():
             watched.listen.close()
             if watched.task is not None:
@@ -124,7 +124,7 @@ class Gateway:
         self._watched.clear()
 
     # -- requests ---------------------------------------------------------
-    def _enter(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str, _Watched]:
+    def enter(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str, _Watched]:
         """The request's session, its caller's token set for the clients, its watch started."""
         session_id = self._session_of(ctx)
         if self._token_of is not None:
@@ -149,7 +149,7 @@ class Gateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        session_id, _ = self._enter(ctx)
+        session_id, _ = self.enter(ctx)
         try:
             tool_set = await self._registry.list_tools(session_id)
         except grpc.aio.AioRpcError as error:
@@ -159,18 +159,43 @@ class Gateway:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        session_id, _ = self._enter(ctx)
-        meta = params.meta or {}
-        key = meta.get(META_IDEMPOTENCY_KEY, "")
-        if not isinstance(key, str):
-            raise MCPError(types.INVALID_PARAMS, f"_meta {META_IDEMPOTENCY_KEY} must be a string.")
+        session_id, _ = self.enter(ctx)
         started: list[str] = []
 
         async def progressed(progress: ToolProgress) -> None:
             await ctx.session.report_progress(progress.progress, progress.total, progress.message)
 
+        meta = params.meta or {}
         try:
-            result = await self._invocation.invoke(
+            result = await self.invoke(
+                session_id,
+                params,
+                on_started=started.append,
+                # Progress only to a client that asked for it (a progressToken).
+                on_progress=progressed if meta.get("progress_token") is not None else None,
+            )
+        except BaseException:
+            # notifications/cancelled, or the client went away: the invocation stops, unless
+            # another caller joined it (the service decides).
+            if started:
+                await self._cancel(started[0])
+            raise
+        return call_tool_result(result)
+
+    async def invoke(
+        self,
+        session_id: str,
+        params: types.CallToolRequestParams,
+        *,
+        on_started: Callable[[str], object],
+        on_progress: Callable[[ToolProgress], Awaitable[None]] | None = None,
+    ) -> CallResult:
+        """The tools/call as an invocation; a refused request raises MCPError."""
+        key = (params.meta or {}).get(META_IDEMPOTENCY_KEY, "")
+        if not isinstance(key, str):
+            raise MCPError(types.INVALID_PARAMS, f"_meta {META_IDEMPOTENCY_KEY} must be a string.")
+        try:
+            result = await self.invocation.invoke(
                 session_id,
                 params.name,
                 params.arguments or {},
@@ -178,18 +203,11 @@ class Gateway:
                 idempotency_key=key,
                 # No MCP message says a result arrived: outcomes replay to exact retries.
                 confirm_delivery=False,
-                on_started=started.append,
-                # Progress only to a client that asked for it (a progressToken).
-                on_progress=progressed if meta.get("progress_token") is not None else None,
+                on_started=on_started,
+                on_progress=on_progress,
             )
         except grpc.aio.AioRpcError as error:
             raise refused(error) from None
-        except BaseException:
-            # notifications/cancelled, or the client went away: the invocation stops, unless
-            # another caller joined it (the service decides).
-            if started:
-                await self._cancel(started[0])
-            raise
         log.info(
             "mcp tool call",
             extra={
@@ -200,13 +218,13 @@ class Gateway:
                 "replayed": result.replayed,
             },
         )
-        return call_tool_result(result)
+        return result
 
     async def _cancel(self, tool_request_id: str) -> None:
         """Cancel the invocation, shielded from the cancellation that asked for it; failures logged."""
         with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
             try:
-                cancelled = await self._invocation.cancel_invocation(tool_request_id)
+                cancelled = await self.invocation.cancel_invocation(tool_request_id)
             except grpc.aio.AioRpcError as error:
                 code = error_code(error)
                 log.warning(
@@ -222,7 +240,7 @@ class Gateway:
     async def _listen(
         self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        _, watched = self._enter(ctx)
+        _, watched = self.enter(ctx)
         return await watched.listen(ctx, params)
 
     # -- list_changed -----------------------------------------------------
@@ -249,16 +267,22 @@ class Gateway:
                 await connection.send_tool_list_changed()
 
 
-def refused(error: grpc.aio.AioRpcError) -> MCPError:
-    """A refused RPC as a JSON-RPC error, with the error table's code; never the request's values."""
-    code = error_code(error)
-    if code is None:
-        code = Code.TRANSPORT_FAILED
-    row = ERROR_TABLE[code]
-    number = types.INVALID_PARAMS if code is Code.INVALID_REQUEST else types.INTERNAL_ERROR
-    if code in (Code.UNAUTHENTICATED, Code.PERMISSION_DENIED):
-        number = types.INVALID_REQUEST
-    return MCPError(number, f"{code.value}: {row.message}", {"code": code.value, "retryable": row.retryable})
+class _GatewayServer(Server[Any]):
+    """The SDK's low-level server, announcing tools/list_changed and tasks on every transport."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        options = super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+        options.capabilities.tasks = capabilities()
+        return options
 
 
 def _version() -> str:

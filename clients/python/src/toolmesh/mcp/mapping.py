@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import grpc
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
@@ -12,6 +13,7 @@ from toolmesh.client.invocation import CallResult, outcome_json
 from toolmesh.core import jsontext
 from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.limits import MAX_TOOL_TIMEOUT_MS
+from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 
 # `_meta` keys toolmesh adds to MCP messages ("toolmesh/" is its prefix).
@@ -49,6 +51,8 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
         # structuredContent is an object, so only an object schema can describe it.
         output_schema=output_schema if _is_object_schema(output_schema) else None,
         annotations=annotations,
+        # Any call may be a task (protocol 2025-11-25): the ledger keeps every invocation.
+        execution=types.ToolExecution(task_support="optional"),
         _meta=meta,
     )
 
@@ -147,3 +151,15 @@ def handler_value(result: types.CallToolResult) -> object:
 
 # The domain error code of an MCP server's isError result.
 MCP_TOOL_ERROR = "MCP_TOOL_ERROR"
+
+
+def refused(error: grpc.aio.AioRpcError) -> MCPError:
+    """A refused RPC as a JSON-RPC error, with the error table's code; never the request's values."""
+    code = error_code(error)
+    if code is None:
+        code = Code.TRANSPORT_FAILED
+    row = ERROR_TABLE[code]
+    number = types.INVALID_PARAMS if code is Code.INVALID_REQUEST else types.INTERNAL_ERROR
+    if code in (Code.UNAUTHENTICATED, Code.PERMISSION_DENIED):
+        number = types.INVALID_REQUEST
+    return MCPError(number, f"{code.value}: {row.message}", {"code": code.value, "retryable": row.retryable})

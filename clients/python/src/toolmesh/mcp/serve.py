@@ -26,7 +26,7 @@ BEARER_PREFIX = "bearer "
 async def serve_stdio(gateway: Gateway) -> None:
     """Serve one MCP client on this process's stdin and stdout until it closes them."""
     async with stdio_server() as (read_stream, write_stream):
-        await gateway.server.run(read_stream, write_stream, gateway.initialization_options())
+        await gateway.server.run(read_stream, write_stream, gateway.server.create_initialization_options())
 
 
 def session_of_path(ctx: ServerRequestContext[Any, Any]) -> str:
