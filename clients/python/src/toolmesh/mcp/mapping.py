@@ -62,7 +62,7 @@ def _is_object_schema(schema: object) -> bool:
 
 
 def call_tool_result(result: CallResult) -> types.CallToolResult:
-    """An outcome as a CallToolResult: a result as structuredContent and text, an error with isError.
+    """An outcome as a CallToolResult: a result as structuredContent (an object) and text, an error with isError.
 
     Raises MCPError: INVALID_PARAMS for an unknown tool (as MCP specifies), NO_OUTCOME
     when no outcome arrived.
@@ -77,8 +77,10 @@ def call_tool_result(result: CallResult) -> types.CallToolResult:
     if failure is None:
         assert outcome.result_json is not None
         value = jsontext.parse(outcome.result_json)
+        # A string result is text as it is; any other value, its JSON text.
+        text = value if isinstance(value, str) else outcome.result_json
         return types.CallToolResult(
-            content=[types.TextContent(text=outcome.result_json)],
+            content=[types.TextContent(text=text)],
             structured_content=value if isinstance(value, dict) else None,
             is_error=False,
             _meta=meta,
