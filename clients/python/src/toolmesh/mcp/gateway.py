@@ -208,7 +208,8 @@ class Gateway:
             )
         except grpc.aio.AioRpcError as error:
             raise refused(error) from None
-        log.info(
+        # DEBUG: a log line per call costs more than the call's own work (INFO is for what changes).
+        log.debug(
             "mcp tool call",
             extra={
                 "session_id": session_id,

@@ -62,7 +62,7 @@ def _is_object_schema(schema: object) -> bool:
 
 
 def call_tool_result(result: CallResult) -> types.CallToolResult:
-    """An outcome as a CallToolResult: a result as structuredContent (an object) and text, an error with isError.
+    """An outcome as a CallToolResult: a result as text (and structuredContent, an object); an error, isError.
 
     Raises MCPError: INVALID_PARAMS for an unknown tool (as MCP specifies), NO_OUTCOME
     when no outcome arrived.
