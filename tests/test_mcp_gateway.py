@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -269,3 +270,48 @@ async def test_notifications_cancelled_cancels_the_invocation(
         assert await eventually(lambda: STOPPED.get("cancel-1")) == "cancelled"
         invocation = await calls.get_invocation(tool_request_id)
         assert invocation.outcome.error.code == Code.TOOL_CANCELLED.value
+
+
+async def test_an_idempotency_key_must_be_text(tool_host: ToolHost, system: LocalSystem) -> None:
+    async with stdio_client(system) as client:
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("echo", {}, meta=cast(types.RequestParamsMeta, {META_IDEMPOTENCY_KEY: 5}))
+    assert raised.value.code == types.INVALID_PARAMS
+
+
+def sse_message(body: str) -> dict[str, Any]:
+    """The JSON-RPC message in a streamable HTTP response's SSE body."""
+    data = [line[len("data:") :].strip() for line in body.splitlines() if line.startswith("data:")]
+    message: dict[str, Any] = json.loads(next(text for text in data if text))
+    return message
+
+
+async def test_an_http_mcp_session_serves_one_toolmesh_session(http_gateway: str) -> None:
+    """An MCP session opened at one session's endpoint cannot be used at another's."""
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    async with httpx2.AsyncClient(headers=headers) as http:
+        opened = await http.post(f"{http_gateway}/sessions/{SESSION}/mcp", json=initialize)
+        mcp_session = opened.headers["mcp-session-id"]
+        http.headers["Mcp-Session-Id"] = mcp_session
+        await http.post(
+            f"{http_gateway}/sessions/{SESSION}/mcp",
+            json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+        )
+        own = await http.post(
+            f"{http_gateway}/sessions/{SESSION}/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        )
+        assert "tools" in sse_message(own.text)["result"]
+        other = await http.post(
+            f"{http_gateway}/sessions/another/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
+        )
+    assert sse_message(other.text)["error"]["code"] == types.INVALID_REQUEST

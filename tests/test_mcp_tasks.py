@@ -106,3 +106,11 @@ async def test_an_unknown_task(replicas: tuple[str, str]) -> None:
         with pytest.raises(MCPError) as unknown:
             await get_task(client, "tr_0123456789abcdef0123456789abcdef")
     assert unknown.value.code == types.INVALID_PARAMS
+
+
+async def test_a_task_id_must_be_text(replicas: tuple[str, str]) -> None:
+    first, _ = replicas
+    async with connect(first) as client:
+        with pytest.raises(MCPError) as malformed:
+            await client.session._dispatcher.send_raw_request("tasks/get", {"taskId": 7}, None)
+    assert malformed.value.code == types.INVALID_PARAMS

@@ -128,9 +128,14 @@ def tool_spec(tool: types.Tool) -> ToolSpec:
         description=tool.description or tool.name,
         input_schema_json=json.dumps(tool.input_schema),
         output_schema_json=json.dumps(tool.output_schema) if tool.output_schema is not None else "",
-        timeout_ms=timeout if isinstance(timeout, int) and 0 < timeout <= MAX_TOOL_TIMEOUT_MS else 0,
+        timeout_ms=timeout if _is_timeout(timeout) else 0,
         annotations=ToolAnnotations(read_only=read_only, idempotent=hints.idempotent_hint is True),
     )
+
+
+def _is_timeout(value: object) -> bool:
+    """A number of milliseconds toolmesh takes as a tool's timeout (a bool is no number here)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_TOOL_TIMEOUT_MS
 
 
 def handler_value(result: types.CallToolResult) -> object:
