@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -315,3 +316,15 @@ async def test_an_http_mcp_session_serves_one_toolmesh_session(http_gateway: str
             f"{http_gateway}/sessions/another/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
         )
     assert sse_message(other.text)["error"]["code"] == types.INVALID_REQUEST
+
+
+async def test_a_stdio_client_that_goes_away_cancels_its_calls(
+    tool_host: ToolHost, system: LocalSystem
+) -> None:
+    """The MCP client closes the gateway's stdin mid-call: the invocation is cancelled, not left running."""
+    async with stdio_client(system) as client:
+        call = asyncio.create_task(client.call_tool("waits", {"id": "gone-1"}))
+        await eventually(lambda: WAITING.get("gone-1"))
+    with contextlib.suppress(MCPError):
+        await call
+    assert await eventually(lambda: STOPPED.get("gone-1")) == "cancelled"
