@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from toolmesh.core.errors import Code
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
 from toolmesh.server.system import LocalSystem
-from toolmesh_testing import TESTS, HostProcess, eventually, toolmesh_command
+from toolmesh_testing import TESTS, HostProcess, eventually, run_cli, toolmesh_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -127,3 +128,40 @@ async def test_the_mcp_servers_progress_reaches_the_caller(
     result = await calls.invoke(SESSION, "progressing", {}, turn_id="t4", on_progress=heard.append)
     assert result.outcome is not None and result.outcome.ok
     assert [(p.progress, p.total, p.message) for p in heard] == [(3.0, 4.0, "three of four")]
+
+
+async def test_an_mcp_server_over_streamable_http(system: LocalSystem, tmp_path: Path) -> None:
+    """`--mcp-url`: the MCP SDK's server over streamable HTTP serves a session's tool."""
+    peer = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.mcp_peer",
+        "http",
+        cwd=TESTS.parent,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert peer.stdout is not None
+    try:
+        line = (await asyncio.wait_for(peer.stdout.readline(), 20)).decode()
+        url = f"http://127.0.0.1:{int(line.rsplit(' ', 1)[1])}/mcp"
+        code, out, err = await run_cli(
+            "host", "--session-id", "mcp-url", "--mcp-url", url, "--detach",
+            "--log-file", str(tmp_path / "host.log"), "--pid-file", str(tmp_path / "host.pid"),
+            env=dict(os.environ, TOOLMESH_BRIDGE_ADDR=system.bridge_target),
+        )  # fmt: skip
+        assert code == 0, err
+        host_pid = int((tmp_path / "host.pid").read_text())
+        try:
+            async with InvocationClient(system.invocation_target) as calls:
+
+                async def answered() -> bool:
+                    result = await calls.invoke("mcp-url", "noop", {"n": 1}, turn_id="t5")
+                    return result.outcome is not None and result.outcome.result_json == '{"ok":true}'
+
+                await eventually(answered)
+        finally:
+            os.kill(host_pid, signal.SIGTERM)
+    finally:
+        peer.terminate()
+        await peer.wait()
