@@ -145,7 +145,7 @@ async def test_an_mcp_server_over_streamable_http(system: LocalSystem, tmp_path:
     try:
         line = (await asyncio.wait_for(peer.stdout.readline(), 20)).decode()
         url = f"http://127.0.0.1:{int(line.rsplit(' ', 1)[1])}/mcp"
-        code, out, err = await run_cli(
+        code, _, err = await run_cli(
             "host", "--session-id", "mcp-url", "--mcp-url", url, "--detach",
             "--log-file", str(tmp_path / "host.log"), "--pid-file", str(tmp_path / "host.pid"),
             env=dict(os.environ, TOOLMESH_BRIDGE_ADDR=system.bridge_target),
