@@ -20,6 +20,7 @@ from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.security import Security
 from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -72,3 +73,43 @@ async def test_the_callers_token_passes_through(secured: LocalSystem) -> None:
                 with pytest.raises(MCPError) as calling:
                     await client.call_tool("echo", {"x": 1})
                 assert calling.value.data["code"] == code
+
+
+async def test_a_refused_caller_does_not_keep_list_changed_from_the_next(secured: LocalSystem) -> None:
+    """The first caller of a session has another session's token; the next, its own, hears list_changed."""
+    session = "mcp-auth-watch"
+    other = mint(SECRET, roles=[Role.CALL], sessions=["another-session"], ttl_s=600)
+    own = mint(SECRET, roles=[Role.CALL], sessions=[session], ttl_s=600)
+    heard: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.append(message.method)
+
+    async with http_gateway(secured) as base:
+        url = f"{base}/sessions/{session}/mcp"
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {other}"}) as http,
+            Client(streamable_http_client(url, http_client=http), mode="legacy") as refused,
+        ):
+            with pytest.raises(MCPError):
+                await refused.list_tools()
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {own}"}) as http,
+            Client(
+                streamable_http_client(url, http_client=http), mode="legacy", message_handler=on_message
+            ) as client,
+        ):
+            assert (await client.list_tools()).tools == []
+            host = ToolHost(
+                secured.bridge_target,
+                session,
+                token=mint(SECRET, roles=[Role.HOST], sessions=[session], ttl_s=600),
+            )
+            host.on_tool("late", echo, description="arrives later")
+            await host.start()
+            try:
+                await eventually(lambda: heard, timeout=10)
+                assert [tool.name for tool in (await client.list_tools()).tools] == ["late"]
+            finally:
+                await host.stop()

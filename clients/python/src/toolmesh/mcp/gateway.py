@@ -42,6 +42,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
+from toolmesh.core.errors import ERROR_TABLE
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool, refused
@@ -246,7 +247,11 @@ class Gateway:
 
     # -- list_changed -----------------------------------------------------
     async def _watch(self, session_id: str, watched: _Watched) -> None:
-        """Tell the session's clients each time its revision moves, until closed."""
+        """Tell the session's clients each time its revision moves, until closed.
+
+        A watch refused for its request (the token that started it, a bad session
+        id) ends: the session's next request starts another, with its own token.
+        """
         revision: int | None = None
         while True:
             try:
@@ -255,10 +260,13 @@ class Gateway:
                         await self._announce(watched)
                     revision = tool_set.revision
             except grpc.aio.AioRpcError as error:
+                code = error_code(error)
                 log.warning(
                     "watching tools failed",
-                    extra={"session_id": session_id, "grpc_status": error.code().name},
+                    extra={"session_id": session_id, "code": code.value if code else error.code().name},
                 )
+                if code is not None and ERROR_TABLE[code].caller_fault:
+                    return
             await asyncio.sleep(REWATCH_S)
 
     async def _announce(self, watched: _Watched) -> None:
