@@ -110,6 +110,10 @@ class Gateway:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
+            # Without it, the SDK lists the tools (a registry call) before each 2026-07-28 HTTP call, to
+            # check Mcp-Param-* headers against the tool's schema. The invocation service checks the
+            # arguments themselves against the schema, so the gateway checks no headers.
+            get_tool_input_schema=_no_header_schema,
         )
         self.server.middleware.append(self.tasks)
 
@@ -274,6 +278,11 @@ class Gateway:
         for connection in list(watched.connections):
             with contextlib.suppress(Exception):  # a connection that went away hears nothing
                 await connection.send_tool_list_changed()
+
+
+def _no_header_schema(tool_name: str) -> None:
+    """No schema for Mcp-Param-* header checks (see Gateway)."""
+    return None
 
 
 class _GatewayServer(Server[Any]):
