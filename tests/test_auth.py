@@ -176,7 +176,9 @@ def test_every_rpc_is_in_the_policy_and_internal_ones_are_never_public() -> None
             message = service.methods_by_name[method].input_type
             *outer, last = rule.session_field.split(".")
             for name in outer:
-                message = message.fields_by_name[name].message_type
+                inner = message.fields_by_name[name].message_type
+                assert inner is not None
+                message = inner
             assert last in message.fields_by_name
 
 
