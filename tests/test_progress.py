@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +19,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import eventually
+from toolmesh_testing import eventually, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -243,3 +244,25 @@ async def test_hostile_progress_gets_typed_answers_and_costs_only_itself(
         )
     assert error_code(gone.value) is Code.HOST_SESSION_UNKNOWN
     await channel.close()
+
+
+async def test_the_cli_prints_progress_on_stderr_and_the_outcome_on_stdout(
+    cli_env: dict[str, str], handlers: Handlers
+) -> None:
+    code, out, err = await run_cli(
+        "tool-call", "--session-id", SESSION, "--tool", "steps", "--args", '{"count": 2}', env=cli_env
+    )
+    assert code == 0 and json.loads(out)["result"] == {"done": 2}
+    assert err.splitlines() == ["progress 1/2: step 1", "progress 2/2: step 2"]
+    code, out, err = await run_cli(
+        "tool-call",
+        "--session-id",
+        SESSION,
+        "--tool",
+        "steps",
+        "--args",
+        '{"count": 1}',
+        "--no-progress",
+        env=cli_env,
+    )
+    assert code == 0 and json.loads(out)["result"] == {"done": 1} and err == ""

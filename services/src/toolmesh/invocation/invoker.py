@@ -474,10 +474,15 @@ class Invoker:
         dispatching.cancel()
         return True
 
-    async def follow_cancellations(self) -> None:
-        """Stop the invocations this process runs when another replica cancels them; until cancelled."""
+    async def follow_cancellations(self, ready: asyncio.Event | None = None) -> None:
+        """Stop the invocations this process runs when another replica cancels them; until cancelled.
+
+        `ready` is set once cancellations posted from then on are heard.
+        """
         if self._cancels is not None:
-            await self._cancels.follow(self.stop_running)
+            await self._cancels.follow(self.stop_running, ready)
+        elif ready is not None:
+            ready.set()
 
     async def _outcome_of(self, tool_request_id: str, timeout_ms: int, *, mine: bool = True) -> Outcome:
         """The outcome of a running invocation: from this process's task when it runs it (`mine`),
