@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,8 @@ TOOLS = [
     ToolSpec("chatty_until_deadline", "Reports progress until cancelled", OBJECT, timeout_ms=600),
     ToolSpec("wait_for_cancel", "Waits until cancelled", OBJECT, timeout_ms=20_000),
     ToolSpec("hostile", "Reports hostile progress", OBJECT),
+    ToolSpec("odd_reports", "Reports what the SDK cannot send", OBJECT),
+    ToolSpec("sync_steps", "A sync handler reporting progress from its thread", OBJECT),
 ]
 
 
@@ -64,6 +67,19 @@ class Handlers:
         finally:
             self.cancelled[args["key"]] = ctx.cancellation.reason or ""
         return "stopped"
+
+    async def odd_reports(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        await ctx.report_progress(math.nan)  # dropped by the bridge (INVALID)
+        await ctx.report_progress("half", 2)  # type: ignore[arg-type]  # not a number: not sent
+        await ctx.report_progress(1, 2, "x" * 100_000)  # cut to 512 characters by the SDK
+        return "survived"
+
+    def sync_steps(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        ctx.report_progress(1, 2, "from a thread")  # no await in a worker thread
+        time.sleep(0.15)  # past the bridge's interval: the second report is not coalesced away
+        ctx.report_progress(2, 2)
+        time.sleep(0.15)
+        return "done"
 
     async def hostile(self, args: dict[str, Any], ctx: ToolContext) -> str:
         await self.release.wait()
@@ -111,6 +127,20 @@ async def test_progress_reaches_the_caller_in_order_and_leaves_the_outcome_alone
     assert {p.tool_request_id for p in reports} == {result.tool_request_id}
     plain = await client.invoke(SESSION, "steps", {"count": 2}, turn_id="t")
     assert plain.outcome is not None and plain.outcome.result_json == '{"done":2}'
+
+
+async def test_reports_the_sdk_cannot_send_never_reach_the_handler(client: InvocationClient) -> None:
+    reports: list[ToolProgress] = []
+    result = await client.invoke(SESSION, "odd_reports", {}, turn_id="t", on_progress=reports.append)
+    assert result.outcome is not None and result.outcome.result_json == '"survived"'
+    assert [(p.progress, p.total, len(p.message or "")) for p in reports] == [(1, 2, 512)]
+
+
+async def test_a_sync_handler_reports_progress_from_its_thread(client: InvocationClient) -> None:
+    reports: list[ToolProgress] = []
+    result = await client.invoke(SESSION, "sync_steps", {}, turn_id="t", on_progress=reports.append)
+    assert result.outcome is not None and result.outcome.result_json == '"done"'
+    assert [(p.progress, p.total, p.message) for p in reports] == [(1, 2, "from a thread"), (2, 2, None)]
 
 
 async def test_progress_does_not_extend_the_deadline_and_is_rate_limited(client: InvocationClient) -> None:
