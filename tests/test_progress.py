@@ -296,3 +296,22 @@ async def test_the_cli_prints_progress_on_stderr_and_the_outcome_on_stdout(
         env=cli_env,
     )
     assert code == 0 and json.loads(out)["result"] == {"done": 1} and err == ""
+
+
+async def test_the_cli_cancels_an_invocation(
+    client: InvocationClient, handlers: Handlers, cli_env: dict[str, str]
+) -> None:
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    call = asyncio.ensure_future(
+        client.invoke(SESSION, "wait_for_cancel", {"key": "cli"}, turn_id="t", on_started=started.set_result)
+    )
+    tool_request_id = await started
+    await eventually(lambda: "cli" in handlers.started)
+    code, out, _ = await run_cli("invocations", "cancel", tool_request_id, env=cli_env)
+    assert code == 0 and json.loads(out) == {"toolRequestId": tool_request_id, "cancelled": True}
+    result = await call
+    assert result.outcome is not None and result.outcome.code == Code.TOOL_CANCELLED
+    code, out, _ = await run_cli("invocations", "cancel", tool_request_id, env=cli_env)
+    assert code == 0 and json.loads(out)["cancelled"] is False
+    code, _, err = await run_cli("invocations", "cancel", "tr_" + "2" * 32, env=cli_env)
+    assert code == 1 and json.loads(err)["error"]["code"] == "INVOCATION_NOT_FOUND"
