@@ -339,3 +339,18 @@ async def test_a_replayed_call_does_not_count_as_joined_and_a_gone_invocation_is
     assert await ledger.cancel(claimed.record) is CancelVerdict.ENDED
     never = replace(claimed.record, tool_request_id="tr_never_claimed")
     assert await ledger.cancel(never) is None
+
+
+async def test_a_finish_after_a_cancel_says_the_invocation_was_cancelled(
+    backend: tuple[LedgerStore, Clock, str], ledger: Ledger
+) -> None:
+    store = backend[0]
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
+    # The owner's outcome came as the cancel did: the ledger's TOOL_CANCELLED is everyone's.
+    assert await ledger.finish("tr_1", Outcome.success("1")) is False
+    assert await store.finish("tr_1", b"{}", "", 1.0, 1.0) == "cancelled"
+    other = await ledger.claim(call('{"b": 2}'), "tr_2", 10_000)
+    assert await ledger.finish("tr_2", Outcome.success("2")) is True
+    assert other.is_new and await store.finish("tr_2", b"{}", "", 1.0, 1.0) == "ended"
+    assert await store.finish("tr_never", b"{}", "", 1.0, 1.0) == "ended"

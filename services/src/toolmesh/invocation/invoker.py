@@ -434,7 +434,8 @@ class Invoker:
             self._dispatching.pop(tool_request_id, None)
             self._observer.in_flight(-1)
         outcome = check_result(tool, outcome)
-        await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
+        if not await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed):
+            return CANCELLED  # cancelled as the host answered: the ledger's outcome is everyone's
         return outcome
 
     def _progressed(self, progress: ToolProgress) -> None:
