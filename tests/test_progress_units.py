@@ -20,6 +20,7 @@ from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import CancelVerdict, InvocationState, Ledger
 from toolmesh.invocation.ports import ProgressSink
+from toolmesh.store.base import Versioned
 from toolmesh.store.memory import InMemoryStore, MemoryLedgerStore
 from toolmesh_testing import eventually
 
@@ -179,3 +180,23 @@ async def test_a_cancellation_posted_by_another_replica_stops_the_local_dispatch
     result = await asyncio.wait_for(call, 5)
     assert result.outcome.code == Code.TOOL_CANCELLED and host.cancelled == [tool_request_id]
     following.cancel()
+
+
+class UnreachableStore(InMemoryStore):
+    """A store that cannot be reached: every read fails."""
+
+    async def get(self, key: str) -> Versioned | None:
+        raise ToolmeshError(Code.STORE_UNAVAILABLE)
+
+
+async def test_a_cancel_the_store_cannot_pass_on_is_still_recorded(caplog: pytest.LogCaptureFixture) -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    invoker = Invoker(OneTool(), HeldHost(), ledger, cancels=CancelBoard(UnreachableStore()))
+    # Running in another replica: claimed in the shared ledger, not dispatched here.
+    claimed = await ledger.claim(CALL, "tr_elsewhere", 5000)
+    assert await invoker.cancel_invocation("tr_elsewhere") is CancelVerdict.CANCELLED
+    record = await ledger.get("tr_elsewhere")
+    assert record is not None and record.state is InvocationState.CANCELLED
+    assert "a cancellation was not posted to the other replicas" in caplog.messages
+    # Its owner's late outcome loses to the cancel: the owner's caller gets TOOL_CANCELLED too.
+    assert await ledger.finish("tr_elsewhere", Outcome.success("1"), claimed=claimed.record) is False

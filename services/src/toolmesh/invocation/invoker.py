@@ -463,7 +463,15 @@ class Invoker:
         if verdict is CancelVerdict.CANCELLED:
             log.info("invocation cancelled", extra={"tool_request_id": tool_request_id})
             if not self.stop_running(tool_request_id) and self._cancels is not None:
-                await self._cancels.post(tool_request_id)
+                try:
+                    await self._cancels.post(tool_request_id)
+                except ToolmeshError as error:
+                    # Recorded all the same: its caller gets TOOL_CANCELLED once its host answers or
+                    # its deadline passes; only the host is not told to stop early.
+                    log.warning(
+                        "a cancellation was not posted to the other replicas",
+                        extra={"tool_request_id": tool_request_id, "code": error.code.value},
+                    )
         return verdict
 
     def stop_running(self, tool_request_id: str) -> bool:
