@@ -315,3 +315,29 @@ async def test_the_cli_cancels_an_invocation(
     assert code == 0 and json.loads(out)["cancelled"] is False
     code, _, err = await run_cli("invocations", "cancel", "tr_" + "2" * 32, env=cli_env)
     assert code == 1 and json.loads(err)["error"]["code"] == "INVOCATION_NOT_FOUND"
+
+
+async def test_a_callback_that_raises_does_not_end_the_call(client: InvocationClient) -> None:
+    def broken(progress: ToolProgress) -> None:
+        raise RuntimeError("the caller's own bug")
+
+    result = await client.invoke(SESSION, "steps", {"count": 1}, turn_id="t", on_progress=broken)
+    assert result.outcome is not None and result.outcome.result_json == '{"done":1}'
+
+
+async def test_a_caller_that_gives_up_leaves_the_invocation_running(
+    client: InvocationClient, handlers: Handlers
+) -> None:
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    call = asyncio.ensure_future(
+        client.invoke(SESSION, "wait_for_cancel", {"key": "left"}, turn_id="t", on_started=started.set_result)
+    )
+    tool_request_id = await started
+    await eventually(lambda: "left" in handlers.started)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert (await client.get_invocation(tool_request_id)).state == invocation_pb2.INVOCATION_STATE_RUNNING
+    assert "left" not in handlers.cancelled
+    assert await client.cancel_invocation(tool_request_id) is True
+    await eventually(lambda: handlers.cancelled.get("left") == "cancelled")
