@@ -341,3 +341,17 @@ async def test_a_caller_that_gives_up_leaves_the_invocation_running(
     assert "left" not in handlers.cancelled
     assert await client.cancel_invocation(tool_request_id) is True
     await eventually(lambda: handlers.cancelled.get("left") == "cancelled")
+
+
+async def test_a_call_that_joins_on_the_same_replica_hears_the_progress_too(client: InvocationClient) -> None:
+    first_started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    first = asyncio.ensure_future(
+        client.invoke(SESSION, "steps", {"count": 4}, turn_id="t", on_started=first_started.set_result)
+    )
+    tool_request_id = await first_started
+    reports: list[ToolProgress] = []
+    joined = await client.invoke(SESSION, "steps", {"count": 4}, turn_id="t", on_progress=reports.append)
+    assert joined.joined and joined.tool_request_id == tool_request_id
+    assert reports and {p.tool_request_id for p in reports} == {tool_request_id}
+    assert [p.progress for p in reports] == sorted(p.progress for p in reports) and reports[-1].progress == 4
+    assert (await first).outcome == joined.outcome
