@@ -69,8 +69,8 @@ class KeepNothing(Ledger):
         *,
         replayable: bool = True,
         claimed: InvocationRecord | None = None,
-    ) -> None:
-        return None
+    ) -> bool:
+        return True
 
     async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
         return []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +20,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.server.system import LocalSystem
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import eventually
+from toolmesh_testing import eventually, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -29,6 +31,8 @@ TOOLS = [
     ToolSpec("chatty_until_deadline", "Reports progress until cancelled", OBJECT, timeout_ms=600),
     ToolSpec("wait_for_cancel", "Waits until cancelled", OBJECT, timeout_ms=20_000),
     ToolSpec("hostile", "Reports hostile progress", OBJECT),
+    ToolSpec("odd_reports", "Reports what the SDK cannot send", OBJECT),
+    ToolSpec("sync_steps", "A sync handler reporting progress from its thread", OBJECT),
 ]
 
 
@@ -63,6 +67,19 @@ class Handlers:
         finally:
             self.cancelled[args["key"]] = ctx.cancellation.reason or ""
         return "stopped"
+
+    async def odd_reports(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        await ctx.report_progress(math.nan)  # dropped by the bridge (INVALID)
+        await ctx.report_progress("half", 2)  # type: ignore[arg-type]  # not a number: not sent
+        await ctx.report_progress(1, 2, "x" * 100_000)  # cut to 512 characters by the SDK
+        return "survived"
+
+    def sync_steps(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        ctx.report_progress(1, 2, "from a thread")  # no await in a worker thread
+        time.sleep(0.15)  # past the bridge's interval: the second report is not coalesced away
+        ctx.report_progress(2, 2)
+        time.sleep(0.15)
+        return "done"
 
     async def hostile(self, args: dict[str, Any], ctx: ToolContext) -> str:
         await self.release.wait()
@@ -110,6 +127,20 @@ async def test_progress_reaches_the_caller_in_order_and_leaves_the_outcome_alone
     assert {p.tool_request_id for p in reports} == {result.tool_request_id}
     plain = await client.invoke(SESSION, "steps", {"count": 2}, turn_id="t")
     assert plain.outcome is not None and plain.outcome.result_json == '{"done":2}'
+
+
+async def test_reports_the_sdk_cannot_send_never_reach_the_handler(client: InvocationClient) -> None:
+    reports: list[ToolProgress] = []
+    result = await client.invoke(SESSION, "odd_reports", {}, turn_id="t", on_progress=reports.append)
+    assert result.outcome is not None and result.outcome.result_json == '"survived"'
+    assert [(p.progress, p.total, len(p.message or "")) for p in reports] == [(1, 2, 512)]
+
+
+async def test_a_sync_handler_reports_progress_from_its_thread(client: InvocationClient) -> None:
+    reports: list[ToolProgress] = []
+    result = await client.invoke(SESSION, "sync_steps", {}, turn_id="t", on_progress=reports.append)
+    assert result.outcome is not None and result.outcome.result_json == '"done"'
+    assert [(p.progress, p.total, p.message) for p in reports] == [(1, 2, "from a thread"), (2, 2, None)]
 
 
 async def test_progress_does_not_extend_the_deadline_and_is_rate_limited(client: InvocationClient) -> None:
@@ -243,3 +274,84 @@ async def test_hostile_progress_gets_typed_answers_and_costs_only_itself(
         )
     assert error_code(gone.value) is Code.HOST_SESSION_UNKNOWN
     await channel.close()
+
+
+async def test_the_cli_prints_progress_on_stderr_and_the_outcome_on_stdout(
+    cli_env: dict[str, str], handlers: Handlers
+) -> None:
+    code, out, err = await run_cli(
+        "tool-call", "--session-id", SESSION, "--tool", "steps", "--args", '{"count": 2}', env=cli_env
+    )
+    assert code == 0 and json.loads(out)["result"] == {"done": 2}
+    assert err.splitlines() == ["progress 1/2: step 1", "progress 2/2: step 2"]
+    code, out, err = await run_cli(
+        "tool-call",
+        "--session-id",
+        SESSION,
+        "--tool",
+        "steps",
+        "--args",
+        '{"count": 1}',
+        "--no-progress",
+        env=cli_env,
+    )
+    assert code == 0 and json.loads(out)["result"] == {"done": 1} and err == ""
+
+
+async def test_the_cli_cancels_an_invocation(
+    client: InvocationClient, handlers: Handlers, cli_env: dict[str, str]
+) -> None:
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    call = asyncio.ensure_future(
+        client.invoke(SESSION, "wait_for_cancel", {"key": "cli"}, turn_id="t", on_started=started.set_result)
+    )
+    tool_request_id = await started
+    await eventually(lambda: "cli" in handlers.started)
+    code, out, _ = await run_cli("invocations", "cancel", tool_request_id, env=cli_env)
+    assert code == 0 and json.loads(out) == {"toolRequestId": tool_request_id, "cancelled": True}
+    result = await call
+    assert result.outcome is not None and result.outcome.code == Code.TOOL_CANCELLED
+    code, out, _ = await run_cli("invocations", "cancel", tool_request_id, env=cli_env)
+    assert code == 0 and json.loads(out)["cancelled"] is False
+    code, _, err = await run_cli("invocations", "cancel", "tr_" + "2" * 32, env=cli_env)
+    assert code == 1 and json.loads(err)["error"]["code"] == "INVOCATION_NOT_FOUND"
+
+
+async def test_a_callback_that_raises_does_not_end_the_call(client: InvocationClient) -> None:
+    def broken(progress: ToolProgress) -> None:
+        raise RuntimeError("the caller's own bug")
+
+    result = await client.invoke(SESSION, "steps", {"count": 1}, turn_id="t", on_progress=broken)
+    assert result.outcome is not None and result.outcome.result_json == '{"done":1}'
+
+
+async def test_a_caller_that_gives_up_leaves_the_invocation_running(
+    client: InvocationClient, handlers: Handlers
+) -> None:
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    call = asyncio.ensure_future(
+        client.invoke(SESSION, "wait_for_cancel", {"key": "left"}, turn_id="t", on_started=started.set_result)
+    )
+    tool_request_id = await started
+    await eventually(lambda: "left" in handlers.started)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert (await client.get_invocation(tool_request_id)).state == invocation_pb2.INVOCATION_STATE_RUNNING
+    assert "left" not in handlers.cancelled
+    assert await client.cancel_invocation(tool_request_id) is True
+    await eventually(lambda: handlers.cancelled.get("left") == "cancelled")
+
+
+async def test_a_call_that_joins_on_the_same_replica_hears_the_progress_too(client: InvocationClient) -> None:
+    first_started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    first = asyncio.ensure_future(
+        client.invoke(SESSION, "steps", {"count": 4}, turn_id="t", on_started=first_started.set_result)
+    )
+    tool_request_id = await first_started
+    reports: list[ToolProgress] = []
+    joined = await client.invoke(SESSION, "steps", {"count": 4}, turn_id="t", on_progress=reports.append)
+    assert joined.joined and joined.tool_request_id == tool_request_id
+    assert reports and {p.tool_request_id for p in reports} == {tool_request_id}
+    assert [p.progress for p in reports] == sorted(p.progress for p in reports) and reports[-1].progress == 4
+    assert (await first).outcome == joined.outcome

@@ -10,6 +10,7 @@ replica that starts watching ignores what was posted before.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -52,8 +53,9 @@ class CancelBoard:
             return
         raise ToolmeshError(Code.STORE_UNAVAILABLE, "Too many concurrent cancellations.")
 
-    async def follow(self, cancelled: Callable[[str], object]) -> None:
-        """Call `cancelled` with each id posted from now on, until cancelled."""
+    async def follow(self, cancelled: Callable[[str], object], ready: asyncio.Event | None = None) -> None:
+        """Call `cancelled` with each id posted from now on, until cancelled; `ready` is set once
+        it follows (posts after that are heard)."""
         seen: set[str] | None = None
         async with contextlib.aclosing(self._store.watch(CANCELS_KEY)) as versions:
             async for current in versions:
@@ -63,6 +65,8 @@ class CancelBoard:
                         if tool_request_id not in seen:
                             cancelled(tool_request_id)
                 seen = set(ids)
+                if ready is not None:
+                    ready.set()
 
 
 def _ids(raw: bytes) -> list[str]:

@@ -434,7 +434,8 @@ class Invoker:
             self._dispatching.pop(tool_request_id, None)
             self._observer.in_flight(-1)
         outcome = check_result(tool, outcome)
-        await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
+        if not await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed):
+            return CANCELLED  # cancelled as the host answered: the ledger's outcome is everyone's
         return outcome
 
     def _progressed(self, progress: ToolProgress) -> None:
@@ -462,7 +463,15 @@ class Invoker:
         if verdict is CancelVerdict.CANCELLED:
             log.info("invocation cancelled", extra={"tool_request_id": tool_request_id})
             if not self.stop_running(tool_request_id) and self._cancels is not None:
-                await self._cancels.post(tool_request_id)
+                try:
+                    await self._cancels.post(tool_request_id)
+                except ToolmeshError as error:
+                    # Recorded all the same: its caller gets TOOL_CANCELLED once its host answers or
+                    # its deadline passes; only the host is not told to stop early.
+                    log.warning(
+                        "a cancellation was not posted to the other replicas",
+                        extra={"tool_request_id": tool_request_id, "code": error.code.value},
+                    )
         return verdict
 
     def stop_running(self, tool_request_id: str) -> bool:
@@ -474,10 +483,15 @@ class Invoker:
         dispatching.cancel()
         return True
 
-    async def follow_cancellations(self) -> None:
-        """Stop the invocations this process runs when another replica cancels them; until cancelled."""
+    async def follow_cancellations(self, ready: asyncio.Event | None = None) -> None:
+        """Stop the invocations this process runs when another replica cancels them; until cancelled.
+
+        `ready` is set once cancellations posted from then on are heard.
+        """
         if self._cancels is not None:
-            await self._cancels.follow(self.stop_running)
+            await self._cancels.follow(self.stop_running, ready)
+        elif ready is not None:
+            ready.set()
 
     async def _outcome_of(self, tool_request_id: str, timeout_ms: int, *, mine: bool = True) -> Outcome:
         """The outcome of a running invocation: from this process's task when it runs it (`mine`),

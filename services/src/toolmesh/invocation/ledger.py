@@ -339,17 +339,20 @@ class Ledger:
         outcome: Outcome,
         *,
         claimed: InvocationRecord | None = None,
-    ) -> None:
+    ) -> bool:
         """Record the outcome. An exact retry replays it until delivery is confirmed, if `replayable`.
 
         `claimed` is the record `claim` returned, when the caller has it: it
         saves reading it back (only the claimant finishes an invocation). When
         the store cannot be reached the outcome is kept here and written as soon
         as it can be: this never raises STORE_UNAVAILABLE.
+
+        Returns False when a cancellation had ended the invocation first: its outcome is
+        TOOL_CANCELLED, not `outcome` (the caller should give that); True otherwise.
         """
         record = claimed or await self.get(tool_request_id)
         if record is None:
-            return
+            return True
         finished = record.ended_with(outcome, self._clock())
         write = (
             self._encode(finished),
@@ -359,7 +362,7 @@ class Ledger:
             self._replay_window(finished) if replayable(outcome) else None,
         )
         try:
-            await self._store.finish(tool_request_id, *write)
+            written = await self._store.finish(tool_request_id, *write)
         except ToolmeshError as error:
             if error.code is not Code.STORE_UNAVAILABLE:
                 raise
@@ -367,6 +370,8 @@ class Ledger:
             self._unrecorded[tool_request_id] = write
             if self._recorder is None or self._recorder.done():
                 self._recorder = asyncio.create_task(self._record_later())
+            return True
+        return written != "cancelled"
 
     async def _record_later(self) -> None:
         pause = RETRY_FIRST_S

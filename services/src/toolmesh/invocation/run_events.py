@@ -34,7 +34,8 @@ async def run_events(
     invocation running, as a unary caller that gives up does. Progress arrives
     at most ten reports a second (the bridge coalesces it), so the queue stays short.
     """
-    events: asyncio.Queue[Started | ToolProgress] = asyncio.Queue()
+    # The call's end is queued too (None), behind every event it sent: one wait per event.
+    events: asyncio.Queue[Started | ToolProgress | None] = asyncio.Queue()
 
     async def started(tool_request_id: str) -> None:
         events.put_nowait(Started(tool_request_id))
@@ -49,16 +50,10 @@ async def run_events(
             on_progress=events.put_nowait,
         )
     )
+    calling.add_done_callback(lambda _: events.put_nowait(None))
     try:
-        while True:
-            waiting = asyncio.ensure_future(events.get())
-            await asyncio.wait((waiting, calling), return_when=asyncio.FIRST_COMPLETED)
-            if not waiting.done():
-                waiting.cancel()
-                break
-            yield waiting.result()
-        while not events.empty():
-            yield events.get_nowait()
+        while (event := await events.get()) is not None:
+            yield event
         yield calling.result()
     finally:
         if not calling.done():

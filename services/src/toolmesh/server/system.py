@@ -28,6 +28,8 @@ from toolmesh.server.runtime import CannotListen, RunningServer, start_server
 from toolmesh.server.security import LOOPBACK, Security
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
+# How long a starting invocation replica waits to follow other replicas' cancellations.
+FOLLOW_READY_S = 5.0
 # Internal listeners on a free loopback port unless told otherwise.
 INTERNAL_ADDRESS = "127.0.0.1:0"
 
@@ -149,7 +151,10 @@ async def start_invocation(
     invoker = Invoker(
         catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry(), cancels=cancels
     )
-    following = asyncio.create_task(invoker.follow_cancellations())
+    following_ready = asyncio.Event()
+    following = asyncio.create_task(invoker.follow_cancellations(following_ready))
+    with contextlib.suppress(TimeoutError):  # a store still unreachable: it follows once it is back
+        await asyncio.wait_for(following_ready.wait(), FOLLOW_READY_S)
 
     async def stop_following() -> None:
         following.cancel()

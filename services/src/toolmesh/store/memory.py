@@ -169,6 +169,8 @@ class _Invocation:
     replayable: bool = True
     # A call joined it while it ran: a cancellation leaves it alone.
     joined: bool = False
+    # A cancellation finished it (a later finish says so).
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,22 +263,33 @@ class MemoryLedgerStore:
             return "ended"
         if running.value.joined:
             return "joined"
-        self._finish(tool_request_id, record, identity, keep_s, replay_s)
+        self._finish(tool_request_id, record, identity, keep_s, replay_s, cancelled=True)
         return "cancelled"
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> bool:
+    ) -> str:
         running = self._invocations.live(tool_request_id)
-        if running is None or running.value.finished:
-            return False
+        if running is None:
+            return "ended"
+        if running.value.finished:
+            return "cancelled" if running.value.cancelled else "ended"
         self._finish(tool_request_id, record, identity, keep_s, replay_s)
-        return True
+        return "wrote"
 
     def _finish(
-        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        keep_s: float,
+        replay_s: float | None,
+        *,
+        cancelled: bool = False,
     ) -> None:
-        finished = _Invocation(record, True, False, keep_s, identity, replay_s is not None)
+        finished = _Invocation(
+            record, True, False, keep_s, identity, replay_s is not None, cancelled=cancelled
+        )
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
             return

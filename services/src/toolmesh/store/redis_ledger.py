@@ -6,7 +6,8 @@ Keys, under the connection's prefix:
   keep it once finished), `same` (the identity whose pointer names it, "" for
   none), `once` (set when it finished with an outcome not to replay: its
   idempotency key starts over), `join` (set when a call joined it while it ran: a
-  cancellation leaves it alone). Finishing it publishes on its name, for watchers.
+  cancellation leaves it alone), `cxl` (set when a cancellation finished it). Finishing it
+  publishes on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
 - `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
@@ -114,10 +115,11 @@ end
 _FINISH = Script(
     _FINISHING
     + """
-local state = redis.call('HMGET', KEYS[1], 'rec', 'end')
-if not state[1] or state[2] then return 0 end
+local state = redis.call('HMGET', KEYS[1], 'rec', 'end', 'cxl')
+if not state[1] then return 'ended' end
+if state[2] then return state[3] and 'cancelled' or 'ended' end
 finish()
-return 1
+return 'wrote'
 """
 )
 
@@ -131,6 +133,7 @@ if not state[1] then return false end
 if state[2] then return 'ended' end
 if state[3] then return 'joined' end
 finish()
+redis.call('HSET', KEYS[1], 'cxl', '1')
 return 'cancelled'
 """
 )
@@ -213,7 +216,7 @@ class RedisLedgerStore:
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> bool:
+    ) -> str:
         keys = [self._records + tool_request_id]
         if identity:
             keys.append(self._identities + identity)
@@ -224,7 +227,7 @@ class RedisLedgerStore:
             milliseconds(replay_s),
             identity,
         ]
-        return bool(await self._run(_FINISH, keys, args))
+        return bytes(await self._run(_FINISH, keys, args)).decode()
 
     async def cancel(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -100,6 +102,8 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+log = logging.getLogger("toolmesh.client")
+
 LOOKUP_TIMEOUT_S = 10.0
 # A callback told of progress (a ToolProgress) or of the invocation's id (a str); sync or async.
 ProgressCallback = Callable[[ToolProgress], object]
@@ -107,12 +111,19 @@ StartedCallback = Callable[[str], object]
 
 
 async def _tell(callback: Callable[[Any], object] | None, value: object) -> None:
-    """Call a caller's callback, awaiting what it returns when that is awaitable."""
+    """Call a caller's callback, awaiting what it returns when that is awaitable.
+
+    A callback that raises is logged (its type alone) and the call goes on: it is the caller's
+    own code, and the call's outcome is still to come.
+    """
     if callback is None:
         return
-    returned = callback(value)
-    if inspect.isawaitable(returned):
-        await returned
+    try:
+        returned = callback(value)
+        if inspect.isawaitable(returned):
+            await returned
+    except Exception as exc:
+        log.warning("a call's callback raised", extra={"exception": type(exc).__name__})
 
 
 def _announced_id(metadata: grpc.aio.Metadata | None) -> str | None:
@@ -183,9 +194,9 @@ class InvocationClient:
         call refused before it became an invocation): the id to give
         `cancel_invocation`. `on_progress(progress)` gets each progress report
         of the handler (a ToolProgress), best effort. Either callback may be
-        sync or async (awaited); with either, the call goes as a RunTool
-        stream, and without them exactly as before. Progress changes nothing
-        about the outcome.
+        sync or async (awaited); one that raises is logged and the call goes
+        on. With either, the call goes as a RunTool stream, and without them
+        exactly as before. Progress changes nothing about the outcome.
 
         `timeout` is the caller's own deadline. When it passes, or the
         connection fails, the result has no outcome and an exact retry is safe:
@@ -270,21 +281,25 @@ class InvocationClient:
                     timeout=timeout,
                     metadata=await self._bearer.metadata(metadata),
                 )
-                async for event in stream:
-                    kind = event.WhichOneof("event")
-                    if kind == "started":
-                        started = event.started.tool_request_id
-                        await _tell(on_started, started)
-                    elif kind == "progress":
-                        await _tell(on_progress, progress_from_pb(event.progress))
-                    elif kind == "outcome":
-                        response = event.outcome
-                        return CallResult(
-                            response.tool_request_id or None,
-                            outcome_from_pb(response.outcome),
-                            joined=response.joined,
-                            replayed=response.replayed,
-                        )
+                try:
+                    async for event in stream:
+                        kind = event.WhichOneof("event")
+                        if kind == "started":
+                            started = event.started.tool_request_id
+                            await _tell(on_started, started)
+                        elif kind == "progress":
+                            await _tell(on_progress, progress_from_pb(event.progress))
+                        elif kind == "outcome":
+                            response = event.outcome
+                            return CallResult(
+                                response.tool_request_id or None,
+                                outcome_from_pb(response.outcome),
+                                joined=response.joined,
+                                replayed=response.replayed,
+                            )
+                except asyncio.CancelledError:
+                    stream.cancel()  # the caller gave up: the invocation goes on, as after a unary call
+                    raise
         except grpc.aio.AioRpcError as error:
             self._confirmations.give_back(list(request.confirmed_tool_request_ids))
             code = error_code(error)

@@ -113,7 +113,8 @@ class ToolContext:
         Best effort: it never raises (a report the bridge drops, or a transport
         failure, is logged without its values and forgotten), never changes the
         outcome and never extends the deadline. The bridge forwards at most ten
-        reports a second per call, the latest ones. Made for async handlers:
-        the awaitable must be awaited on the host's event loop.
+        reports a second per call, the latest ones. An async handler awaits it;
+        a sync handler (in its worker thread) calls it without await: the
+        report is sent from the host's event loop.
         """
         return self.reporter(progress, total, message)

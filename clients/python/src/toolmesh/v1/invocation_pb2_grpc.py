@@ -252,8 +252,9 @@ class InvocationServiceServicer:
 
         It cancels only an invocation nobody else waits on: when another call
         has joined it (an exact retry, or another caller with the same call), it
-        changes nothing and answers JOINED, since that caller still expects the
-        outcome. An invocation that has already ended answers ENDED.
+        changes nothing and answers JOINED, since that caller may still expect the
+        outcome (the ledger cannot tell a joined caller that has since given up).
+        An invocation that has already ended answers ENDED.
 
         Who may call: role call, for invocations of the sessions the token names
         (as GetInvocation).
