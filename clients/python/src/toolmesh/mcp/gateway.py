@@ -166,26 +166,50 @@ class Gateway:
     ) -> types.CallToolResult:
         session_id, _ = self.enter(ctx)
         started: list[str] = []
+        known = asyncio.Event()
+
+        def announce(tool_request_id: str) -> None:
+            started.append(tool_request_id)
+            known.set()
 
         async def progressed(progress: ToolProgress) -> None:
             await ctx.session.report_progress(progress.progress, progress.total, progress.message)
 
         meta = params.meta or {}
-        try:
-            result = await self.invoke(
+        # A task of its own, so that the request's cancellation does not end the call before
+        # its id is known: the id may arrive after the handler has started.
+        call = asyncio.ensure_future(
+            self.invoke(
                 session_id,
                 params,
-                on_started=started.append,
+                on_started=announce,
                 # Progress only to a client that asked for it (a progressToken).
                 on_progress=progressed if meta.get("progress_token") is not None else None,
             )
+        )
+        try:
+            result = await asyncio.shield(call)
         except BaseException:
             # notifications/cancelled, or the client went away: the invocation stops, unless
             # another caller joined it (the service decides).
-            if started:
-                await self._cancel(started[0])
+            with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
+                await self._cancel_when_known(call, known, started)
+            call.cancel()
             raise
         return call_tool_result(result)
+
+    async def _cancel_when_known(
+        self, call: asyncio.Future[CallResult], known: asyncio.Event, started: list[str]
+    ) -> None:
+        """Cancel the call's invocation once its id is known, unless the call ended first."""
+        waiting = asyncio.ensure_future(known.wait())
+        either: set[asyncio.Future[Any]] = {waiting, call}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if started and not call.done():
+            await self._cancel(started[0])
 
     async def invoke(
         self,
