@@ -16,6 +16,7 @@ import pytest_asyncio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import ToolsListChanged
 
 from mcp_testing import gateway_stdio, http_gateway
 from toolmesh.client import InvocationClient
@@ -328,3 +329,24 @@ async def test_a_stdio_client_that_goes_away_cancels_its_calls(
     with contextlib.suppress(MCPError):
         await call
     assert await eventually(lambda: STOPPED.get("gone-1")) == "cancelled"
+
+
+async def test_list_changed_reaches_a_2026_client_listening(system: LocalSystem, http_gateway: str) -> None:
+    """A 2026-07-28 client hears the change on its subscriptions/listen stream."""
+    host = ToolHost(system.bridge_target, "mcp-listen")
+    host.on_tool("first", echo, description="first")
+    await host.start()
+    try:
+        async with Client(f"{http_gateway}/sessions/mcp-listen/mcp") as client:
+            assert [tool.name for tool in (await client.list_tools()).tools] == ["first"]
+            async with client.listen(tools_list_changed=True) as subscription:
+                second = ToolHost(system.bridge_target, "mcp-listen")
+                second.on_tool("second", echo, description="second")
+                await second.start()
+                try:
+                    event = await asyncio.wait_for(anext(aiter(subscription)), 10)
+                    assert isinstance(event, ToolsListChanged)
+                finally:
+                    await second.stop()
+    finally:
+        await host.stop()
