@@ -50,7 +50,8 @@ async def http_gateway(system: LocalSystem) -> AsyncIterator[str]:
     )
     assert process.stdout is not None
     try:
-        line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
+        # Its imports (the MCP SDK, starlette, uvicorn) take seconds on a loaded machine.
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
         assert line.startswith("toolmesh mcp: serving http://127.0.0.1:"), line
         yield line.split("serving ", 1)[1].split("/sessions/", 1)[0]
     finally:
