@@ -33,8 +33,9 @@ class BridgeServiceStub:
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
     OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -194,8 +195,9 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
     OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -351,8 +353,9 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
     OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
