@@ -40,7 +40,7 @@ class Catalog:
 
 
 class InstantHost:
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
         return RESULT
 
 
@@ -70,8 +70,8 @@ class KeepNothing(Ledger):
         *,
         replayable: bool = True,
         claimed: InvocationRecord | None = None,
-    ) -> None:
-        return None
+    ) -> bool:
+        return True
 
     async def confirm_all(self, deliveries: Sequence[Delivered]) -> list[str]:
         return []

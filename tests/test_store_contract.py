@@ -12,9 +12,11 @@ import pytest
 import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.store.backends import open_stores
 from toolmesh.store.base import Store, VersionConflict
 from toolmesh.store.memory import InMemoryStore
+from toolmesh_testing import eventually
 
 
 # Each backend's marks: the in-process one is a unit test, one behind a server an integration test.
@@ -138,3 +140,16 @@ async def test_memory_store_forgets_expired_keys_it_never_reads() -> None:
     for index in range(600):
         await store.put(f"fresh{index}", b"y", ttl_s=100)
     assert len(store) < 700
+
+
+async def test_cancellations_posted_anywhere_reach_every_follower(store: Store) -> None:
+    board, other_replica = CancelBoard(store), CancelBoard(store)
+    await board.post("tr_before")  # posted before anyone followed: not told again
+    heard: list[str] = []
+    ready = asyncio.Event()
+    following = asyncio.create_task(other_replica.follow(heard.append, ready))
+    await asyncio.wait_for(ready.wait(), 5)
+    await asyncio.gather(*(board.post(f"tr_{n}") for n in range(20)))  # concurrent: none is lost
+    await eventually(lambda: len(heard) >= 20)
+    assert sorted(heard) == sorted(f"tr_{n}" for n in range(20))
+    following.cancel()

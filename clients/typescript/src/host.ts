@@ -29,6 +29,16 @@ export interface ToolContext {
   readonly signal: AbortSignal;
   /** Milliseconds left before the deadline, 0 when it has passed. */
   timeRemainingMs(): number;
+  /**
+   * Tell the call's callers how far the handler has got: `progress` on the
+   * handler's own scale (finite, growing from one report to the next),
+   * `total` the value it reaches when done (when known, above 0), `message`
+   * for people (cut to 512 characters; never arguments or results). Best
+   * effort: the promise never rejects, a report the bridge drops is
+   * forgotten, and at most ten reports a second reach the callers (the
+   * latest ones). Progress never changes the outcome nor extends the deadline.
+   */
+  reportProgress(progress: number, total?: number, message?: string): Promise<void>;
 }
 
 /** A JSON object: the arguments of a call. */
@@ -90,6 +100,8 @@ const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
 /** As the bridge waits for an answer to a read check (toolmesh.core.limits.READ_CHECK_TIMEOUT_MS). */
 const READ_CHECK_TIMEOUT_MS = 10_000;
+// A progress report the bridge has not answered by then is given up (progress is best effort).
+const PROGRESS_TIMEOUT_MS = 5_000;
 
 interface Registered {
   readonly handler: ToolHandler;
@@ -322,6 +334,18 @@ export class ToolHost {
     this.client.answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS }).catch(() => {});
   }
 
+  /** Send one progress report; never rejects (a refusal or a transport failure is forgotten). */
+  private async reportProgress(toolRequestId: string, progress: number, total?: number, message?: string): Promise<void> {
+    try {
+      await this.client.reportToolProgress(
+        { hostSessionId: this.hostSessionId, toolRequestId, progress, total, message: message ?? "" },
+        { timeoutMs: PROGRESS_TIMEOUT_MS },
+      );
+    } catch {
+      // Progress is optional: the call goes on whatever became of the report.
+    }
+  }
+
   /** Send the declared tools now (in order after any declaration under way), if connected. */
   private redeclare(): void {
     this.declaring = this.declaring.then(() => this.declare());
@@ -376,6 +400,7 @@ export class ToolHost {
       timeRemainingMs() {
         return Math.max(0, this.deadline - Date.now());
       },
+      reportProgress: (progress, total, message) => this.reportProgress(request.toolRequestId, progress, total, message),
     };
     const active: Active = { controller, ended: false };
     this.active.set(ctx.toolRequestId, active);

@@ -141,6 +141,19 @@ if (query.get("mode") === "webmcp") {
       }),
     { description: "Answers only once told to stop.", timeoutMs: 700 },
   );
+  host.onTool(
+    "steps",
+    async (args, ctx) => {
+      const count = Number(args.count ?? 3);
+      for (let step = 1; step <= count; step++) {
+        await ctx.reportProgress(step, count, `step ${step}`);
+        // Past the bridge's interval, so that no report is coalesced away.
+        await new Promise((resolve) => setTimeout(resolve, 150));
+      }
+      return { done: count };
+    },
+    { description: "Reports progress in steps, then answers." },
+  );
   host.onTool("noop", () => ({ ok: true }), {
     description: "Does nothing (the benchmark's tool).",
     inputSchema: { type: "object", properties: { n: { type: "integer" } } },

@@ -24,6 +24,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from toolmesh.bridge.progress import ProgressGate, ProgressSink
 from toolmesh.bridge.reading import READ_CHECK_AFTER_S, ReadChecks, Reading
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
@@ -31,6 +32,7 @@ from toolmesh.core.errors import Code, ToolmeshError, code_for_reason
 from toolmesh.core.limits import MAX_RESULT_BYTES, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import ErrorKind, Outcome
+from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -143,6 +145,8 @@ class PendingRequest:
     deadline: asyncio.TimerHandle | None = None
     # The read check its host had not answered when the request was sent after it (0: none).
     after_check: int = 0
+    # Where its progress reports go, rate-limited; None when nobody listens.
+    progress: ProgressGate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +387,8 @@ class Router:
         self._pending.pop(request_id, None)
         if pending.deadline is not None:
             pending.deadline.cancel()
+        if pending.progress is not None:
+            pending.progress.close()
         host = pending.host
         if host is not None:
             host.in_flight.pop(request_id, None)
@@ -396,11 +402,13 @@ class Router:
         while len(self._ended) > self._ended_memory:
             self._ended.popitem(last=False)
 
-    def start(self, request: ToolRequest, settle: Settle) -> None:
+    def start(self, request: ToolRequest, settle: Settle, on_progress: ProgressSink | None = None) -> None:
         """Send `request` to a host of its session; `settle` gets its outcome, within its timeout.
 
         `settle` runs on this loop, exactly once, unless the request is cancelled
-        first. Raises ToolmeshError(REQUEST_DUPLICATE) for an id seen before.
+        first. `on_progress` gets the host's progress reports while it runs, at
+        most one per PROGRESS_INTERVAL_MS (see ProgressGate), none after `settle`.
+        Raises ToolmeshError(REQUEST_DUPLICATE) for an id seen before.
         """
         request_id = request.tool_request_id
         if request_id in self._pending or request_id in self._ended:
@@ -422,6 +430,8 @@ class Router:
                 settle(Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE, details=details))
             return
         pending = PendingRequest(request, None, settle, time.monotonic())
+        if on_progress is not None:
+            pending.progress = ProgressGate(on_progress)
         self._pending[request_id] = pending
         log.debug("dispatching", extra={"host_session_id": host.host_session_id})
         self._deliver(pending, host)
@@ -469,6 +479,28 @@ class Router:
         self._end(pending, reason)
         if host is not None:
             host.send(ToolRequestCancelled(pending.request.tool_request_id, reason))
+
+    def report_progress(
+        self, host_session_id: str, progress: ToolProgress, sessions: Container[str] | None = None
+    ) -> tuple[ProgressVerdict, bool]:
+        """Pass a host's progress report on to the request's callers; what became of it, and whether
+        its message was cut. Only a fault of the host session itself raises: HOST_SESSION_UNKNOWN
+        as `host` does, INVALID_REQUEST for a malformed id."""
+        host = self.host(host_session_id, sessions)
+        tool_request_id = progress.tool_request_id
+        require_id(tool_request_id, "tool_request_id")
+        pending = self._pending.get(tool_request_id)
+        if pending is None or pending.host is not host:
+            ended = self._ended.get(tool_request_id)
+            if pending is None and ended is not None and ended.host_session_id == host_session_id:
+                return ProgressVerdict.REQUEST_ENDED, False
+            return ProgressVerdict.REQUEST_UNKNOWN, False
+        if not valid_numbers(progress.progress, progress.total):
+            return ProgressVerdict.INVALID, False
+        message, truncated = capped_message(progress.message)
+        if pending.progress is not None:
+            pending.progress.offer(replace(progress, message=message or None))
+        return ProgressVerdict.ACCEPTED, truncated
 
     def submit(
         self,

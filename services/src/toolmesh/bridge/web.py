@@ -1,8 +1,8 @@
 """The bridge's web port: the host-facing RPCs over Connect and gRPC-Web, for pages.
 
 A browser cannot send gRPC (HTTP/2 with trailers), so the bridge also serves
-OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck over the Connect
-protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
+OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and ReportToolProgress
+over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
 and Declarations of its gRPC port. The routes come from protoc-gen-connectrpc
 (connectrpc, on our protobuf messages); uvicorn serves them.
 
@@ -40,7 +40,7 @@ from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
-from toolmesh.bridge.servicer import answer_read_check, declare, host_events, submit_or_adopt
+from toolmesh.bridge.servicer import answer_read_check, declare, host_events, report_progress, submit_or_adopt
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
@@ -54,7 +54,13 @@ DEFAULT_WEB_PORT = 7404
 ORIGINS_ENV = "TOOLMESH_WEB_ORIGINS"
 
 _SERVICE = "/toolmesh.v1.BridgeService/"
-HOST_FACING = ("OpenHostSession", "SubmitToolResult", "DeclareHostTools", "AnswerReadCheck")
+HOST_FACING = (
+    "OpenHostSession",
+    "SubmitToolResult",
+    "DeclareHostTools",
+    "AnswerReadCheck",
+    "ReportToolProgress",
+)
 HOST_FACING_PATHS = frozenset(_SERVICE + name for name in HOST_FACING)
 # What Connect and gRPC-Web clients send, and the token a host will present.
 _ALLOWED_HEADERS = (
@@ -154,6 +160,15 @@ class WebBridge(BridgeService):
             return answer_read_check(self._router, request, scope(Role.HOST))
         except Exception as exc:
             _fail("AnswerReadCheck", exc)
+
+    async def report_tool_progress(
+        self, request: bridge_pb2.ReportToolProgressRequest, ctx: RequestContext[Any, Any]
+    ) -> bridge_pb2.ReportToolProgressResponse:
+        try:
+            await _admit(self._admit["ReportToolProgress"], request, ctx)
+            return report_progress(self._router, request, scope(Role.HOST))
+        except Exception as exc:
+            _fail("ReportToolProgress", exc)
 
     async def declare_host_tools(
         self, request: bridge_pb2.DeclareHostToolsRequest, ctx: RequestContext[Any, Any]

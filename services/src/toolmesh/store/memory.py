@@ -180,12 +180,18 @@ class _Invocation:
     attachments: int = 1
     # The attachments whose delivery is not confirmed.
     unconfirmed: frozenset[str] = frozenset((FIRST_ATTACHMENT,))
+    # A call joined it while it ran: a cancellation leaves it alone.
+    joined: bool = False
+    # A cancellation finished it (a later finish says so).
+    cancelled: bool = False
 
     def attached(self) -> _Invocation:
-        """With one more attachment (unconfirmed, unless all were confirmed already)."""
+        """With one more attachment (unconfirmed, unless all were confirmed already); joined, when
+        it still runs."""
         count = self.attachments + 1
         unconfirmed = self.unconfirmed if self.delivered else self.unconfirmed | {str(count)}
-        return replace(self, attachments=count, unconfirmed=unconfirmed)
+        joined = self.joined or not self.finished
+        return replace(self, attachments=count, unconfirmed=unconfirmed, joined=joined)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,13 +275,44 @@ class MemoryLedgerStore:
         self._store_running(tool_request_id, record, "", running_ttl_s)
         return None
 
+    async def cancel(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
+    ) -> str | None:
+        running = self._invocations.live(tool_request_id)
+        if running is None:
+            return None
+        if running.value.finished:
+            return "ended"
+        if running.value.joined:
+            return "joined"
+        self._finish(
+            tool_request_id, running.value, record, identity, keep_s=keep_s, replay_s=replay_s, cancelled=True
+        )
+        return "cancelled"
+
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> bool:
+    ) -> str:
         running = self._invocations.live(tool_request_id)
-        if running is None or running.value.finished:
-            return False
-        attached = running.value
+        if running is None:
+            return "ended"
+        if running.value.finished:
+            return "cancelled" if running.value.cancelled else "ended"
+        self._finish(tool_request_id, running.value, record, identity, keep_s=keep_s, replay_s=replay_s)
+        return "wrote"
+
+    def _finish(
+        self,
+        tool_request_id: str,
+        running: _Invocation,
+        record: bytes,
+        identity: str,
+        *,
+        keep_s: float,
+        replay_s: float | None,
+        cancelled: bool = False,
+    ) -> None:
+        # Its attachments stay as the claims made them.
         finished = _Invocation(
             record,
             True,
@@ -283,17 +320,17 @@ class MemoryLedgerStore:
             keep_s,
             identity,
             replay_s is not None,
-            attached.attachments,
-            attached.unconfirmed,
+            running.attachments,
+            running.unconfirmed,
+            cancelled=cancelled,
         )
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
-            return True
+            return
         if replay_s is not None:
             self._identities.write(identity, tool_request_id, replay_s)
         else:
             self._drop_pointer(identity, tool_request_id)
-        return True
 
     def _drop_pointer(self, identity: str, tool_request_id: str) -> None:
         pointer = self._identities.live(identity)

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, SubmitToolResultRequest, SubmitToolResultResponse
+from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, SubmitToolResultRequest, SubmitToolResultResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -44,9 +44,10 @@ class BridgeService(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -58,6 +59,7 @@ class BridgeService(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -157,6 +159,27 @@ class BridgeService(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    async def report_tool_progress(self, request: ReportToolProgressRequest, ctx: RequestContext[ReportToolProgressRequest, ReportToolProgressResponse], /) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     async def dispatch_tool_request(self, request: DispatchToolRequestRequest, ctx: RequestContext[DispatchToolRequestRequest, DispatchToolRequestResponse], /) -> DispatchToolRequestResponse:
         """
         DispatchToolRequest sends one tool request to a host that serves the
@@ -249,6 +272,17 @@ class BridgeServiceASGIApplication(ConnectASGIApplication[BridgeService]):
                     ),
                     function=svc.answer_read_check,
                 ),
+                "/toolmesh.v1.BridgeService/ReportToolProgress": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ReportToolProgress",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=ReportToolProgressRequest,
+                        output=ReportToolProgressResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.report_tool_progress,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": Endpoint.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -291,9 +325,10 @@ class BridgeServiceClient(ConnectClient):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -305,6 +340,7 @@ class BridgeServiceClient(ConnectClient):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -496,6 +532,44 @@ class BridgeServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def report_tool_progress(
+        self,
+        request: ReportToolProgressRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ReportToolProgress",
+                service_name="toolmesh.v1.BridgeService",
+                input=ReportToolProgressRequest,
+                output=ReportToolProgressResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def dispatch_tool_request(
         self,
         request: DispatchToolRequestRequest,
@@ -572,9 +646,10 @@ class BridgeServiceSync(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -586,6 +661,7 @@ class BridgeServiceSync(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -685,6 +761,27 @@ class BridgeServiceSync(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def report_tool_progress(self, request: ReportToolProgressRequest, ctx: RequestContext[ReportToolProgressRequest, ReportToolProgressResponse], /) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     def dispatch_tool_request(self, request: DispatchToolRequestRequest, ctx: RequestContext[DispatchToolRequestRequest, DispatchToolRequestResponse], /) -> DispatchToolRequestResponse:
         """
         DispatchToolRequest sends one tool request to a host that serves the
@@ -775,6 +872,17 @@ class BridgeServiceWSGIApplication(ConnectWSGIApplication):
                     ),
                     function=service.answer_read_check,
                 ),
+                "/toolmesh.v1.BridgeService/ReportToolProgress": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ReportToolProgress",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=ReportToolProgressRequest,
+                        output=ReportToolProgressResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.report_tool_progress,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": EndpointSync.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -817,9 +925,10 @@ class BridgeServiceClientSync(ConnectClientSync):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -831,6 +940,7 @@ class BridgeServiceClientSync(ConnectClientSync):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -1016,6 +1126,44 @@ class BridgeServiceClientSync(ConnectClientSync):
                 service_name="toolmesh.v1.BridgeService",
                 input=AnswerReadCheckRequest,
                 output=AnswerReadCheckResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def report_tool_progress(
+        self,
+        request: ReportToolProgressRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ReportToolProgress",
+                service_name="toolmesh.v1.BridgeService",
+                input=ReportToolProgressRequest,
+                output=ReportToolProgressResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -17,9 +20,15 @@ from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.outcome import ErrorKind, Outcome
+from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code, error_info, grpc_status
 from toolmesh.core.stream_link import StreamBroken
-from toolmesh.core.wire import ATTACHMENT_ID_METADATA, TOOL_REQUEST_ID_METADATA, outcome_from_pb
+from toolmesh.core.wire import (
+    ATTACHMENT_ID_METADATA,
+    TOOL_REQUEST_ID_METADATA,
+    outcome_from_pb,
+    progress_from_pb,
+)
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 
 
@@ -100,7 +109,28 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+log = logging.getLogger("toolmesh.client")
+
 LOOKUP_TIMEOUT_S = 10.0
+# A callback told of progress (a ToolProgress) or of the invocation's id (a str); sync or async.
+ProgressCallback = Callable[[ToolProgress], object]
+StartedCallback = Callable[[str], object]
+
+
+async def _tell(callback: Callable[[Any], object] | None, value: object) -> None:
+    """Call a caller's callback, awaiting what it returns when that is awaitable.
+
+    A callback that raises is logged (its type alone) and the call goes on: it is the caller's
+    own code, and the call's outcome is still to come.
+    """
+    if callback is None:
+        return
+    try:
+        returned = callback(value)
+        if inspect.isawaitable(returned):
+            await returned
+    except Exception as exc:
+        log.warning("a call's callback raised", extra={"exception": type(exc).__name__})
 
 
 def _announced(metadata: grpc.aio.Metadata | None) -> tuple[str | None, str | None]:
@@ -197,8 +227,19 @@ class InvocationClient:
         timeout: float | None = None,
         idempotency_key: str = "",
         confirm_delivery: bool = True,
+        on_progress: ProgressCallback | None = None,
+        on_started: StartedCallback | None = None,
     ) -> CallResult:
         """Call a tool. Pass `arguments` as a value, or `arguments_json` as text sent as it is.
+
+        `on_started(tool_request_id)` is told the invocation's id once the
+        service names it, before its outcome (not for a replayed outcome nor a
+        call refused before it became an invocation): the id to give
+        `cancel_invocation`. `on_progress(progress)` gets each progress report
+        of the handler (a ToolProgress), best effort. Either callback may be
+        sync or async (awaited); one that raises is logged and the call goes
+        on. With either, the call goes as a RunTool stream, and without them
+        exactly as before. Progress changes nothing about the outcome.
 
         `timeout` is the caller's own deadline. When it passes, or the
         connection fails, the result has no outcome and an exact retry is safe:
@@ -227,8 +268,11 @@ class InvocationClient:
             telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
             correlation.ids(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
         ):
-            call = self._call_on_stream if self._multiplex else self._call
-            result = await call(request, timeout)
+            if on_progress is not None or on_started is not None:
+                result = await self._run(request, timeout, on_progress, on_started)
+            else:
+                call = self._call_on_stream if self._multiplex else self._call
+                result = await call(request, timeout)
             if result.tool_request_id:
                 span.set_attribute(telemetry.TOOL_REQUEST_ID, result.tool_request_id)
             if result.outcome is None:
@@ -269,6 +313,52 @@ class InvocationClient:
                 attachment_id=attachment_id or named_attachment,
             )
         return _answered(response)
+
+    async def _run(
+        self,
+        request: invocation_pb2.InvokeToolRequest,
+        timeout: float | None,
+        on_progress: ProgressCallback | None,
+        on_started: StartedCallback | None,
+    ) -> CallResult:
+        """The call as a RunTool stream: its started and progress events go to the callbacks."""
+        started: str | None = None
+        attachment_id: str | None = None
+        try:
+            with telemetry.client_call("toolmesh.v1.InvocationService/RunTool") as metadata:
+                stream = self._stub.RunTool(
+                    invocation_pb2.RunToolRequest(call=request),
+                    timeout=timeout,
+                    metadata=await self._bearer.metadata(metadata),
+                )
+                try:
+                    async for event in stream:
+                        kind = event.WhichOneof("event")
+                        if kind == "started":
+                            started = event.started.tool_request_id
+                            attachment_id = event.started.attachment_id or None
+                            await _tell(on_started, started)
+                        elif kind == "progress":
+                            await _tell(on_progress, progress_from_pb(event.progress))
+                        elif kind == "outcome":
+                            return _answered(event.outcome)
+                except asyncio.CancelledError:
+                    stream.cancel()  # the caller gave up: the invocation goes on, as after a unary call
+                    raise
+        except grpc.aio.AioRpcError as error:
+            self._confirmations.give_back(_carried_by(request))
+            code = error_code(error)
+            if _callers_fault(code):
+                raise
+            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
+                return CallResult(started, None, Code.CALLER_DEADLINE_EXCEEDED, attachment_id=attachment_id)
+            detail = error.details() or ""
+            return CallResult(
+                started, None, code or Code.TRANSPORT_FAILED, detail, attachment_id=attachment_id
+            )
+        self._confirmations.give_back(_carried_by(request))
+        ended = "The stream ended without an outcome."
+        return CallResult(started, None, Code.TRANSPORT_FAILED, ended, attachment_id=attachment_id)
 
     async def _call_on_stream(
         self, request: invocation_pb2.InvokeToolRequest, timeout: float | None
@@ -366,6 +456,25 @@ class InvocationClient:
                 metadata=await self._bearer.metadata(metadata),
             )
         return response.invocation
+
+    async def cancel_invocation(self, tool_request_id: str) -> bool:
+        """Stop a running invocation: it ends with TOOL_CANCELLED and its handler is told to stop.
+
+        Returns True when this cancelled it (every caller waiting on it gets
+        TOOL_CANCELLED); False when nothing changed: it had already ended, or
+        another call has joined it and still waits for its outcome. Raises
+        grpc.aio.AioRpcError for a caller's fault: NOT_FOUND
+        (INVOCATION_NOT_FOUND: unknown, expired, or of a session the token
+        does not name), INVALID_ARGUMENT for a malformed id, PERMISSION_DENIED
+        or UNAUTHENTICATED; and for the transport's own failures.
+        """
+        with telemetry.client_call("toolmesh.v1.InvocationService/CancelInvocation") as metadata:
+            response: invocation_pb2.CancelInvocationResponse = await self._stub.CancelInvocation(
+                invocation_pb2.CancelInvocationRequest(tool_request_id=tool_request_id),
+                timeout=LOOKUP_TIMEOUT_S,
+                metadata=await self._bearer.metadata(metadata),
+            )
+        return response.result == invocation_pb2.CANCEL_INVOCATION_RESULT_CANCELLED
 
     async def close(self) -> None:
         """Send the pending confirmations, end the InvokeTools stream, and close an owned channel."""

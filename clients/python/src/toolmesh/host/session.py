@@ -9,7 +9,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,14 +23,29 @@ from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
 from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.outcome import Outcome
+from toolmesh.core.progress import capped_message
 from toolmesh.core.rpcstatus import error_code, error_info, status_of
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
-from toolmesh.host.context import ToolContext
+from toolmesh.host.context import ProgressReporter, ToolContext
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
 log = logging.getLogger("toolmesh.host")
+# A progress report the bridge has not answered by then is given up (progress is best effort).
+PROGRESS_TIMEOUT_S = 5.0
+
+
+class _Sent:
+    """An awaitable already done: a report a worker thread handed to the loop."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_SENT = _Sent()
 
 Handler = Callable[[dict[str, Any], ToolContext], Any]
 
@@ -241,6 +256,18 @@ class ToolHost:
                 timeout_ms=timeout_ms,
                 annotations=annotations or ToolAnnotations(),
             )
+
+    async def declare_tools(self, tools: Sequence[ToolSpec]) -> None:
+        """Replace the tools this host declares with `tools`: sent now when connected, else on connecting.
+
+        For hosts whose tools change while they serve (an MCP server's list, say);
+        `on_tool(..., description=...)` declares a fixed tool. A tool declared
+        before and left out now is withdrawn from the session's list. A refusal
+        is reported to `on_error`, as for `on_tool`.
+        """
+        self._declared = {spec.name: spec for spec in tools}
+        if self.connected and self.host_session_id:
+            await self._declare(self.host_session_id)
 
     def on_any(self, handler: Handler) -> None:
         """Serve every tool without a named handler; `ctx.tool_name` says which.
@@ -514,6 +541,7 @@ class ToolHost:
             tool_request_id=request.tool_request_id,
             tool_name=request.tool_name,
             deadline=time.monotonic() + request.timeout_ms / 1000,
+            reporter=self._progress_reporter(request.tool_request_id),
         )
         handler = self._handlers.get(ctx.tool_name) or self._generic
         task = asyncio.create_task(
@@ -523,6 +551,62 @@ class ToolHost:
         # thread cannot be, so it finishes and its late result is refused.
         self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, handler is not None and handler.is_async)
         task.add_done_callback(lambda _: self._active.pop(ctx.tool_request_id, None))
+
+    def _progress_reporter(self, tool_request_id: str) -> ProgressReporter:
+        """What `ctx.report_progress` calls for the request.
+
+        On the loop it gives the coroutine to await; from a sync handler's worker
+        thread it sends the report from the loop and returns at once.
+        """
+        loop = asyncio.get_running_loop()
+
+        def report(progress: float, total: float | None, message: str | None) -> Awaitable[None]:
+            sending = self._report_progress(tool_request_id, progress, total, message)
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:  # no loop in this thread: a worker thread
+                on_loop = False
+            if on_loop:
+                return sending
+            asyncio.run_coroutine_threadsafe(sending, loop)
+            return _SENT
+
+        return report
+
+    async def _report_progress(
+        self, tool_request_id: str, progress: float, total: float | None, message: str | None
+    ) -> None:
+        """Send one progress report to the bridge; never raises, logs no values (best effort).
+
+        The message is cut to its cap here already: what the bridge would drop is not sent.
+        """
+        try:
+            request = bridge_pb2.ReportToolProgressRequest(
+                host_session_id=self.host_session_id,
+                tool_request_id=tool_request_id,
+                progress=progress,
+                message=capped_message(message)[0],
+            )
+            if total is not None:
+                request.total = total
+            with telemetry.client_call("toolmesh.v1.BridgeService/ReportToolProgress") as metadata:
+                response = await self._stub.ReportToolProgress(
+                    request, timeout=PROGRESS_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+                )
+        except Exception as error:
+            # A number of the wrong type, a transport failure, a token callback that failed, a host
+            # session gone: progress is optional, and the handler goes on.
+            status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else type(error).__name__
+            log.debug(
+                "a progress report was not sent", extra={"tool_request_id": tool_request_id, "cause": status}
+            )
+            return
+        if response.status != bridge_pb2.PROGRESS_REPORT_STATUS_ACCEPTED:
+            status_name = bridge_pb2.ProgressReportStatus.Name(response.status)
+            log.debug(
+                "a progress report was dropped",
+                extra={"tool_request_id": tool_request_id, "cause": status_name},
+            )
 
     def _cancel(self, cancelled: bridge_pb2.ToolRequestCancelled) -> None:
         active = self._active.get(cancelled.tool_request_id)

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ToolOutcome } from "./tool_pb.js";
+import type { ToolOutcome, ToolProgress } from "./tool_pb.js";
 import { file_toolmesh_v1_tool } from "./tool_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/invocation.proto.
  */
 export const file_toolmesh_v1_invocation: GenFile = /*@__PURE__*/
-  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSLhAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkSPwoVY29uZmlybWVkX2F0dGFjaG1lbnRzGAcgAygLMiAudG9vbG1lc2gudjEuRGVsaXZlcmVkQXR0YWNobWVudCKRAQoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIEhUKDWF0dGFjaG1lbnRfaWQYBSABKAkiQgoSSW52b2tlVG9vbHNSZXF1ZXN0EiwKBWNhbGxzGAEgAygLMh0udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sQ2FsbCLRAQoQU3RyZWFtZWRUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgEEi8KB3JlcXVlc3QYAiABKAsyHi50b29sbWVzaC52MS5JbnZva2VUb29sUmVxdWVzdBJGCg10cmFjZV9jb250ZXh0GAMgAygLMi8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sQ2FsbC5UcmFjZUNvbnRleHRFbnRyeRozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoQBChNJbnZva2VUb29sc1Jlc3BvbnNlEjAKB3Jlc3VsdHMYASADKAsyHy50b29sbWVzaC52MS5TdHJlYW1lZFRvb2xSZXN1bHQSOwoScmVmdXNlZF9kdXBsaWNhdGVzGAIgAygLMh8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sUmVzdWx0Io0BChJTdHJlYW1lZFRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoBBIzCghyZXNwb25zZRgCIAEoCzIfLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXNwb25zZUgAEicKBWVycm9yGAMgASgLMhYudG9vbG1lc2gudjEuQ2FsbEVycm9ySABCCAoGcmVzdWx0IpUBCglDYWxsRXJyb3ISDgoGcmVhc29uGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSNgoIbWV0YWRhdGEYAyADKAsyJC50b29sbWVzaC52MS5DYWxsRXJyb3IuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiaQoWQ29uZmlybURlbGl2ZXJ5UmVxdWVzdBIYChB0b29sX3JlcXVlc3RfaWRzGAEgAygJEjUKC2F0dGFjaG1lbnRzGAIgAygLMiAudG9vbG1lc2gudjEuRGVsaXZlcmVkQXR0YWNobWVudCJFChNEZWxpdmVyZWRBdHRhY2htZW50EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIVCg1hdHRhY2htZW50X2lkGAIgASgJIhkKF0NvbmZpcm1EZWxpdmVyeVJlc3BvbnNlIi8KFEdldEludm9jYXRpb25SZXF1ZXN0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCSJEChVHZXRJbnZvY2F0aW9uUmVzcG9uc2USKwoKaW52b2NhdGlvbhgBIAEoCzIXLnRvb2xtZXNoLnYxLkludm9jYXRpb24iqQIKCkludm9jYXRpb24SFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIRCgl0b29sX25hbWUYBCABKAkSKwoFc3RhdGUYBSABKA4yHC50b29sbWVzaC52MS5JbnZvY2F0aW9uU3RhdGUSKQoHb3V0Y29tZRgGIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lEhEKCWRlbGl2ZXJlZBgHIAEoCBIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqrgEKD0ludm9jYXRpb25TdGF0ZRIgChxJTlZPQ0FUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYSU5WT0NBVElPTl9TVEFURV9SVU5OSU5HEAESHgoaSU5WT0NBVElPTl9TVEFURV9DT01QTEVURUQQAhIeChpJTlZPQ0FUSU9OX1NUQVRFX1RJTUVEX09VVBADEhsKF0lOVk9DQVRJT05fU1RBVEVfRkFJTEVEEAQy7gIKEUludm9jYXRpb25TZXJ2aWNlEk0KCkludm9rZVRvb2wSHi50b29sbWVzaC52MS5JbnZva2VUb29sUmVxdWVzdBofLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXNwb25zZRJUCgtJbnZva2VUb29scxIfLnRvb2xtZXNoLnYxLkludm9rZVRvb2xzUmVxdWVzdBogLnRvb2xtZXNoLnYxLkludm9rZVRvb2xzUmVzcG9uc2UoATABElwKD0NvbmZpcm1EZWxpdmVyeRIjLnRvb2xtZXNoLnYxLkNvbmZpcm1EZWxpdmVyeVJlcXVlc3QaJC50b29sbWVzaC52MS5Db25maXJtRGVsaXZlcnlSZXNwb25zZRJWCg1HZXRJbnZvY2F0aW9uEiEudG9vbG1lc2gudjEuR2V0SW52b2NhdGlvblJlcXVlc3QaIi50b29sbWVzaC52MS5HZXRJbnZvY2F0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
+  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSLhAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkSPwoVY29uZmlybWVkX2F0dGFjaG1lbnRzGAcgAygLMiAudG9vbG1lc2gudjEuRGVsaXZlcmVkQXR0YWNobWVudCKRAQoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIEhUKDWF0dGFjaG1lbnRfaWQYBSABKAkiQgoSSW52b2tlVG9vbHNSZXF1ZXN0EiwKBWNhbGxzGAEgAygLMh0udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sQ2FsbCLRAQoQU3RyZWFtZWRUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgEEi8KB3JlcXVlc3QYAiABKAsyHi50b29sbWVzaC52MS5JbnZva2VUb29sUmVxdWVzdBJGCg10cmFjZV9jb250ZXh0GAMgAygLMi8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sQ2FsbC5UcmFjZUNvbnRleHRFbnRyeRozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoQBChNJbnZva2VUb29sc1Jlc3BvbnNlEjAKB3Jlc3VsdHMYASADKAsyHy50b29sbWVzaC52MS5TdHJlYW1lZFRvb2xSZXN1bHQSOwoScmVmdXNlZF9kdXBsaWNhdGVzGAIgAygLMh8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sUmVzdWx0Io0BChJTdHJlYW1lZFRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoBBIzCghyZXNwb25zZRgCIAEoCzIfLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXNwb25zZUgAEicKBWVycm9yGAMgASgLMhYudG9vbG1lc2gudjEuQ2FsbEVycm9ySABCCAoGcmVzdWx0IpUBCglDYWxsRXJyb3ISDgoGcmVhc29uGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSNgoIbWV0YWRhdGEYAyADKAsyJC50b29sbWVzaC52MS5DYWxsRXJyb3IuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiaQoWQ29uZmlybURlbGl2ZXJ5UmVxdWVzdBIYChB0b29sX3JlcXVlc3RfaWRzGAEgAygJEjUKC2F0dGFjaG1lbnRzGAIgAygLMiAudG9vbG1lc2gudjEuRGVsaXZlcmVkQXR0YWNobWVudCJFChNEZWxpdmVyZWRBdHRhY2htZW50EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIVCg1hdHRhY2htZW50X2lkGAIgASgJIhkKF0NvbmZpcm1EZWxpdmVyeVJlc3BvbnNlIi8KFEdldEludm9jYXRpb25SZXF1ZXN0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCSJEChVHZXRJbnZvY2F0aW9uUmVzcG9uc2USKwoKaW52b2NhdGlvbhgBIAEoCzIXLnRvb2xtZXNoLnYxLkludm9jYXRpb24iPgoOUnVuVG9vbFJlcXVlc3QSLAoEY2FsbBgBIAEoCzIeLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXF1ZXN0Iq0BCg9SdW5Ub29sUmVzcG9uc2USLgoHc3RhcnRlZBgBIAEoCzIbLnRvb2xtZXNoLnYxLlJ1blRvb2xTdGFydGVkSAASLQoIcHJvZ3Jlc3MYAiABKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3NIABIyCgdvdXRjb21lGAMgASgLMh8udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlc3BvbnNlSABCBwoFZXZlbnQiQAoOUnVuVG9vbFN0YXJ0ZWQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEhUKDWF0dGFjaG1lbnRfaWQYAiABKAkiMgoXQ2FuY2VsSW52b2NhdGlvblJlcXVlc3QSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJIk8KGENhbmNlbEludm9jYXRpb25SZXNwb25zZRIzCgZyZXN1bHQYASABKA4yIy50b29sbWVzaC52MS5DYW5jZWxJbnZvY2F0aW9uUmVzdWx0IqkCCgpJbnZvY2F0aW9uEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg8KB3R1cm5faWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEisKBXN0YXRlGAUgASgOMhwudG9vbG1lc2gudjEuSW52b2NhdGlvblN0YXRlEikKB291dGNvbWUYBiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZRIRCglkZWxpdmVyZWQYByABKAgSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKrMBChZDYW5jZWxJbnZvY2F0aW9uUmVzdWx0EigKJENBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9VTlNQRUNJRklFRBAAEiYKIkNBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9DQU5DRUxMRUQQARIiCh5DQU5DRUxfSU5WT0NBVElPTl9SRVNVTFRfRU5ERUQQAhIjCh9DQU5DRUxfSU5WT0NBVElPTl9SRVNVTFRfSk9JTkVEEAMqzgEKD0ludm9jYXRpb25TdGF0ZRIgChxJTlZPQ0FUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYSU5WT0NBVElPTl9TVEFURV9SVU5OSU5HEAESHgoaSU5WT0NBVElPTl9TVEFURV9DT01QTEVURUQQAhIeChpJTlZPQ0FUSU9OX1NUQVRFX1RJTUVEX09VVBADEhsKF0lOVk9DQVRJT05fU1RBVEVfRkFJTEVEEAQSHgoaSU5WT0NBVElPTl9TVEFURV9DQU5DRUxMRUQQBTKXBAoRSW52b2NhdGlvblNlcnZpY2USTQoKSW52b2tlVG9vbBIeLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXF1ZXN0Gh8udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlc3BvbnNlElQKC0ludm9rZVRvb2xzEh8udG9vbG1lc2gudjEuSW52b2tlVG9vbHNSZXF1ZXN0GiAudG9vbG1lc2gudjEuSW52b2tlVG9vbHNSZXNwb25zZSgBMAESXAoPQ29uZmlybURlbGl2ZXJ5EiMudG9vbG1lc2gudjEuQ29uZmlybURlbGl2ZXJ5UmVxdWVzdBokLnRvb2xtZXNoLnYxLkNvbmZpcm1EZWxpdmVyeVJlc3BvbnNlElYKDUdldEludm9jYXRpb24SIS50b29sbWVzaC52MS5HZXRJbnZvY2F0aW9uUmVxdWVzdBoiLnRvb2xtZXNoLnYxLkdldEludm9jYXRpb25SZXNwb25zZRJGCgdSdW5Ub29sEhsudG9vbG1lc2gudjEuUnVuVG9vbFJlcXVlc3QaHC50b29sbWVzaC52MS5SdW5Ub29sUmVzcG9uc2UwARJfChBDYW5jZWxJbnZvY2F0aW9uEiQudG9vbG1lc2gudjEuQ2FuY2VsSW52b2NhdGlvblJlcXVlc3QaJS50b29sbWVzaC52MS5DYW5jZWxJbnZvY2F0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.InvokeToolRequest
@@ -424,6 +424,137 @@ export const GetInvocationResponseSchema: GenMessage<GetInvocationResponse> = /*
   messageDesc(file_toolmesh_v1_invocation, 11);
 
 /**
+ * @generated from message toolmesh.v1.RunToolRequest
+ */
+export type RunToolRequest = Message<"toolmesh.v1.RunToolRequest"> & {
+  /**
+   * Required. The call, as InvokeTool takes it.
+   *
+   * @generated from field: toolmesh.v1.InvokeToolRequest call = 1;
+   */
+  call?: InvokeToolRequest | undefined;
+};
+
+/**
+ * Describes the message toolmesh.v1.RunToolRequest.
+ * Use `create(RunToolRequestSchema)` to create a new message.
+ */
+export const RunToolRequestSchema: GenMessage<RunToolRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 12);
+
+/**
+ * One event of a RunTool stream.
+ *
+ * @generated from message toolmesh.v1.RunToolResponse
+ */
+export type RunToolResponse = Message<"toolmesh.v1.RunToolResponse"> & {
+  /**
+   * Exactly one is set.
+   *
+   * @generated from oneof toolmesh.v1.RunToolResponse.event
+   */
+  event: {
+    /**
+     * The call runs or joined this invocation; sent once, first.
+     *
+     * @generated from field: toolmesh.v1.RunToolStarted started = 1;
+     */
+    value: RunToolStarted;
+    case: "started";
+  } | {
+    /**
+     * A progress report of the handler (best effort).
+     *
+     * @generated from field: toolmesh.v1.ToolProgress progress = 2;
+     */
+    value: ToolProgress;
+    case: "progress";
+  } | {
+    /**
+     * The call's outcome, as InvokeTool's response; the last event.
+     *
+     * @generated from field: toolmesh.v1.InvokeToolResponse outcome = 3;
+     */
+    value: InvokeToolResponse;
+    case: "outcome";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message toolmesh.v1.RunToolResponse.
+ * Use `create(RunToolResponseSchema)` to create a new message.
+ */
+export const RunToolResponseSchema: GenMessage<RunToolResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 13);
+
+/**
+ * RunToolStarted names the invocation a RunTool call waits on.
+ *
+ * @generated from message toolmesh.v1.RunToolStarted
+ */
+export type RunToolStarted = Message<"toolmesh.v1.RunToolStarted"> & {
+  /**
+   * The invocation's id, for GetInvocation and CancelInvocation.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * The call's attachment to the invocation, for its delivery confirmation
+   * (see Attachments), should the stream end before the outcome.
+   *
+   * @generated from field: string attachment_id = 2;
+   */
+  attachmentId: string;
+};
+
+/**
+ * Describes the message toolmesh.v1.RunToolStarted.
+ * Use `create(RunToolStartedSchema)` to create a new message.
+ */
+export const RunToolStartedSchema: GenMessage<RunToolStarted> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 14);
+
+/**
+ * @generated from message toolmesh.v1.CancelInvocationRequest
+ */
+export type CancelInvocationRequest = Message<"toolmesh.v1.CancelInvocationRequest"> & {
+  /**
+   * Required. The invocation to stop.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+};
+
+/**
+ * Describes the message toolmesh.v1.CancelInvocationRequest.
+ * Use `create(CancelInvocationRequestSchema)` to create a new message.
+ */
+export const CancelInvocationRequestSchema: GenMessage<CancelInvocationRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 15);
+
+/**
+ * @generated from message toolmesh.v1.CancelInvocationResponse
+ */
+export type CancelInvocationResponse = Message<"toolmesh.v1.CancelInvocationResponse"> & {
+  /**
+   * What was done.
+   *
+   * @generated from field: toolmesh.v1.CancelInvocationResult result = 1;
+   */
+  result: CancelInvocationResult;
+};
+
+/**
+ * Describes the message toolmesh.v1.CancelInvocationResponse.
+ * Use `create(CancelInvocationResponseSchema)` to create a new message.
+ */
+export const CancelInvocationResponseSchema: GenMessage<CancelInvocationResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 16);
+
+/**
  * Invocation is one logical tool call as the ledger keeps it: 10 minutes
  * after it ended (24 h with an idempotency key).
  *
@@ -500,7 +631,48 @@ export type Invocation = Message<"toolmesh.v1.Invocation"> & {
  * Use `create(InvocationSchema)` to create a new message.
  */
 export const InvocationSchema: GenMessage<Invocation> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 12);
+  messageDesc(file_toolmesh_v1_invocation, 17);
+
+/**
+ * What CancelInvocation did.
+ *
+ * @generated from enum toolmesh.v1.CancelInvocationResult
+ */
+export enum CancelInvocationResult {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The invocation ended with TOOL_CANCELLED and its host was told to stop.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_CANCELLED = 1;
+   */
+  CANCELLED = 1,
+
+  /**
+   * Nothing changed: the invocation had already ended with its own outcome.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_ENDED = 2;
+   */
+  ENDED = 2,
+
+  /**
+   * Nothing changed: another call has joined the invocation and waits for it.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_JOINED = 3;
+   */
+  JOINED = 3,
+}
+
+/**
+ * Describes the enum toolmesh.v1.CancelInvocationResult.
+ */
+export const CancelInvocationResultSchema: GenEnum<CancelInvocationResult> = /*@__PURE__*/
+  enumDesc(file_toolmesh_v1_invocation, 0);
 
 /**
  * InvocationState is where an invocation is in its life.
@@ -542,13 +714,20 @@ export enum InvocationState {
    * @generated from enum value: INVOCATION_STATE_FAILED = 4;
    */
   FAILED = 4,
+
+  /**
+   * Stopped by CancelInvocation: TOOL_CANCELLED.
+   *
+   * @generated from enum value: INVOCATION_STATE_CANCELLED = 5;
+   */
+  CANCELLED = 5,
 }
 
 /**
  * Describes the enum toolmesh.v1.InvocationState.
  */
 export const InvocationStateSchema: GenEnum<InvocationState> = /*@__PURE__*/
-  enumDesc(file_toolmesh_v1_invocation, 0);
+  enumDesc(file_toolmesh_v1_invocation, 1);
 
 /**
  * InvocationService takes tool calls for a session and turn, checks them
@@ -706,6 +885,63 @@ export const InvocationService: GenService<{
     methodKind: "unary";
     input: typeof GetInvocationRequestSchema;
     output: typeof GetInvocationResponseSchema;
+  },
+  /**
+   * RunTool makes one tool call as InvokeTool does (same request, same
+   * ledger semantics, same errors), and streams what happens meanwhile:
+   * first a RunToolStarted event naming the invocation the call runs or
+   * joins (none when it replays a finished one or is refused before it
+   * became an invocation), then the handler's progress reports (ToolProgress),
+   * then exactly one RunToolResponse with the outcome, and the stream ends.
+   * A call that fails produces no outcome event: the stream fails with the
+   * status InvokeTool would have failed with.
+   *
+   * Progress is best effort: coalesced by the bridge (at most one report per
+   * 100 ms, limits.PROGRESS_INTERVAL_MS), and sent only to callers attached
+   * to the invocation service replica that runs the invocation (a call that
+   * joins it through another replica gets its started event and its outcome,
+   * no progress). It never changes the outcome and never extends the tool's
+   * deadline. A caller that closes the stream leaves the invocation running,
+   * as a unary caller that gives up does; CancelInvocation stops it.
+   *
+   * @generated from rpc toolmesh.v1.InvocationService.RunTool
+   */
+  runTool: {
+    methodKind: "server_streaming";
+    input: typeof RunToolRequestSchema;
+    output: typeof RunToolResponseSchema;
+  },
+  /**
+   * CancelInvocation stops a running invocation: it ends with the runtime
+   * outcome TOOL_CANCELLED (not retryable), recorded in the ledger like any
+   * outcome, and its handler host is told to cancel (the host SDK's
+   * cancellation fires; a result it submits later is refused). Every caller
+   * waiting on it gets TOOL_CANCELLED. An exact retry within the replay
+   * window replays TOOL_CANCELLED, as it would any unconfirmed outcome: once
+   * its delivery is confirmed (ConfirmDelivery), an identical call runs anew.
+   * It works from any replica of the service, whichever one runs the
+   * invocation.
+   *
+   * It cancels only an invocation nobody else waits on: when another call
+   * has joined it (an exact retry, or another caller with the same call), it
+   * changes nothing and answers JOINED, since that caller may still expect the
+   * outcome (the ledger cannot tell a joined caller that has since given up).
+   * An invocation that has already ended answers ENDED.
+   *
+   * Who may call: role call, for invocations of the sessions the token names
+   * (as GetInvocation).
+   *
+   * Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+   * the ledger's retention, or of a session the token does not name);
+   * INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id);
+   * UNAVAILABLE with reason STORE_UNAVAILABLE (nothing was cancelled).
+   *
+   * @generated from rpc toolmesh.v1.InvocationService.CancelInvocation
+   */
+  cancelInvocation: {
+    methodKind: "unary";
+    input: typeof CancelInvocationRequestSchema;
+    output: typeof CancelInvocationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_toolmesh_v1_invocation, 0);
