@@ -42,6 +42,7 @@ from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import answer_read_check, declare, host_events, submit
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
+from toolmesh.core.logs import exception_fields
 from toolmesh.core.tls import TlsFiles
 from toolmesh.server.runtime import CannotListen
 from toolmesh.v1 import bridge_pb2
@@ -83,7 +84,10 @@ def _fail(method: str, exc: Exception) -> NoReturn:
         raise exc
     if not isinstance(exc, ToolmeshError):
         # The exception text may quote request data: log only its type.
-        log.error("unexpected error in %s: %s", method, type(exc).__name__, exc_info=exc)
+        log.error(
+            "unexpected error",
+            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
+        )
         exc = ToolmeshError(Code.INTERNAL)
     raise _connect_error(exc) from None
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.logs import exception_fields
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, ToolCatalog
 
@@ -200,7 +201,11 @@ class WatchedCatalog:
             )
         except Exception as error:
             watch.error = unavailable(session_id, cause=type(error).__name__)
-            log.warning("tool watch failed", extra={"session_id": session_id}, exc_info=True)
+            log.warning(
+                "tool watch failed",
+                extra={"session_id": session_id, "code": Code.REGISTRY_UNAVAILABLE.value}
+                | exception_fields(error),
+            )
         finally:
             watch.settled.set()
             if self._watches.get(session_id) is watch:

@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.logs import exception_fields
 from toolmesh.core.rpcstatus import to_grpc_status
 from toolmesh.server.rpc_types import ServicerContext
 
@@ -96,7 +97,10 @@ async def _abort_for(method: str, context: ServicerContext, exc: Exception) -> N
         raise exc
     if not isinstance(exc, ToolmeshError):
         # The exception text may quote request data: log only its type.
-        log.error("unexpected error in %s: %s", method, type(exc).__name__, exc_info=exc)
+        log.error(
+            "unexpected error",
+            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
+        )
         exc = ToolmeshError(Code.INTERNAL)
     status = to_grpc_status(exc)
     span = trace.get_current_span()

@@ -1,7 +1,10 @@
 """Structured JSON logs with the current correlation ids and trace id.
 
 Log calls pass only ids, codes, counts and types in `extra`; never arguments
-or results.
+or results. An exception's text can quote the values it was raised over, so
+no log line carries it: `exception_fields` gives its type and where it was
+raised, and the formatter renders any traceback a library logs as frames and
+exception types, without the messages.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from typing import Any
 
 from opentelemetry import trace
@@ -19,6 +23,26 @@ from toolmesh.core.correlation import current_ids
 
 # LogRecord attributes that are not extra fields.
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+def exception_fields(exc: BaseException) -> dict[str, str]:
+    """What a log line may say about `exc`: its type and the frame it was raised in, never its text."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    raised_at = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    return {"exception": type(exc).__qualname__, "raised_at": raised_at}
+
+
+def traceback_without_text(exc: BaseException) -> str:
+    """A traceback of `exc` and the exceptions it chains: the frames and each exception's type only."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = "".join(traceback.format_list(traceback.extract_tb(current.__traceback__)))
+        parts.append(f"Traceback (most recent call last):\n{frames}{type(current).__qualname__}")
+        current = current.__cause__ or current.__context__
+    return "\n\nwhile handling the one below:\n".join(parts)
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,7 +57,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _message(record),
         }
         entry.update(current_ids())
         span_context = trace.get_current_span().get_span_context()
@@ -45,9 +69,22 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = (
                     value if isinstance(value, str | int | float | bool) or value is None else str(value)
                 )
-        if record.exc_info and record.exc_info[0] is not None:
-            entry["exception"] = self.formatException(record.exc_info)
+        if record.exc_info and record.exc_info[1] is not None:
+            entry["exception"] = type(record.exc_info[1]).__qualname__
+            entry["traceback"] = traceback_without_text(record.exc_info[1])
         return json.dumps(entry, ensure_ascii=False)
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message; of a library's record with an exception, its first line only.
+
+    asyncio, for one, writes the exception's repr on the lines after the first
+    ("Task exception was never retrieved / future: <Task ... exception=...>").
+    """
+    message = record.getMessage()
+    if record.exc_info and not record.name.startswith("toolmesh"):
+        return message.split("\n", 1)[0]
+    return message
 
 
 def configure_logging(service: str, level: str | None = None) -> None:

@@ -22,6 +22,7 @@ from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
 from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
+from toolmesh.core.logs import exception_fields
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code, error_info, status_of
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
@@ -590,7 +591,11 @@ class ToolHost:
             raise
         except Exception as exc:
             # The full exception stays in the host's own log; the caller gets a compact error.
-            log.exception("tool handler raised", extra=_ids(ctx) | {"exception": type(exc).__name__})
+            # The exception's text may quote the arguments: its type and frame only.
+            log.error(
+                "tool handler raised",
+                extra=_ids(ctx) | {"code": Code.TOOL_HANDLER_ERROR.value} | exception_fields(exc),
+            )
             self._report(HostError(Code.TOOL_HANDLER_ERROR, type(exc).__name__, **_ids(ctx)))
             return Outcome.runtime_error(
                 Code.TOOL_HANDLER_ERROR, "", {"tool": ctx.tool_name, "exception": type(exc).__name__}
@@ -625,7 +630,9 @@ class ToolHost:
             self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped before the bridge answered.")
             raise
         except Exception as exc:
-            log.exception("submit raised", extra=_ids(ctx) | {"exception": type(exc).__name__})
+            log.error(
+                "submit raised", extra=_ids(ctx) | {"code": Code.INTERNAL.value} | exception_fields(exc)
+            )
             self._submit_failed(ctx, Code.INTERNAL.value, type(exc).__name__)
             return
         if cause is not None:
@@ -687,8 +694,10 @@ class ToolHost:
         for callback in self._error_callbacks:
             try:
                 callback(error)
-            except Exception:
-                log.exception("on_error callback raised")
+            except Exception as exc:
+                log.error(
+                    "on_error callback raised", extra={"code": error.code.value} | exception_fields(exc)
+                )
 
 
 def _ids(ctx: ToolContext) -> dict[str, str]:
