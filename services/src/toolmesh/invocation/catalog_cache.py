@@ -86,6 +86,8 @@ class _Watch:
     # Set once the first message arrived or the stream stopped.
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # Dropped by us (LRU, idle): how its stream ended then is no failure of the registry.
+    dropped: bool = False
 
 
 class WatchedCatalog:
@@ -123,7 +125,7 @@ class WatchedCatalog:
         if watch.tools is None:
             await watch.settled.wait()
         if watch.tools is None:
-            if watch.error is not None:
+            if watch.error is not None and not watch.dropped:
                 raise watch.error
             # Dropped (LRU) before its first message: ask the registry directly.
             return await self._fallback.get_tool(session_id, name)
@@ -174,6 +176,7 @@ class WatchedCatalog:
     def _drop(self, watch: _Watch, why: str) -> None:
         """Forget `watch` (already out of the map) and cancel its stream."""
         log.debug("tool watch dropped", extra={"session_id": watch.session_id, "why": why})
+        watch.dropped = True
         if watch.task is not None:
             watch.task.cancel()
 
