@@ -85,7 +85,9 @@ class BridgeService(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -362,7 +364,9 @@ class BridgeServiceClient(ConnectClient):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,
@@ -613,7 +617,9 @@ class BridgeServiceSync(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -888,7 +894,9 @@ class BridgeServiceClientSync(ConnectClientSync):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,
