@@ -322,7 +322,7 @@ class Prober:
                 return
             keys = {entry.key for entry in error.trailing_metadata() or ()}
             typed = status not in UNTYPED and DETAILS_KEY in keys
-            self.tally.saw(status, name, typed)
+            self.tally.saw(status, name if typed else f"{name} ({(error.details() or '')[:60]})", typed)
             return
         self.tally.saw("OK", name, typed=True)
 

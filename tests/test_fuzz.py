@@ -18,6 +18,7 @@ import pytest
 
 from bench.fuzz import METHODS, Prober, Tally, Targets, run_method, serving
 from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.v1 import bridge_pb2, tool_pb2
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -69,3 +70,23 @@ def test_every_answer_is_typed_and_prompt(targets: Targets, method: object) -> N
     assert tally.untyped == []
     for target in (targets.registry, targets.invocation, targets.bridge):
         assert serving(target)
+
+
+def test_an_error_quoting_a_huge_id_still_arrives_typed(targets: Targets) -> None:
+    """Found by `bench.fuzz`: an id of 20,000 characters quoted back in full made trailers past gRPC's
+    metadata limit, and the caller saw RESOURCE_EXHAUSTED without ErrorInfo; quoted values are cut."""
+    tally = Tally()
+    prober = Prober(targets, tally)
+    huge = "x" * 20_000
+    request = bridge_pb2.SubmitToolResultRequest(
+        host_session_id=huge, tool_request_id="tr_1", outcome=tool_pb2.ToolOutcome(result_json="{}")
+    )
+    try:
+        prober.probe(
+            bridge_pb2.DESCRIPTOR.services_by_name["BridgeService"].methods_by_name["SubmitToolResult"],
+            request.SerializeToString(),
+        )
+    finally:
+        prober.close()
+    assert tally.untyped == []
+    assert tally.inputs == 3 and not tally.statuses["OK"]  # public and internal listeners, web port
