@@ -32,6 +32,7 @@ from toolmesh.v1 import (
     registry_pb2,
     registry_pb2_grpc,
 )
+from toolmesh_testing import eventually
 
 SAME_LOOP = pytest.mark.asyncio(loop_scope="module")
 
@@ -128,12 +129,20 @@ async def test_a_host_with_refreshing_tokens_keeps_serving_and_loses_no_call(sys
         await asyncio.sleep(0.2)  # calls overlap the renewals
         return {"n": args["n"]}
 
+    caller_tokens: list[str] = []
+
+    def fresh_call_token() -> str:
+        caller_tokens.append(token("call", SESSION, ttl_s=SHORT_S))
+        return caller_tokens[-1]
+
     host = ToolHost(system.bridge_target, SESSION, token=fresh_host_token)
     host.on_tool("echo", echo)
     await host.start()
     results = []
     try:
-        async with InvocationClient(system.invocation_target, token=token("call", SESSION)) as client:
+        # The caller's InvokeTools stream has short-lived tokens too: it is renewed as well.
+        client = InvocationClient(system.invocation_target, token=fresh_call_token, multiplex=True)
+        async with client:
             started = time.monotonic()
             n = 0
             while time.monotonic() - started < 3 * SHORT_S:
@@ -147,3 +156,31 @@ async def test_a_host_with_refreshing_tokens_keeps_serving_and_loses_no_call(sys
     assert len(results) >= 40
     # Its stream was opened again (with a fresh token each time) several times meanwhile.
     assert len(set(minted)) >= 3
+    assert len(set(caller_tokens)) >= 3
+
+
+@SAME_LOOP
+@pytest.mark.integration
+async def test_a_tool_watch_goes_on_past_its_token(system: LocalSystem) -> None:
+    """The client's watch opens its stream again with the callback's fresh token, skipping no change."""
+
+    minted: list[str] = []
+
+    def fresh_call_token() -> str:
+        minted.append(token("call", SESSION, ttl_s=SHORT_S))
+        return minted[-1]
+
+    admin = token("admin", SESSION)
+    async with (
+        RegistryClient(system.registry_target, token=fresh_call_token) as watcher,
+        RegistryClient(system.registry_target, token=admin) as writer,
+    ):
+        updates = watcher.watch_tools(SESSION)
+        first = await anext(updates)
+        next_update = asyncio.ensure_future(anext(updates))
+        # The first stream's token expires; the watch opens a second stream with a fresh token.
+        await eventually(lambda: len(minted) >= 2, timeout=10)
+        await writer.put_tools(SESSION, [ToolSpec("echo", "", '{"type":"object"}', timeout_ms=9_000)])
+        later = await asyncio.wait_for(next_update, 10)
+        await updates.aclose()
+    assert later.revision > first.revision

@@ -84,3 +84,13 @@ def error_code(error: grpc.aio.AioRpcError) -> Code | None:
     if info is None or info.domain != DOMAIN:
         return None
     return code_for_reason(info.reason)
+
+
+def token_expired(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a stream ended because the token it was opened with expired (open it again)."""
+    info = error_info(error)
+    return (
+        info is not None
+        and code_for_reason(info.reason) is Code.UNAUTHENTICATED
+        and info.metadata.get("reason") == "expired"
+    )

@@ -24,7 +24,7 @@ from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, Toolmesh
 from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.logs import exception_fields
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_code, error_info, status_of
+from toolmesh.core.rpcstatus import error_code, error_info, status_of, token_expired
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ToolContext
@@ -346,7 +346,7 @@ class ToolHost:
                 backoff.reset()
             except grpc.aio.AioRpcError as error:
                 self._last_failure = f"{error.code().name}: {error.details()}"
-                if self._connected.is_set() and _token_expired(error):
+                if self._connected.is_set() and token_expired(error):
                     # The stream outlived its token (one without `exp` is not renewed ahead): reopen soon.
                     log.info("host stream's token expired; reopening", extra={"session_id": self.session_id})
                     backoff.reset()
@@ -754,16 +754,6 @@ class ToolHost:
                 log.error(
                     "on_error callback raised", extra={"code": error.code.value} | exception_fields(exc)
                 )
-
-
-def _token_expired(error: grpc.aio.AioRpcError) -> bool:
-    """Whether the bridge ended a stream because the token it was opened with expired."""
-    info = error_info(error)
-    return (
-        info is not None
-        and code_for_reason(info.reason) is Code.UNAUTHENTICATED
-        and info.metadata.get("reason") == "expired"
-    )
 
 
 def _ids(ctx: ToolContext) -> dict[str, str]:
