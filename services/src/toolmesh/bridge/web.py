@@ -42,8 +42,8 @@ from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import answer_read_check, declare, host_events, submit
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
-from toolmesh.core.logs import exception_fields
 from toolmesh.core.tls import TlsFiles
 from toolmesh.server.decoding import undecodable
 from toolmesh.server.runtime import CannotListen

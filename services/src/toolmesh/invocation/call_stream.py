@@ -22,8 +22,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, UNREAD_RESULTS_MAX_BYTES, UNREAD_RESULTS_PAUSE_BYTES
-from toolmesh.core.logs import exception_fields
 from toolmesh.core.outbox import Outbox
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.messages import call_from_pb, response_to_pb

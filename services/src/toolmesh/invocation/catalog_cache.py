@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.logs import exception_fields
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, ToolCatalog
 

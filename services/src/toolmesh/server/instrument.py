@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolmesh.auth.guard import grant_expires_at, token_expired
 from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.logs import exception_fields
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.rpcstatus import to_grpc_status
 from toolmesh.server.rpc_types import ServicerContext
 

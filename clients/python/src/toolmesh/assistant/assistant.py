@@ -17,7 +17,7 @@ from toolmesh.assistant.messages import Message
 from toolmesh.assistant.model import ChatModel
 from toolmesh.assistant.state import AssistantState, StateStore, Status, Subscriber
 from toolmesh.assistant.turn import Turn, TurnDeps
-from toolmesh.core.logs import exception_fields
+from toolmesh.core.exceptions import exception_fields
 
 log = logging.getLogger("toolmesh.assistant")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from toolmesh.assistant.errors import AssistantError
 from toolmesh.assistant.messages import Message, unanswered_calls
 from toolmesh.assistant.results import ToolResult
-from toolmesh.core.logs import exception_fields
+from toolmesh.core.exceptions import exception_fields
 
 log = logging.getLogger("toolmesh.assistant")
 

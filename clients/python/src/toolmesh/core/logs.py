@@ -2,9 +2,9 @@
 
 Log calls pass only ids, codes, counts and types in `extra`; never arguments
 or results. An exception's text can quote the values it was raised over, so
-no log line carries it: `exception_fields` gives its type and where it was
-raised, and the formatter renders any traceback a library logs as frames and
-exception types, without the messages.
+no log line carries it: `exception_fields` (toolmesh.core.exceptions) gives its
+type and where it was raised, and the formatter renders any traceback a library
+logs as frames and exception types, without the messages.
 """
 
 from __future__ import annotations
@@ -14,35 +14,15 @@ import logging
 import os
 import sys
 import time
-import traceback
 from typing import Any
 
 from opentelemetry import trace
 
 from toolmesh.core.correlation import current_ids
+from toolmesh.core.exceptions import traceback_without_text
 
 # LogRecord attributes that are not extra fields.
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
-
-
-def exception_fields(exc: BaseException) -> dict[str, str]:
-    """What a log line may say about `exc`: its type and the frame it was raised in, never its text."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    raised_at = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
-    return {"exception": type(exc).__qualname__, "raised_at": raised_at}
-
-
-def traceback_without_text(exc: BaseException) -> str:
-    """A traceback of `exc` and the exceptions it chains: the frames and each exception's type only."""
-    parts: list[str] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        frames = "".join(traceback.format_list(traceback.extract_tb(current.__traceback__)))
-        parts.append(f"Traceback (most recent call last):\n{frames}{type(current).__qualname__}")
-        current = current.__cause__ or current.__context__
-    return "\n\nwhile handling the one below:\n".join(parts)
 
 
 class JsonFormatter(logging.Formatter):

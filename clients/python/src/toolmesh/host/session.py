@@ -21,8 +21,8 @@ from toolmesh.core.backoff import Backoff
 from toolmesh.core.bearer import Bearer, TokenSource, renew_in
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
-from toolmesh.core.logs import exception_fields
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code, error_info, status_of, token_expired
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
