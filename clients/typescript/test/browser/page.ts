@@ -28,6 +28,8 @@ const host = new ToolHost({
   sessionId: query.get("session") ?? "",
   protocol,
   maxBackoffMs: 500,
+  // A token from the query, given as a callback (asked before each request), as a page would.
+  ...(query.get("token") === null ? {} : { token: async () => query.get("token") ?? "" }),
 });
 const seen: Seen[] = [];
 const aborts: AbortRecord[] = [];

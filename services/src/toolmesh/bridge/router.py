@@ -71,13 +71,15 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class _Close:
-    """Tells a host stream to end, failing with `error`."""
+    """Tells a host stream to end, failing with `error` (None: ending without one)."""
 
-    error: ToolmeshError
+    error: ToolmeshError | None
 
 
 HostEvent = ToolRequest | ToolRequestCancelled | Heartbeat
 _CLOSE = _Close(ToolmeshError(Code.SHUTTING_DOWN))
+# A host session another took over from (OpenHostSessionRequest.replaces_host_session_id), answered.
+_RETIRED = _Close(None)
 
 
 @dataclass(eq=False)
@@ -93,6 +95,8 @@ class HostSession:
     in_flight: dict[str, PendingRequest] = field(default_factory=dict)
     checks: ReadChecks = field(default_factory=ReadChecks)
     closed: bool = False
+    # Another host session took over from it: no new requests; its stream ends once it has none.
+    retiring: bool = False
     _beat: asyncio.TimerHandle | None = None
 
     def preference(self, tool_name: str) -> int:
@@ -123,10 +127,12 @@ class HostSession:
         if self._beat is not None:
             self._beat.cancel()
 
-    async def next_event(self) -> HostEvent:
-        """The next event for the host: a request, a cancellation or a heartbeat."""
+    async def next_event(self) -> HostEvent | None:
+        """The next event for the host: a request, a cancellation or a heartbeat; None: the stream ends."""
         event = await self._events.get()
         if isinstance(event, _Close):
+            if event.error is None:
+                return None
             raise event.error
         return event
 
@@ -207,8 +213,14 @@ class Router:
         self._shutting_down = False
 
     def open_host(
-        self, session_id: str, host_name: str, handler_names: Iterable[str], has_generic_handler: bool
+        self,
+        session_id: str,
+        host_name: str,
+        handler_names: Iterable[str],
+        has_generic_handler: bool,
+        replaces: str = "",
     ) -> HostSession:
+        """A new host session; `replaces`: one of the same session it takes over from (or "")."""
         if self._shutting_down:
             # A host opening now would be cut off at once: let it find a bridge that stays.
             raise ToolmeshError(Code.SHUTTING_DOWN)
@@ -234,6 +246,7 @@ class Router:
         )
         for hook in self.opened_hooks:
             hook(host)
+        self._retire(self._hosts.get(replaces), host)
         waiting = self._waiting.pop(session_id, [])
         for pending in waiting:
             if host.preference(pending.request.tool_name):
@@ -241,6 +254,14 @@ class Router:
             else:
                 self._waiting.setdefault(session_id, []).append(pending)
         return host
+
+    def _retire(self, old: HostSession | None, new: HostSession) -> None:
+        """`old` gets no new requests; its stream ends once those it holds are answered."""
+        if old is None or old is new or old.session_id != new.session_id:
+            return
+        old.retiring = True
+        if not old.in_flight:
+            old.send(_RETIRED)
 
     def host(self, host_session_id: str, sessions: Container[str] | None = None) -> HostSession:
         """The open host session of that id; raise ToolmeshError(HOST_SESSION_UNKNOWN) if there is none,
@@ -367,10 +388,10 @@ class Router:
             return None
         now = time.monotonic()
 
-        def rank(host: HostSession) -> tuple[bool, Reading, int]:
-            # Able to handle it at all; then reading its stream; then a named handler.
+        def rank(host: HostSession) -> tuple[bool, bool, Reading, int]:
+            # Able to handle it; then not taken over from; then reading its stream; then a named handler.
             preference = host.preference(tool_name)
-            return preference > 0, host.checks.reading(now), preference
+            return preference > 0, not host.retiring, host.checks.reading(now), preference
 
         ranks = [rank(host) for host in hosts]
         best = max(ranks)
@@ -392,6 +413,8 @@ class Router:
         host = pending.host
         if host is not None:
             host.in_flight.pop(request_id, None)
+            if host.retiring and not host.in_flight:
+                host.send(_RETIRED)
         else:
             waiting = self._waiting.get(pending.request.session_id, [])
             if pending in waiting:

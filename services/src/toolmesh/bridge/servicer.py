@@ -41,7 +41,11 @@ async def host_events(
 ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
     """A host session's stream: opened, then requests, cancellations and heartbeats until it ends."""
     host = router.open_host(
-        request.session_id, request.host_name, request.handler_names, request.has_generic_handler
+        request.session_id,
+        request.host_name,
+        request.handler_names,
+        request.has_generic_handler,
+        request.replaces_host_session_id,
     )
     try:
         yield bridge_pb2.OpenHostSessionResponse(
@@ -52,6 +56,8 @@ async def host_events(
         )
         while True:
             event = await host.next_event()
+            if event is None:
+                return  # another host session of the host took over, and this one answered all it held
             if isinstance(event, Heartbeat):
                 heartbeat = bridge_pb2.Heartbeat(read_check=event.read_check)
                 yield bridge_pb2.OpenHostSessionResponse(heartbeat=heartbeat)

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 from connectrpc.code import Code as ConnectCode
+from connectrpc.compat import google_protobuf_codecs
 from connectrpc.errors import ConnectError, ErrorDetail
 from connectrpc.request import RequestContext
 from google.rpc import error_details_pb2
@@ -42,8 +43,10 @@ from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import answer_read_check, declare, host_events, report_progress, submit_or_adopt
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
+from toolmesh.server.decoding import undecodable
 from toolmesh.server.runtime import CannotListen
 from toolmesh.v1 import bridge_pb2
 from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
@@ -90,7 +93,10 @@ def _fail(method: str, exc: Exception) -> NoReturn:
         raise exc
     if not isinstance(exc, ToolmeshError):
         # The exception text may quote request data: log only its type.
-        log.error("unexpected error in %s: %s", method, type(exc).__name__, exc_info=exc)
+        log.error(
+            "unexpected error",
+            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
+        )
         exc = ToolmeshError(Code.INTERNAL)
     raise _connect_error(exc) from None
 
@@ -267,8 +273,33 @@ def web_app(
     connect = BridgeServiceASGIApplication(
         WebBridge(router, declarations, verifier, recorder),
         read_max_bytes=MAX_MESSAGE_BYTES,
+        codecs=[_TypedDecoding(codec) for codec in google_protobuf_codecs()],
     )
     return guarded(connect, origins)
+
+
+class _TypedDecoding:
+    """A codec whose undecodable messages fail as on the gRPC port: INVALID_REQUEST with ErrorInfo.
+
+    The Connect library's own decoding error has no details; the error table decides this one.
+    """
+
+    def __init__(self, codec: Any) -> None:
+        self._codec = codec
+
+    def name(self) -> str:
+        name: str = self._codec.name()
+        return name
+
+    def encode(self, message: Any) -> bytes:
+        encoded: bytes = self._codec.encode(message)
+        return encoded
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self._codec.decode(data, message_class)
+        except Exception:
+            raise _connect_error(undecodable()) from None
 
 
 @dataclass

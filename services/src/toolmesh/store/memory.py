@@ -42,7 +42,10 @@ class Table(Generic[V]):
         self._clock = clock
         self._entries: dict[str, _Entry[V]] = {}
         self._expiry_heap: list[tuple[float, str]] = []
+        # The keys someone watches: their change event, and how many watch them. A key's
+        # entry goes when its last watcher leaves, so keys watched once do not pile up.
         self._changed: dict[str, asyncio.Event] = {}
+        self._watchers: dict[str, int] = {}
         self._writes = 0
 
     def __len__(self) -> int:
@@ -93,6 +96,11 @@ class Table(Generic[V]):
         """An event set at the key's next change (taken before reading, so no change is missed)."""
         return self._changed.setdefault(key, asyncio.Event())
 
+    @property
+    def watched_keys(self) -> int:
+        """How many keys hold watch state (a change event or a watcher count)."""
+        return len(self._changed.keys() | self._watchers.keys())
+
     def expires_in(self, key: str) -> float | None:
         entry = self._entries.get(key)
         if entry is None or entry.expires_at is None:
@@ -102,13 +110,25 @@ class Table(Generic[V]):
     async def watch(self, key: str, state: Callable[[], T]) -> AsyncGenerator[T, None]:
         """`state()` now, then after each change of the key (its expiry included), when it differs."""
         last: T = _NOTHING
-        while True:
-            changed = self.changed(key)
-            current = state()
-            if current != last:
-                last = current
-                yield current
-            await until_set(changed, self.expires_in(key))
+        self._watchers[key] = self._watchers.get(key, 0) + 1
+        try:
+            while True:
+                changed = self.changed(key)
+                current = state()
+                if current != last:
+                    last = current
+                    yield current
+                await until_set(changed, self.expires_in(key))
+        finally:
+            self._leave(key)
+
+    def _leave(self, key: str) -> None:
+        left = self._watchers[key] - 1
+        if left:
+            self._watchers[key] = left
+            return
+        del self._watchers[key]
+        self._changed.pop(key, None)  # nobody waits on it any more
 
     def clear(self) -> None:
         self._entries.clear()
@@ -123,6 +143,11 @@ class InMemoryStore:
 
     def __len__(self) -> int:
         return len(self._table)
+
+    @property
+    def watched_keys(self) -> int:
+        """How many keys hold watch state: it goes when their last watcher leaves."""
+        return self._table.watched_keys
 
     async def get(self, key: str) -> Versioned | None:
         return self._versioned(key)
@@ -212,6 +237,11 @@ class MemoryLedgerStore:
 
     def __len__(self) -> int:
         return len(self._invocations) + len(self._identities) + len(self._keys)
+
+    @property
+    def watched_keys(self) -> int:
+        """How many invocations hold watch state: it goes when their last watcher leaves."""
+        return self._invocations.watched_keys
 
     def _stored(self, tool_request_id: str) -> StoredInvocation | None:
         entry = self._invocations.live(tool_request_id)

@@ -87,7 +87,9 @@ class BridgeService(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -398,7 +400,9 @@ class BridgeServiceClient(ConnectClient):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,
@@ -689,7 +693,9 @@ class BridgeServiceSync(Protocol):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -998,7 +1004,9 @@ class BridgeServiceClientSync(ConnectClientSync):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,

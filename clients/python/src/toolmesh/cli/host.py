@@ -30,6 +30,7 @@ from toolmesh.cli.output import EXIT_NO_OUTCOME, EXIT_USAGE, unreachable, usage_
 from toolmesh.client.config import address
 from toolmesh.core.bearer import ENV_TOKEN
 from toolmesh.core.errors import ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.host import HostError, ToolHost
 
 GENERIC_KEY = "*"
@@ -208,7 +209,7 @@ async def _serve_mcp_server(args: argparse.Namespace, target: str, host: ToolHos
             return await _serve(args, target, host, upstream.tool_names)
     except Exception as exc:
         # The MCP server could not be started or reached, or broke the protocol: say which, not its text.
-        log.exception("MCP server failed", extra={"exception": type(exc).__name__})
+        log.error("MCP server failed", extra=exception_fields(exc))
         print(f"toolmesh host: the MCP server failed ({type(exc).__name__}); see the log", file=sys.stderr)
         return EXIT_NO_OUTCOME
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -15,13 +17,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import Delivery, PendingConfirmations
 from toolmesh.core import correlation, jsontext, telemetry
-from toolmesh.core.bearer import Bearer, TokenSource
+from toolmesh.core.bearer import Bearer, TokenSource, renew_in
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.core.progress import ToolProgress
-from toolmesh.core.rpcstatus import error_code, error_info, grpc_status
+from toolmesh.core.rpcstatus import error_code, error_info, grpc_status, token_expired
 from toolmesh.core.stream_link import StreamBroken
 from toolmesh.core.wire import (
     ATTACHMENT_ID_METADATA,
@@ -215,6 +217,8 @@ class InvocationClient:
         self._confirmations = PendingConfirmations(self._send_confirmations)
         self._multiplex = multiplex
         self._link: CallLink | None = None
+        # When to open a new stream for the next calls: ahead of the current one's token expiry.
+        self._renew_link_at = math.inf
 
     async def invoke(
         self,
@@ -361,25 +365,31 @@ class InvocationClient:
         return CallResult(started, None, Code.TRANSPORT_FAILED, ended, attachment_id=attachment_id)
 
     async def _call_on_stream(
-        self, request: invocation_pb2.InvokeToolRequest, timeout: float | None
+        self, request: invocation_pb2.InvokeToolRequest, timeout: float | None, *, renewed: bool = False
     ) -> CallResult:
         if request.ByteSize() > MAX_ARGUMENTS_BYTES:
             # Too large for the service to take (it says TOOL_ARGS_INVALID), perhaps for the
             # transport too, which would end the stream and every call on it: send it alone.
             return await self._call(request, timeout)
         link = self._link
-        if link is None or link.closed:
-            link = self._link = CallLink(self._stub, await self._bearer.metadata())
+        if link is None or link.closed or time.monotonic() >= self._renew_link_at:
+            # A new stream ahead of its token's expiry: the old one answers the calls it has.
+            token = await self._bearer.token()
+            link = self._link = CallLink(self._stub, Bearer.with_token(token))
+            renewal = renew_in(token)
+            self._renew_link_at = math.inf if renewal is None else time.monotonic() + renewal
         try:
             with telemetry.client_span("toolmesh.v1.InvocationService/InvokeTools") as carrier:
                 streamed = await link.call(request, carrier, timeout)
-        except (TimeoutError, StreamBroken) as failure:
-            self._confirmations.give_back(_carried_by(request))
-            if isinstance(failure, TimeoutError):
-                return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
-            if failure.error is not None and _callers_fault(error_code(failure.error)):
-                raise failure.error from None  # the stream itself was refused: as InvokeTool would be
-            return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
+        except StreamBroken as broken:
+            if broken.error is not None and token_expired(broken.error) and not renewed:
+                # Its stream outlived its token: the call goes on in the ledger, and an exact retry
+                # on a new stream joins or replays it.
+                self._renew_link_at = 0.0
+                return await self._call_on_stream(request, timeout, renewed=True)
+            return self._stream_failed(request, broken)
+        except TimeoutError as failure:
+            return self._stream_failed(request, failure)
         if streamed.HasField("response"):
             return _answered(streamed.response)
         self._confirmations.give_back(_carried_by(request))
@@ -394,6 +404,16 @@ class InvocationClient:
         return CallResult(
             named, None, code or Code.TRANSPORT_FAILED, error.message, attachment_id=attachment_id
         )
+
+    def _stream_failed(
+        self, request: invocation_pb2.InvokeToolRequest, failure: TimeoutError | StreamBroken
+    ) -> CallResult:
+        self._confirmations.give_back(_carried_by(request))
+        if isinstance(failure, TimeoutError):
+            return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
+        if failure.error is not None and _callers_fault(error_code(failure.error)):
+            raise failure.error from None  # the stream itself was refused: as InvokeTool would be
+        return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
 
     async def confirm_delivery(self, *delivered: CallResult | str) -> bool:
         """Confirm the delivery of these outcomes now, with any confirmations still pending.

@@ -90,6 +90,7 @@ class OpenHostSessionRequest(_message.Message):
     HOST_NAME_FIELD_NUMBER: _builtins.int
     HANDLER_NAMES_FIELD_NUMBER: _builtins.int
     HAS_GENERIC_HANDLER_FIELD_NUMBER: _builtins.int
+    REPLACES_HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Required. The session whose tools this host serves; [A-Za-z0-9_.:-]{1,128}."""
     host_name: _builtins.str
@@ -98,6 +99,15 @@ class OpenHostSessionRequest(_message.Message):
     """
     has_generic_handler: _builtins.bool
     """The host has a generic handler that accepts any tool."""
+    replaces_host_session_id: _builtins.str
+    """Optional. The host session this one takes over from, of the same session:
+    a host renewing its stream before the token that opened it expires (the
+    stream ends with UNAUTHENTICATED, reason "expired", when it does). The
+    bridge sends that session no new requests once this one is open, and ends
+    its stream (no error) when the requests it holds are answered, so that no
+    call is lost to the renewal. An id that names no open host session of the
+    same session is ignored.
+    """
     @_builtins.property
     def handler_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The tools this host has a named handler for, each [A-Za-z0-9_.-]{1,128}.
@@ -118,10 +128,11 @@ class OpenHostSessionRequest(_message.Message):
         host_name: _builtins.str = ...,
         handler_names: _abc.Iterable[_builtins.str] | None = ...,
         has_generic_handler: _builtins.bool = ...,
+        replaces_host_session_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "replaces_host_session_id", b"replaces_host_session_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

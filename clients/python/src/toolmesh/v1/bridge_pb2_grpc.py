@@ -145,7 +145,9 @@ class BridgeServiceServicer:
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

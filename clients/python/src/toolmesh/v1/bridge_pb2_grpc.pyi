@@ -79,7 +79,9 @@ class BridgeServiceStub:
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-    The token is checked when the stream opens.
+    The token is checked when the stream opens; when it expires, the stream
+    ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+    "expired"): open a new one ahead of it (replaces_host_session_id).
     """
     SubmitToolResult: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -238,7 +240,9 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-    The token is checked when the stream opens.
+    The token is checked when the stream opens; when it expires, the stream
+    ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+    "expired"): open a new one ahead of it (replaces_host_session_id).
     """
     SubmitToolResult: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]  # type: ignore[assignment]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -400,7 +404,9 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        The token is checked when the stream opens; when it expires, the stream
+        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
+        "expired"): open a new one ahead of it (replaces_host_session_id).
         """
 
     @_abc_1.abstractmethod

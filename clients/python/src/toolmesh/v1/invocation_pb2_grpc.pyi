@@ -130,7 +130,10 @@ class InvocationServiceStub:
     calls taken earlier kept ending) it drops them and fails the stream with
     RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
     the ledger: an exact retry of each call replays it. The service sends at
-    most 1,000 results per message.
+    most 1,000 results per message. When the token the stream was opened with
+    expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+    calls taken go on to their outcomes in the ledger (an exact retry on a new
+    stream joins or replays each).
     """
     ConfirmDelivery: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
@@ -303,7 +306,10 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     calls taken earlier kept ending) it drops them and fails the stream with
     RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
     the ledger: an exact retry of each call replays it. The service sends at
-    most 1,000 results per message.
+    most 1,000 results per message. When the token the stream was opened with
+    expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+    calls taken go on to their outcomes in the ledger (an exact retry on a new
+    stream joins or replays each).
     """
     ConfirmDelivery: _aio.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]  # type: ignore[assignment]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
@@ -485,7 +491,10 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         calls taken earlier kept ending) it drops them and fails the stream with
         RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
         the ledger: an exact retry of each call replays it. The service sends at
-        most 1,000 results per message.
+        most 1,000 results per message. When the token the stream was opened with
+        expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+        calls taken go on to their outcomes in the ledger (an exact retry on a new
+        stream joins or replays each).
         """
 
     @_abc_1.abstractmethod

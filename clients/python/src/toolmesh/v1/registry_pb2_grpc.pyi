@@ -80,7 +80,9 @@ class RegistryServiceStub:
     intermediate revisions but always receives the latest.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-    UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+    UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+    UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+    opened with expires: watch again with a fresh one.
     """
 
 @_typing.type_check_only
@@ -135,7 +137,9 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     intermediate revisions but always receives the latest.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-    UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+    UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+    UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+    opened with expires: watch again with a fresh one.
     """
 
 class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -211,7 +215,9 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         intermediate revisions but always receives the latest.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-        UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+        UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+        opened with expires: watch again with a fresh one.
         """
 
 def add_RegistryServiceServicer_to_server(servicer: RegistryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

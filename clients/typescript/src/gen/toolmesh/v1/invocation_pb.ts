@@ -838,7 +838,10 @@ export const InvocationService: GenService<{
    * calls taken earlier kept ending) it drops them and fails the stream with
    * RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
    * the ledger: an exact retry of each call replays it. The service sends at
-   * most 1,000 results per message.
+   * most 1,000 results per message. When the token the stream was opened with
+   * expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+   * calls taken go on to their outcomes in the ledger (an exact retry on a new
+   * stream joins or replays each).
    *
    * @generated from rpc toolmesh.v1.InvocationService.InvokeTools
    */
