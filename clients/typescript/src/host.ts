@@ -94,7 +94,9 @@ export interface ToolHostOptions {
    * The bearer token (role host, naming this session) sent as `authorization: Bearer` on every
    * request, when the bridge requires tokens: a string, or a function asked before each request
    * (keep it cheap: cache the token until shortly before it expires). A host stream ends when the
-   * token it was opened with expires; the host then opens it again with the function's current token.
+   * token it was opened with expires: ahead of that (30 s before its `exp`, or after two thirds of
+   * its remaining life when shorter), the host opens a replacement stream with the function's
+   * current token, and hands in the results of the old stream's requests there, so no call is lost.
    */
   token?: string | (() => string | Promise<string>);
 }
@@ -112,6 +114,8 @@ const DECLARE_TIMEOUT_MS = 10_000;
 const READ_CHECK_TIMEOUT_MS = 10_000;
 // A progress report the bridge has not answered by then is given up (progress is best effort).
 const PROGRESS_TIMEOUT_MS = 5_000;
+/** A host stream is replaced this long before its token expires, or after two thirds of its remaining life when shorter (as toolmesh.core.bearer.RENEW_AHEAD_S). */
+const RENEW_AHEAD_MS = 30_000;
 
 interface Registered {
   readonly handler: ToolHandler;
@@ -147,7 +151,10 @@ export class ToolHost {
   private readonly active = new Map<string, Active>();
   private stopping = false;
   private running: Promise<void> | undefined;
-  private stream: AbortController | undefined;
+  /** The open streams: the current one, and those a renewal replaced that still hold requests. */
+  private readonly streams = new Set<AbortController>();
+  /** The host sessions whose streams are open: a result goes to the one its request came on. */
+  private readonly openSessions = new Set<string>();
   private wake: (() => void) | undefined;
   private connectedNow = false;
   private readyWaiters: (() => void)[] = [];
@@ -226,7 +233,7 @@ export class ToolHost {
   /** Close the host session, abort every running handler's signal, and stop reconnecting. */
   async stop(): Promise<void> {
     this.stopping = true;
-    this.stream?.abort();
+    this.streams.forEach((stream) => stream.abort());
     this.wake?.();
     this.connectionWaiters.splice(0).forEach((waiter) => waiter());
     for (const active of this.active.values()) {
@@ -294,9 +301,14 @@ export class ToolHost {
     }
   }
 
+  /** The token to send now (the callback's current one), if any. */
+  private async currentToken(): Promise<string | undefined> {
+    return typeof this.token === "function" ? await this.token() : this.token;
+  }
+
   /** The headers of every request: the token, when there is one. */
-  private async headers(): Promise<Record<string, string>> {
-    const token = typeof this.token === "function" ? await this.token() : this.token;
+  private async headers(token?: string): Promise<Record<string, string>> {
+    token ??= await this.currentToken();
     return token === undefined ? {} : { authorization: `Bearer ${token}` };
   }
 
@@ -326,9 +338,45 @@ export class ToolHost {
     }
   }
 
+  /**
+   * One connection: a stream, renewed ahead of its token's expiry, until it ends or fails. A
+   * renewal opens a new stream that replaces the current one (replacesHostSessionId): the bridge
+   * sends the old one no new requests and ends it once it answered those it holds, so no call is
+   * lost to it; the old stream is read meanwhile, and its requests' results handed in on it.
+   */
   private async serveOnce(): Promise<void> {
+    let replaces = "";
+    for (;;) {
+      const token = await this.currentToken();
+      const reading = this.readStream(token, replaces);
+      const renewal = renewInMs(token);
+      if (renewal === undefined) {
+        return reading;
+      }
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const due = new Promise<"renew">((resolve) => {
+        timer = setTimeout(() => resolve("renew"), renewal);
+      });
+      const first = await Promise.race([reading.then(() => "ended" as const), due]).finally(() =>
+        clearTimeout(timer),
+      );
+      if (first === "ended" || this.stopping) {
+        return reading;
+      }
+      if (!this.connectedNow) {
+        return reading; // never opened: nothing to take over from
+      }
+      // The old stream is read on until the bridge ends it; how it ends concerns no one.
+      reading.catch(() => {});
+      replaces = this.hostSessionId;
+    }
+  }
+
+  private async readStream(token: string | undefined, replaces: string): Promise<void> {
     const stream = new AbortController();
-    this.stream = stream;
+    this.streams.add(stream);
+    // This stream's host session: its requests' results go there, even once a renewal took over.
+    let hostSessionId = "";
     // Until the bridge says how often it beats, allow a generous first wait.
     let limitMs = 30_000;
     let last = Date.now();
@@ -347,8 +395,9 @@ export class ToolHost {
           hostName: this.hostName,
           handlerNames: [...this.handlers.keys()].sort(),
           hasGenericHandler: this.generic !== undefined,
+          replacesHostSessionId: replaces,
         },
-        { signal: stream.signal, headers: await this.headers() },
+        { signal: stream.signal, headers: await this.headers(token) },
       );
       for await (const response of events) {
         last = Date.now();
@@ -356,7 +405,9 @@ export class ToolHost {
         switch (event.case) {
           case "opened": {
             this.refusal = undefined;
-            this.hostSessionId = event.value.hostSessionId;
+            hostSessionId = event.value.hostSessionId;
+            this.openSessions.add(hostSessionId);
+            this.hostSessionId = hostSessionId;
             limitMs = (MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100));
             this.connectedNow = true;
             this.declaredOnce = false;
@@ -365,14 +416,14 @@ export class ToolHost {
             break;
           }
           case "toolRequest":
-            this.begin(event.value, this.hostSessionId);
+            this.begin(event.value, hostSessionId);
             break;
           case "cancelled":
             this.cancel(event.value);
             break;
           case "heartbeat":
             if (event.value.readCheck !== 0n) {
-              this.answerReadCheck(this.hostSessionId, event.value.readCheck);
+              this.answerReadCheck(hostSessionId, event.value.readCheck);
             }
             break;
           default:
@@ -381,9 +432,8 @@ export class ToolHost {
       }
     } finally {
       clearInterval(watchdog);
-      if (this.stream === stream) {
-        this.stream = undefined;
-      }
+      this.streams.delete(stream);
+      this.openSessions.delete(hostSessionId);
     }
   }
 
@@ -556,7 +606,7 @@ export class ToolHost {
    */
   private async submit(outcome: ToolOutcome, ctx: ToolContext, hostSessionId: string): Promise<void> {
     for (let attempt = 1; ; attempt++) {
-      if (!this.connectedNow || hostSessionId !== this.hostSessionId) {
+      if (!this.openSessions.has(hostSessionId)) {
         await this.connection(ctx.timeRemainingMs());
         hostSessionId = this.hostSessionId || hostSessionId;
       }
@@ -612,6 +662,30 @@ export class ToolHost {
       }
     }
   }
+}
+
+/**
+ * Milliseconds until a stream opened with `token` should be replaced; undefined: never (no token,
+ * or one without `exp`). The JWT's `exp` is read without verifying it: the bridge verifies the
+ * token, the host only schedules its own stream's renewal with it.
+ */
+function renewInMs(token: string | undefined, now: number = Date.now()): number | undefined {
+  const payload = token?.split(".");
+  if (payload?.length !== 3) {
+    return undefined;
+  }
+  let exp: unknown;
+  try {
+    const base64 = payload[1]!.replace(/-/g, "+").replace(/_/g, "/");
+    exp = (JSON.parse(atob(base64 + "=".repeat((4 - (base64.length % 4)) % 4))) as { exp?: unknown }).exp;
+  } catch {
+    return undefined;
+  }
+  if (typeof exp !== "number" || !Number.isFinite(exp)) {
+    return undefined;
+  }
+  const remaining = exp * 1000 - now;
+  return Math.max(remaining - Math.min(RENEW_AHEAD_MS, remaining / 3), 0);
 }
 
 function ids(ctx: ToolContext): Pick<HostError, "sessionId" | "turnId" | "toolRequestId" | "toolName"> {

@@ -28,9 +28,11 @@ const host = new ToolHost({
   sessionId: query.get("session") ?? "",
   protocol,
   maxBackoffMs: 500,
-  // A token from the query, given as a callback (asked before each request), as a page would.
-  ...(query.get("token") === null ? {} : { token: async () => query.get("token") ?? "" }),
+  // A token from the query, given as a callback (asked before each request), as a page would;
+  // the test hands it fresher ones with setToken().
+  ...(query.get("token") === null ? {} : { token: async () => currentToken }),
 });
+let currentToken = query.get("token") ?? "";
 const seen: Seen[] = [];
 const aborts: AbortRecord[] = [];
 const errors: HostError[] = [];
@@ -50,6 +52,10 @@ const state = {
   /** Let every "held" handler answer; how many there were. */
   release: () => held.splice(0).map((answer) => answer()).length,
   hostSessionId: () => host.hostSessionId,
+  /** The token the host's callback gives from now on. */
+  setToken: (token: string) => {
+    currentToken = token;
+  },
   /** Withdraw a WebMCP tool by aborting the signal it was registered with. */
   unregister: (name: string) => controllers.get(name)?.abort(),
   nativeTools: async () => {
@@ -168,6 +174,11 @@ if (query.get("mode") === "webmcp") {
         held.push(() => resolve({ held: args, toolRequestId: ctx.toolRequestId }));
       }),
     { description: "Answers once the test releases it.", timeoutMs: 30_000 },
+  );
+  host.onTool(
+    "pause",
+    (args) => new Promise((resolve) => setTimeout(() => resolve({ n: args.n }), 200)),
+    { description: "Answers after 200 ms, so that calls overlap a stream's renewal." },
   );
   // Served but not declared: the tests put it themselves.
   host.onTool("undeclared", () => "served");
