@@ -36,7 +36,7 @@ from google.rpc import error_details_pb2
 from protobuf.wkt import Any as AnyMessage
 
 from toolmesh.auth.grants import Role
-from toolmesh.auth.guard import Admit, Listener, admission, scope
+from toolmesh.auth.guard import Admit, Listener, admission, grant_expires_at, scope
 from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.outcomes import OutcomeRecorder
@@ -47,6 +47,7 @@ from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
 from toolmesh.server.decoding import undecodable
+from toolmesh.server.instrument import until_token_expires
 from toolmesh.server.runtime import CannotListen
 from toolmesh.v1 import bridge_pb2
 from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
@@ -144,7 +145,8 @@ class WebBridge(BridgeService):
     ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
         try:
             await _admit(self._admit["OpenHostSession"], request, ctx)
-            async for event in host_events(self._router, request):
+            # As on the gRPC port, the stream ends when the token it was opened with expires.
+            async for event in until_token_expires(host_events(self._router, request), grant_expires_at()):
                 yield event
         except Exception as exc:
             _fail("OpenHostSession", exc)

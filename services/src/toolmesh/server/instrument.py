@@ -125,7 +125,7 @@ def _span(full_method: str, service: str, name: str, context: ServicerContext) -
     )
 
 
-async def _until_token_expires(items: AsyncIterator[Any], expires_at: float | None) -> AsyncIterator[Any]:
+async def until_token_expires(items: AsyncIterator[Any], expires_at: float | None) -> AsyncIterator[Any]:
     """`items` until the token that opened the stream expires; then UNAUTHENTICATED (reason expired).
 
     A stream must not outlive the token it was admitted with: the caller opens a
@@ -191,7 +191,7 @@ def _stream(
                     raise ToolmeshError(Code.SHUTTING_DOWN)
                 if admit is not None:
                     await admit(request, context)
-                async for item in _until_token_expires(inner(request, context), grant_expires_at()):
+                async for item in until_token_expires(inner(request, context), grant_expires_at()):
                     yield item
             except asyncio.CancelledError:
                 if not streams.ending:
