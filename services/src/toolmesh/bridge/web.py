@@ -24,10 +24,12 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import uvicorn
+from connectrpc._protocol import HTTPError
 from connectrpc.code import Code as ConnectCode
 from connectrpc.compat import google_protobuf_codecs
 from connectrpc.errors import ConnectError, ErrorDetail
@@ -272,12 +274,65 @@ def web_app(
 ) -> App:
     """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port;
     with `recorder`, results handed in after another replica was lost are adopted as on the gRPC port."""
-    connect = BridgeServiceASGIApplication(
+    connect = _WebApplication(
         WebBridge(router, declarations, verifier, recorder),
+        interceptors=[_TypedProtocolErrors()],
         read_max_bytes=MAX_MESSAGE_BYTES,
         codecs=[_TypedDecoding(codec) for codec in google_protobuf_codecs()],
     )
     return guarded(connect, origins)
+
+
+PROTOCOL_ERROR_DETAIL = "The request does not follow the Connect or gRPC-Web protocol."
+# What the Connect library refuses a request with, before or beside any RPC: a bad envelope
+# (INVALID_ARGUMENT, or INTERNAL for a compressed message without an encoding), a bad timeout or
+# protocol version header (INVALID_ARGUMENT), an unknown encoding or a request stream without
+# exactly one message (UNIMPLEMENTED). Our own errors always carry ErrorInfo, so these never do.
+_PROTOCOL_CODES = frozenset({ConnectCode.INVALID_ARGUMENT, ConnectCode.INTERNAL, ConnectCode.UNIMPLEMENTED})
+
+
+def _typed_protocol_error(exc: Exception | None) -> Exception | None:
+    """A protocol-level refusal as on the gRPC port: INVALID_REQUEST with ErrorInfo; any other error as it is.
+
+    The library's own text is dropped: it can quote what was sent (a header's value).
+    """
+    unsupported = isinstance(exc, HTTPError) and exc.status is HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+    untyped = isinstance(exc, ConnectError) and not exc.details and exc.code in _PROTOCOL_CODES
+    if unsupported or untyped:
+        return _connect_error(ToolmeshError(Code.INVALID_REQUEST, PROTOCOL_ERROR_DETAIL))
+    return exc
+
+
+class _TypedProtocolErrors:
+    """A metadata interceptor: the refusals met once a request is under way (its body) get typed."""
+
+    async def on_start(self, ctx: RequestContext[Any, Any]) -> None:
+        return None
+
+    async def on_end(self, token: None, ctx: RequestContext[Any, Any], error: Exception | None, /) -> None:
+        typed = _typed_protocol_error(error)
+        if typed is not error and typed is not None:
+            raise typed  # an on_end exception replaces the request's error
+
+
+class _WebApplication(BridgeServiceASGIApplication):
+    """The Connect application; the refusals met before a request is under way (its headers) get typed.
+
+    Those reach no interceptor: _handle_error is where the library answers them
+    (connectrpc is pinned to an exact version for this override).
+    """
+
+    async def _handle_error(
+        self,
+        exc: Exception,
+        ctx: RequestContext[Any, Any] | None,
+        protocol: Any,
+        send: Any,
+    ) -> bool:
+        typed = _typed_protocol_error(exc)
+        assert typed is not None
+        handled: bool = await super()._handle_error(typed, ctx, protocol, send)
+        return handled
 
 
 class _TypedDecoding:
