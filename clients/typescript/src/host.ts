@@ -345,34 +345,47 @@ export class ToolHost {
    * lost to it; the old stream is read meanwhile, and its requests' results handed in on it.
    */
   private async serveOnce(): Promise<void> {
+    let token = await this.currentToken();
     let replaces = "";
     for (;;) {
-      const token = await this.currentToken();
-      const reading = this.readStream(token, replaces);
+      let opened: (hostSessionId: string) => void = () => {};
+      const openedNow = new Promise<string>((resolve) => {
+        opened = resolve;
+      });
+      const reading = this.readStream(token, replaces, opened);
       const renewal = renewInMs(token);
       if (renewal === undefined) {
         return reading;
       }
+      const renewAt = Date.now() + renewal;
       let timer: ReturnType<typeof setTimeout> | undefined;
-      const due = new Promise<"renew">((resolve) => {
-        timer = setTimeout(() => resolve("renew"), renewal);
-      });
-      const first = await Promise.race([reading.then(() => "ended" as const), due]).finally(() =>
-        clearTimeout(timer),
+      // Only a stream that opened is renewed: one the bridge refuses ends by itself.
+      const due = openedNow.then(
+        (hostSessionId) =>
+          new Promise<string>((resolve) => {
+            timer = setTimeout(() => resolve(hostSessionId), Math.max(renewAt - Date.now(), 0));
+          }),
       );
-      if (first === "ended" || this.stopping) {
+      const first = await Promise.race([reading.then(() => undefined), due]).finally(() => clearTimeout(timer));
+      if (first === undefined || this.stopping) {
         return reading;
       }
-      if (!this.connectedNow) {
-        return reading; // never opened: nothing to take over from
+      const fresh = await this.currentToken();
+      if (fresh === token) {
+        return reading; // nothing fresher to renew with: the stream ends at expiry and is opened again then
       }
       // The old stream is read on until the bridge ends it; how it ends concerns no one.
       reading.catch(() => {});
-      replaces = this.hostSessionId;
+      replaces = first;
+      token = fresh;
     }
   }
 
-  private async readStream(token: string | undefined, replaces: string): Promise<void> {
+  private async readStream(
+    token: string | undefined,
+    replaces: string,
+    opened: (hostSessionId: string) => void,
+  ): Promise<void> {
     const stream = new AbortController();
     this.streams.add(stream);
     // This stream's host session: its requests' results go there, even once a renewal took over.
@@ -413,6 +426,7 @@ export class ToolHost {
             this.declaredOnce = false;
             this.redeclare();
             this.connectionWaiters.splice(0).forEach((waiter) => waiter());
+            opened(hostSessionId);
             break;
           }
           case "toolRequest":
