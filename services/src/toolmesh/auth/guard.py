@@ -37,6 +37,12 @@ def scope(role: Role) -> Container[str] | None:
     return None if grant is None else grant.scope(role)
 
 
+def caller() -> str | None:
+    """The current caller's token subject, or None when no token was verified (no authentication)."""
+    grant = _GRANT.get()
+    return None if grant is None else grant.subject
+
+
 def serves(full_method: str, listener: Listener) -> bool:
     return full_method in (PUBLIC if listener is Listener.PUBLIC else INTERNAL)
 

@@ -13,10 +13,9 @@ from typing import Any
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import FULL_VIOLATION_REPORT_CHARS, MAX_ARGUMENTS_BYTES
+from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.ledger import Claim, InvocationRecord, Ledger
 from toolmesh.invocation.ports import (
@@ -26,6 +25,8 @@ from toolmesh.invocation.ports import (
     OutcomeElsewhere,
     ToolCatalog,
 )
+from toolmesh.invocation.quotas import Quotas
+from toolmesh.invocation.validation import Validation, validate_now
 
 log = logging.getLogger("toolmesh.invocation")
 
@@ -70,11 +71,14 @@ def check_envelope(call: ToolCall) -> None:
 
 
 def check_arguments(tool: ToolSpec, arguments_json: str) -> Outcome | None:
-    """A TOOL_ARGS_INVALID outcome when the arguments are not an object that fits the schema."""
+    """A TOOL_ARGS_INVALID outcome when the arguments are not an object that fits the schema.
+
+    On the calling thread, whatever it costs (benchmarks); the Invoker uses its Validation.
+    """
     arguments = parse_arguments(arguments_json)
     if isinstance(arguments, Outcome):
         return arguments
-    return check_parsed_arguments(tool, arguments, len(arguments_json))
+    return validate_now(tool, arguments, arguments_json)
 
 
 def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
@@ -96,83 +100,6 @@ def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
         )
 
 
-def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue, size: int) -> Outcome | None:
-    """A TOOL_ARGS_INVALID outcome when parsed arguments are not an object that fits the schema.
-
-    `size`: the length of the arguments' text; above FULL_VIOLATION_REPORT_CHARS
-    only the first violation is reported (listing all costs time per violation).
-    """
-    if not isinstance(arguments, dict):
-        return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID,
-            f"Arguments must be a JSON object, not {_json_type(arguments)}.",
-            {"reason": "not_object"},
-        )
-    try:
-        validator = compile_schema(
-            tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True
-        )
-        all_of_them = size <= FULL_VIOLATION_REPORT_CHARS
-        found = violations(validator, arguments, all_of_them=all_of_them)
-    except Exception as exc:  # a schema the registry took but this validator cannot use
-        log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
-        return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID, "The tool's schema cannot be applied.", {"reason": "schema_unusable"}
-        )
-    if found:
-        return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID,
-            f"{len(found)} schema violation(s)."
-            if all_of_them
-            else "The first schema violation found (arguments this large are not checked further).",
-            {
-                "reason": "schema",
-                "violations": [{"path": v.path, "message": v.message} for v in found],
-            },
-        )
-    return None
-
-
-def check_result(tool: ToolSpec, outcome: Outcome) -> Outcome:
-    """`outcome`, or TOOL_RESULT_INVALID with the violations when the result breaks the outputSchema.
-
-    Errors pass as they are: the schema describes results only.
-    """
-    if not tool.output_schema_json or outcome.result_json is None:
-        return outcome
-    try:
-        validator = compile_schema(
-            tool.output_schema_json, tool=tool.name, which="outputSchema", require_object=False
-        )
-        found = violations(validator, jsontext.parse(outcome.result_json))
-    except Exception as exc:  # a schema the registry took but this validator cannot use
-        log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
-        return Outcome.runtime_error(
-            Code.TOOL_RESULT_INVALID,
-            "The tool's outputSchema cannot be applied.",
-            {"reason": "schema_unusable"},
-        )
-    if not found:
-        return outcome
-    return Outcome.runtime_error(
-        Code.TOOL_RESULT_INVALID,
-        f"The result does not match the tool's outputSchema: {len(found)} violation(s).",
-        {"reason": "output_schema", "violations": [{"path": v.path, "message": v.message} for v in found]},
-    )
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array"
-
-
 class Invoker:
     """Runs, joins or replays tool calls; tells `observer` what happens (by default, nobody)."""
 
@@ -184,10 +111,14 @@ class Invoker:
         max_in_flight: int = 20_000,
         *,
         observer: InvocationObserver | None = None,
+        validation: Validation | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self._catalog = catalog
         self._dispatcher = dispatcher
         self.ledger = ledger
+        self._validation = validation or Validation()
+        self._quotas = quotas or Quotas(None)
         self._observer: InvocationObserver = observer or NoInvocationObserver()
         # Above this many calls waiting here, new ones are refused (OVERLOADED)
         # rather than slowing every call down.
@@ -208,6 +139,7 @@ class Invoker:
         leaves_early: bool = True,
         on_invocation: Announce | None = None,
         sessions: Container[str] | None = None,
+        caller: str | None = None,
     ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
 
@@ -219,6 +151,7 @@ class Invoker:
         one and waits for its outcome (it ran anew or joined), so that a
         caller who gives up still knows what to reconcile.
         `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
+        `caller`: who calls (a token's subject; None: unauthenticated), for the rate per caller.
         """
         check_envelope(call)
         if sessions is not None and call.session_id not in sessions:
@@ -237,6 +170,7 @@ class Invoker:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
             raise ToolmeshError(Code.OVERLOADED, "", {"maxInFlight": str(self._max_in_flight)})
+        self._quotas.take_call(caller)
         observed = self._observer.call(call)
         self._in_flight += 1
         try:
@@ -268,11 +202,33 @@ class Invoker:
         invalid = (
             arguments
             if isinstance(arguments, Outcome)
-            else check_parsed_arguments(tool, arguments, len(call.arguments_json))
+            else await self._validation.arguments(tool, arguments, call.arguments_json)
         )
         if invalid is not None:
             await self._confirm(confirmed)
             return InvokeResult("", invalid)
+        async with self._quotas.in_flight(call.session_id, tool.effective_timeout_ms):
+            return await self._invoke_valid(
+                call,
+                tool,
+                arguments=arguments,
+                idempotency_key=idempotency_key,
+                leaves_early=leaves_early,
+                confirmed=confirmed,
+                on_invocation=on_invocation,
+            )
+
+    async def _invoke_valid(
+        self,
+        call: ToolCall,
+        tool: ToolSpec,
+        *,
+        arguments: jsontext.JsonValue,
+        idempotency_key: str,
+        leaves_early: bool,
+        confirmed: Sequence[str],
+        on_invocation: Announce | None,
+    ) -> InvokeResult:
         tool_request_id = new_tool_request_id()
         request = ToolRequest(
             session_id=call.session_id,
@@ -383,7 +339,7 @@ class Invoker:
             raise
         finally:
             self._observer.in_flight(-1)
-        outcome = check_result(tool, outcome)
+        outcome = await self._validation.result(tool, outcome)
         await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
         return outcome
 

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from toolmesh.auth.grants import Role
-from toolmesh.auth.guard import scope
+from toolmesh.auth.guard import caller, scope
 from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
@@ -70,6 +70,7 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
                 request.confirmed_tool_request_ids,
                 on_invocation=announcer.waiting,
                 sessions=scope(Role.CALL),
+                caller=caller(),
             )
         finally:
             await announcer.settled()
@@ -78,7 +79,9 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def InvokeTools(
         self, request_iterator: AsyncIterator[invocation_pb2.InvokeToolsRequest], context: ServicerContext
     ) -> AsyncIterator[invocation_pb2.InvokeToolsResponse]:
-        async for response in relay(CallStream(self._invoker, scope(Role.CALL)), request_iterator):
+        async for response in relay(
+            CallStream(self._invoker, scope(Role.CALL), caller=caller()), request_iterator
+        ):
             yield response
 
     async def ConfirmDelivery(
