@@ -11,6 +11,7 @@ ends that call only (TOOL_ARGS_INVALID or TOOL_RESULT_INVALID, reason
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from toolmesh.core import jsontext
@@ -51,13 +52,7 @@ class Validation:
     def _inline(self, schema_json: str, which: str, tool: str, instance_bytes: int) -> bool:
         if self._on_loop:
             return True
-        if instance_bytes > INLINE_BYTES:
-            return False
-        try:
-            cost = schema_cost(schema_json, self._limits, tool=tool, which=which)
-        except ToolmeshError:
-            return False  # registered under other limits: a worker bounds it
-        return cost.expansion <= INLINE_EXPANSION
+        return instance_bytes <= INLINE_BYTES and _cheap(schema_json, self._limits, tool, which)
 
     async def _violations(
         self, tool: ToolSpec, schema_json: str, which: str, instance_json: str, instance: object
@@ -157,6 +152,16 @@ class Validation:
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+
+
+@functools.lru_cache(maxsize=4096)
+def _cheap(schema_json: str, limits: Limits, tool: str, which: str) -> bool:
+    """Whether a value is validated against the schema at once (cached, also when it is not)."""
+    try:
+        cost = schema_cost(schema_json, limits, tool=tool, which=which)
+    except ToolmeshError:
+        return False  # registered under other limits: a worker bounds it
+    return cost.expansion <= INLINE_EXPANSION
 
 
 def validate_now(tool: ToolSpec, arguments: object, arguments_json: str) -> Outcome | None:

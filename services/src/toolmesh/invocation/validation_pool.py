@@ -6,9 +6,10 @@ processes; one that takes longer than its bound has its worker killed
 (SIGKILL) and replaced, and only that call is refused. A worker also has its
 address space bounded, so a validation that would take gigabytes fails alone.
 
-Workers start on first use, with the "spawn" method (a fork of a process
-running gRPC threads is not safe), and are replaced in a thread so the event
-loop never waits for a process to start.
+Workers are `python -m toolmesh.invocation.validation_worker` subprocesses
+(not multiprocessing: a fork of a process running gRPC threads is not safe,
+and spawn would run the service's own __main__ again), started on first use.
+Jobs and replies travel on their stdin and stdout as length-prefixed pickles.
 """
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
-import resource
+import pickle
+import struct
+import sys
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
-from toolmesh.core import jsontext
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.schemas import Violation, compile_schema, violations
+from toolmesh.core.schemas import Violation
 
 log = logging.getLogger("toolmesh.invocation")
 
-_SPAWN = multiprocessing.get_context("spawn")
+FRAME = struct.Struct("!I")
+# Time a worker may take to start, on top of a job's bound, before a job waiting for one is refused.
+WORKER_START_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,50 +58,34 @@ class SchemaUnusable(Exception):
     """The schema does not compile here (registered under other rules)."""
 
 
-def _serve(connection: Connection, address_space_bytes: int) -> None:
-    """A worker's loop: a Job in, ("ok", violations) | ("unusable",) | ("memory",) out."""
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
-    while True:
-        try:
-            job: Job = connection.recv()
-        except (EOFError, OSError):
-            return
-        reply: tuple[Any, ...]
-        try:
-            validator = compile_schema(
-                job.schema_json,
-                tool=job.tool,
-                which=job.which,
-                require_object=job.require_object,
-                max_bytes=job.max_schema_bytes,
-            )
-            found = violations(validator, jsontext.parse(job.instance_json), all_of_them=job.all_of_them)
-            reply = ("ok", [(violation.path, violation.message) for violation in found])
-        except MemoryError:
-            reply = ("memory",)
-        except Exception:  # the text of the exception may quote the instance: never sent
-            reply = ("unusable",)
-        try:
-            connection.send(reply)
-        except MemoryError:
-            connection.send(("memory",))
-
-
 class _Worker:
-    def __init__(self, address_space_bytes: int) -> None:
-        self.connection, child = _SPAWN.Pipe()
-        self.process: BaseProcess = _SPAWN.Process(
-            target=_serve, args=(child, address_space_bytes), daemon=True, name="toolmesh-validation"
-        )
-        self.process.start()
-        child.close()
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
 
-    def kill(self) -> None:
-        with contextlib.suppress(Exception):
+    @classmethod
+    async def start(cls, address_space_bytes: int) -> _Worker:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "toolmesh.invocation.validation_worker",
+            str(address_space_bytes),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(process)
+
+    async def exchange(self, job: Job) -> Any:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        body = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        self.process.stdin.write(FRAME.pack(len(body)) + body)
+        await self.process.stdin.drain()
+        (size,) = FRAME.unpack(await self.process.stdout.readexactly(FRAME.size))
+        return pickle.loads(await self.process.stdout.readexactly(size))
+
+    async def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
             self.process.kill()
-            self.process.join(5)
-        self.connection.close()
+        await self.process.wait()
 
 
 class ValidationPool:
@@ -112,6 +97,8 @@ class ValidationPool:
         self._address_space = address_space_bytes
         self._idle: asyncio.Queue[_Worker] | None = None
         self._all: set[_Worker] = set()
+        # Workers starting or being killed.
+        self._tasks: set[asyncio.Future[None]] = set()
         self._closed = False
 
     async def _start(self) -> asyncio.Queue[_Worker]:
@@ -125,15 +112,17 @@ class ValidationPool:
         """A new worker joins the idle ones once its process has started (in a thread)."""
 
         async def spawn() -> None:
-            worker = await asyncio.to_thread(_Worker, self._address_space)
+            worker = await _Worker.start(self._address_space)
             if self._closed:
-                worker.kill()
+                await worker.kill()
                 return
             self._all.add(worker)
             assert self._idle is not None
             self._idle.put_nowait(worker)
 
         task = asyncio.ensure_future(spawn())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_spawn_failure)
 
     async def validate(self, job: Job) -> list[Violation]:
@@ -143,17 +132,18 @@ class ValidationPool:
         """
         idle = await self._start()
         try:
-            worker = await asyncio.wait_for(idle.get(), self._timeout_s)
+            # Longer than a job takes: a worker being replaced takes a moment to start.
+            worker = await asyncio.wait_for(idle.get(), self._timeout_s + WORKER_START_S)
         except TimeoutError:
             raise ToolmeshError(
                 Code.OVERLOADED, "Every validation worker is busy.", {"validationWorkers": str(self._size)}
             ) from None
         reply: Any = None
         try:
-            reply = await asyncio.wait_for(self._exchange(worker, job), self._timeout_s)
+            reply = await asyncio.wait_for(worker.exchange(job), self._timeout_s)
         except TimeoutError:
             raise TimedOut from None
-        except (EOFError, OSError):
+        except (asyncio.IncompleteReadError, OSError):
             raise OutOfMemory from None  # the worker died: what it was asked took more than it has
         finally:
             if reply is not None and reply[0] != "memory":
@@ -166,35 +156,22 @@ class ValidationPool:
             raise OutOfMemory
         raise SchemaUnusable
 
-    async def _exchange(self, worker: _Worker, job: Job) -> Any:
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-        fd = worker.connection.fileno()
-
-        def ready() -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        loop.add_reader(fd, ready)
-        try:
-            worker.connection.send(job)
-            await readable
-            return worker.connection.recv()
-        finally:
-            loop.remove_reader(fd)
-
     def _replace(self, worker: _Worker) -> None:
         log.warning("validation worker replaced", extra={"pid": worker.process.pid})
         self._all.discard(worker)
-        worker.kill()
+        killing = asyncio.ensure_future(worker.kill())
+        self._tasks.add(killing)
+        killing.add_done_callback(self._tasks.discard)
         if not self._closed:
             self._spawn_soon()
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
         workers, self._all = self._all, set()
         for worker in workers:
-            await asyncio.to_thread(worker.kill)
+            await worker.kill()
 
 
 def _log_spawn_failure(task: asyncio.Future[None]) -> None:
