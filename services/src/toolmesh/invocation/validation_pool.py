@@ -29,6 +29,7 @@ from toolmesh.core.schemas import Violation
 log = logging.getLogger("toolmesh.invocation")
 
 FRAME = struct.Struct("!I")
+READY = b"ready\n"
 # Time a worker may take to start, on top of a job's bound, before a job waiting for one is refused.
 WORKER_START_S = 5.0
 
@@ -72,6 +73,10 @@ class _Worker:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
+        # It says READY once its imports are done: time a job's bound must not include.
+        assert process.stdout is not None
+        if await process.stdout.readexactly(len(READY)) != READY:
+            raise OSError("a validation worker started wrongly")
         return cls(process)
 
     async def exchange(self, job: Job) -> Any:

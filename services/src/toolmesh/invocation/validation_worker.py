@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 from toolmesh.core import jsontext
 from toolmesh.core.schemas import compile_schema, violations
-from toolmesh.invocation.validation_pool import FRAME, Job
+from toolmesh.invocation.validation_pool import FRAME, READY, Job
 
 
 def answer(job: Job) -> tuple[Any, ...]:
@@ -37,6 +37,8 @@ def answer(job: Job) -> tuple[Any, ...]:
 
 
 def serve(jobs: BinaryIO, replies: BinaryIO) -> None:
+    replies.write(READY)
+    replies.flush()
     while header := jobs.read(FRAME.size):
         (size,) = FRAME.unpack(header)
         job: Job = pickle.loads(jobs.read(size))

@@ -17,7 +17,7 @@ def _key(session_id: str) -> str:
     return f"registry:tools:{session_id}"
 
 
-def _encode(tools: Sequence[ToolSpec]) -> bytes:
+def encode_tools(tools: Sequence[ToolSpec]) -> bytes:
     records = [
         {
             "name": tool.name,
@@ -86,7 +86,7 @@ class Registry:
     ) -> int:
         require_id(session_id, "session_id")
         check_tools(tools, self._limits)
-        encoded = _encode(tools)
+        encoded = encode_tools(tools)
         if len(encoded) > self._limits.registry_bytes_per_session:
             raise self._limits.over(
                 "registry_bytes_per_session",
