@@ -11,6 +11,7 @@ ends that call only (TOOL_ARGS_INVALID or TOOL_RESULT_INVALID, reason
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -42,6 +43,8 @@ class Validation:
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, *, on_loop: bool = False) -> None:
         self._limits = limits
+        # A schema's cost is counted on the loop only as far as the inline bound: past it, a worker.
+        self._inline_limits = dataclasses.replace(limits, schema_expansion=INLINE_EXPANSION)
         self._on_loop = on_loop
         self._pool = ValidationPool(
             limits.validation_workers,
@@ -52,7 +55,7 @@ class Validation:
     def _inline(self, schema_json: str, which: str, tool: str, instance_bytes: int) -> bool:
         if self._on_loop:
             return True
-        return instance_bytes <= INLINE_BYTES and _cheap(schema_json, self._limits, tool, which)
+        return instance_bytes <= INLINE_BYTES and _cheap(schema_json, self._inline_limits, tool, which)
 
     async def _violations(
         self, tool: ToolSpec, schema_json: str, which: str, instance_json: str, instance: object
@@ -158,10 +161,10 @@ class Validation:
 def _cheap(schema_json: str, limits: Limits, tool: str, which: str) -> bool:
     """Whether a value is validated against the schema at once (cached, also when it is not)."""
     try:
-        cost = schema_cost(schema_json, limits, tool=tool, which=which)
+        schema_cost(schema_json, limits, tool=tool, which=which)
     except ToolmeshError:
-        return False  # registered under other limits: a worker bounds it
-    return cost.expansion <= INLINE_EXPANSION
+        return False  # past the inline bound, or registered under other limits: a worker bounds it
+    return True
 
 
 def validate_now(tool: ToolSpec, arguments: object, arguments_json: str) -> Outcome | None:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import pickle
+import shutil
 import struct
 import sys
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ log = logging.getLogger("toolmesh.invocation")
 
 FRAME = struct.Struct("!I")
 READY = b"ready\n"
+WORKER_NICENESS = 10
 # Time a worker may take to start, on top of a job's bound, before a job waiting for one is refused.
 WORKER_START_S = 5.0
 
@@ -65,7 +67,11 @@ class _Worker:
 
     @classmethod
     async def start(cls, address_space_bytes: int) -> _Worker:
+        # Below the service's priority from the start (its imports included): a long
+        # validation, or a worker starting, takes CPU the service's own calls do not wait for.
+        nice = shutil.which("nice")
         process = await asyncio.create_subprocess_exec(
+            *([nice, "-n", str(WORKER_NICENESS)] if nice else []),
             sys.executable,
             "-m",
             "toolmesh.invocation.validation_worker",
