@@ -84,8 +84,11 @@ class BridgeService(Protocol):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -133,8 +136,9 @@ class BridgeService(Protocol):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """
@@ -361,8 +365,11 @@ class BridgeServiceClient(ConnectClient):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens.
         """
         return self.execute_server_stream(
             request=request,
@@ -444,8 +451,9 @@ class BridgeServiceClient(ConnectClient):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """
@@ -612,8 +620,11 @@ class BridgeServiceSync(Protocol):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -661,8 +672,9 @@ class BridgeServiceSync(Protocol):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """
@@ -887,8 +899,11 @@ class BridgeServiceClientSync(ConnectClientSync):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens.
         """
         return self.execute_server_stream(
             request=request,
@@ -970,8 +985,9 @@ class BridgeServiceClientSync(ConnectClientSync):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """

@@ -76,8 +76,11 @@ class BridgeServiceStub:
     host and the others end with TOOL_HOST_DISCONNECTED.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-    handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-    The token is checked when the stream opens.
+    handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+    when the session has host_sessions_per_session (64) host sessions open on
+    this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+    reason SHUTTING_DOWN when the server stops. The token is checked when the
+    stream opens.
     """
     SubmitToolResult: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -119,8 +122,9 @@ class BridgeServiceStub:
     OpenHostSession.
 
     Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-    INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+    INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+    (nothing is declared);
     UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
     the declaration is kept, and the bridge puts it once the registry answers).
     """
@@ -215,8 +219,11 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     host and the others end with TOOL_HOST_DISCONNECTED.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-    handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-    The token is checked when the stream opens.
+    handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+    when the session has host_sessions_per_session (64) host sessions open on
+    this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+    reason SHUTTING_DOWN when the server stops. The token is checked when the
+    stream opens.
     """
     SubmitToolResult: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]  # type: ignore[assignment]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -258,8 +265,9 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     OpenHostSession.
 
     Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-    INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+    INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+    (nothing is declared);
     UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
     the declaration is kept, and the bridge puts it once the registry answers).
     """
@@ -357,8 +365,11 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens.
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens.
         """
 
     @_abc_1.abstractmethod
@@ -412,8 +423,9 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """

@@ -79,7 +79,11 @@ class InvocationServiceStub:
     ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
     dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
     store could not be reached; the tool did not run) or SHUTTING_DOWN;
-    RESOURCE_EXHAUSTED with reason OVERLOADED.
+    RESOURCE_EXHAUSTED with reason OVERLOADED, or QUOTA_EXCEEDED with
+    RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 256 calls of
+    one session waiting for their outcome at once, counted across replicas on
+    a shared store; or calls_per_second_per_caller, 500 per second with bursts
+    of 1,000 per token subject, per replica, when tokens are verified).
     """
     InvokeTools: _grpc.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -188,7 +192,11 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
     dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
     store could not be reached; the tool did not run) or SHUTTING_DOWN;
-    RESOURCE_EXHAUSTED with reason OVERLOADED.
+    RESOURCE_EXHAUSTED with reason OVERLOADED, or QUOTA_EXCEEDED with
+    RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 256 calls of
+    one session waiting for their outcome at once, counted across replicas on
+    a shared store; or calls_per_second_per_caller, 500 per second with bursts
+    of 1,000 per token subject, per replica, when tokens are verified).
     """
     InvokeTools: _aio.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]  # type: ignore[assignment]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -300,7 +308,11 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
         dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
         store could not be reached; the tool did not run) or SHUTTING_DOWN;
-        RESOURCE_EXHAUSTED with reason OVERLOADED.
+        RESOURCE_EXHAUSTED with reason OVERLOADED, or QUOTA_EXCEEDED with
+        RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 256 calls of
+        one session waiting for their outcome at once, counted across replicas on
+        a shared store; or calls_per_second_per_caller, 500 per second with bursts
+        of 1,000 per token subject, per replica, when tokens are verified).
         """
 
     @_abc_1.abstractmethod

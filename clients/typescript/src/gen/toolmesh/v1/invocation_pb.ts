@@ -280,7 +280,8 @@ export type CallError = Message<"toolmesh.v1.CallError"> & {
   message: string;
 
   /**
-   * The message's variables, as the ErrorInfo metadata of InvokeTool.
+   * The message's variables, as the ErrorInfo metadata of InvokeTool. For
+   * QUOTA_EXCEEDED, "retryDelayMs" is the delay InvokeTool's RetryInfo carries.
    *
    * @generated from field: map<string, string> metadata = 3;
    */
@@ -543,7 +544,11 @@ export const InvocationService: GenService<{
    * ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
    * dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
    * store could not be reached; the tool did not run) or SHUTTING_DOWN;
-   * RESOURCE_EXHAUSTED with reason OVERLOADED.
+   * RESOURCE_EXHAUSTED with reason OVERLOADED, or QUOTA_EXCEEDED with
+   * RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 256 calls of
+   * one session waiting for their outcome at once, counted across replicas on
+   * a shared store; or calls_per_second_per_caller, 500 per second with bursts
+   * of 1,000 per token subject, per replica, when tokens are verified).
    *
    * @generated from rpc toolmesh.v1.InvocationService.InvokeTool
    */
