@@ -64,7 +64,7 @@ class Sizes:
     list_bytes: int = 3 * 1024 * 1024 + 512 * 1024
 
 
-QUICK = Sizes(quiet_s=1.0, hostile_s=3.0, hostile_depth=16, list_sessions=8, list_bytes=1024 * 1024)
+QUICK = Sizes(quiet_s=1.0, hostile_s=3.0, hostile_depth=18, list_sessions=8, list_bytes=1024 * 1024)
 
 
 def nested_any_of(depth: int) -> str:

@@ -98,3 +98,25 @@ def test_bench_faults_quick_runs_every_scenario(tmp_path: Path) -> None:
     assert figures["unread"]["calls_sent"] > 0
     assert figures["recovery"]["registry_back_to_ok_s"] > 0
     assert len(figures["routing"]["rounds"]) == 2
+
+
+@pytest.mark.timeout(240)
+def test_bench_limits_quick_runs_every_scenario(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.limits", "--quick", "--baseline", "none", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    [written] = tmp_path.glob("limits-quick-*.json")
+    results = json.loads(written.read_text())["results"]
+    assert set(results["this tree"]) == {"normal", "hostile", "lists"}
+    assert results["this tree"]["normal"]["calls"] > 0
+    assert results["this tree"]["hostile"]["registration"].startswith("refused LIMIT_EXCEEDED")
+    raised = results["this tree, registry limit raised"]["hostile"]
+    assert raised["registration"] == "accepted"
+    assert any("validation_time_limit" in outcome for outcome in raised["hostile_calls"])
+    assert raised["during"]["calls"] > 0

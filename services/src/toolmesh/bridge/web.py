@@ -233,12 +233,19 @@ async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]]) 
 
 
 def web_app(
-    router: Router, declarations: Declarations, origins: Iterable[str], verifier: Verifier | None = None
+    router: Router,
+    declarations: Declarations,
+    origins: Iterable[str],
+    verifier: Verifier | None = None,
+    read_max_bytes: int = MAX_MESSAGE_BYTES,
 ) -> App:
-    """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port."""
+    """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port.
+
+    `read_max_bytes`: the largest message it reads (the `message_bytes` limit).
+    """
     connect = BridgeServiceASGIApplication(
         WebBridge(router, declarations, verifier),
-        read_max_bytes=MAX_MESSAGE_BYTES,
+        read_max_bytes=read_max_bytes,
     )
     return guarded(connect, origins)
 
