@@ -10,12 +10,13 @@ extracted with git archive, as bench.faults does) and on this tree's:
   caller registers a schema of anyOf nested `hostile_depth` deep (through
   $defs: a few kB of text, 2**depth subschema visits per value) and calls it
   back to back with arguments that fail at the deepest level. Figures: the
-  other callers' calls, p50, p99 and max during the attack,
+  other callers' calls, p50 and p99 before and p50, p99 and max during the attack,
   the hostile caller's calls and what they got, and the invocation service's
   peak RSS. This tree runs twice: as configured by default (the registry
-  refuses the schema: LIMIT_EXCEEDED), and with `--limit schema_expansion=`
-  raised so that the registry takes it, as a version without the limit did,
-  leaving the invocation service's worker processes to bound it.
+  refuses the schema: LIMIT_EXCEEDED), and on the Redis of bench.store
+  (TOOLMESH_BENCH_REDIS) where the schema was stored before the services
+  start, as a version without the limit stored it, leaving the invocation
+  service's worker processes to bound it.
 - lists: `list_sessions` sessions each putting a tool list of `list_bytes`
   (64 tools with large schemas), then one call per session (so the invocation
   service loads each list): the registry's and the invocation service's RSS
@@ -45,14 +46,16 @@ import grpc
 
 from bench import procs
 from bench.faults import PROBERS, RESULTS, Sample, Tree, baseline, latencies, probe_call, running
+from bench.store import REDIS_URL, delete_prefixed
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
+from toolmesh.registry.registry import encode_tools
+from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, open_stores
 
 HOSTILE_SESSION = "limits-hostile"
 # Turns of each tree in the normal scenario, alternating, so that the machine's load falls on both alike.
 TURNS = 4
-RAISED = "schema_expansion=1000000000"
 
 
 @dataclass(frozen=True)
@@ -114,16 +117,30 @@ async def normal(trees: list[Tree], sizes: Sizes) -> dict[str, dict[str, Any]]:
     return {tree.label: latencies(taken) for tree, taken in zip(trees, samples, strict=True)}
 
 
-async def hostile(tree: Tree, sizes: Sizes) -> dict[str, Any]:
+async def store_earlier(prefix: str, sizes: Sizes) -> None:
+    """The hostile tool list in the Redis under `prefix`, as a registry without the limits stored it."""
+    stores = open_stores(REDIS_URL, prefix)
+    try:
+        await stores.store.put(f"registry:tools:{HOSTILE_SESSION}", encode_tools(hostile_tools(sizes)))
+    finally:
+        await stores.close()
+
+
+def hostile_tools(sizes: Sizes) -> list[ToolSpec]:
+    return [ToolSpec("deep", "", nested_any_of(sizes.hostile_depth), timeout_ms=60_000)]
+
+
+async def hostile(tree: Tree, sizes: Sizes, *, stored_earlier: bool = False) -> dict[str, Any]:
     async with running(tree) as system, InvocationClient(system.invocation.target) as client:
-        schema = nested_any_of(sizes.hostile_depth)
-        registration = "accepted"
+        before = latencies(await probing(client, sizes.quiet_s))
+        registration = "stored earlier" if stored_earlier else "accepted"
         started = time.monotonic()
-        async with RegistryClient(system.registry.target) as registry:
-            try:
-                await registry.put_tools(HOSTILE_SESSION, [ToolSpec("deep", "", schema, timeout_ms=60_000)])
-            except grpc.aio.AioRpcError as refused:
-                registration = f"refused {_refusal(refused)}"
+        if not stored_earlier:
+            async with RegistryClient(system.registry.target) as registry:
+                try:
+                    await registry.put_tools(HOSTILE_SESSION, hostile_tools(sizes))
+                except grpc.aio.AioRpcError as refused:
+                    registration = f"refused {_refusal(refused)}"
         registration_s = time.monotonic() - started
         outcomes: dict[str, int] = {}
         stop = asyncio.Event()
@@ -148,6 +165,7 @@ async def hostile(tree: Tree, sizes: Sizes) -> dict[str, Any]:
         await attacking
         memory = procs.memory_kb(system.invocation.pid)
         return {
+            "before": before,
             "during": during,
             "registration": registration,
             "registration_s": registration_s,
@@ -216,6 +234,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         (
             "hostile",
             [
+                ("others before p50 ms", ("before", "p50_ms")),
+                ("others before p99 ms", ("before", "p99_ms")),
                 ("others during p50 ms", ("during", "p50_ms")),
                 ("others during p99 ms", ("during", "p99_ms")),
                 ("others during max ms", ("during", "max_ms")),
@@ -269,17 +289,24 @@ async def run(args: argparse.Namespace, sizes: Sizes) -> dict[str, dict[str, Any
         trees = [Tree("this tree")]
         if args.baseline != "none":
             trees.insert(0, baseline(args.baseline, Path(directory)))
-        raised = Tree("this tree, registry limit raised", {"TOOLMESH_LIMITS": RAISED})
-        results: dict[str, dict[str, Any]] = {tree.label: {} for tree in [*trees, raised]}
+        prefix = f"bench-limits:{uuid.uuid4().hex}:"
+        earlier = Tree("this tree, schema stored earlier", {STORE_ENV: REDIS_URL, PREFIX_ENV: prefix})
+        results: dict[str, dict[str, Any]] = {tree.label: {} for tree in [*trees, earlier]}
         only = args.only.split(",") if args.only else ["normal", "hostile", "lists"]
         if "normal" in only:
             print("normal: every tree, in turns ...", file=sys.stderr, flush=True)
             for label, figures in (await normal(trees, sizes)).items():
                 results[label]["normal"] = figures
         if "hostile" in only:
-            for tree in [*trees, raised]:
+            for tree in trees:
                 print(f"hostile: {tree.label} ...", file=sys.stderr, flush=True)
                 results[tree.label]["hostile"] = await hostile(tree, sizes)
+            print(f"hostile: {earlier.label} ...", file=sys.stderr, flush=True)
+            await store_earlier(prefix, sizes)
+            try:
+                results[earlier.label]["hostile"] = await hostile(earlier, sizes, stored_earlier=True)
+            finally:
+                await delete_prefixed(prefix)
         if "lists" in only:
             for tree in trees:
                 print(f"lists: {tree.label} ...", file=sys.stderr, flush=True)

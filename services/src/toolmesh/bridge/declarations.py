@@ -104,7 +104,7 @@ class Declarations:
         keeper puts it once the registry answers).
         """
         host = self._router.host(host_session_id, sessions)
-        check_tools(tools, self._limits)
+        await asyncio.to_thread(check_tools, tools, self._limits)  # as the registry does
         if self._lists is None:
             raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "This bridge has no registry address.")
         session = self._sessions.setdefault(host.session_id, _Session())

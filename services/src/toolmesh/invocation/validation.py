@@ -80,6 +80,7 @@ class Validation:
             tool.name,
             which,
             require_object,
+            instance,
             instance_json,
             all_of_them,
             self._limits.schema_bytes,

@@ -21,7 +21,7 @@ import pickle
 import shutil
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toolmesh.core.errors import Code, ToolmeshError
@@ -38,13 +38,15 @@ WORKER_START_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """What one validation needs: the schema's text and the instance's text (both plain JSON)."""
+    """What one validation needs: the schema's text, and the instance (parsed already, so that the
+    worker need not parse it again) or, when it nests too deep to pickle, its text."""
 
     schema_json: str
     tool: str
     which: str
     require_object: bool
-    instance_json: str
+    instance: object
+    instance_json: str | None
     all_of_them: bool
     max_schema_bytes: int
 
@@ -87,7 +89,10 @@ class _Worker:
 
     async def exchange(self, job: Job) -> Any:
         assert self.process.stdin is not None and self.process.stdout is not None
-        body = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            body = pickle.dumps(replace(job, instance_json=None), protocol=pickle.HIGHEST_PROTOCOL)
+        except RecursionError:
+            body = pickle.dumps(replace(job, instance=None), protocol=pickle.HIGHEST_PROTOCOL)
         self.process.stdin.write(FRAME.pack(len(body)) + body)
         await self.process.stdin.drain()
         (size,) = FRAME.unpack(await self.process.stdout.readexactly(FRAME.size))

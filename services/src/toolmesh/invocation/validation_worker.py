@@ -28,7 +28,8 @@ def answer(job: Job) -> tuple[Any, ...]:
             require_object=job.require_object,
             max_bytes=job.max_schema_bytes,
         )
-        found = violations(validator, jsontext.parse(job.instance_json), all_of_them=job.all_of_them)
+        instance = job.instance if job.instance_json is None else jsontext.parse(job.instance_json)
+        found = violations(validator, instance, all_of_them=job.all_of_them)
     except MemoryError:
         return ("memory",)
     except Exception:  # its text may quote the instance: never sent

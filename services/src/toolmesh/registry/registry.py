@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 
@@ -85,7 +86,9 @@ class Registry:
         self, session_id: str, tools: Sequence[ToolSpec], expected_revision: int | None = None
     ) -> int:
         require_id(session_id, "session_id")
-        check_tools(tools, self._limits)
+        # In a thread: checking a list of large schemas takes milliseconds per tool, and the
+        # event loop goes on serving other sessions meanwhile.
+        await asyncio.to_thread(check_tools, tools, self._limits)
         encoded = encode_tools(tools)
         if len(encoded) > self._limits.registry_bytes_per_session:
             raise self._limits.over(

@@ -47,8 +47,9 @@ class Limits:
     registry_bytes_per_session: int = 2 * MIB
     # Bridge: host sessions open at once for one session (per bridge replica).
     host_sessions_per_session: int = 64
-    # Invocation: calls of one session waiting for their outcome at once (across replicas).
-    calls_in_flight_per_session: int = 256
+    # Invocation: calls of one session waiting for their outcome at once (across replicas);
+    # as many as one session is built to hold (10,000 held calls, bench "scale").
+    calls_in_flight_per_session: int = 10_000
     # Invocation: calls per second of one token's subject (a token bucket, per replica).
     calls_per_second_per_caller: int = 500
     # Invocation: calls one caller may make at once above its rate (the bucket's size).

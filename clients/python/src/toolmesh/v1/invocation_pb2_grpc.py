@@ -135,7 +135,7 @@ class InvocationServiceServicer:
         dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
         store could not be reached; the tool did not run) or SHUTTING_DOWN;
         RESOURCE_EXHAUSTED with reason OVERLOADED, or QUOTA_EXCEEDED with
-        RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 256 calls of
+        RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 10,000 calls of
         one session waiting for their outcome at once, counted across replicas on
         a shared store; or calls_per_second_per_caller, 500 per second with bursts
         of 1,000 per token subject, per replica, when tokens are verified).
