@@ -241,6 +241,28 @@ async def test_a_validation_over_its_time_bound_ends_that_call_only() -> None:
         await validation.aclose()
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_a_validation_over_its_memory_bound_ends_that_call_only() -> None:
+    settings = limits(validation_memory_bytes=400 * 2**20, validation_timeout_ms=60_000, validation_workers=1)
+    validation = Validation(settings)
+    hostile = ToolSpec("hostile", "", nested_any_of(21))  # listing its errors takes gigabytes
+    plain = ToolSpec("plain", "", json.dumps({"type": "object", "properties": {"a": {"type": "string"}}}))
+    try:
+        arguments = {"x": nested_arrays(21)}
+        outcome = await validation.arguments(hostile, arguments, json.dumps(arguments))
+        assert outcome is not None and outcome.failure is not None
+        assert outcome.failure.details == {
+            "reason": "validation_memory_limit",
+            "limit": "validation_memory_bytes",
+            "value": str(400 * 2**20),
+        }
+        large = {"a": "x" * 5000}  # over the inline size: validated by the replacement worker
+        assert await validation.arguments(plain, large, json.dumps(large)) is None
+    finally:
+        await validation.aclose()
+
+
 # Quotas -----------------------------------------------------------------------------------------
 
 

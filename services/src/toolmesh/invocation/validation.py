@@ -35,17 +35,12 @@ INLINE_BYTES = 2 * 1024
 
 
 class Validation:
-    """Checks arguments and results against a tool's schemas, never holding the loop for long.
+    """Checks arguments and results against a tool's schemas, never holding the loop for long."""
 
-    `on_loop`: validate everything at once on the event loop, whatever it costs
-    (the way before the pool; for benchmarks that compare the two).
-    """
-
-    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, on_loop: bool = False) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
         # A schema's cost is counted on the loop only as far as the inline bound: past it, a worker.
         self._inline_limits = dataclasses.replace(limits, schema_expansion=INLINE_EXPANSION)
-        self._on_loop = on_loop
         self._pool = ValidationPool(
             limits.validation_workers,
             limits.validation_timeout_ms / 1000,
@@ -53,8 +48,6 @@ class Validation:
         )
 
     def _inline(self, schema_json: str, which: str, tool: str, instance_bytes: int) -> bool:
-        if self._on_loop:
-            return True
         return instance_bytes <= INLINE_BYTES and _cheap(schema_json, self._inline_limits, tool, which)
 
     async def _violations(

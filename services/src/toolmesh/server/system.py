@@ -136,12 +136,10 @@ async def start_invocation(
     max_in_flight: int = 20_000,
     security: Security = LOOPBACK,
     limits: Limits = DEFAULT_LIMITS,
-    validate_on_loop: bool = False,
 ) -> RunningServer:
     """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
 
     It keeps its ledger in `stores` (closed when it stops; default: its own memory).
-    `validate_on_loop` validates every call on the event loop whatever it costs (for benchmarks).
     """
     security.check_public(address)
     stores = stores or open_stores()
@@ -152,7 +150,7 @@ async def start_invocation(
     dispatcher = RoutedDispatcher(
         stores.store, bridge_target, security.peer_credentials(), recorded=stores.shared
     )
-    validation = Validation(limits, on_loop=validate_on_loop)
+    validation = Validation(limits)
     invoker = Invoker(
         catalog,
         dispatcher,
@@ -243,7 +241,6 @@ async def start_local_system(
     store_url: str = MEMORY,
     store_prefix: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
-    validate_on_loop: bool = False,
 ) -> LocalSystem:
     """All three services; their internal listeners on free loopback ports, used only by each other.
 
@@ -279,7 +276,6 @@ async def start_local_system(
             max_in_flight=max_in_flight,
             security=security,
             limits=limits,
-            validate_on_loop=validate_on_loop,
         )
     except BaseException:
         await bridge.stop(0)
