@@ -242,7 +242,6 @@ async def test_a_validation_over_its_time_bound_ends_that_call_only() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
 async def test_a_validation_over_its_memory_bound_ends_that_call_only() -> None:
     settings = limits(validation_memory_bytes=400 * 2**20, validation_timeout_ms=60_000, validation_workers=1)
     validation = Validation(settings)
