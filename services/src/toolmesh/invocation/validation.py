@@ -151,7 +151,7 @@ class Validation:
         await self._pool.aclose()
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=512)  # each entry keeps its schema's text: few enough to bound memory
 def _cheap(schema_json: str, limits: Limits, tool: str, which: str) -> bool:
     """Whether a value is validated against the schema at once (cached, also when it is not)."""
     try:

@@ -92,7 +92,8 @@ def schema_cost(text: str, limits: Limits, *, tool: str, which: str) -> SchemaCo
     return _cost(text, limits, tool, which)
 
 
-@functools.lru_cache(maxsize=4096)
+# Each entry holds its schema's text (up to schema_bytes): few enough to bound memory.
+@functools.lru_cache(maxsize=512)
 def _cost(text: str, limits: Limits, tool: str, which: str) -> SchemaCost:
     schema = jsontext.parse(text)
     depth = _check_shape(schema, limits, tool, which)
