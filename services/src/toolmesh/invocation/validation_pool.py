@@ -125,7 +125,10 @@ class ValidationPool:
         return self._idle
 
     def _spawn_soon(self) -> None:
-        """A new worker joins the idle ones once its process has started (in a thread)."""
+        """A new worker joins the idle ones once its process has started and said it is ready.
+
+        One that cannot start is logged, and the pool goes on with one worker fewer.
+        """
 
         async def spawn() -> None:
             worker = await _Worker.start(self._address_space)
