@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from toolmesh.bridge.routes import route_key
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
@@ -22,8 +23,9 @@ from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.invocation import remote
-from toolmesh.invocation.remote import RemoteDispatcher
+from toolmesh.invocation.remote import RemoteDispatcher, RoutedDispatcher
 from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, free_port, start_service_process
 
@@ -219,3 +221,77 @@ async def test_requests_ready_together_go_out_in_one_message() -> None:
         assert len(quiet.received) <= 5  # batched, not one message per request
         for dispatch in dispatches:
             dispatch.cancel()
+
+
+async def test_a_bridge_that_refuses_connections_was_sent_nothing() -> None:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nothing listens there
+    dispatcher = RemoteDispatcher(channel)
+    try:
+        with pytest.raises(remote.BridgeLost) as lost:
+            await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_refused")), 10)
+        assert lost.value.code is Code.BRIDGE_UNAVAILABLE and lost.value.sent is False
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+
+
+async def test_a_bridge_that_never_completes_the_connection_was_sent_nothing() -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept_and_say_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # no HTTP/2 settings ever: the channel stays CONNECTING
+
+    server = await asyncio.start_server(accept_and_say_nothing, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    dispatcher = RemoteDispatcher(channel, connect_s=0.3)
+    try:
+        with pytest.raises(remote.BridgeLost) as lost:
+            await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_silent")), 10)
+        assert lost.value.sent is False and lost.value.metadata["grpcStatus"] == "UNAVAILABLE"
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_request_handed_to_a_stream_that_then_breaks_may_have_been_sent() -> None:
+    async with dispatcher_to_quiet_bridge() as (dispatcher, quiet):
+        dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_taken")))
+        await eventually(lambda: quiet.received)
+        await dispatcher.aclose()  # the stream ends under the request the bridge took
+        with pytest.raises(remote.BridgeLost) as lost:
+            await asyncio.wait_for(dispatch, 10)
+        assert lost.value.sent is True
+
+
+async def test_a_request_that_never_left_goes_to_another_replica_when_there_is_one() -> None:
+    store = InMemoryStore()
+    bridge, _ = await start_bridge()
+    host = ToolHost(f"127.0.0.1:{bridge.port}", "moved")
+    host.on_tool("wait", lambda args, ctx: {"served": True})
+    dispatcher = RoutedDispatcher(store, f"127.0.0.1:{bridge.internal_port}")
+    try:
+        await host.start(timeout=5)
+        # The session's route names a replica that is down; the default holds the host.
+        await store.put(route_key("moved"), f"127.0.0.1:{free_port()}".encode(), ttl_s=60)
+        outcome = await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_moved", session="moved")), 10)
+        assert outcome.ok and outcome.result_json == '{"served":true}'
+        # Down, and no other replica to try: it ends at once, saying nothing ran.
+        await store.put(route_key("stranded"), f"127.0.0.1:{free_port()}".encode(), ttl_s=60)
+        stranded = RoutedDispatcher(store, f"127.0.0.1:{free_port()}")
+        try:
+            alone = await asyncio.wait_for(
+                stranded.dispatch(tool_request("tr_alone", session="stranded")), 10
+            )
+        finally:
+            await stranded.aclose()
+        assert alone.failure is not None and alone.failure.code == "TOOL_HOST_UNAVAILABLE"
+        assert alone.failure.details == {"sessionId": "stranded", "bridge": "unreachable"}
+    finally:
+        await host.stop()
+        await dispatcher.aclose()
+        await bridge.stop(0)

@@ -66,6 +66,28 @@ async def test_delete(store: Store) -> None:
     await store.delete("d")
 
 
+async def test_delete_if_value_removes_only_that_value(store: Store) -> None:
+    await store.put("r", b"replica-a", ttl_s=10)
+    assert not await store.delete_if_value("r", b"replica-b")
+    found = await store.get("r")
+    assert found is not None and found.value == b"replica-a"
+    assert await store.delete_if_value("r", b"replica-a")
+    assert await store.get("r") is None
+    assert not await store.delete_if_value("r", b"replica-a")
+
+
+async def test_delete_if_value_is_seen_by_watchers(store: Store) -> None:
+    await store.put("w2", b"mine")
+    updates = store.watch("w2")
+    try:
+        first = await anext(updates)
+        assert first is not None and first.value == b"mine"
+        assert await store.delete_if_value("w2", b"mine")
+        assert await asyncio.wait_for(anext(updates), 5) is None
+    finally:
+        await updates.aclose()
+
+
 async def test_expiry(store: Store) -> None:
     await store.put("e", b"x", ttl_s=0.05)
     assert await store.get("e") is not None

@@ -64,16 +64,20 @@ export interface ToolDeclaration {
 }
 
 export interface ToolHostOptions {
-  /** The bridge's port for pages, e.g. "http://127.0.0.1:7404". Ignored when `transport` is given. */
-  baseUrl?: string;
+  /**
+   * The bridge's port for pages, e.g. "http://127.0.0.1:7404"; or several bridge replicas' ports:
+   * the host connects to one and, when its stream breaks, to the next. A result whose replica was
+   * lost while the handler ran is handed in on the next connection. Ignored when `transport` is given.
+   */
+  baseUrl?: string | readonly string[];
   /** The session (thread) whose tools this page serves. */
   sessionId: string;
   /** A name for the host in the bridge's logs; default the page's origin and path. */
   hostName?: string;
   /** "connect" (default) or "grpc-web". Ignored when `transport` is given. */
   protocol?: "connect" | "grpc-web";
-  /** A transport of your own (interceptors for credentials, another fetch). */
-  transport?: Transport;
+  /** A transport of your own (interceptors for credentials, another fetch); or one per bridge replica, as for `baseUrl`. */
+  transport?: Transport | readonly Transport[];
   /** Longest wait between reconnection attempts, in ms (default 1000: a bridge that comes back is reached within about a second). */
   maxBackoffMs?: number;
 }
@@ -110,7 +114,10 @@ export class ToolHost {
   /** The current host session's id; empty while not connected. */
   hostSessionId = "";
 
-  private readonly client: Client<typeof BridgeService>;
+  /** One client per bridge replica; `turn` is the one connected to (or tried) now. */
+  private readonly clients: Client<typeof BridgeService>[];
+  private turn = 0;
+  private connectionWaiters: (() => void)[] = [];
   private readonly maxBackoffMs: number;
   private readonly handlers = new Map<string, Registered>();
   private generic: ToolHandler | undefined;
@@ -130,7 +137,11 @@ export class ToolHost {
     this.sessionId = options.sessionId;
     this.hostName = (options.hostName ?? defaultHostName()).slice(0, 128);
     this.maxBackoffMs = options.maxBackoffMs ?? 1_000;
-    this.client = createClient(BridgeService, options.transport ?? transportFor(options));
+    this.clients = transportsFor(options).map((transport) => createClient(BridgeService, transport));
+  }
+
+  private get client(): Client<typeof BridgeService> {
+    return this.clients[this.turn] ?? this.clients[0]!;
   }
 
   /**
@@ -188,6 +199,7 @@ export class ToolHost {
     this.stopping = true;
     this.stream?.abort();
     this.wake?.();
+    this.connectionWaiters.splice(0).forEach((waiter) => waiter());
     for (const active of this.active.values()) {
       active.ended = true;
       active.controller.abort(new DOMException("The tool host stopped.", "AbortError"));
@@ -227,6 +239,8 @@ export class ToolHost {
       if (this.stopping) {
         break;
       }
+      // The next replica, if there are several: this one may be gone.
+      this.turn = (this.turn + 1) % this.clients.length;
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, backoff * (0.5 + Math.random() / 2));
         // stop() cuts the wait short: it would last as long as the backoff.
@@ -274,6 +288,7 @@ export class ToolHost {
             this.connectedNow = true;
             this.declaredOnce = false;
             this.redeclare();
+            this.connectionWaiters.splice(0).forEach((waiter) => waiter());
             break;
           }
           case "toolRequest":
@@ -441,11 +456,17 @@ export class ToolHost {
 
   /**
    * Hand the outcome to the bridge, trying transport failures again until the
-   * call's deadline. Sending the same outcome twice is safe: the bridge keeps
-   * one outcome per request and says whether it was this one.
+   * call's deadline. When the stream broke meanwhile (its bridge replica may be
+   * gone), wait for the next connection and hand it in there, naming the same
+   * request under the new host session. Sending the same outcome twice is safe:
+   * the bridge keeps one outcome per request and says whether it was this one.
    */
   private async submit(outcome: ToolOutcome, ctx: ToolContext, hostSessionId: string): Promise<void> {
     for (let attempt = 1; ; attempt++) {
+      if (!this.connectedNow || hostSessionId !== this.hostSessionId) {
+        await this.connection(ctx.timeRemainingMs());
+        hostSessionId = this.hostSessionId || hostSessionId;
+      }
       try {
         await this.client.submitToolResult(
           { hostSessionId, toolRequestId: ctx.toolRequestId, outcome },
@@ -471,6 +492,22 @@ export class ToolHost {
         return;
       }
     }
+  }
+
+  /** Resolves once a host session is open, or after `timeoutMs`, or when the host stops. */
+  private connection(timeoutMs: number): Promise<void> {
+    if (this.connectedNow || this.stopping) {
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        this.connectionWaiters = this.connectionWaiters.filter((waiter) => waiter !== done);
+        resolve();
+      };
+      const timer = setTimeout(done, timeoutMs);
+      this.connectionWaiters.push(done);
+    });
   }
 
   private report(error: HostError): void {
@@ -503,12 +540,20 @@ function toDefinition(name: string, declaration: ToolDeclaration): ToolDefinitio
   });
 }
 
-function transportFor(options: ToolHostOptions): Transport {
-  if (options.baseUrl === undefined) {
+function transportsFor(options: ToolHostOptions): Transport[] {
+  if (options.transport !== undefined) {
+    const transports = Array.isArray(options.transport) ? [...options.transport] : [options.transport as Transport];
+    if (transports.length > 0) {
+      return transports;
+    }
+  }
+  const urls = typeof options.baseUrl === "string" ? [options.baseUrl] : [...(options.baseUrl ?? [])];
+  if (urls.length === 0) {
     throw new TypeError("toolmesh: ToolHost needs a baseUrl (the bridge's port for pages) or a transport");
   }
-  const settings = { baseUrl: options.baseUrl };
-  return options.protocol === "grpc-web" ? createGrpcWebTransport(settings) : createConnectTransport(settings);
+  return urls.map((baseUrl) =>
+    options.protocol === "grpc-web" ? createGrpcWebTransport({ baseUrl }) : createConnectTransport({ baseUrl }),
+  );
 }
 
 function defaultHostName(): string {

@@ -1,5 +1,6 @@
 // The page the browser tests drive: a ToolHost serving test tools, its state on `window.toolmesh`.
-// Query: session, baseUrl, protocol (connect|grpc-web), mode (handlers|webmcp).
+// Query: session, baseUrl (several bridge replicas' separated by commas), protocol (connect|grpc-web),
+// mode (handlers|webmcp).
 import { ToolHost, serveWebMCP, type HostError, type ToolContext } from "../../src/index.js";
 
 interface Seen {
@@ -23,7 +24,7 @@ interface WebMCPDocument {
 const query = new URLSearchParams(location.search);
 const protocol = query.get("protocol") === "grpc-web" ? "grpc-web" : "connect";
 const host = new ToolHost({
-  baseUrl: query.get("baseUrl") ?? "",
+  baseUrl: (query.get("baseUrl") ?? "").split(","),
   sessionId: query.get("session") ?? "",
   protocol,
   maxBackoffMs: 500,
@@ -33,6 +34,8 @@ const aborts: AbortRecord[] = [];
 const errors: HostError[] = [];
 const controllers = new Map<string, AbortController>();
 const todos: string[] = [];
+// The "held" handlers waiting for release(), each with the function that makes it answer.
+const held: (() => void)[] = [];
 
 const state = {
   seen,
@@ -42,6 +45,8 @@ const state = {
   started: false,
   startError: "",
   connected: () => host.connected,
+  /** Let every "held" handler answer; how many there were. */
+  release: () => held.splice(0).map((answer) => answer()).length,
   hostSessionId: () => host.hostSessionId,
   /** Withdraw a WebMCP tool by aborting the signal it was registered with. */
   unregister: (name: string) => controllers.get(name)?.abort(),
@@ -140,6 +145,15 @@ if (query.get("mode") === "webmcp") {
     description: "Does nothing (the benchmark's tool).",
     inputSchema: { type: "object", properties: { n: { type: "integer" } } },
   });
+  host.onTool(
+    "held",
+    (args, ctx) =>
+      new Promise((resolve) => {
+        note("held", ctx);
+        held.push(() => resolve({ held: args, toolRequestId: ctx.toolRequestId }));
+      }),
+    { description: "Answers once the test releases it.", timeoutMs: 30_000 },
+  );
   // Served but not declared: the tests put it themselves.
   host.onTool("undeclared", () => "served");
 }

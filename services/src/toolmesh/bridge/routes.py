@@ -4,7 +4,8 @@ Each bridge replica writes `bridge:route:<session>` = its advertise address
 (the internal listener the invocation service can reach) for every session it
 holds a host of, refreshes it every `refresh_s` and lets it expire after
 `ttl_s`, so a replica that died stops being named within `ttl_s`. When the last
-host of a session leaves, the replica removes the route if it still names it.
+host of a session leaves, the replica removes the route if it still names it
+(one conditional delete: Store.delete_if_value).
 The invocation service reads the route to pick the replica to dispatch to.
 """
 
@@ -66,9 +67,10 @@ class Routes:
         self._refresher = asyncio.create_task(self._refresh())
 
     def _opened(self, host: HostSession) -> None:
-        if host.session_id not in self._sessions:
-            self._sessions.add(host.session_id)
-            self._spawn(self._write(host.session_id))
+        # Written for every host that opens, not only the first: a host that comes here because
+        # its replica died makes the route name this one at once, not at the next refresh.
+        self._sessions.add(host.session_id)
+        self._spawn(self._write(host.session_id))
 
     def _closed(self, host: HostSession) -> None:
         if host.session_id in self._sessions and not self._router.serves(host.session_id):
@@ -91,9 +93,9 @@ class Routes:
         try:
             if session_id in self._sessions:  # a host of it came back meanwhile
                 return
-            # Only our own: another replica may hold a host of the session too, and have written it.
-            if await route_of(self._store, session_id) == self.address:
-                await self._store.delete(route_key(session_id))
+            # Only our own, in one step: another replica may hold a host of the session too, and
+            # have written it (between a read and a delete, its route would be lost).
+            await self._store.delete_if_value(route_key(session_id), self._value)
         except ToolmeshError as error:
             log.warning("route not removed", extra={"session_id": session_id, "code": error.code.value})
 

@@ -70,6 +70,25 @@ def submit(
     return bridge_pb2.SubmitToolResultResponse()
 
 
+async def submit_or_adopt(
+    router: Router,
+    recorder: OutcomeRecorder | None,
+    request: bridge_pb2.SubmitToolResultRequest,
+    sessions: Container[str] | None,
+) -> bridge_pb2.SubmitToolResultResponse:
+    """`submit`; with `recorder` (a shared ledger), a result for a request this replica does not
+    hold is recorded there while its invocation runs (OutcomeRecorder.adopt)."""
+    try:
+        return submit(router, request, sessions)
+    except ToolmeshError as error:
+        if error.code is not Code.REQUEST_UNKNOWN or recorder is None:
+            raise
+    # Sent by a replica that died while the host ran it: the ledger says whether it still runs.
+    host = router.host(request.host_session_id, sessions)
+    await recorder.adopt(host, request.tool_request_id, outcome_from_pb(request.outcome))
+    return bridge_pb2.SubmitToolResultResponse()
+
+
 def answer_read_check(
     router: Router, request: bridge_pb2.AnswerReadCheckRequest, sessions: Container[str] | None
 ) -> bridge_pb2.AnswerReadCheckResponse:
@@ -104,16 +123,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     async def SubmitToolResult(
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
-        sessions = scope(Role.HOST)
-        try:
-            return submit(self._router, request, sessions)
-        except ToolmeshError as error:
-            if error.code is not Code.REQUEST_UNKNOWN or self._recorder is None:
-                raise
-        # Sent by a replica that died while the host ran it: the ledger says whether it still runs.
-        host = self._router.host(request.host_session_id, sessions)
-        await self._recorder.adopt(host, request.tool_request_id, outcome_from_pb(request.outcome))
-        return bridge_pb2.SubmitToolResultResponse()
+        return await submit_or_adopt(self._router, self._recorder, request, scope(Role.HOST))
 
     async def DeclareHostTools(
         self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext

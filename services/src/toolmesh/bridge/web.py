@@ -38,8 +38,9 @@ from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import Admit, Listener, admission, scope
 from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
+from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
-from toolmesh.bridge.servicer import answer_read_check, declare, host_events, submit
+from toolmesh.bridge.servicer import answer_read_check, declare, host_events, submit_or_adopt
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
@@ -111,8 +112,15 @@ class WebBridge(BridgeService):
     never lets a request reach them.
     """
 
-    def __init__(self, router: Router, declarations: Declarations, verifier: Verifier | None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        declarations: Declarations,
+        verifier: Verifier | None,
+        recorder: OutcomeRecorder | None = None,
+    ) -> None:
         self._router = router
+        self._recorder = recorder
         self._declarations = declarations
         self._admit = {
             name: admission(f"toolmesh.v1.BridgeService/{name}", Listener.PUBLIC, verifier)
@@ -134,7 +142,7 @@ class WebBridge(BridgeService):
     ) -> bridge_pb2.SubmitToolResultResponse:
         try:
             await _admit(self._admit["SubmitToolResult"], request, ctx)
-            return submit(self._router, request, scope(Role.HOST))
+            return await submit_or_adopt(self._router, self._recorder, request, scope(Role.HOST))
         except Exception as exc:
             _fail("SubmitToolResult", exc)
 
@@ -237,14 +245,17 @@ def web_app(
     declarations: Declarations,
     origins: Iterable[str],
     verifier: Verifier | None = None,
+    recorder: OutcomeRecorder | None = None,
+    *,
     read_max_bytes: int = MAX_MESSAGE_BYTES,
 ) -> App:
-    """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port.
+    """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port;
+    with `recorder`, results handed in after another replica was lost are adopted as on the gRPC port.
 
     `read_max_bytes`: the largest message it reads (the `message_bytes` limit).
     """
     connect = BridgeServiceASGIApplication(
-        WebBridge(router, declarations, verifier),
+        WebBridge(router, declarations, verifier, recorder),
         read_max_bytes=read_max_bytes,
     )
     return guarded(connect, origins)

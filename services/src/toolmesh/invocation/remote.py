@@ -7,6 +7,8 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import replace
+from functools import partial
 
 import grpc
 
@@ -37,6 +39,12 @@ log = logging.getLogger("toolmesh.invocation")
 # The bridge enforces the tool's deadline itself; this margin only catches a
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
+# A new dispatch stream waits this long at most for its bridge's connection; then the request
+# fails as not sent (a bridge that refuses connections fails it at once).
+CONNECT_S = 5.0
+# While a read-only or idempotent request whose bridge replica died waits for another replica to
+# be named by its session's route, the route is read again this often.
+ROUTE_POLL_S = 0.25
 DISPATCH_METHOD = "toolmesh.v1.BridgeService/DispatchToolRequests"
 # A link to a bridge replica other than the default closes after this long without requests.
 LINK_IDLE_S = 30.0
@@ -94,33 +102,75 @@ def cached_registry_catalog(
     )
 
 
+class BridgeLost(ToolmeshError):
+    """BRIDGE_UNAVAILABLE, knowing whether the request may have reached the bridge: `sent` is
+    False when it never left this process (the bridge could not be connected to, or the stream
+    ended before the request was handed to it), so nothing ran."""
+
+    def __init__(self, metadata: dict[str, str], *, sent: bool) -> None:
+        super().__init__(Code.BRIDGE_UNAVAILABLE, "", metadata)
+        self.sent = sent
+
+
 class RemoteDispatcher:
     """Tool requests to the bridge, all on one DispatchToolRequests stream.
 
     One stream rather than a call per request: a call held for as long as a
     tool runs costs each side about 20 KB, which is most of what a held
     invocation costs. When the stream breaks, the requests on it fail with
-    BRIDGE_UNAVAILABLE and the next request opens a new one.
+    BRIDGE_UNAVAILABLE (BridgeLost) and the next request opens a new one.
+
+    A stream opens only on a connected channel (waiting up to `connect_s`), and
+    the ids of the requests handed to it are kept while they wait: a request
+    that failed before either is known not to have left (BridgeLost.sent False).
     """
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, connect_s: float = CONNECT_S) -> None:
+        self._channel = channel
+        self._connect_s = connect_s
         self._stub = bridge_pb2_grpc.BridgeServiceStub(channel)
         self._link: DispatchLink | None = None
+        # The ids of the requests handed to the current link's stream and not answered yet.
+        self._sent: set[str] = set()
+        self._connecting: asyncio.Future[None] | None = None
 
-    def _open_link(self) -> DispatchLink:
+    async def _open_link(self) -> tuple[DispatchLink, set[str]]:
         link = self._link
         if link is None or link.closed:
-            link = self._link = StreamLink(
-                self._stub.DispatchToolRequests,
-                batch=_dispatch_message,
-                size_of=_size,
-                results_of=lambda response: response.results,
-                key_of=lambda result: result.tool_request_id,
-            )
-        return link
+            # One wait for the connection, shared by every dispatch that needs it meanwhile.
+            connecting = self._connecting
+            if connecting is None or connecting.done():
+                connecting = self._connecting = asyncio.ensure_future(self._connected())
+                connecting.add_done_callback(_seen)
+            await asyncio.shield(connecting)
+            link = self._link  # another dispatch may have opened one meanwhile
+            if link is None or link.closed:
+                sent: set[str] = set()
+                link = self._link = StreamLink(
+                    self._stub.DispatchToolRequests,
+                    batch=partial(_dispatch_message, sent),
+                    size_of=_size,
+                    results_of=lambda response: response.results,
+                    key_of=lambda result: result.tool_request_id,
+                )
+                self._sent = sent
+        return link, self._sent
+
+    async def _connected(self) -> None:
+        """Wait for the channel to be connected; BridgeLost (not sent) when it fails or takes too long."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._connect_s
+        state = self._channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.READY:
+            left = give_up - loop.time()
+            if state in _DOWN or left <= 0:
+                raise BridgeLost({"grpcStatus": "UNAVAILABLE", "channel": state.name}, sent=False)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
+            state = self._channel.get_state(try_to_connect=True)
 
     async def dispatch(self, request: ToolRequest) -> Outcome:
-        link = self._open_link()
+        link, sent = await self._open_link()
         tool_request_id = request.tool_request_id
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
             message = request_to_pb(request)
@@ -134,12 +184,13 @@ class RemoteDispatcher:
             try:
                 return _outcome_of(await result)
             except StreamBroken as broken:
-                raise _unavailable(broken) from None
+                raise _unavailable(broken, sent=tool_request_id in sent) from None
             except TimeoutError:
                 detail = f"No result within {request.timeout_ms} ms."
                 return Outcome.runtime_error(Code.TOOL_TIMEOUT, detail, {"timeoutMs": request.timeout_ms})
             finally:
                 guard.cancel()
+                sent.discard(tool_request_id)
                 # Not answered (gave up, or this wait was cancelled): tell the bridge to stop it.
                 if link.forget(tool_request_id) and not link.closed:
                     link.send(tool_request_id)
@@ -147,6 +198,15 @@ class RemoteDispatcher:
     async def aclose(self) -> None:
         if self._link is not None:
             await self._link.aclose()
+
+
+_DOWN = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
+
+
+def _seen(connecting: asyncio.Future[None]) -> None:
+    """Its failure reaches the dispatches that wait for it; marked as seen in case none is left."""
+    if not connecting.cancelled():
+        connecting.exception()
 
 
 DispatchLink = StreamLink[
@@ -157,25 +217,29 @@ DispatchLink = StreamLink[
 ]
 
 
-def _dispatch_message(batch: list[bridge_pb2.ToolRequest | str]) -> bridge_pb2.DispatchToolRequestsRequest:
-    """Requests, and the ids (str) of requests to cancel, in one message."""
+def _dispatch_message(
+    sent: set[str], batch: list[bridge_pb2.ToolRequest | str]
+) -> bridge_pb2.DispatchToolRequestsRequest:
+    """Requests, and the ids (str) of requests to cancel, in one message; the requests' ids go in
+    `sent` (built as the stream takes the message: from then on, it may have left)."""
     message = bridge_pb2.DispatchToolRequestsRequest()
     for item in batch:
         if isinstance(item, str):
             message.cancel_tool_request_ids.append(item)
         else:
             message.requests.append(item)
+            sent.add(item.tool_request_id)
     return message
 
 
-def _unavailable(broken: StreamBroken) -> ToolmeshError:
+def _unavailable(broken: StreamBroken, *, sent: bool) -> BridgeLost:
     metadata = {"grpcStatus": broken.status}
     refused = error_code(broken.error) if broken.error is not None else None
     if refused is not None:
         # The bridge answered but would not take the stream: a configuration to fix, not an outage.
         metadata["reason"] = refused.value
         log.error("the bridge refused the dispatch stream", extra={"reason": refused.value})
-    return ToolmeshError(Code.BRIDGE_UNAVAILABLE, "", metadata)
+    return BridgeLost(metadata, sent=sent)
 
 
 def _give_up(result: asyncio.Future[bridge_pb2.DispatchResult]) -> None:
@@ -220,7 +284,10 @@ class RoutedDispatcher:
     `default_target`, which answers TOOL_HOST_UNAVAILABLE when it holds no host either.
 
     With `recorded` (bridges record outcomes in a ledger shared with this process), a link
-    that breaks under a request raises OutcomeElsewhere rather than BRIDGE_UNAVAILABLE.
+    that breaks under a request that may have reached its bridge raises OutcomeElsewhere rather
+    than BRIDGE_UNAVAILABLE, or sends a redeliverable one to another replica. A request that
+    never left ends at once with TOOL_HOST_UNAVAILABLE (nothing ran), unless another replica
+    holds a host of the session.
     """
 
     def __init__(
@@ -253,21 +320,82 @@ class RoutedDispatcher:
         """The outcome from the session's bridge replica; ToolmeshError(BRIDGE_UNAVAILABLE or
         STORE_UNAVAILABLE, when the route cannot be read) when it has none.
 
-        A route read within `route_cache_s` is used again without reading the store; when the
-        replica it names holds no host of the session (TOOL_HOST_UNAVAILABLE: nothing ran), the
-        route is read again and, if it names another replica, the request goes there.
+        A route read within `route_cache_s` is used again without reading the store. When the
+        replica it names holds no host of the session (TOOL_HOST_UNAVAILABLE) or cannot be
+        reached (the request never left), nothing ran: the route is read again and the request
+        goes to the replica it names, or to the default, if not tried yet; else the call ends
+        with TOOL_HOST_UNAVAILABLE at once.
+
+        With `recorded`, a link that breaks after the request was handed to it raises
+        OutcomeElsewhere (the host may run it and hand its outcome to another replica), except
+        for a read-only or idempotent request: that one is sent again, with the time it has
+        left, to another replica once the session's route names one (see `_redeliver`).
         """
         session_id = request.session_id
         cached = self._routes.get(session_id)
-        now = time.monotonic()
-        if cached is not None and now - cached[1] < self._route_cache_s:
+        if cached is not None and time.monotonic() - cached[1] < self._route_cache_s:
             target = cached[0]
-            outcome = await self._send(target, request)
+        else:
+            target = await self._read_route(session_id)
+        tried: set[str] = set()
+        while True:
+            tried.add(target)
+            try:
+                outcome = await self._send(target, request)
+            except BridgeLost as lost:
+                # A refusal (a reason) is a configuration to fix, not a replica gone.
+                if "reason" in lost.metadata:
+                    raise
+                if lost.sent:
+                    if not self._recorded:
+                        raise
+                    if not request.redeliverable:
+                        raise OutcomeElsewhere from None
+                    return await self._redeliver(request, tried)
+                outcome = _unreachable(session_id)
             if not _no_host(outcome):
                 return outcome
-            fresh = await self._read_route(session_id)
-            return outcome if fresh == target else await self._send(fresh, request)
-        return await self._send(await self._read_route(session_id), request)
+            other = await self._untried(session_id, tried)
+            if other is None:
+                return outcome
+            target = other
+
+    async def _untried(self, session_id: str, tried: set[str]) -> str | None:
+        """The replica the session's route names, else the default, unless already tried."""
+        for target in (await self._read_route(session_id), self._default):
+            if target not in tried:
+                return target
+        return None
+
+    async def _redeliver(self, request: ToolRequest, tried: set[str]) -> Outcome:
+        """Send a read-only or idempotent request whose replica died to another one.
+
+        The route names the dead replica until another replica writes it (at once when a host
+        of the session connects there, else within its refresh) or it expires; it is read again
+        every ROUTE_POLL_S until the request's time is up, then the ledger decides
+        (OutcomeElsewhere). It may have started on the first host: safe, it is redeliverable.
+        """
+        give_up = time.monotonic() + request.timeout_ms / 1000
+        while (left_s := give_up - time.monotonic()) > 0:
+            target = await self._untried(request.session_id, tried)
+            if target is None:
+                await asyncio.sleep(min(ROUTE_POLL_S, left_s))
+                continue
+            tried.add(target)
+            log.warning("bridge replica lost: sending a redeliverable request to another one")
+            again = replace(request, timeout_ms=max(1, int(left_s * 1000)))
+            try:
+                outcome = await self._send(target, again)
+            except BridgeLost as lost:
+                if lost.sent or "reason" in lost.metadata:
+                    raise OutcomeElsewhere from None
+                continue
+            if not _no_host(outcome):
+                return outcome
+            # That replica holds no host of it (yet): try it again when the route names it.
+            tried.discard(target)
+            await asyncio.sleep(min(ROUTE_POLL_S, max(give_up - time.monotonic(), 0)))
+        raise OutcomeElsewhere
 
     async def _read_route(self, session_id: str) -> str:
         target = await route_of(self._store, session_id) or self._default
@@ -286,12 +414,6 @@ class RoutedDispatcher:
         bridge.busy += 1
         try:
             return await bridge.dispatcher.dispatch(request)
-        except ToolmeshError as error:
-            # Not a refusal (a configuration to fix): the bridge went away, maybe with the request.
-            broke = error.code is Code.BRIDGE_UNAVAILABLE and "reason" not in error.metadata
-            if broke and self._recorded:
-                raise OutcomeElsewhere from None
-            raise
         finally:
             bridge.busy -= 1
             if bridge.busy == 0 and target != self._default:
@@ -314,6 +436,15 @@ class RoutedDispatcher:
             await bridge.aclose()
         if self._closing:
             await asyncio.wait(set(self._closing))
+
+
+def _unreachable(session_id: str) -> Outcome:
+    """The session's bridge replica could not be reached and the request never left: nothing ran."""
+    return Outcome.runtime_error(
+        Code.TOOL_HOST_UNAVAILABLE,
+        "Its bridge could not be reached; the request was not sent.",
+        {"sessionId": session_id, "bridge": "unreachable"},
+    )
 
 
 def _no_host(outcome: Outcome) -> bool:

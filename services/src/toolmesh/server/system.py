@@ -106,7 +106,14 @@ async def start_bridge(
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
-        app = web_app(router, declarations, web_origins, security.verifier, limits.message_bytes)
+        app = web_app(
+            router,
+            declarations,
+            web_origins,
+            security.verifier,
+            recorder,
+            read_max_bytes=limits.message_bytes,
+        )
         try:
             web = await start_web_server(app, web_address, security.tls)
         except CannotListen:

@@ -53,6 +53,10 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def delete_if_value(self, key: str, value: bytes) -> bool:
+        """Delete the key only if its value is `value`, in one atomic step; whether it was deleted."""
+        ...
+
     def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         """Yield the key's current state, then its state after each change (its expiry included).
 

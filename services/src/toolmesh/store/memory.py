@@ -148,6 +148,13 @@ class InMemoryStore:
     async def delete(self, key: str) -> None:
         self._table.remove(key)
 
+    async def delete_if_value(self, key: str, value: bytes) -> bool:
+        entry = self._table.live(key)
+        if entry is None or entry.value != value:
+            return False
+        self._table.remove(key)
+        return True
+
     def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         return self._table.watch(key, lambda: self._versioned(key))
 

@@ -71,6 +71,14 @@ if redis.call('DEL', KEYS[1]) == 1 then redis.call('PUBLISH', KEYS[1], 0) end
 return 0
 """)
 
+# Compare and delete: another writer's value stays (a read then a DEL could remove it).
+_DELETE_IF_VALUE = Script("""
+if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[1], 0)
+return 1
+""")
+
 # The value, its version and its time to live in ms (-1: none, -2: absent), in one reply.
 _READ = Script("""
 local found = redis.call('HMGET', KEYS[1], 'v', 'n')
@@ -172,6 +180,9 @@ class RedisStore:
 
     async def delete(self, key: str) -> None:
         await self._run(_DELETE, [self._key(key)])
+
+    async def delete_if_value(self, key: str, value: bytes) -> bool:
+        return bool(await self._run(_DELETE_IF_VALUE, [self._key(key)], [value]))
 
     async def _read_expiring(self, key: str) -> tuple[Versioned | None, float | None]:
         value, version, pttl = await self._run(_READ, [self._key(key)])
