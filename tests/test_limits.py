@@ -286,15 +286,18 @@ def test_the_rate_per_caller_refuses_past_its_burst_and_recovers() -> None:
 @pytest.mark.unit
 async def test_calls_in_flight_per_session_are_counted_and_given_back() -> None:
     quotas = Quotas(InMemoryStore(), limits(calls_in_flight_per_session=1))
-    async with quotas.in_flight("s", 1000):
-        with pytest.raises(ToolmeshError) as raised:
-            async with quotas.in_flight("s", 1000):
-                pass
-        refused_by(raised.value, Code.QUOTA_EXCEEDED, "calls_in_flight_per_session")
-        async with quotas.in_flight("other", 1000):
-            pass
-    async with quotas.in_flight("s", 1000):
-        pass
+    first = quotas.in_flight("s", 1000)
+    await first.take()
+    with pytest.raises(ToolmeshError) as raised:
+        await quotas.in_flight("s", 1000).take()
+    refused_by(raised.value, Code.QUOTA_EXCEEDED, "calls_in_flight_per_session")
+    await quotas.in_flight("other", 1000).take()
+    await first.give_back()
+    await first.give_back()  # once only: the place is not given back twice
+    again = quotas.in_flight("s", 1000)
+    await again.take()
+    with pytest.raises(ToolmeshError):
+        await quotas.in_flight("s", 1000).take()
 
 
 # Over real servers ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from toolmesh.invocation.ports import (
     OutcomeElsewhere,
     ToolCatalog,
 )
-from toolmesh.invocation.quotas import Quotas
+from toolmesh.invocation.quotas import Lease, Quotas
 from toolmesh.invocation.validation import Validation, validate_now
 
 log = logging.getLogger("toolmesh.invocation")
@@ -129,6 +129,8 @@ class Invoker:
         # join. They go on when their caller leaves, so that a caller whose own
         # deadline passed can retry and join them.
         self._running: dict[str, asyncio.Future[Outcome]] = {}
+        # Places given back for calls whose callers left (held here until done).
+        self._giving_back: set[asyncio.Future[None]] = set()
 
     async def invoke(
         self,
@@ -207,16 +209,15 @@ class Invoker:
         if invalid is not None:
             await self._confirm(confirmed)
             return InvokeResult("", invalid)
-        async with self._quotas.in_flight(call.session_id, tool.effective_timeout_ms):
-            return await self._invoke_valid(
-                call,
-                tool,
-                arguments=arguments,
-                idempotency_key=idempotency_key,
-                leaves_early=leaves_early,
-                confirmed=confirmed,
-                on_invocation=on_invocation,
-            )
+        return await self._invoke_valid(
+            call,
+            tool,
+            arguments=arguments,
+            idempotency_key=idempotency_key,
+            leaves_early=leaves_early,
+            confirmed=confirmed,
+            on_invocation=on_invocation,
+        )
 
     async def _invoke_valid(
         self,
@@ -239,33 +240,57 @@ class Invoker:
             timeout_ms=tool.effective_timeout_ms,
             redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
         )
-        claiming = self.ledger.claim(
-            call,
-            tool_request_id,
-            tool.effective_timeout_ms,
-            idempotency_key,
-            self._observer.trace_context(),
-            arguments=arguments,
-            confirmed=confirmed,
-        )
-        claim = await self._claim(claiming, request, tool, leaves_early)
+        lease = self._quotas.in_flight(call.session_id, tool.effective_timeout_ms)
+
+        async def claiming() -> Claim:
+            # The session's place first, in the same step as the claim: a caller that leaves
+            # during either leaves both to go on (see _claim).
+            await lease.take()
+            try:
+                return await self.ledger.claim(
+                    call,
+                    tool_request_id,
+                    tool.effective_timeout_ms,
+                    idempotency_key,
+                    self._observer.trace_context(),
+                    arguments=arguments,
+                    confirmed=confirmed,
+                )
+            except BaseException:
+                await lease.give_back()
+                raise
+
+        claim = await self._claim(claiming(), request, tool, leaves_early, lease)
         record = claim.record
-        if on_invocation is not None and record.outcome is None:
-            await on_invocation(record.tool_request_id)
-        with self._observer.invocation(record.tool_request_id):
-            if claim.is_new:
-                return InvokeResult(tool_request_id, await self._start(request, tool, record, leaves_early))
-            if record.outcome is not None:
-                with self._observer.attached(record, "replayed"):
-                    log.info("replayed an unconfirmed outcome")
-                    return InvokeResult(record.tool_request_id, record.outcome, replayed=True)
-            with self._observer.attached(record, "joined"):
-                log.info("joined a running invocation")
-                outcome = await self._outcome_of(record.tool_request_id, tool.effective_timeout_ms)
-                return InvokeResult(record.tool_request_id, outcome, joined=True)
+        if claim.is_new:
+            # The run gives the place back when it ends, whoever waits for it.
+            if on_invocation is not None:
+                await on_invocation(record.tool_request_id)
+            with self._observer.invocation(record.tool_request_id):
+                outcome = await self._start(request, tool, record, leaves_early, lease)
+                return InvokeResult(tool_request_id, outcome)
+        try:
+            if on_invocation is not None and record.outcome is None:
+                await on_invocation(record.tool_request_id)
+            with self._observer.invocation(record.tool_request_id):
+                if record.outcome is not None:
+                    with self._observer.attached(record, "replayed"):
+                        log.info("replayed an unconfirmed outcome")
+                        return InvokeResult(record.tool_request_id, record.outcome, replayed=True)
+                with self._observer.attached(record, "joined"):
+                    log.info("joined a running invocation")
+                    outcome = await self._outcome_of(record.tool_request_id, tool.effective_timeout_ms)
+                    return InvokeResult(record.tool_request_id, outcome, joined=True)
+        finally:
+            await lease.give_back()
 
     async def _claim(
-        self, claiming: Coroutine[Any, Any, Claim], request: ToolRequest, tool: ToolSpec, leaves_early: bool
+        self,
+        claiming: Coroutine[Any, Any, Claim],
+        request: ToolRequest,
+        tool: ToolSpec,
+        leaves_early: bool,
+        lease: Lease,
     ) -> Claim:
         """The ledger's claim. One whose caller may leave (a unary RPC) goes on without it: a claim
         that made a new invocation must run it, or exact retries would join one that nobody runs."""
@@ -275,38 +300,47 @@ class Invoker:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            task.add_done_callback(partial(self._claimed_without_caller, request, tool))
+            task.add_done_callback(partial(self._claimed_without_caller, request, tool, lease))
             raise
 
     def _claimed_without_caller(
-        self, request: ToolRequest, tool: ToolSpec, claiming: asyncio.Future[Claim]
+        self, request: ToolRequest, tool: ToolSpec, lease: Lease, claiming: asyncio.Future[Claim]
     ) -> None:
         if claiming.cancelled() or claiming.exception() is not None:
-            return
+            return  # the claim gave its place back
         claim = claiming.result()
         if claim.is_new:
-            self._run_detached(request, tool, claim.record)
+            self._run_detached(request, tool, claim.record, lease)
+        else:  # joined or replayed, and nobody waits for it
+            giving_back = asyncio.ensure_future(lease.give_back())
+            self._giving_back.add(giving_back)
+            giving_back.add_done_callback(self._giving_back.discard)
 
     def _run_detached(
-        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease
     ) -> asyncio.Task[Outcome]:
         """Run a new invocation in a task of its own, which goes on whoever waits for it."""
-        task = asyncio.create_task(self._run(request, tool, claimed))
+        task = asyncio.create_task(self._run_and_give_back(request, tool, claimed, lease))
         self._running[request.tool_request_id] = task
         task.add_done_callback(partial(self._ended, request.tool_request_id))
         return task
 
     async def _start(
-        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, leaves_early: bool
+        self,
+        request: ToolRequest,
+        tool: ToolSpec,
+        claimed: InvocationRecord,
+        leaves_early: bool,
+        lease: Lease,
     ) -> Outcome:
         """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
         tool_request_id = request.tool_request_id
         if leaves_early:
-            return await asyncio.shield(self._run_detached(request, tool, claimed))
+            return await asyncio.shield(self._run_detached(request, tool, claimed, lease))
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._running[tool_request_id] = ran
         try:
-            outcome = await self._run(request, tool, claimed)
+            outcome = await self._run_and_give_back(request, tool, claimed, lease)
         except asyncio.CancelledError:
             ran.cancel()
             raise
@@ -322,6 +356,14 @@ class Invoker:
 
     def _ended(self, tool_request_id: str, _: object) -> None:
         self._running.pop(tool_request_id, None)
+
+    async def _run_and_give_back(
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease
+    ) -> Outcome:
+        try:
+            return await self._run(request, tool, claimed)
+        finally:
+            await lease.give_back()
 
     async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
         self._observer.in_flight(1)

@@ -2,7 +2,9 @@
 
 Calls in flight per session are counted in the store as leases, so the quota
 holds across invocation replicas sharing a Redis (and a replica that dies
-gives its leases back when they lapse). Calls per second are a token bucket
+gives its leases back when they lapse). A new invocation holds its place
+until it ends, also when its caller left; a call that joins or replays one,
+while its caller waits. Calls per second are a token bucket
 per caller (the token's subject) in each replica's memory: a rate changes too
 fast for a round trip to the store per call to pay, and a balancer spreading a
 caller over N replicas gives it at most N times the rate (set it accordingly).
@@ -16,8 +18,9 @@ import math
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
+from toolmesh.core.errors import ToolmeshError
 from toolmesh.server.limits import DEFAULT_LIMITS, Limits
 from toolmesh.store.base import Store
 
@@ -72,26 +75,41 @@ class Quotas:
             )
         bucket.tokens -= 1
 
-    @contextlib.asynccontextmanager
-    async def in_flight(self, session_id: str, timeout_ms: int) -> AsyncIterator[None]:
-        """Hold one of the session's in-flight places while the block runs; QUOTA_EXCEEDED when none is free.
+    def in_flight(self, session_id: str, timeout_ms: int) -> Lease:
+        """A place among the session's calls in flight, for a call with that timeout (not taken yet)."""
+        return Lease(self._store, self._limits, session_id, timeout_ms / 1000 + LEASE_GRACE_S)
 
-        Raises ToolmeshError(STORE_UNAVAILABLE) when the store cannot be reached.
-        """
+
+class Lease:
+    """One call's place among its session's calls in flight: taken, then given back once."""
+
+    def __init__(self, store: Store | None, limits: Limits, session_id: str, ttl_s: float) -> None:
+        self._store = store
+        self._limits = limits
+        self._session_id = session_id
+        self._key = f"quota:in_flight:{session_id}"
+        self._id = uuid.uuid4().hex
+        self._ttl_s = ttl_s
+        self._held = False
+
+    async def take(self) -> None:
+        """QUOTA_EXCEEDED when the session has no place free; STORE_UNAVAILABLE when the store is out."""
         if self._store is None:
-            yield
             return
-        key = f"quota:in_flight:{session_id}"
-        lease = uuid.uuid4().hex
         limit = self._limits.calls_in_flight_per_session
-        if not await self._store.acquire_lease(key, lease, limit, timeout_ms / 1000 + LEASE_GRACE_S):
+        if not await self._store.acquire_lease(self._key, self._id, limit, self._ttl_s):
             raise self._limits.used_up(
                 "calls_in_flight_per_session",
                 f"The session has {limit} calls waiting for their outcome already.",
                 1.0,
-                sessionId=session_id,
+                sessionId=self._session_id,
             )
-        try:
-            yield
-        finally:
-            await self._store.release_lease(key, lease)
+        self._held = True
+
+    async def give_back(self) -> None:
+        """Never fails the call: a place the store could not take back lapses at its ttl."""
+        if self._store is None or not self._held:
+            return
+        self._held = False
+        with contextlib.suppress(ToolmeshError):
+            await self._store.release_lease(self._key, self._id)
