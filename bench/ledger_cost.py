@@ -39,7 +39,7 @@ class Catalog:
 
 
 class InstantHost:
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
         return RESULT
 
 
@@ -69,8 +69,8 @@ class KeepNothing(Ledger):
         *,
         replayable: bool = True,
         claimed: InvocationRecord | None = None,
-    ) -> None:
-        return None
+    ) -> bool:
+        return True
 
     async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
         return []

@@ -64,6 +64,7 @@ CALL_CODES = {
     Code.TOOL_HANDLER_ERROR,
     Code.TOOL_RESULT_INVALID,
     Code.TOOL_TIMEOUT,
+    Code.TOOL_CANCELLED,
     Code.TOOL_HOST_UNAVAILABLE,
     Code.TOOL_HOST_DISCONNECTED,
     Code.INVALID_REQUEST,
@@ -105,6 +106,8 @@ def test_every_call_code_maps_onto_a_turn_code() -> None:
         ("TOOL_RESULT_INVALID", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         ("TOOL_HOST_DISCONNECTED", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         ("TOOL_TIMEOUT", ErrorKind.RUNTIME, TurnCode.TIMEOUT),
+        # Someone cancelled the invocation: the turn stops, as for a cancelled turn.
+        ("TOOL_CANCELLED", ErrorKind.RUNTIME, TurnCode.ABORTED),
         # A handler's own code, whatever it is.
         ("TOOL_NOT_FOUND", ErrorKind.DOMAIN, TurnCode.EXECUTION_FAILED),
         ("SOMETHING_NEWER", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),

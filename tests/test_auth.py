@@ -172,7 +172,14 @@ def test_every_rpc_is_in_the_policy_and_internal_ones_are_never_public() -> None
         method = full_method.rsplit("/", 1)[1]
         service = next(s for s in services if full_method.startswith(s.full_name))
         if rule.session_field is not None:
-            assert rule.session_field in service.methods_by_name[method].input_type.fields_by_name
+            # A dotted path names a field of a message field (RunTool's call.session_id).
+            message = service.methods_by_name[method].input_type
+            *outer, last = rule.session_field.split(".")
+            for name in outer:
+                inner = message.fields_by_name[name].message_type
+                assert inner is not None
+                message = inner
+            assert last in message.fields_by_name
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,24 @@ def test_bench_faults_quick_runs_every_scenario(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_mcp_both_ways_runs_every_way(tmp_path: Path) -> None:
+    sizes = ["--calls", "20", "--seconds", "0.5", "--rounds", "1"]
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.mcp_both_ways", *sizes, "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    [written] = tmp_path.glob("mcp_both_ways-*.json")
+    results = json.loads(written.read_text())
+    assert set(results["ratios"]) == {"gateway (stdio)", "gateway (HTTP)", "host --mcp"}
+    assert all(figures["calls_per_s"] > 0 for figures in results["figures"].values())
+
+
+@pytest.mark.timeout(240)
 def test_bench_limits_quick_runs_every_scenario(tmp_path: Path) -> None:
     completed = subprocess.run(
         [sys.executable, "-m", "bench.limits", "--quick", "--baseline", "none", "--out", str(tmp_path)],

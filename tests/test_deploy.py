@@ -13,6 +13,7 @@ import asyncio
 import importlib.util
 import inspect
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -190,7 +191,9 @@ def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(servi
         assert args[args.index("--internal-listen") + 1] == f"0.0.0.0:{INTERNAL_PORTS[service]}"
     assert [p["containerPort"] for p in container["ports"]] == ports
     for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"] == {"port": port, "service": f"toolmesh.v1.{service.title()}Service"}
+        # The kubelet's grpc probe cannot speak TLS: the health check module runs inside the container.
+        assert container[probe]["exec"]["command"] == probe_command(service)
+        assert container[probe]["timeoutSeconds"] > 2  # the check's own timeout, plus starting Python
     services = [s for s in k8s("Service").values() if selects(s["spec"]["selector"], pod_labels(deployment))]
     assert services
     for found in services:
@@ -213,7 +216,7 @@ async def test_health_names_probed_are_the_ones_the_servers_serve(system: LocalS
 
     for service in SERVICES:
         target = getattr(system, f"{service}_target")
-        probed = only_container(k8s("Deployment")[service])["readinessProbe"]["grpc"]["service"]
+        probed = only_container(k8s("Deployment")[service])["readinessProbe"]["exec"]["command"][-1]
         assert await asyncio.to_thread(check, target, probed) == SERVING
         # The compose health check, run as compose runs it, against the same server.
         for compose_service in compose_replicas(service):
@@ -224,6 +227,48 @@ async def test_health_names_probed_are_the_ones_the_servers_serve(system: LocalS
             )
             stdout, _ = await asyncio.wait_for(process.communicate(), 30)
             assert (process.returncode, stdout.decode().strip()) == (0, SERVING)
+
+
+def probe_command(service: str) -> list[str]:
+    """The probe of a service's pods: the health check module, on its own port, expecting its name."""
+    return [
+        "python",
+        "-m",
+        "toolmesh.server.healthcheck",
+        "--server-name",
+        service,
+        f"127.0.0.1:{DEFAULT_PORTS[service]}",
+        f"toolmesh.v1.{service.title()}Service",
+    ]
+
+
+@pytest.mark.integration
+async def test_probe_command_passes_against_a_server_that_serves_tls(tmp_path: Path) -> None:
+    """The probe, run with the container's TLS environment, is SERVING; without it, it is refused."""
+    from trust_testing import Pki  # noqa: PLC0415
+
+    from toolmesh.server.security import Security  # noqa: PLC0415
+    from toolmesh.server.system import start_registry  # noqa: PLC0415
+
+    pki = Pki.make(tmp_path)
+    files = pki.issue("registry", "registry")  # as the registry's certificate names it in a cluster
+    server = await start_registry(security=Security(files, pki.server_security().verifier))
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLMESH_TLS")}
+    tls_env = plain_env | {"TOOLMESH_TLS_CERT": str(files.cert), "TOOLMESH_TLS_KEY": str(files.key)}
+    tls_env["TOOLMESH_TLS_CA"] = str(files.ca)
+    command = probe_command("registry")
+    command[-2] = f"127.0.0.1:{server.port}"
+    answers = []
+    try:
+        for env in (tls_env, plain_env):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, *command[1:], stdout=asyncio.subprocess.PIPE, env=env
+            )
+            stdout, _ = await asyncio.wait_for(process.communicate(), 30)
+            answers.append((process.returncode, stdout.decode().strip()))
+    finally:
+        await server.stop(0)
+    assert answers == [(0, "SERVING"), (1, "UNREACHABLE")]
 
 
 @pytest.mark.unit

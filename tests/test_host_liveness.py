@@ -54,6 +54,9 @@ class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
+    async def ReportToolProgress(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 async def test_host_reconnects_when_heartbeats_stop() -> None:
     server = grpc.aio.server()
@@ -117,6 +120,9 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
     async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def ReportToolProgress(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
 

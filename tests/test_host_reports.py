@@ -160,6 +160,9 @@ class RacingBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
+    async def ReportToolProgress(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
 
 Racing = tuple[RacingBridge, ToolHost, list[HostError]]
 

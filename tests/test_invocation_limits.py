@@ -37,7 +37,7 @@ class SlowHost:
         self.release = asyncio.Event()
         self.started = 0
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
         self.started += 1
         await self.release.wait()
         return Outcome.success("1")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import pytest_asyncio
@@ -18,7 +19,7 @@ from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
-from toolmesh.invocation.ledger import InvocationState, Ledger, LedgerPolicy, identity_of
+from toolmesh.invocation.ledger import CancelVerdict, InvocationState, Ledger, LedgerPolicy, identity_of
 from toolmesh.store.backends import open_stores
 from toolmesh.store.ledger import LedgerStore
 from toolmesh.store.memory import MemoryLedgerStore
@@ -301,3 +302,55 @@ async def test_an_outcome_recorded_by_the_owner_in_time_wins(ledger: Ledger) -> 
     await ledger.finish("tr_1", Outcome.success("5"))
     record = await asyncio.wait_for(waiting, 5)
     assert record is not None and record.outcome == Outcome.success("5")
+
+
+async def test_a_cancel_ends_a_running_invocation_and_is_replayed(ledger: Ledger) -> None:
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
+    record = await ledger.get("tr_1")
+    assert record is not None and record.state is InvocationState.CANCELLED and record.outcome is not None
+    assert record.outcome.code == Code.TOOL_CANCELLED
+    # The owner's own outcome arrives too late: the first finish won.
+    await ledger.finish("tr_1", Outcome.success("1"))
+    replay = await ledger.claim(call(), "tr_2", 10_000)
+    assert not replay.is_new and replay.record.outcome == record.outcome
+    # Cancelling again, or what has ended, changes nothing.
+    assert await ledger.cancel(claimed.record) is CancelVerdict.ENDED
+
+
+async def test_a_cancel_leaves_alone_an_invocation_a_call_joined(ledger: Ledger) -> None:
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    joined = await ledger.claim(call(), "tr_2", 10_000)
+    assert not joined.is_new
+    assert await ledger.cancel(claimed.record) is CancelVerdict.JOINED
+    record = await ledger.get("tr_1")
+    assert record is not None and not record.finished
+    keyed = await ledger.claim(call('{"k": 1}'), "tr_k1", 10_000, idempotency_key="key")
+    assert not (await ledger.claim(call('{"k": 1}'), "tr_k2", 10_000, idempotency_key="key")).is_new
+    assert await ledger.cancel(keyed.record) is CancelVerdict.JOINED
+
+
+async def test_a_replayed_call_does_not_count_as_joined_and_a_gone_invocation_is_none(
+    ledger: Ledger,
+) -> None:
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.success("1"))
+    assert not (await ledger.claim(call(), "tr_2", 10_000)).is_new  # a replay, not a join
+    assert await ledger.cancel(claimed.record) is CancelVerdict.ENDED
+    never = replace(claimed.record, tool_request_id="tr_never_claimed")
+    assert await ledger.cancel(never) is None
+
+
+async def test_a_finish_after_a_cancel_says_the_invocation_was_cancelled(
+    backend: tuple[LedgerStore, Clock, str], ledger: Ledger
+) -> None:
+    store = backend[0]
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
+    # The owner's outcome came as the cancel did: the ledger's TOOL_CANCELLED is everyone's.
+    assert await ledger.finish("tr_1", Outcome.success("1")) is False
+    assert await store.finish("tr_1", b"{}", "", 1.0, 1.0) == "cancelled"
+    other = await ledger.claim(call('{"b": 2}'), "tr_2", 10_000)
+    assert await ledger.finish("tr_2", Outcome.success("2")) is True
+    assert other.is_new and await store.finish("tr_2", b"{}", "", 1.0, 1.0) == "ended"
+    assert await store.finish("tr_never", b"{}", "", 1.0, 1.0) == "ended"

@@ -38,7 +38,7 @@ class HeldHost:
         self.dispatched = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
         self.dispatched.set()
         await self.release.wait()
         return Outcome.success('{"ok": true}')

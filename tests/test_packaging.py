@@ -24,6 +24,7 @@ SERVER_ONLY = {
     "opentelemetry-sdk",
     "opentelemetry-exporter-otlp-proto-grpc",
     "httpx",
+    "mcp",
 }
 
 

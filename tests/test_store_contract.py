@@ -12,9 +12,11 @@ import pytest
 import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.store.backends import open_stores
 from toolmesh.store.base import Store, VersionConflict
 from toolmesh.store.memory import InMemoryStore
+from toolmesh_testing import eventually
 
 
 # Each backend's marks: the in-process one is a unit test, one behind a server an integration test.
@@ -155,3 +157,16 @@ async def test_a_lease_lapses_after_its_ttl(store: Store) -> None:
     assert not await store.acquire_lease("lapse", "b", 1, 30)
     await asyncio.sleep(0.1)  # past the TTL: the time passing is what is tested
     assert await store.acquire_lease("lapse", "b", 1, 30)
+
+
+async def test_cancellations_posted_anywhere_reach_every_follower(store: Store) -> None:
+    board, other_replica = CancelBoard(store), CancelBoard(store)
+    await board.post("tr_before")  # posted before anyone followed: not told again
+    heard: list[str] = []
+    ready = asyncio.Event()
+    following = asyncio.create_task(other_replica.follow(heard.append, ready))
+    await asyncio.wait_for(ready.wait(), 5)
+    await asyncio.gather(*(board.post(f"tr_{n}") for n in range(20)))  # concurrent: none is lost
+    await eventually(lambda: len(heard) >= 20)
+    assert sorted(heard) == sorted(f"tr_{n}" for n in range(20))
+    following.cancel()

@@ -58,7 +58,7 @@ class KiloHost:
     def __init__(self) -> None:
         self.runs = 0
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
         self.runs += 1
         return Outcome.success(json.dumps({"pad": "x" * 1000}))
 
@@ -100,7 +100,7 @@ async def test_results_piling_up_beyond_the_cap_end_the_stream_with_results_not_
     class HeldHost(KiloHost):
         entered = 0
 
-        async def dispatch(self, request: ToolRequest) -> Outcome:
+        async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
             self.entered += 1
             await release.wait()
             return await super().dispatch(request)

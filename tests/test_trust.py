@@ -176,6 +176,29 @@ PUBLIC_CALLS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
             invocation_pb2.GetInvocationRequest(tool_request_id="tr_x"), metadata=md
         ),
     ),
+    "CancelInvocation": (
+        "invocation",
+        lambda s, md: s.CancelInvocation(
+            invocation_pb2.CancelInvocationRequest(tool_request_id="tr_x"), metadata=md
+        ),
+    ),
+    "RunTool": (
+        "invocation",
+        lambda s, md: s.RunTool(
+            invocation_pb2.RunToolRequest(
+                call=invocation_pb2.InvokeToolRequest(
+                    session_id=VICTIM, turn_id="t", tool_name="echo", arguments_json="{}"
+                )
+            ),
+            metadata=md,
+        ),
+    ),
+    "ReportToolProgress": (
+        "bridge",
+        lambda s, md: s.ReportToolProgress(
+            bridge_pb2.ReportToolProgressRequest(host_session_id="hs_x", tool_request_id="tr_x"), metadata=md
+        ),
+    ),
     "OpenHostSession": (
         "bridge",
         lambda s, md: s.OpenHostSession(bridge_pb2.OpenHostSessionRequest(session_id=VICTIM), metadata=md),
@@ -295,6 +318,38 @@ async def test_another_sessions_invocations_cannot_be_called_read_or_confirmed(s
         assert seen.session_id == VICTIM and not seen.delivered
         again = await victim.invoke(VICTIM, "echo", {"secret": 1}, turn_id="t")
         assert again.replayed and again.tool_request_id == first.tool_request_id
+
+
+async def test_another_sessions_invocations_cannot_be_cancelled_run_or_reported_on(secured: Secured) -> None:
+    async with (
+        secured.caller(VICTIM) as victim,
+        secured.caller(ATTACKER) as attacker,
+        secured.channel(secured.system.bridge_target) as channel,
+    ):
+        secured.waiting.clear()
+        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        running = asyncio.ensure_future(
+            victim.invoke(VICTIM, "wait", {"cancel": 1}, turn_id="t", on_started=started.set_result)
+        )
+        tool_request_id = await asyncio.wait_for(started, 10)
+        await asyncio.wait_for(secured.waiting.wait(), 10)
+        with pytest.raises(grpc.aio.AioRpcError) as cancel:
+            await attacker.cancel_invocation(tool_request_id)
+        assert_refused(cancel.value, Code.INVOCATION_NOT_FOUND)  # as for an unknown id: nothing stopped
+        with pytest.raises(grpc.aio.AioRpcError) as run:
+            await attacker.invoke(VICTIM, "echo", {}, turn_id="t", on_progress=lambda progress: None)
+        assert_refused(run.value, Code.PERMISSION_DENIED)
+        bridge = bridge_pb2_grpc.BridgeServiceStub(channel)
+        report = bridge_pb2.ReportToolProgressRequest(
+            host_session_id=secured.host.host_session_id, tool_request_id=tool_request_id, progress=1
+        )
+        foreign = await failure(bridge.ReportToolProgress(report, metadata=metadata(Role.HOST, ATTACKER)))
+        assert_refused(foreign, Code.HOST_SESSION_UNKNOWN)
+        assert not running.done()
+        # The victim's own token may cancel it.
+        assert await victim.cancel_invocation(tool_request_id) is True
+        cancelled = await asyncio.wait_for(running, 10)
+    assert cancelled.outcome is not None and cancelled.outcome.code == Code.TOOL_CANCELLED
 
 
 async def test_a_call_for_another_session_on_a_stream_is_refused_alone(secured: Secured) -> None:

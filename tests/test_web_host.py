@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from bench.browser import BrowserDriver, build_test_page
-from toolmesh.client import CallResult, InvocationClient, RegistryClient
+from toolmesh.client import CallResult, InvocationClient, RegistryClient, ToolProgress
 from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.tools import ToolSet, ToolSpec
@@ -155,7 +155,7 @@ def failure_of(result: CallResult) -> tuple[ErrorKind, str, str, dict[str, objec
     return failure.kind, failure.code, failure.message, failure.details
 
 
-DECLARED = {"echo", "domain_fail", "boom", "not_json", "slow", "late", "noop", "held"}
+DECLARED = {"echo", "domain_fail", "boom", "not_json", "slow", "late", "steps", "noop", "held"}
 
 
 async def test_a_page_declares_its_tools_and_serves_them(
@@ -231,6 +231,15 @@ async def test_a_tool_without_handler_and_one_the_page_did_not_declare(
     assert served.outcome is not None and served.outcome.result_json == '"served"'
     _, code, _, details = failure_of(await call(client, "web-a", "unhandled"))
     assert (code, details) == (Code.TOOL_HANDLER_NOT_FOUND.value, {"tool": "unhandled"})
+
+
+async def test_a_page_reports_progress_to_its_caller(client: InvocationClient) -> None:
+    reports: list[ToolProgress] = []
+    result = await client.invoke("web-a", "steps", {"count": 3}, turn_id="t", on_progress=reports.append)
+    assert result.outcome is not None and result.outcome.result_json == '{"done":3}'
+    assert [(p.tool_request_id, p.progress, p.total, p.message) for p in reports] == [
+        (result.tool_request_id, step, 3, f"step {step}") for step in (1, 2, 3)
+    ]
 
 
 async def test_timeout_aborts_the_handlers_signal_in_the_page(

@@ -19,6 +19,9 @@ export const Codes = {
   INVALID_REQUEST: "INVALID_REQUEST",
   REGISTRY_UNAVAILABLE: "REGISTRY_UNAVAILABLE",
   HOST_SESSION_UNKNOWN: "HOST_SESSION_UNKNOWN",
+  UNAUTHENTICATED: "UNAUTHENTICATED",
+  PERMISSION_DENIED: "PERMISSION_DENIED",
+  WRONG_LISTENER: "WRONG_LISTENER",
 } as const;
 
 /** The table's messages for the codes the SDK writes into outcomes itself. */
@@ -33,7 +36,11 @@ export const MESSAGES = {
  * exception's text: a handler's exception is named by its `name` alone.
  */
 export interface HostError {
-  /** TOOL_HANDLER_ERROR, SUBMIT_TOOL_RESULT_FAILED, or for a declaration, the refusal's code. */
+  /**
+   * TOOL_HANDLER_ERROR, SUBMIT_TOOL_RESULT_FAILED, for a declaration the refusal's code, or
+   * UNAUTHENTICATED / PERMISSION_DENIED / WRONG_LISTENER when the bridge refuses the host itself
+   * (`cause`: the token's fault, e.g. "expired", "missing").
+   */
   readonly code: string;
   readonly message: string;
   readonly sessionId: string;

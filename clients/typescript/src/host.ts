@@ -29,6 +29,16 @@ export interface ToolContext {
   readonly signal: AbortSignal;
   /** Milliseconds left before the deadline, 0 when it has passed. */
   timeRemainingMs(): number;
+  /**
+   * Tell the call's callers how far the handler has got: `progress` on the
+   * handler's own scale (finite, growing from one report to the next),
+   * `total` the value it reaches when done (when known, above 0), `message`
+   * for people (cut to 512 characters; never arguments or results). Best
+   * effort: the promise never rejects, a report the bridge drops is
+   * forgotten, and at most ten reports a second reach the callers (the
+   * latest ones). Progress never changes the outcome nor extends the deadline.
+   */
+  reportProgress(progress: number, total?: number, message?: string): Promise<void>;
 }
 
 /** A JSON object: the arguments of a call. */
@@ -80,7 +90,17 @@ export interface ToolHostOptions {
   transport?: Transport | readonly Transport[];
   /** Longest wait between reconnection attempts, in ms (default 1000: a bridge that comes back is reached within about a second). */
   maxBackoffMs?: number;
+  /**
+   * The bearer token (role host, naming this session) sent as `authorization: Bearer` on every
+   * request, when the bridge requires tokens: a string, or a function asked before each request
+   * (keep it cheap: cache the token until shortly before it expires). A host stream ends when the
+   * token it was opened with expires; the host then opens it again with the function's current token.
+   */
+  token?: string | (() => string | Promise<string>);
 }
+
+/** The bridge refused the host itself: its token, or where it connected. */
+const REFUSALS = new Set<string>([Codes.UNAUTHENTICATED, Codes.PERMISSION_DENIED, Codes.WRONG_LISTENER]);
 
 /** Submits that fail in transport are tried again until the call's deadline, this much past it at most. */
 const SUBMIT_GRACE_MS = 5_000;
@@ -90,6 +110,8 @@ const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
 /** As the bridge waits for an answer to a read check (toolmesh.core.limits.READ_CHECK_TIMEOUT_MS). */
 const READ_CHECK_TIMEOUT_MS = 10_000;
+// A progress report the bridge has not answered by then is given up (progress is best effort).
+const PROGRESS_TIMEOUT_MS = 5_000;
 
 interface Registered {
   readonly handler: ToolHandler;
@@ -132,9 +154,14 @@ export class ToolHost {
   private declaring: Promise<void> = Promise.resolve();
   private declaredOnce = false;
   private hadDeclarations = false;
+  private readonly token: ToolHostOptions["token"];
+  /** Why the bridge refuses the host, until it takes it; reported once per refusal. */
+  private refusal: HostError | undefined;
+  private refusalWaiters: ((refusal: HostError) => void)[] = [];
 
   constructor(options: ToolHostOptions) {
     this.sessionId = options.sessionId;
+    this.token = options.token;
     this.hostName = (options.hostName ?? defaultHostName()).slice(0, 128);
     this.maxBackoffMs = options.maxBackoffMs ?? 1_000;
     this.clients = transportsFor(options).map((transport) => createClient(BridgeService, transport));
@@ -184,7 +211,9 @@ export class ToolHost {
   /**
    * Connect in the background, reconnecting whenever the stream drops; resolve
    * once the first host session is open and the declared tools were sent.
-   * Rejects when that took longer than `timeoutMs`; the host keeps trying until `stop()`.
+   * Rejects when that took longer than `timeoutMs`, or at once when the bridge
+   * refuses the host (its token: UNAUTHENTICATED, PERMISSION_DENIED; the error
+   * names the code, and `onError` hears of it); the host keeps trying until `stop()`.
    */
   async start(options: { timeoutMs?: number } = {}): Promise<void> {
     this.stopping = false;
@@ -212,15 +241,25 @@ export class ToolHost {
       return Promise.resolve();
     }
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
+      const forget = (): void => {
+        clearTimeout(timer);
         this.readyWaiters = this.readyWaiters.filter((waiter) => waiter !== done);
+        this.refusalWaiters = this.refusalWaiters.filter((waiter) => waiter !== refused);
+      };
+      const timer = setTimeout(() => {
+        forget();
         reject(new Error(`toolmesh: no host session within ${timeoutMs} ms; still trying`));
       }, timeoutMs);
       const done = (): void => {
-        clearTimeout(timer);
+        forget();
         resolve();
       };
+      const refused = (refusal: HostError): void => {
+        forget();
+        reject(new Error(`toolmesh: the bridge refused the host: ${refusal.code} ${refusal.message}`));
+      };
       this.readyWaiters.push(done);
+      this.refusalWaiters.push(refused);
     });
   }
 
@@ -230,8 +269,9 @@ export class ToolHost {
       try {
         await this.serveOnce();
         backoff = 100;
-      } catch {
-        // The stream failed or went silent: reconnect below.
+      } catch (error) {
+        // The stream failed or went silent: reconnect below; a refusal is said once.
+        this.refused(error);
       } finally {
         this.connectedNow = false;
         this.hostSessionId = "";
@@ -251,6 +291,38 @@ export class ToolHost {
       });
       this.wake = undefined;
       backoff = Math.min(backoff * 2, this.maxBackoffMs);
+    }
+  }
+
+  /** The headers of every request: the token, when there is one. */
+  private async headers(): Promise<Record<string, string>> {
+    const token = typeof this.token === "function" ? await this.token() : this.token;
+    return token === undefined ? {} : { authorization: `Bearer ${token}` };
+  }
+
+  private refused(error: unknown): void {
+    const info = errorInfo(error);
+    if (info === undefined || !REFUSALS.has(info.reason)) {
+      return;
+    }
+    if (info.metadata["reason"] === "expired" && this.connectedNow) {
+      return; // a stream that outlived its token: opened again with the current one
+    }
+    const first = this.refusal === undefined;
+    this.refusal = {
+      code: info.reason,
+      message: error instanceof ConnectError ? error.rawMessage : "",
+      sessionId: this.sessionId,
+      turnId: "",
+      toolRequestId: "",
+      toolName: "",
+      cause: info.metadata["reason"] ?? "",
+    };
+    if (first) {
+      this.report(this.refusal);
+    }
+    for (const waiter of this.refusalWaiters) {
+      waiter(this.refusal);
     }
   }
 
@@ -276,13 +348,14 @@ export class ToolHost {
           handlerNames: [...this.handlers.keys()].sort(),
           hasGenericHandler: this.generic !== undefined,
         },
-        { signal: stream.signal },
+        { signal: stream.signal, headers: await this.headers() },
       );
       for await (const response of events) {
         last = Date.now();
         const event = response.event;
         switch (event.case) {
           case "opened": {
+            this.refusal = undefined;
             this.hostSessionId = event.value.hostSessionId;
             limitMs = (MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100));
             this.connectedNow = true;
@@ -319,7 +392,23 @@ export class ToolHost {
    * that do. A failure is left alone: the next check asks again.
    */
   private answerReadCheck(hostSessionId: string, readCheck: bigint): void {
-    this.client.answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS }).catch(() => {});
+    this.headers()
+      .then((headers) =>
+        this.client.answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS, headers }),
+      )
+      .catch(() => {});
+  }
+
+  /** Send one progress report; never rejects (a refusal or a transport failure is forgotten). */
+  private async reportProgress(toolRequestId: string, progress: number, total?: number, message?: string): Promise<void> {
+    try {
+      await this.client.reportToolProgress(
+        { hostSessionId: this.hostSessionId, toolRequestId, progress, total, message: message ?? "" },
+        { timeoutMs: PROGRESS_TIMEOUT_MS },
+      );
+    } catch {
+      // Progress is optional: the call goes on whatever became of the report.
+    }
   }
 
   /** Send the declared tools now (in order after any declaration under way), if connected. */
@@ -342,7 +431,10 @@ export class ToolHost {
     if (tools.length > 0 || this.hadDeclarations) {
       this.hadDeclarations = tools.length > 0;
       try {
-        await this.client.declareHostTools({ hostSessionId, tools }, { timeoutMs: DECLARE_TIMEOUT_MS });
+        await this.client.declareHostTools(
+          { hostSessionId, tools },
+          { timeoutMs: DECLARE_TIMEOUT_MS, headers: await this.headers() },
+        );
       } catch (error) {
         const info = errorInfo(error);
         this.report({
@@ -376,6 +468,7 @@ export class ToolHost {
       timeRemainingMs() {
         return Math.max(0, this.deadline - Date.now());
       },
+      reportProgress: (progress, total, message) => this.reportProgress(request.toolRequestId, progress, total, message),
     };
     const active: Active = { controller, ended: false };
     this.active.set(ctx.toolRequestId, active);
@@ -470,7 +563,7 @@ export class ToolHost {
       try {
         await this.client.submitToolResult(
           { hostSessionId, toolRequestId: ctx.toolRequestId, outcome },
-          { timeoutMs: Math.max(ctx.timeRemainingMs(), 1_000) + SUBMIT_GRACE_MS },
+          { timeoutMs: Math.max(ctx.timeRemainingMs(), 1_000) + SUBMIT_GRACE_MS, headers: await this.headers() },
         );
         return;
       } catch (error) {

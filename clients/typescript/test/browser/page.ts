@@ -28,6 +28,8 @@ const host = new ToolHost({
   sessionId: query.get("session") ?? "",
   protocol,
   maxBackoffMs: 500,
+  // A token from the query, given as a callback (asked before each request), as a page would.
+  ...(query.get("token") === null ? {} : { token: async () => query.get("token") ?? "" }),
 });
 const seen: Seen[] = [];
 const aborts: AbortRecord[] = [];
@@ -140,6 +142,19 @@ if (query.get("mode") === "webmcp") {
         ctx.signal.addEventListener("abort", () => resolve({ late: true }));
       }),
     { description: "Answers only once told to stop.", timeoutMs: 700 },
+  );
+  host.onTool(
+    "steps",
+    async (args, ctx) => {
+      const count = Number(args.count ?? 3);
+      for (let step = 1; step <= count; step++) {
+        await ctx.reportProgress(step, count, `step ${step}`);
+        // Past the bridge's interval, so that no report is coalesced away.
+        await new Promise((resolve) => setTimeout(resolve, 150));
+      }
+      return { done: count };
+    },
+    { description: "Reports progress in steps, then answers." },
   );
   host.onTool("noop", () => ({ ok: true }), {
     description: "Does nothing (the benchmark's tool).",

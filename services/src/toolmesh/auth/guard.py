@@ -43,6 +43,17 @@ def caller() -> str | None:
     return None if grant is None else grant.subject
 
 
+def grant_expires_at() -> float | None:
+    """When the current caller's token expires (epoch seconds, with leeway); None without one."""
+    grant = _GRANT.get()
+    return None if grant is None else grant.expires_at
+
+
+def token_expired() -> ToolmeshError:
+    """What a stream ends with when the token it was opened with expires (the caller opens a new one)."""
+    return refused("expired", "The token this stream was opened with expired: open it again.")
+
+
 def serves(full_method: str, listener: Listener) -> bool:
     return full_method in (PUBLIC if listener is Listener.PUBLIC else INTERNAL)
 

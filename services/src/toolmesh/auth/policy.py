@@ -45,11 +45,14 @@ PUBLIC: Mapping[str, Rule] = MappingProxyType(
         # Ids only: another session's ids are left alone / not found.
         "toolmesh.v1.InvocationService/ConfirmDelivery": Rule(frozenset({CALL}), None),
         "toolmesh.v1.InvocationService/GetInvocation": Rule(frozenset({CALL}), None),
+        "toolmesh.v1.InvocationService/CancelInvocation": Rule(frozenset({CALL}), None),
+        "toolmesh.v1.InvocationService/RunTool": Rule(frozenset({CALL}), "call.session_id"),
         "toolmesh.v1.BridgeService/OpenHostSession": Rule(frozenset({HOST}), "session_id"),
         # The host session's own session must be one the token names.
         "toolmesh.v1.BridgeService/SubmitToolResult": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/DeclareHostTools": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/AnswerReadCheck": Rule(frozenset({HOST}), None),
+        "toolmesh.v1.BridgeService/ReportToolProgress": Rule(frozenset({HOST}), None),
     }
 )
 

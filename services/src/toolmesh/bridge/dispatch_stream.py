@@ -22,8 +22,9 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE
 from toolmesh.core.outbox import Outbox
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.wire import outcome_to_pb, request_from_pb
-from toolmesh.v1 import bridge_pb2
+from toolmesh.core.progress import ToolProgress
+from toolmesh.core.wire import outcome_to_pb, progress_to_pb, request_from_pb
+from toolmesh.v1 import bridge_pb2, tool_pb2
 
 SPAN_NAME = "toolmesh.v1.BridgeService/DispatchToolRequests"
 # Requests of one message started between two turns of the event loop.
@@ -43,8 +44,9 @@ class DispatchStream:
     def __init__(self, router: Router, recorder: OutcomeRecorder | None = None) -> None:
         self._router = router
         self._recorder = recorder
-        # Results to send back, in the order requests ended; closed when the stream may end.
-        self._results: Outbox[bridge_pb2.DispatchResult] = Outbox(_result_size)
+        # Results (and progress reports) to send back, in the order requests ended (reports were
+        # made); closed when the stream may end.
+        self._results: Outbox[bridge_pb2.DispatchResult | tool_pb2.ToolProgress] = Outbox(_result_size)
         # Requests taken from this stream that have no outcome yet, with their spans.
         self._held: dict[str, Any] = {}
         self._reading = True
@@ -77,8 +79,14 @@ class DispatchStream:
 
     async def responses(self) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
         """What to send: every result ready at once in one message, until the stream may end."""
-        while results := await self._results.take():
-            yield bridge_pb2.DispatchToolRequestsResponse(results=results)
+        while taken := await self._results.take():
+            response = bridge_pb2.DispatchToolRequestsResponse()
+            for item in taken:
+                if isinstance(item, bridge_pb2.DispatchResult):
+                    response.results.append(item)
+                else:
+                    response.progress.append(item)
+            yield response
 
     def close(self) -> None:
         """The stream ended: give up on every request it still holds, unless they are recorded."""
@@ -127,10 +135,13 @@ class DispatchStream:
                 )
                 self._end_when_answered()
 
+            def progressed(progress: ToolProgress) -> None:
+                self._results.put(progress_to_pb(progress))
+
             if telemetry.enabled():  # the host's span becomes a child of this one
                 request = replace(request, trace_context=telemetry.inject())
             try:
-                self._router.start(request, settle)
+                self._router.start(request, settle, progressed)
             except ToolmeshError as error:
                 self._held.pop(tool_request_id, None)
                 span.end()
@@ -159,5 +170,5 @@ def _nothing_ran(outcome: Outcome) -> bool:
     return outcome.failure is not None and outcome.failure.code == Code.TOOL_HOST_UNAVAILABLE
 
 
-def _result_size(result: bridge_pb2.DispatchResult) -> int:
+def _result_size(result: bridge_pb2.DispatchResult | tool_pb2.ToolProgress) -> int:
     return result.ByteSize()

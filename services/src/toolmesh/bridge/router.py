@@ -24,6 +24,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from toolmesh.bridge.progress import ProgressGate, ProgressSink
 from toolmesh.bridge.reading import READ_CHECK_AFTER_S, ReadChecks, Reading
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
@@ -31,6 +32,7 @@ from toolmesh.core.errors import Code, ToolmeshError, code_for_reason
 from toolmesh.core.limits import MAX_RESULT_BYTES, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import ErrorKind, Outcome
+from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
 from toolmesh.server.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("toolmesh.bridge")
@@ -70,13 +72,15 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class _Close:
-    """Tells a host stream to end, failing with `error`."""
+    """Tells a host stream to end, failing with `error` (None: ending without one)."""
 
-    error: ToolmeshError
+    error: ToolmeshError | None
 
 
 HostEvent = ToolRequest | ToolRequestCancelled | Heartbeat
 _CLOSE = _Close(ToolmeshError(Code.SHUTTING_DOWN))
+# A host session another took over from (OpenHostSessionRequest.replaces_host_session_id), answered.
+_RETIRED = _Close(None)
 
 
 @dataclass(eq=False)
@@ -92,6 +96,8 @@ class HostSession:
     in_flight: dict[str, PendingRequest] = field(default_factory=dict)
     checks: ReadChecks = field(default_factory=ReadChecks)
     closed: bool = False
+    # Another host session took over from it: no new requests; its stream ends once it has none.
+    retiring: bool = False
     _beat: asyncio.TimerHandle | None = None
 
     def preference(self, tool_name: str) -> int:
@@ -122,10 +128,12 @@ class HostSession:
         if self._beat is not None:
             self._beat.cancel()
 
-    async def next_event(self) -> HostEvent:
-        """The next event for the host: a request, a cancellation or a heartbeat."""
+    async def next_event(self) -> HostEvent | None:
+        """The next event for the host: a request, a cancellation or a heartbeat; None: the stream ends."""
         event = await self._events.get()
         if isinstance(event, _Close):
+            if event.error is None:
+                return None
             raise event.error
         return event
 
@@ -144,6 +152,8 @@ class PendingRequest:
     deadline: asyncio.TimerHandle | None = None
     # The read check its host had not answered when the request was sent after it (0: none).
     after_check: int = 0
+    # Where its progress reports go, rate-limited; None when nobody listens.
+    progress: ProgressGate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +216,14 @@ class Router:
         self._shutting_down = False
 
     def open_host(
-        self, session_id: str, host_name: str, handler_names: Iterable[str], has_generic_handler: bool
+        self,
+        session_id: str,
+        host_name: str,
+        handler_names: Iterable[str],
+        has_generic_handler: bool,
+        replaces: str = "",
     ) -> HostSession:
+        """A new host session; `replaces`: one of the same session it takes over from (or "")."""
         if self._shutting_down:
             # A host opening now would be cut off at once: let it find a bridge that stays.
             raise ToolmeshError(Code.SHUTTING_DOWN)
@@ -241,6 +257,7 @@ class Router:
         )
         for hook in self.opened_hooks:
             hook(host)
+        self._retire(self._hosts.get(replaces), host)
         waiting = self._waiting.pop(session_id, [])
         for pending in waiting:
             if host.preference(pending.request.tool_name):
@@ -248,6 +265,14 @@ class Router:
             else:
                 self._waiting.setdefault(session_id, []).append(pending)
         return host
+
+    def _retire(self, old: HostSession | None, new: HostSession) -> None:
+        """`old` gets no new requests; its stream ends once those it holds are answered."""
+        if old is None or old is new or old.session_id != new.session_id:
+            return
+        old.retiring = True
+        if not old.in_flight:
+            old.send(_RETIRED)
 
     def host(self, host_session_id: str, sessions: Container[str] | None = None) -> HostSession:
         """The open host session of that id; raise ToolmeshError(HOST_SESSION_UNKNOWN) if there is none,
@@ -374,10 +399,10 @@ class Router:
             return None
         now = time.monotonic()
 
-        def rank(host: HostSession) -> tuple[bool, Reading, int]:
-            # Able to handle it at all; then reading its stream; then a named handler.
+        def rank(host: HostSession) -> tuple[bool, bool, Reading, int]:
+            # Able to handle it; then not taken over from; then reading its stream; then a named handler.
             preference = host.preference(tool_name)
-            return preference > 0, host.checks.reading(now), preference
+            return preference > 0, not host.retiring, host.checks.reading(now), preference
 
         ranks = [rank(host) for host in hosts]
         best = max(ranks)
@@ -394,9 +419,13 @@ class Router:
         self._pending.pop(request_id, None)
         if pending.deadline is not None:
             pending.deadline.cancel()
+        if pending.progress is not None:
+            pending.progress.close()
         host = pending.host
         if host is not None:
             host.in_flight.pop(request_id, None)
+            if host.retiring and not host.in_flight:
+                host.send(_RETIRED)
         else:
             waiting = self._waiting.get(pending.request.session_id, [])
             if pending in waiting:
@@ -407,11 +436,13 @@ class Router:
         while len(self._ended) > self._ended_memory:
             self._ended.popitem(last=False)
 
-    def start(self, request: ToolRequest, settle: Settle) -> None:
+    def start(self, request: ToolRequest, settle: Settle, on_progress: ProgressSink | None = None) -> None:
         """Send `request` to a host of its session; `settle` gets its outcome, within its timeout.
 
         `settle` runs on this loop, exactly once, unless the request is cancelled
-        first. Raises ToolmeshError(REQUEST_DUPLICATE) for an id seen before.
+        first. `on_progress` gets the host's progress reports while it runs, at
+        most one per PROGRESS_INTERVAL_MS (see ProgressGate), none after `settle`.
+        Raises ToolmeshError(REQUEST_DUPLICATE) for an id seen before.
         """
         request_id = request.tool_request_id
         if request_id in self._pending or request_id in self._ended:
@@ -433,6 +464,8 @@ class Router:
                 settle(Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE, details=details))
             return
         pending = PendingRequest(request, None, settle, time.monotonic())
+        if on_progress is not None:
+            pending.progress = ProgressGate(on_progress)
         self._pending[request_id] = pending
         log.debug("dispatching", extra={"host_session_id": host.host_session_id})
         self._deliver(pending, host)
@@ -480,6 +513,28 @@ class Router:
         self._end(pending, reason)
         if host is not None:
             host.send(ToolRequestCancelled(pending.request.tool_request_id, reason))
+
+    def report_progress(
+        self, host_session_id: str, progress: ToolProgress, sessions: Container[str] | None = None
+    ) -> tuple[ProgressVerdict, bool]:
+        """Pass a host's progress report on to the request's callers; what became of it, and whether
+        its message was cut. Only a fault of the host session itself raises: HOST_SESSION_UNKNOWN
+        as `host` does, INVALID_REQUEST for a malformed id."""
+        host = self.host(host_session_id, sessions)
+        tool_request_id = progress.tool_request_id
+        require_id(tool_request_id, "tool_request_id")
+        pending = self._pending.get(tool_request_id)
+        if pending is None or pending.host is not host:
+            ended = self._ended.get(tool_request_id)
+            if pending is None and ended is not None and ended.host_session_id == host_session_id:
+                return ProgressVerdict.REQUEST_ENDED, False
+            return ProgressVerdict.REQUEST_UNKNOWN, False
+        if not valid_numbers(progress.progress, progress.total):
+            return ProgressVerdict.INVALID, False
+        message, truncated = capped_message(progress.message)
+        if pending.progress is not None:
+            pending.progress.offer(replace(progress, message=message or None))
+        return ProgressVerdict.ACCEPTED, truncated
 
     def submit(
         self,

@@ -17,12 +17,19 @@ from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.progress import ProgressVerdict, ToolProgress
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import Service
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
+_PROGRESS_STATUS = {
+    ProgressVerdict.ACCEPTED: bridge_pb2.PROGRESS_REPORT_STATUS_ACCEPTED,
+    ProgressVerdict.INVALID: bridge_pb2.PROGRESS_REPORT_STATUS_INVALID,
+    ProgressVerdict.REQUEST_UNKNOWN: bridge_pb2.PROGRESS_REPORT_STATUS_REQUEST_UNKNOWN,
+    ProgressVerdict.REQUEST_ENDED: bridge_pb2.PROGRESS_REPORT_STATUS_REQUEST_ENDED,
+}
 _CANCEL_REASONS = {
     EndReason.TIMED_OUT: bridge_pb2.CANCEL_REASON_TIMEOUT,
     EndReason.CANCELLED: bridge_pb2.CANCEL_REASON_CANCELLED,
@@ -34,7 +41,11 @@ async def host_events(
 ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
     """A host session's stream: opened, then requests, cancellations and heartbeats until it ends."""
     host = router.open_host(
-        request.session_id, request.host_name, request.handler_names, request.has_generic_handler
+        request.session_id,
+        request.host_name,
+        request.handler_names,
+        request.has_generic_handler,
+        request.replaces_host_session_id,
     )
     try:
         yield bridge_pb2.OpenHostSessionResponse(
@@ -45,6 +56,8 @@ async def host_events(
         )
         while True:
             event = await host.next_event()
+            if event is None:
+                return  # another host session of the host took over, and this one answered all it held
             if isinstance(event, Heartbeat):
                 heartbeat = bridge_pb2.Heartbeat(read_check=event.read_check)
                 yield bridge_pb2.OpenHostSessionResponse(heartbeat=heartbeat)
@@ -97,6 +110,22 @@ def answer_read_check(
     return bridge_pb2.AnswerReadCheckResponse()
 
 
+def report_progress(
+    router: Router, request: bridge_pb2.ReportToolProgressRequest, sessions: Container[str] | None
+) -> bridge_pb2.ReportToolProgressResponse:
+    """`sessions`: as for `submit`."""
+    progress = ToolProgress(
+        tool_request_id=request.tool_request_id,
+        progress=request.progress,
+        total=request.total if request.HasField("total") else None,
+        message=request.message or None,
+    )
+    verdict, truncated = router.report_progress(request.host_session_id, progress, sessions)
+    return bridge_pb2.ReportToolProgressResponse(
+        status=_PROGRESS_STATUS[verdict], message_truncated=truncated
+    )
+
+
 async def declare(
     declarations: Declarations, request: bridge_pb2.DeclareHostToolsRequest, sessions: Container[str] | None
 ) -> bridge_pb2.DeclareHostToolsResponse:
@@ -134,6 +163,11 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self, request: bridge_pb2.AnswerReadCheckRequest, context: ServicerContext
     ) -> bridge_pb2.AnswerReadCheckResponse:
         return answer_read_check(self._router, request, scope(Role.HOST))
+
+    async def ReportToolProgress(
+        self, request: bridge_pb2.ReportToolProgressRequest, context: ServicerContext
+    ) -> bridge_pb2.ReportToolProgressResponse:
+        return report_progress(self._router, request, scope(Role.HOST))
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext

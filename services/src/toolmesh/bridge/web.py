@@ -1,8 +1,8 @@
 """The bridge's web port: the host-facing RPCs over Connect and gRPC-Web, for pages.
 
 A browser cannot send gRPC (HTTP/2 with trailers), so the bridge also serves
-OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck over the Connect
-protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
+OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and ReportToolProgress
+over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
 and Declarations of its gRPC port. The routes come from protoc-gen-connectrpc
 (connectrpc, on our protobuf messages); uvicorn serves them.
 
@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 from connectrpc.code import Code as ConnectCode
+from connectrpc.compat import google_protobuf_codecs
 from connectrpc.errors import ConnectError, ErrorDetail
 from connectrpc.request import RequestContext
 from google.rpc import error_details_pb2
@@ -40,10 +41,12 @@ from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
-from toolmesh.bridge.servicer import answer_read_check, declare, host_events, submit_or_adopt
+from toolmesh.bridge.servicer import answer_read_check, declare, host_events, report_progress, submit_or_adopt
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
+from toolmesh.server.decoding import undecodable
 from toolmesh.server.runtime import CannotListen
 from toolmesh.v1 import bridge_pb2
 from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
@@ -54,7 +57,13 @@ DEFAULT_WEB_PORT = 7404
 ORIGINS_ENV = "TOOLMESH_WEB_ORIGINS"
 
 _SERVICE = "/toolmesh.v1.BridgeService/"
-HOST_FACING = ("OpenHostSession", "SubmitToolResult", "DeclareHostTools", "AnswerReadCheck")
+HOST_FACING = (
+    "OpenHostSession",
+    "SubmitToolResult",
+    "DeclareHostTools",
+    "AnswerReadCheck",
+    "ReportToolProgress",
+)
 HOST_FACING_PATHS = frozenset(_SERVICE + name for name in HOST_FACING)
 # What Connect and gRPC-Web clients send, and the token a host will present.
 _ALLOWED_HEADERS = (
@@ -84,7 +93,10 @@ def _fail(method: str, exc: Exception) -> NoReturn:
         raise exc
     if not isinstance(exc, ToolmeshError):
         # The exception text may quote request data: log only its type.
-        log.error("unexpected error in %s: %s", method, type(exc).__name__, exc_info=exc)
+        log.error(
+            "unexpected error",
+            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
+        )
         exc = ToolmeshError(Code.INTERNAL)
     raise _connect_error(exc) from None
 
@@ -154,6 +166,15 @@ class WebBridge(BridgeService):
             return answer_read_check(self._router, request, scope(Role.HOST))
         except Exception as exc:
             _fail("AnswerReadCheck", exc)
+
+    async def report_tool_progress(
+        self, request: bridge_pb2.ReportToolProgressRequest, ctx: RequestContext[Any, Any]
+    ) -> bridge_pb2.ReportToolProgressResponse:
+        try:
+            await _admit(self._admit["ReportToolProgress"], request, ctx)
+            return report_progress(self._router, request, scope(Role.HOST))
+        except Exception as exc:
+            _fail("ReportToolProgress", exc)
 
     async def declare_host_tools(
         self, request: bridge_pb2.DeclareHostToolsRequest, ctx: RequestContext[Any, Any]
@@ -257,8 +278,33 @@ def web_app(
     connect = BridgeServiceASGIApplication(
         WebBridge(router, declarations, verifier, recorder),
         read_max_bytes=read_max_bytes,
+        codecs=[_TypedDecoding(codec) for codec in google_protobuf_codecs()],
     )
     return guarded(connect, origins)
+
+
+class _TypedDecoding:
+    """A codec whose undecodable messages fail as on the gRPC port: INVALID_REQUEST with ErrorInfo.
+
+    The Connect library's own decoding error has no details; the error table decides this one.
+    """
+
+    def __init__(self, codec: Any) -> None:
+        self._codec = codec
+
+    def name(self) -> str:
+        name: str = self._codec.name()
+        return name
+
+    def encode(self, message: Any) -> bytes:
+        encoded: bytes = self._codec.encode(message)
+        return encoded
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self._codec.decode(data, message_class)
+        except Exception:
+            raise _connect_error(undecodable()) from None
 
 
 @dataclass

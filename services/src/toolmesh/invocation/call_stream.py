@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, UNREAD_RESULTS_MAX_BYTES, UNREAD_RESULTS_PAUSE_BYTES
 from toolmesh.core.outbox import Outbox
 from toolmesh.invocation.invoker import Invoker
@@ -142,7 +143,10 @@ class CallStream:
                     return
                 except Exception as exc:
                     # The exception text may quote request data: log only its type.
-                    log.error("unexpected error in %s: %s", SPAN_NAME, type(exc).__name__, exc_info=exc)
+                    log.error(
+                        "unexpected error",
+                        extra={"method": SPAN_NAME, "code": Code.INTERNAL.value} | exception_fields(exc),
+                    )
                     self._send(_error_result(call.call_id, ToolmeshError(Code.INTERNAL)))
                     return
                 response = response_to_pb(result)

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, ToolCatalog
 
@@ -85,6 +86,8 @@ class _Watch:
     # Set once the first message arrived or the stream stopped.
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # Dropped by us (LRU, idle): how its stream ended then is no failure of the registry.
+    dropped: bool = False
 
 
 class WatchedCatalog:
@@ -122,7 +125,7 @@ class WatchedCatalog:
         if watch.tools is None:
             await watch.settled.wait()
         if watch.tools is None:
-            if watch.error is not None:
+            if watch.error is not None and not watch.dropped:
                 raise watch.error
             # Dropped (LRU) before its first message: ask the registry directly.
             return await self._fallback.get_tool(session_id, name)
@@ -173,6 +176,7 @@ class WatchedCatalog:
     def _drop(self, watch: _Watch, why: str) -> None:
         """Forget `watch` (already out of the map) and cancel its stream."""
         log.debug("tool watch dropped", extra={"session_id": watch.session_id, "why": why})
+        watch.dropped = True
         if watch.task is not None:
             watch.task.cancel()
 
@@ -200,7 +204,11 @@ class WatchedCatalog:
             )
         except Exception as error:
             watch.error = unavailable(session_id, cause=type(error).__name__)
-            log.warning("tool watch failed", extra={"session_id": session_id}, exc_info=True)
+            log.warning(
+                "tool watch failed",
+                extra={"session_id": session_id, "code": Code.REGISTRY_UNAVAILABLE.value}
+                | exception_fields(error),
+            )
         finally:
             watch.settled.set()
             if self._watches.get(session_id) is watch:

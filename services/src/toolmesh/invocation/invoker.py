@@ -16,13 +16,16 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
+from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
-from toolmesh.invocation.ledger import Claim, InvocationRecord, Ledger
+from toolmesh.invocation.cancels import CancelBoard
+from toolmesh.invocation.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger
 from toolmesh.invocation.ports import (
     Dispatcher,
     InvocationObserver,
     NoInvocationObserver,
     OutcomeElsewhere,
+    ProgressSink,
     ToolCatalog,
 )
 from toolmesh.invocation.quotas import Lease, Quotas
@@ -113,7 +116,10 @@ class Invoker:
         observer: InvocationObserver | None = None,
         validation: Validation | None = None,
         quotas: Quotas | None = None,
+        cancels: CancelBoard | None = None,
     ) -> None:
+        """`cancels`: where cancellations go for the replica that runs the invocation, when replicas
+        share the ledger (None: this process runs every invocation it records)."""
         self._catalog = catalog
         self._dispatcher = dispatcher
         self.ledger = ledger
@@ -131,6 +137,13 @@ class Invoker:
         self._running: dict[str, asyncio.Future[Outcome]] = {}
         # Places given back for calls whose callers left (held here until done).
         self._giving_back: set[asyncio.Future[None]] = set()
+        # The task dispatching each invocation this process runs, to stop it when it is cancelled,
+        # and those being stopped so.
+        self._dispatching: dict[str, asyncio.Task[Any]] = {}
+        self._cancelling: set[str] = set()
+        self._cancels = cancels
+        # Callers told of the progress of invocations running here, by tool request id.
+        self._listeners: dict[str, list[ProgressSink]] = {}
 
     async def invoke(
         self,
@@ -142,6 +155,7 @@ class Invoker:
         on_invocation: Announce | None = None,
         sessions: Container[str] | None = None,
         caller: str | None = None,
+        on_progress: ProgressSink | None = None,
     ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
 
@@ -154,6 +168,8 @@ class Invoker:
         caller who gives up still knows what to reconcile.
         `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
         `caller`: who calls (a token's subject; None: unauthenticated), for the rate per caller.
+        `on_progress` gets the progress reports of the invocation while the call
+        waits for it, when this process runs it (best effort).
         """
         check_envelope(call)
         if sessions is not None and call.session_id not in sessions:
@@ -177,7 +193,9 @@ class Invoker:
         self._in_flight += 1
         try:
             with observed:
-                result = await self._invoke(call, idempotency_key, leaves_early, confirmed, on_invocation)
+                result = await self._invoke(
+                    call, idempotency_key, leaves_early, confirmed, on_invocation, on_progress=on_progress
+                )
                 observed.answered(result.tool_request_id, result.outcome)
             return result
         finally:
@@ -190,6 +208,8 @@ class Invoker:
         leaves_early: bool,
         confirmed: Sequence[str],
         on_invocation: Announce | None,
+        *,
+        on_progress: ProgressSink | None = None,
     ) -> InvokeResult:
         """`confirmed`: deliveries the caller confirms with this call. They go with its claim, in
         the same atomic step, so they apply before it; a call that claims nothing applies them alone."""
@@ -217,6 +237,7 @@ class Invoker:
             leaves_early=leaves_early,
             confirmed=confirmed,
             on_invocation=on_invocation,
+            on_progress=on_progress,
         )
 
     async def _invoke_valid(
@@ -229,6 +250,7 @@ class Invoker:
         leaves_early: bool,
         confirmed: Sequence[str],
         on_invocation: Announce | None,
+        on_progress: ProgressSink | None,
     ) -> InvokeResult:
         tool_request_id = new_tool_request_id()
         request = ToolRequest(
@@ -262,17 +284,34 @@ class Invoker:
 
         claim = await self._claim(claiming(), request, tool, leaves_early, lease)
         record = claim.record
-        if claim.is_new:
-            # The run gives the place back when it ends, whoever waits for it.
-            if on_invocation is not None:
-                await on_invocation(record.tool_request_id)
-            with self._observer.invocation(record.tool_request_id):
+        if on_invocation is not None and record.outcome is None:
+            await on_invocation(record.tool_request_id)
+        if on_progress is None or record.outcome is not None:
+            return await self._attach(claim, request, tool, leaves_early, lease)
+        listeners = self._listeners.setdefault(record.tool_request_id, [])
+        listeners.append(on_progress)
+        try:
+            return await self._attach(claim, request, tool, leaves_early, lease)
+        finally:
+            listeners.remove(on_progress)
+            if not listeners:
+                self._listeners.pop(record.tool_request_id, None)
+
+    async def _attach(
+        self, claim: Claim, request: ToolRequest, tool: ToolSpec, leaves_early: bool, lease: Lease
+    ) -> InvokeResult:
+        """The outcome of the claimed invocation: run anew, replayed, or joined.
+
+        A new invocation gives its session's place back when it ends, whoever waits for it;
+        a call that replays or joins one, when it has the outcome.
+        """
+        record = claim.record
+        tool_request_id = request.tool_request_id
+        with self._observer.invocation(record.tool_request_id):
+            if claim.is_new:
                 outcome = await self._start(request, tool, record, leaves_early, lease)
                 return InvokeResult(tool_request_id, outcome)
-        try:
-            if on_invocation is not None and record.outcome is None:
-                await on_invocation(record.tool_request_id)
-            with self._observer.invocation(record.tool_request_id):
+            try:
                 if record.outcome is not None:
                     with self._observer.attached(record, "replayed"):
                         log.info("replayed an unconfirmed outcome")
@@ -281,8 +320,8 @@ class Invoker:
                     log.info("joined a running invocation")
                     outcome = await self._outcome_of(record.tool_request_id, tool.effective_timeout_ms)
                     return InvokeResult(record.tool_request_id, outcome, joined=True)
-        finally:
-            await lease.give_back()
+            finally:
+                await lease.give_back()
 
     async def _claim(
         self,
@@ -367,10 +406,22 @@ class Invoker:
 
     async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
         self._observer.in_flight(1)
+        tool_request_id = request.tool_request_id
+        dispatching = asyncio.current_task()
+        if dispatching is not None:
+            self._dispatching[tool_request_id] = dispatching
         try:
-            outcome = await self._dispatcher.dispatch(request)
+            outcome = await self._dispatcher.dispatch(request, self._progressed)
+        except asyncio.CancelledError:
+            if tool_request_id not in self._cancelling or dispatching is None:
+                raise
+            # Cancelled (cancel_invocation): the ledger has TOOL_CANCELLED; the dispatcher told the host.
+            self._cancelling.discard(tool_request_id)
+            dispatching.uncancel()
+            return CANCELLED
         except OutcomeElsewhere:
             # The bridge replica it went to died: the host hands its outcome to another one.
+            self._dispatching.pop(tool_request_id, None)  # a cancellation now is in the ledger alone
             log.warning("bridge lost mid-call: waiting for the outcome in the ledger")
             return await self._outcome_of(request.tool_request_id, request.timeout_ms, mine=False)
         except ToolmeshError as error:
@@ -380,10 +431,67 @@ class Invoker:
             )
             raise
         finally:
+            self._dispatching.pop(tool_request_id, None)
             self._observer.in_flight(-1)
         outcome = await self._validation.result(tool, outcome)
-        await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed)
+        if not await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed):
+            return CANCELLED  # cancelled as the host answered: the ledger's outcome is everyone's
         return outcome
+
+    def _progressed(self, progress: ToolProgress) -> None:
+        for listener in self._listeners.get(progress.tool_request_id, ()):
+            try:
+                listener(progress)
+            except Exception as exc:  # one caller's failure is not the invocation's
+                log.warning("a progress listener failed", extra={"error": type(exc).__name__})
+
+    async def cancel_invocation(
+        self, tool_request_id: str, sessions: Container[str] | None = None
+    ) -> CancelVerdict:
+        """End a running invocation with TOOL_CANCELLED and stop its host, unless a call joined it
+        (JOINED) or it has ended (ENDED). INVOCATION_NOT_FOUND as `get_invocation`; STORE_UNAVAILABLE.
+
+        The ledger records it first, so every caller waiting on it gets TOOL_CANCELLED; then the
+        process running it is told: this one at once, another one through the store.
+        """
+        record = await self.get_invocation(tool_request_id, sessions)
+        if record.finished:
+            return CancelVerdict.ENDED
+        verdict = await self.ledger.cancel(record)
+        if verdict is None:
+            raise ToolmeshError(Code.INVOCATION_NOT_FOUND, "", {"toolRequestId": tool_request_id})
+        if verdict is CancelVerdict.CANCELLED:
+            log.info("invocation cancelled", extra={"tool_request_id": tool_request_id})
+            if not self.stop_running(tool_request_id) and self._cancels is not None:
+                try:
+                    await self._cancels.post(tool_request_id)
+                except ToolmeshError as error:
+                    # Recorded all the same: its caller gets TOOL_CANCELLED once its host answers or
+                    # its deadline passes; only the host is not told to stop early.
+                    log.warning(
+                        "a cancellation was not posted to the other replicas",
+                        extra={"tool_request_id": tool_request_id, "code": error.code.value},
+                    )
+        return verdict
+
+    def stop_running(self, tool_request_id: str) -> bool:
+        """Stop dispatching an invocation this process runs (it was cancelled); whether it runs here."""
+        dispatching = self._dispatching.get(tool_request_id)
+        if dispatching is None or tool_request_id in self._cancelling:
+            return dispatching is not None
+        self._cancelling.add(tool_request_id)
+        dispatching.cancel()
+        return True
+
+    async def follow_cancellations(self, ready: asyncio.Event | None = None) -> None:
+        """Stop the invocations this process runs when another replica cancels them; until cancelled.
+
+        `ready` is set once cancellations posted from then on are heard.
+        """
+        if self._cancels is not None:
+            await self._cancels.follow(self.stop_running, ready)
+        elif ready is not None:
+            ready.set()
 
     async def _outcome_of(self, tool_request_id: str, timeout_ms: int, *, mine: bool = True) -> Outcome:
         """The outcome of a running invocation: from this process's task when it runs it (`mine`),

@@ -45,6 +45,15 @@ class InvocationState(enum.Enum):
     COMPLETED = "completed"
     TIMED_OUT = "timed_out"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class CancelVerdict(enum.Enum):
+    """What a cancellation did: ended the invocation, or nothing (it had ended, or a call joined it)."""
+
+    CANCELLED = "cancelled"
+    ENDED = "ended"
+    JOINED = "joined"
 
 
 def replayable(outcome: Outcome) -> bool:
@@ -67,7 +76,13 @@ def state_of(outcome: Outcome) -> InvocationState:
         return InvocationState.COMPLETED
     if failure.code == Code.TOOL_TIMEOUT:
         return InvocationState.TIMED_OUT
+    if failure.code == Code.TOOL_CANCELLED:
+        return InvocationState.CANCELLED
     return InvocationState.FAILED
+
+
+# The outcome of a cancelled invocation: replayed to an exact retry like any other (not retryable).
+CANCELLED = Outcome.runtime_error(Code.TOOL_CANCELLED, "It was cancelled by a caller.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,17 +339,20 @@ class Ledger:
         outcome: Outcome,
         *,
         claimed: InvocationRecord | None = None,
-    ) -> None:
+    ) -> bool:
         """Record the outcome. An exact retry replays it until delivery is confirmed, if `replayable`.
 
         `claimed` is the record `claim` returned, when the caller has it: it
         saves reading it back (only the claimant finishes an invocation). When
         the store cannot be reached the outcome is kept here and written as soon
         as it can be: this never raises STORE_UNAVAILABLE.
+
+        Returns False when a cancellation had ended the invocation first: its outcome is
+        TOOL_CANCELLED, not `outcome` (the caller should give that); True otherwise.
         """
         record = claimed or await self.get(tool_request_id)
         if record is None:
-            return
+            return True
         finished = record.ended_with(outcome, self._clock())
         write = (
             self._encode(finished),
@@ -344,7 +362,7 @@ class Ledger:
             self._replay_window(finished) if replayable(outcome) else None,
         )
         try:
-            await self._store.finish(tool_request_id, *write)
+            written = await self._store.finish(tool_request_id, *write)
         except ToolmeshError as error:
             if error.code is not Code.STORE_UNAVAILABLE:
                 raise
@@ -352,6 +370,8 @@ class Ledger:
             self._unrecorded[tool_request_id] = write
             if self._recorder is None or self._recorder.done():
                 self._recorder = asyncio.create_task(self._record_later())
+            return True
+        return written != "cancelled"
 
     async def _record_later(self) -> None:
         pause = RETRY_FIRST_S
@@ -370,6 +390,20 @@ class Ledger:
         if self._unrecorded:
             log.error("outcomes lost: the store stayed unreachable", extra={"count": len(self._unrecorded)})
             self._unrecorded.clear()
+
+    async def cancel(self, record: InvocationRecord) -> CancelVerdict | None:
+        """End the running invocation `record` with TOOL_CANCELLED, unless a call joined it or it has
+        ended: one atomic step, so a call that joins meanwhile either sees TOOL_CANCELLED or keeps it
+        running. None when it is no longer stored. Raises ToolmeshError(STORE_UNAVAILABLE)."""
+        finished = record.ended_with(CANCELLED, self._clock())
+        answer = await self._store.cancel(
+            record.tool_request_id,
+            self._encode(finished),
+            "" if finished.idempotency_key else finished.identity,
+            self._ttl(finished),
+            self._replay_window(finished),
+        )
+        return None if answer is None else CancelVerdict(answer)
 
     @property
     def unrecorded(self) -> int:

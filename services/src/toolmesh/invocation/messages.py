@@ -15,6 +15,7 @@ _STATES = {
     InvocationState.COMPLETED: invocation_pb2.INVOCATION_STATE_COMPLETED,
     InvocationState.TIMED_OUT: invocation_pb2.INVOCATION_STATE_TIMED_OUT,
     InvocationState.FAILED: invocation_pb2.INVOCATION_STATE_FAILED,
+    InvocationState.CANCELLED: invocation_pb2.INVOCATION_STATE_CANCELLED,
 }
 
 

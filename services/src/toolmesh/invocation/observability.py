@@ -108,6 +108,9 @@ def attaching(record: InvocationRecord, how: str) -> Iterator[None]:
     links = [Link(original, {"toolmesh.link": "original_invocation"})] if original.is_valid else []
     ATTACHED.add(1, {"toolmesh.tool_name": record.tool_name, "kind": how})
     trace.get_current_span().set_attribute(f"toolmesh.{how}", True)
-    with telemetry.TRACER.start_as_current_span(f"toolmesh.{how}", links=links) as span:
+    # An exception's text may quote arguments: the span never records it (the caller's span has the code).
+    with telemetry.TRACER.start_as_current_span(
+        f"toolmesh.{how}", links=links, record_exception=False, set_status_on_exception=False
+    ) as span:
         span.set_attribute(f"toolmesh.{how}", True)
         yield

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.outcome import Outcome
+from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.ledger import InvocationRecord
 
+# Told each progress report of a running request (best effort, never about its outcome).
+ProgressSink = Callable[[ToolProgress], None]
 # How long a tool lookup may take before it fails as REGISTRY_UNAVAILABLE.
 REGISTRY_TIMEOUT_S = 5.0
 
@@ -31,8 +35,10 @@ class OutcomeElsewhere(Exception):
 
 
 class Dispatcher(Protocol):
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: ProgressSink | None = None) -> Outcome:
         """Run the request on a handler host within its timeout and return the outcome.
+
+        `on_progress` gets the host's progress reports while it runs.
 
         Raises ToolmeshError(BRIDGE_UNAVAILABLE) when the bridge cannot be reached, or
         OutcomeElsewhere when its outcome, if any, is to come from the ledger.

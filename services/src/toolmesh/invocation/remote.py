@@ -22,7 +22,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.stream_link import StreamBroken, StreamLink
 from toolmesh.core.tools import ToolSet, ToolSpec
-from toolmesh.core.wire import outcome_from_pb, request_to_pb, tool_from_pb
+from toolmesh.core.wire import outcome_from_pb, progress_from_pb, request_to_pb, tool_from_pb
 from toolmesh.invocation.catalog_cache import (
     DEFAULT_IDLE_S,
     DEFAULT_MAX_SESSIONS,
@@ -30,7 +30,7 @@ from toolmesh.invocation.catalog_cache import (
     WatchSource,
     unavailable,
 )
-from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere
+from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere, ProgressSink
 from toolmesh.store.base import Store
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
@@ -132,6 +132,8 @@ class RemoteDispatcher:
         self._link: DispatchLink | None = None
         # The ids of the requests handed to the current link's stream and not answered yet.
         self._sent: set[str] = set()
+        # Where the progress reports of requests on the link go, by tool request id.
+        self._progress: dict[str, ProgressSink] = {}
         self._connecting: asyncio.Future[None] | None = None
 
     async def _open_link(self) -> tuple[DispatchLink, set[str]]:
@@ -152,6 +154,7 @@ class RemoteDispatcher:
                     size_of=_size,
                     results_of=lambda response: response.results,
                     key_of=lambda result: result.tool_request_id,
+                    on_response=self._progressed,
                 )
                 self._sent = sent
         return link, self._sent
@@ -169,7 +172,13 @@ class RemoteDispatcher:
                 await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
             state = self._channel.get_state(try_to_connect=True)
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    def _progressed(self, response: bridge_pb2.DispatchToolRequestsResponse) -> None:
+        for report in response.progress:
+            sink = self._progress.get(report.tool_request_id)
+            if sink is not None:
+                sink(progress_from_pb(report))
+
+    async def dispatch(self, request: ToolRequest, on_progress: ProgressSink | None = None) -> Outcome:
         link, sent = await self._open_link()
         tool_request_id = request.tool_request_id
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
@@ -181,6 +190,8 @@ class RemoteDispatcher:
             guard = asyncio.get_running_loop().call_later(
                 request.timeout_ms / 1000 + BRIDGE_GRACE_S, _give_up, result
             )
+            if on_progress is not None:
+                self._progress[tool_request_id] = on_progress
             try:
                 return _outcome_of(await result)
             except StreamBroken as broken:
@@ -191,6 +202,7 @@ class RemoteDispatcher:
             finally:
                 guard.cancel()
                 sent.discard(tool_request_id)
+                self._progress.pop(tool_request_id, None)
                 # Not answered (gave up, or this wait was cancelled): tell the bridge to stop it.
                 if link.forget(tool_request_id) and not link.closed:
                     link.send(tool_request_id)
@@ -316,7 +328,7 @@ class RoutedDispatcher:
         """The bridge replicas with an open link."""
         return list(self._bridges)
 
-    async def dispatch(self, request: ToolRequest) -> Outcome:
+    async def dispatch(self, request: ToolRequest, on_progress: ProgressSink | None = None) -> Outcome:
         """The outcome from the session's bridge replica; ToolmeshError(BRIDGE_UNAVAILABLE or
         STORE_UNAVAILABLE, when the route cannot be read) when it has none.
 
@@ -341,7 +353,7 @@ class RoutedDispatcher:
         while True:
             tried.add(target)
             try:
-                outcome = await self._send(target, request)
+                outcome = await self._send(target, request, on_progress)
             except BridgeLost as lost:
                 # A refusal (a reason) is a configuration to fix, not a replica gone.
                 if "reason" in lost.metadata:
@@ -351,7 +363,7 @@ class RoutedDispatcher:
                         raise
                     if not request.redeliverable:
                         raise OutcomeElsewhere from None
-                    return await self._redeliver(request, tried)
+                    return await self._redeliver(request, tried, on_progress)
                 outcome = _unreachable(session_id)
             if not _no_host(outcome):
                 return outcome
@@ -367,7 +379,9 @@ class RoutedDispatcher:
                 return target
         return None
 
-    async def _redeliver(self, request: ToolRequest, tried: set[str]) -> Outcome:
+    async def _redeliver(
+        self, request: ToolRequest, tried: set[str], on_progress: ProgressSink | None
+    ) -> Outcome:
         """Send a read-only or idempotent request whose replica died to another one.
 
         The route names the dead replica until another replica writes it (at once when a host
@@ -385,7 +399,7 @@ class RoutedDispatcher:
             log.warning("bridge replica lost: sending a redeliverable request to another one")
             again = replace(request, timeout_ms=max(1, int(left_s * 1000)))
             try:
-                outcome = await self._send(target, again)
+                outcome = await self._send(target, again, on_progress)
             except BridgeLost as lost:
                 if lost.sent or "reason" in lost.metadata:
                     raise OutcomeElsewhere from None
@@ -404,7 +418,7 @@ class RoutedDispatcher:
         self._routes[session_id] = (target, time.monotonic())
         return target
 
-    async def _send(self, target: str, request: ToolRequest) -> Outcome:
+    async def _send(self, target: str, request: ToolRequest, on_progress: ProgressSink | None) -> Outcome:
         bridge = self._bridges.get(target)
         if bridge is None:
             bridge = self._bridges[target] = _Bridge(target, self._credentials)
@@ -413,7 +427,7 @@ class RoutedDispatcher:
             bridge.idle = None
         bridge.busy += 1
         try:
-            return await bridge.dispatcher.dispatch(request)
+            return await bridge.dispatcher.dispatch(request, on_progress)
         finally:
             bridge.busy -= 1
             if bridge.busy == 0 and target != self._default:

@@ -8,10 +8,13 @@ from collections.abc import AsyncIterator
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import caller, scope
-from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA
+from toolmesh.core.progress import ToolProgress
+from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA, progress_to_pb
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
+from toolmesh.invocation.ledger import CancelVerdict
 from toolmesh.invocation.messages import call_from_pb, record_to_pb, response_to_pb
+from toolmesh.invocation.run_events import Started, run_events
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
 from toolmesh.server.runtime import Service
@@ -55,6 +58,13 @@ class EarlyId:
                 await self._sending
 
 
+_CANCEL_RESULTS = {
+    CancelVerdict.CANCELLED: invocation_pb2.CANCEL_INVOCATION_RESULT_CANCELLED,
+    CancelVerdict.ENDED: invocation_pb2.CANCEL_INVOCATION_RESULT_ENDED,
+    CancelVerdict.JOINED: invocation_pb2.CANCEL_INVOCATION_RESULT_JOINED,
+}
+
+
 class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     def __init__(self, invoker: Invoker) -> None:
         self._invoker = invoker
@@ -95,6 +105,33 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     ) -> invocation_pb2.GetInvocationResponse:
         record = await self._invoker.get_invocation(request.tool_request_id, scope(Role.CALL))
         return invocation_pb2.GetInvocationResponse(invocation=record_to_pb(record))
+
+    async def RunTool(
+        self, request: invocation_pb2.RunToolRequest, context: ServicerContext
+    ) -> AsyncIterator[invocation_pb2.RunToolResponse]:
+        call = request.call
+        events = run_events(
+            self._invoker,
+            call_from_pb(call),
+            call.idempotency_key,
+            call.confirmed_tool_request_ids,
+            scope(Role.CALL),
+        )
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Started):
+                    started = invocation_pb2.RunToolStarted(tool_request_id=event.tool_request_id)
+                    yield invocation_pb2.RunToolResponse(started=started)
+                elif isinstance(event, ToolProgress):
+                    yield invocation_pb2.RunToolResponse(progress=progress_to_pb(event))
+                else:
+                    yield invocation_pb2.RunToolResponse(outcome=response_to_pb(event))
+
+    async def CancelInvocation(
+        self, request: invocation_pb2.CancelInvocationRequest, context: ServicerContext
+    ) -> invocation_pb2.CancelInvocationResponse:
+        verdict = await self._invoker.cancel_invocation(request.tool_request_id, scope(Role.CALL))
+        return invocation_pb2.CancelInvocationResponse(result=_CANCEL_RESULTS[verdict])
 
 
 def invocation_service(invoker: Invoker) -> Service:

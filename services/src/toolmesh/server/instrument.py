@@ -13,9 +13,11 @@ the caller's W3C trace context from the metadata; when tracing is off
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,8 +25,10 @@ from google.protobuf.descriptor import ServiceDescriptor
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from toolmesh.auth.guard import grant_expires_at, token_expired
 from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.rpcstatus import to_grpc_status
 from toolmesh.server.rpc_types import ServicerContext
 
@@ -96,7 +100,10 @@ async def _abort_for(method: str, context: ServicerContext, exc: Exception) -> N
         raise exc
     if not isinstance(exc, ToolmeshError):
         # The exception text may quote request data: log only its type.
-        log.error("unexpected error in %s: %s", method, type(exc).__name__, exc_info=exc)
+        log.error(
+            "unexpected error",
+            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
+        )
         exc = ToolmeshError(Code.INTERNAL)
     status = to_grpc_status(exc)
     span = trace.get_current_span()
@@ -116,6 +123,37 @@ def _span(full_method: str, service: str, name: str, context: ServicerContext) -
         record_exception=False,
         set_status_on_exception=False,
     )
+
+
+async def _until_token_expires(items: AsyncIterator[Any], expires_at: float | None) -> AsyncIterator[Any]:
+    """`items` until the token that opened the stream expires; then UNAUTHENTICATED (reason expired).
+
+    A stream must not outlive the token it was admitted with: the caller opens a
+    new one with a fresh token (the SDKs do so ahead of expiry).
+    """
+    if expires_at is None:
+        async for item in items:
+            yield item
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (expires_at - time.time())
+    async with contextlib.aclosing(_generator(items)) as generator:
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    item = await anext(generator)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if loop.time() < deadline:
+                    raise  # the servicer's own timeout
+                raise token_expired() from None
+            yield item
+
+
+async def _generator(items: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    async for item in items:
+        yield item
 
 
 def _unary(
@@ -153,7 +191,7 @@ def _stream(
                     raise ToolmeshError(Code.SHUTTING_DOWN)
                 if admit is not None:
                     await admit(request, context)
-                async for item in inner(request, context):
+                async for item in _until_token_expires(inner(request, context), grant_expires_at()):
                     yield item
             except asyncio.CancelledError:
                 if not streams.ending:

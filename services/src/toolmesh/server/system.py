@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +16,7 @@ from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.core.channels import open_channel
+from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.observability import InvocationTelemetry
@@ -28,6 +31,8 @@ from toolmesh.server.runtime import CannotListen, RunningServer, start_server
 from toolmesh.server.security import LOOPBACK, Security
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
+# How long a starting invocation replica waits to follow other replicas' cancellations.
+FOLLOW_READY_S = 5.0
 # Internal listeners on a free loopback port unless told otherwise.
 INTERNAL_ADDRESS = "127.0.0.1:0"
 
@@ -157,6 +162,8 @@ async def start_invocation(
     dispatcher = RoutedDispatcher(
         stores.store, bridge_target, security.peer_credentials(), recorded=stores.shared
     )
+    # Replicas sharing the ledger hear of each other's cancellations through the store.
+    cancels = CancelBoard(stores.store) if stores.shared else None
     validation = Validation(limits)
     invoker = Invoker(
         catalog,
@@ -166,9 +173,21 @@ async def start_invocation(
         observer=InvocationTelemetry(),
         validation=validation,
         quotas=Quotas(stores.store, limits),
+        cancels=cancels,
     )
+    following_ready = asyncio.Event()
+    following = asyncio.create_task(invoker.follow_cancellations(following_ready))
+    with contextlib.suppress(TimeoutError):  # a store still unreachable: it follows once it is back
+        await asyncio.wait_for(following_ready.wait(), FOLLOW_READY_S)
+
+    async def stop_following() -> None:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+
     closers = [
         validation.aclose,
+        stop_following,
         catalog.aclose,
         registry_channel.close,
         dispatcher.aclose,

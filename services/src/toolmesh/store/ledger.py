@@ -80,15 +80,28 @@ class LedgerStore(Protocol):
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> bool:
+    ) -> str:
         """Store the finished record, kept `keep_s`, and wake whoever watches it; only if the
         invocation is stored and still running (the first finish wins: the bridge replica that
-        got the host's outcome and the invocation replica may both record it). Return whether it wrote.
+        got the host's outcome and the invocation replica may both record it). Returns "wrote";
+        or, when it did not write, "cancelled" if `cancel` had ended the invocation, else "ended"
+        (finished by another writer, or not stored).
 
         `identity` is the pointer that names the invocation ("" for none). With
         `replay_s` the pointer names this invocation for that long (exact retries
         replay it); with None it is dropped if it still names this invocation, and
         an idempotency key naming it no longer replays it (`claim_keyed` starts over).
+        """
+        ...
+
+    async def cancel(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
+    ) -> str | None:
+        """Finish the invocation as `finish` does (with a replayable outcome, marked cancelled for a
+        later `finish` to say so), only if it is stored,
+        still running and no call has joined it (a `claim` or `claim_keyed` that returned it while it
+        ran). Returns "cancelled" when it wrote, "ended" when it had finished, "joined" when a call
+        joined it, None when it is not stored.
         """
         ...
 

@@ -40,7 +40,10 @@ class Table(Generic[V]):
         self._clock = clock
         self._entries: dict[str, _Entry[V]] = {}
         self._expiry_heap: list[tuple[float, str]] = []
+        # The keys someone watches: their change event, and how many watch them. A key's
+        # entry goes when its last watcher leaves, so keys watched once do not pile up.
         self._changed: dict[str, asyncio.Event] = {}
+        self._watchers: dict[str, int] = {}
         self._writes = 0
 
     def __len__(self) -> int:
@@ -91,6 +94,11 @@ class Table(Generic[V]):
         """An event set at the key's next change (taken before reading, so no change is missed)."""
         return self._changed.setdefault(key, asyncio.Event())
 
+    @property
+    def watched_keys(self) -> int:
+        """How many keys hold watch state (a change event or a watcher count)."""
+        return len(self._changed.keys() | self._watchers.keys())
+
     def expires_in(self, key: str) -> float | None:
         entry = self._entries.get(key)
         if entry is None or entry.expires_at is None:
@@ -100,13 +108,25 @@ class Table(Generic[V]):
     async def watch(self, key: str, state: Callable[[], T]) -> AsyncGenerator[T, None]:
         """`state()` now, then after each change of the key (its expiry included), when it differs."""
         last: T = _NOTHING
-        while True:
-            changed = self.changed(key)
-            current = state()
-            if current != last:
-                last = current
-                yield current
-            await until_set(changed, self.expires_in(key))
+        self._watchers[key] = self._watchers.get(key, 0) + 1
+        try:
+            while True:
+                changed = self.changed(key)
+                current = state()
+                if current != last:
+                    last = current
+                    yield current
+                await until_set(changed, self.expires_in(key))
+        finally:
+            self._leave(key)
+
+    def _leave(self, key: str) -> None:
+        left = self._watchers[key] - 1
+        if left:
+            self._watchers[key] = left
+            return
+        del self._watchers[key]
+        self._changed.pop(key, None)  # nobody waits on it any more
 
     def clear(self) -> None:
         self._entries.clear()
@@ -124,6 +144,11 @@ class InMemoryStore:
 
     def __len__(self) -> int:
         return len(self._table) + len(self._leases)
+
+    @property
+    def watched_keys(self) -> int:
+        """How many keys hold watch state: it goes when their last watcher leaves."""
+        return self._table.watched_keys
 
     async def get(self, key: str) -> Versioned | None:
         return self._versioned(key)
@@ -196,6 +221,10 @@ class _Invocation:
     identity: str
     # Finished with an outcome retries may be given again (see LedgerStore.finish).
     replayable: bool = True
+    # A call joined it while it ran: a cancellation leaves it alone.
+    joined: bool = False
+    # A cancellation finished it (a later finish says so).
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +245,11 @@ class MemoryLedgerStore:
 
     def __len__(self) -> int:
         return len(self._invocations) + len(self._identities) + len(self._keys)
+
+    @property
+    def watched_keys(self) -> int:
+        """How many invocations hold watch state: it goes when their last watcher leaves."""
+        return self._invocations.watched_keys
 
     def _stored(self, tool_request_id: str) -> StoredInvocation | None:
         entry = self._invocations.live(tool_request_id)
@@ -240,6 +274,7 @@ class MemoryLedgerStore:
         if pointer is not None and pointer.value != tool_request_id:
             other = self._invocations.live(pointer.value)
             if other is not None and not other.value.delivered:
+                self._joined(pointer.value)
                 return StoredInvocation(pointer.value, other.value.record, False)
         self._store_running(tool_request_id, record, identity, running_ttl_s)
         self._identities.write(identity, tool_request_id, running_ttl_s)
@@ -264,26 +299,63 @@ class MemoryLedgerStore:
             named = claimed.value.tool_request_id
             entry = self._invocations.live(named)
             if entry is not None and entry.value.replayable:
+                self._joined(named)
                 return StoredInvocation(named, entry.value.record, entry.value.delivered)
         self._keys.write(key, _KeyClaim(tool_request_id, identity), key_ttl_s)
         self._store_running(tool_request_id, record, "", running_ttl_s)
         return None
 
+    def _joined(self, tool_request_id: str) -> None:
+        """Mark a running invocation joined (a finished one is replayed, not joined)."""
+        entry = self._invocations.live(tool_request_id)
+        if entry is not None and not entry.value.finished and not entry.value.joined:
+            ttl_s = self._invocations.expires_in(tool_request_id)
+            self._invocations.write(tool_request_id, replace(entry.value, joined=True), ttl_s, notify=False)
+
+    async def cancel(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
+    ) -> str | None:
+        running = self._invocations.live(tool_request_id)
+        if running is None:
+            return None
+        if running.value.finished:
+            return "ended"
+        if running.value.joined:
+            return "joined"
+        self._finish(tool_request_id, record, identity, keep_s, replay_s, cancelled=True)
+        return "cancelled"
+
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> bool:
+    ) -> str:
         running = self._invocations.live(tool_request_id)
-        if running is None or running.value.finished:
-            return False
-        finished = _Invocation(record, True, False, keep_s, identity, replay_s is not None)
+        if running is None:
+            return "ended"
+        if running.value.finished:
+            return "cancelled" if running.value.cancelled else "ended"
+        self._finish(tool_request_id, record, identity, keep_s, replay_s)
+        return "wrote"
+
+    def _finish(
+        self,
+        tool_request_id: str,
+        record: bytes,
+        identity: str,
+        keep_s: float,
+        replay_s: float | None,
+        *,
+        cancelled: bool = False,
+    ) -> None:
+        finished = _Invocation(
+            record, True, False, keep_s, identity, replay_s is not None, cancelled=cancelled
+        )
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
-            return True
+            return
         if replay_s is not None:
             self._identities.write(identity, tool_request_id, replay_s)
         else:
             self._drop_pointer(identity, tool_request_id)
-        return True
 
     def _drop_pointer(self, identity: str, tool_request_id: str) -> None:
         pointer = self._identities.live(identity)

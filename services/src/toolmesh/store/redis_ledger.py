@@ -5,7 +5,9 @@ Keys, under the connection's prefix:
   (set once finished), `dlv` (set once delivery is confirmed), `keep` (ms to
   keep it once finished), `same` (the identity whose pointer names it, "" for
   none), `once` (set when it finished with an outcome not to replay: its
-  idempotency key starts over). Finishing it publishes on its name, for watchers.
+  idempotency key starts over), `join` (set when a call joined it while it ran: a
+  cancellation leaves it alone), `cxl` (set when a cancellation finished it). Finishing it
+  publishes on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
 - `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
@@ -57,8 +59,11 @@ _CLAIM = Script(
 confirm(3, 7, #KEYS - 2, ARGV[6])
 local other = redis.call('GET', KEYS[1])
 if other and other ~= ARGV[1] then
-  local found = redis.call('HMGET', ARGV[5] .. other, 'rec', 'dlv')
-  if found[1] and not found[2] then return {other, found[1]} end
+  local found = redis.call('HMGET', ARGV[5] .. other, 'rec', 'dlv', 'end')
+  if found[1] and not found[2] then
+    if not found[3] then redis.call('HSET', ARGV[5] .. other, 'join', '1') end
+    return {other, found[1]}
+  end
 end
 redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
@@ -78,8 +83,11 @@ confirm(3, 8, #KEYS - 2, ARGV[7])
 local claimed = redis.call('HMGET', KEYS[1], 'id', 'identity')
 if claimed[1] and claimed[1] ~= ARGV[1] then
   if claimed[2] ~= ARGV[4] then return {0, claimed[1]} end
-  local found = redis.call('HMGET', ARGV[5] .. claimed[1], 'rec', 'dlv', 'once')
-  if found[1] and not found[3] then return {1, claimed[1], found[1], found[2] and 1 or 0} end
+  local found = redis.call('HMGET', ARGV[5] .. claimed[1], 'rec', 'dlv', 'once', 'end')
+  if found[1] and not found[3] then
+    if not found[4] then redis.call('HSET', ARGV[5] .. claimed[1], 'join', '1') end
+    return {1, claimed[1], found[1], found[2] and 1 or 0}
+  end
 end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'identity', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
@@ -92,9 +100,8 @@ return false
 # KEYS: the record, and the identity pointer when there is one. ARGV: id, record,
 # keep ms, replay ms ('' for an outcome not to replay: drops the pointer if it names
 # this id, and marks the record `once`), identity.
-_FINISH = Script("""
-local state = redis.call('HMGET', KEYS[1], 'rec', 'end')
-if not state[1] or state[2] then return 0 end
+_FINISHING = """
+local function finish()
 redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
 if ARGV[4] == '' then redis.call('HSET', KEYS[1], 'once', '1') end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -103,8 +110,33 @@ if KEYS[2] then
   elseif redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 end
 redis.call('PUBLISH', KEYS[1], '1')
-return 1
-""")
+end
+"""
+_FINISH = Script(
+    _FINISHING
+    + """
+local state = redis.call('HMGET', KEYS[1], 'rec', 'end', 'cxl')
+if not state[1] then return 'ended' end
+if state[2] then return state[3] and 'cancelled' or 'ended' end
+finish()
+return 'wrote'
+"""
+)
+
+# As _FINISH, but only for a running invocation no call joined. Returns 'cancelled', 'ended',
+# 'joined', or false when not stored.
+_CANCEL = Script(
+    _FINISHING
+    + """
+local state = redis.call('HMGET', KEYS[1], 'rec', 'end', 'join')
+if not state[1] then return false end
+if state[2] then return 'ended' end
+if state[3] then return 'joined' end
+finish()
+redis.call('HSET', KEYS[1], 'cxl', '1')
+return 'cancelled'
+"""
+)
 
 # KEYS: the records. ARGV: the pointer key prefix, then the ids. Returns the ids still running.
 _CONFIRM = Script(
@@ -184,7 +216,7 @@ class RedisLedgerStore:
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
-    ) -> bool:
+    ) -> str:
         keys = [self._records + tool_request_id]
         if identity:
             keys.append(self._identities + identity)
@@ -195,7 +227,23 @@ class RedisLedgerStore:
             milliseconds(replay_s),
             identity,
         ]
-        return bool(await self._run(_FINISH, keys, args))
+        return bytes(await self._run(_FINISH, keys, args)).decode()
+
+    async def cancel(
+        self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
+    ) -> str | None:
+        keys = [self._records + tool_request_id]
+        if identity:
+            keys.append(self._identities + identity)
+        args: list[bytes | str] = [
+            tool_request_id,
+            record,
+            milliseconds(keep_s),
+            milliseconds(replay_s),
+            identity,
+        ]
+        answer = await self._run(_CANCEL, keys, args)
+        return None if answer is None else bytes(answer).decode()
 
     async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
         if not tool_request_ids:

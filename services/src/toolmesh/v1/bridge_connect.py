@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, SubmitToolResultRequest, SubmitToolResultResponse
+from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, SubmitToolResultRequest, SubmitToolResultResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -44,9 +44,10 @@ class BridgeService(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -58,6 +59,7 @@ class BridgeService(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -88,7 +90,9 @@ class BridgeService(Protocol):
         when the session has host_sessions_per_session (64) host sessions open on
         this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
         reason SHUTTING_DOWN when the server stops. The token is checked when the
-        stream opens.
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -158,6 +162,27 @@ class BridgeService(Protocol):
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
         or it has ended; or one of a session the token does not name).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def report_tool_progress(self, request: ReportToolProgressRequest, ctx: RequestContext[ReportToolProgressRequest, ReportToolProgressResponse], /) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -253,6 +278,17 @@ class BridgeServiceASGIApplication(ConnectASGIApplication[BridgeService]):
                     ),
                     function=svc.answer_read_check,
                 ),
+                "/toolmesh.v1.BridgeService/ReportToolProgress": Endpoint.unary(
+                    method=MethodInfo(
+                        name="ReportToolProgress",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=ReportToolProgressRequest,
+                        output=ReportToolProgressResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.report_tool_progress,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": Endpoint.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -295,9 +331,10 @@ class BridgeServiceClient(ConnectClient):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -309,6 +346,7 @@ class BridgeServiceClient(ConnectClient):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -369,7 +407,9 @@ class BridgeServiceClient(ConnectClient):
         when the session has host_sessions_per_session (64) host sessions open on
         this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
         reason SHUTTING_DOWN when the server stops. The token is checked when the
-        stream opens.
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,
@@ -504,6 +544,44 @@ class BridgeServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def report_tool_progress(
+        self,
+        request: ReportToolProgressRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ReportToolProgress",
+                service_name="toolmesh.v1.BridgeService",
+                input=ReportToolProgressRequest,
+                output=ReportToolProgressResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def dispatch_tool_request(
         self,
         request: DispatchToolRequestRequest,
@@ -580,9 +658,10 @@ class BridgeServiceSync(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -594,6 +673,7 @@ class BridgeServiceSync(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -624,7 +704,9 @@ class BridgeServiceSync(Protocol):
         when the session has host_sessions_per_session (64) host sessions open on
         this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
         reason SHUTTING_DOWN when the server stops. The token is checked when the
-        stream opens.
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -694,6 +776,27 @@ class BridgeServiceSync(Protocol):
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
         or it has ended; or one of a session the token does not name).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def report_tool_progress(self, request: ReportToolProgressRequest, ctx: RequestContext[ReportToolProgressRequest, ReportToolProgressResponse], /) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -787,6 +890,17 @@ class BridgeServiceWSGIApplication(ConnectWSGIApplication):
                     ),
                     function=service.answer_read_check,
                 ),
+                "/toolmesh.v1.BridgeService/ReportToolProgress": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="ReportToolProgress",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=ReportToolProgressRequest,
+                        output=ReportToolProgressResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.report_tool_progress,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": EndpointSync.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -829,9 +943,10 @@ class BridgeServiceClientSync(ConnectClientSync):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -843,6 +958,7 @@ class BridgeServiceClientSync(ConnectClientSync):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -903,7 +1019,9 @@ class BridgeServiceClientSync(ConnectClientSync):
         when the session has host_sessions_per_session (64) host sessions open on
         this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
         reason SHUTTING_DOWN when the server stops. The token is checked when the
-        stream opens.
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,
@@ -1032,6 +1150,44 @@ class BridgeServiceClientSync(ConnectClientSync):
                 service_name="toolmesh.v1.BridgeService",
                 input=AnswerReadCheckRequest,
                 output=AnswerReadCheckResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def report_tool_progress(
+        self,
+        request: ReportToolProgressRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> ReportToolProgressResponse:
+        """
+        ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="ReportToolProgress",
+                service_name="toolmesh.v1.BridgeService",
+                input=ReportToolProgressRequest,
+                output=ReportToolProgressResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

@@ -17,6 +17,7 @@ from toolmesh.assistant.messages import Message
 from toolmesh.assistant.model import ChatModel
 from toolmesh.assistant.state import AssistantState, StateStore, Status, Subscriber
 from toolmesh.assistant.turn import Turn, TurnDeps
+from toolmesh.core.exceptions import exception_fields
 
 log = logging.getLogger("toolmesh.assistant")
 
@@ -129,8 +130,10 @@ class Assistant:
             error = AssistantError(TurnCode.ABORTED)
             raise
         except Exception as exc:
-            log.exception(
-                "an assistant turn failed", extra={"session_id": self.session_id, "turn_id": turn_id}
+            log.error(
+                "an assistant turn failed",
+                extra={"session_id": self.session_id, "turn_id": turn_id, "code": TurnCode.INTERNAL.value}
+                | exception_fields(exc),
             )
             error = AssistantError(TurnCode.INTERNAL, type(exc).__name__)
             raise error from exc

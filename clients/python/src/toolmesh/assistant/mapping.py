@@ -15,6 +15,7 @@
 | TRANSPORT_FAILED, INVALID_REQUEST, INTERNAL,   |                    |            |
 | and any code this version does not know       |                    |            |
 | TOOL_TIMEOUT, CALLER_DEADLINE_EXCEEDED         | TIMEOUT            | ends       |
+| TOOL_CANCELLED (a caller cancelled the call)   | ABORTED            | ends       |
 
 Whether the turn ends is the turn code's `ends_turn` in the turn-code table
 (toolmesh.assistant.errors); the runtime table has no say in it.
@@ -53,6 +54,7 @@ RUNTIME_TO_TURN: Mapping[Code, TurnCode] = MappingProxyType(
         Code.INTERNAL: TurnCode.EXECUTION_FAILED,
         Code.TOOL_TIMEOUT: TurnCode.TIMEOUT,
         Code.CALLER_DEADLINE_EXCEEDED: TurnCode.TIMEOUT,
+        Code.TOOL_CANCELLED: TurnCode.ABORTED,
     }
 )
 DOMAIN_ERROR = TurnCode.EXECUTION_FAILED

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from toolmesh.assistant.errors import AssistantError
 from toolmesh.assistant.messages import Message, unanswered_calls
 from toolmesh.assistant.results import ToolResult
+from toolmesh.core.exceptions import exception_fields
 
 log = logging.getLogger("toolmesh.assistant")
 
@@ -125,5 +126,5 @@ class StateStore:
         for subscriber in list(self._subscribers):
             try:
                 subscriber(state)
-            except Exception:
-                log.exception("an assistant state subscriber failed")
+            except Exception as exc:
+                log.error("an assistant state subscriber failed", extra=exception_fields(exc))

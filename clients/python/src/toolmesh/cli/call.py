@@ -6,6 +6,11 @@ command may be retried as it is, and `toolmesh invocations show` reconciles
 the `toolRequestId` it printed, when it printed one. Exit 2: the command was
 malformed (a flag, arguments that are not JSON, a bad name). Exit 130: Ctrl-C
 (as 75: no outcome arrived).
+
+While the tool runs, its handler's progress reports are printed on stderr, one
+line each (`progress 2/5: <the handler's message>`); `--no-progress` turns
+them off and makes the plain InvokeTool call. Only the handler's own numbers
+and message are shown: never arguments or results.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 import uuid
 from typing import Any
 
@@ -24,6 +30,7 @@ from toolmesh.cli.output import EXIT_NO_OUTCOME, print_rpc_error, unreachable, u
 from toolmesh.client.config import address
 from toolmesh.client.invocation import InvocationClient
 from toolmesh.core.errors import Code
+from toolmesh.core.progress import ToolProgress
 
 
 def add_parser(commands: Any) -> None:
@@ -50,9 +57,31 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="how long this command waits for an outcome; not the tool's own timeoutMs (default: no limit)",
     )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print the tool's progress reports on stderr while it runs (default: on)",
+    )
     add_address(parser, "invocation")
     access.add_arguments(parser)
     parser.set_defaults(run=run)
+
+
+def progress_line(progress: ToolProgress) -> str:
+    """One line for a progress report: `progress 2/5: message`, control characters as spaces."""
+    shown = (
+        f"{progress.progress:g}" if progress.total is None else f"{progress.progress:g}/{progress.total:g}"
+    )
+    if progress.message:
+        text = "".join(" " if unicodedata.category(c)[0] == "C" else c for c in progress.message)
+        shown += f": {text}"
+    return f"progress {shown}"
+
+
+def print_progress(progress: ToolProgress) -> None:
+    """Print one progress report on stderr, at once (stdout keeps the one JSON object)."""
+    print(progress_line(progress), file=sys.stderr, flush=True)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -73,7 +102,12 @@ async def run(args: argparse.Namespace) -> int:
     async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
         try:
             result = await client.invoke(
-                args.session_id, args.tool, turn_id=turn_id, arguments_json=args.args, timeout=args.timeout
+                args.session_id,
+                args.tool,
+                turn_id=turn_id,
+                arguments_json=args.args,
+                timeout=args.timeout,
+                on_progress=print_progress if args.progress else None,
             )
         except grpc.aio.AioRpcError as error:
             return print_rpc_error(error, "invocation", target)

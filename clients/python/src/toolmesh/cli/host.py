@@ -30,6 +30,7 @@ from toolmesh.cli.output import EXIT_NO_OUTCOME, EXIT_USAGE, unreachable, usage_
 from toolmesh.client.config import address
 from toolmesh.core.bearer import ENV_TOKEN
 from toolmesh.core.errors import ToolmeshError
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.host import HostError, ToolHost
 
 GENERIC_KEY = "*"
@@ -46,12 +47,22 @@ def add_parser(commands: Any) -> None:
         "2: the handlers cannot be loaded; 75 (--detach): the bridge could not be reached in time.",
     )
     add_session(parser)
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--handlers",
-        required=True,
         metavar="MODULE:ATTR",
         help="a mapping of tool name to callable(args, ctx) in a module (the working directory is on the "
         'path); the key "*" is the generic handler',
+    )
+    source.add_argument(
+        "--mcp",
+        metavar='"COMMAND ARGS"',
+        help="serve the tools of this MCP server, started as a command speaking MCP on stdio (the mcp extra)",
+    )
+    source.add_argument(
+        "--mcp-url",
+        metavar="URL",
+        help="serve the tools of the MCP server at this streamable HTTP URL (the mcp extra)",
     )
     add_address(parser, "bridge")
     parser.add_argument("--name", help="this host's name in the bridge's logs (default: HOSTNAME:python)")
@@ -139,9 +150,9 @@ def _log_error(error: HostError) -> None:
     )
 
 
-def _ready_line(args: argparse.Namespace, target: str, handlers: Mapping[str, Any]) -> str:
-    tools = ", ".join(sorted(handlers))
-    return f"toolmesh host: ready, serving session {args.session_id} ({tools}) through the bridge at {target}"
+def _ready_line(args: argparse.Namespace, target: str, tools: list[str]) -> str:
+    names = ", ".join(tools)
+    return f"toolmesh host: ready, serving session {args.session_id} ({names}) through the bridge at {target}"
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -155,10 +166,12 @@ async def run(args: argparse.Namespace) -> int:
             _log_to(args.log_file)
         except OSError as exc:
             return usage_error("host", f"cannot write {args.log_file}: {exc.strerror}")
-    try:
-        handlers = load_handlers(args.handlers)
-    except HandlersNotLoaded as exc:
-        return usage_error("host", f"cannot load handlers: {exc}")
+    handlers: Mapping[str, Any] = {}
+    if args.handlers is not None:
+        try:
+            handlers = load_handlers(args.handlers)
+        except HandlersNotLoaded as exc:
+            return usage_error("host", f"cannot load handlers: {exc}")
     try:
         credentials = access.credentials(args)
     except (OSError, ValueError) as exc:
@@ -169,12 +182,40 @@ async def run(args: argparse.Namespace) -> int:
     host = ToolHost(
         target, args.session_id, host_name=args.name, credentials=credentials, token=access.token(args)
     )
+    host.on_error(_log_error)
+    if args.handlers is None:
+        return await _serve_mcp_server(args, target, host)
     for name, handler in handlers.items():
         if name == GENERIC_KEY:
             host.on_any(handler)
         else:
             host.on_tool(name, handler)
-    host.on_error(_log_error)
+    return await _serve(args, target, host, sorted(handlers))
+
+
+async def _serve_mcp_server(args: argparse.Namespace, target: str, host: ToolHost) -> int:
+    """`--mcp` / `--mcp-url`: connect to the MCP server, declare its tools, serve them."""
+    try:
+        from toolmesh.mcp.upstream import Upstream, stdio_server  # noqa: PLC0415
+    except ImportError:
+        return usage_error("host", "--mcp needs the MCP SDK: pip install 'toolmesh[mcp]'")
+    try:
+        server = stdio_server(args.mcp) if args.mcp is not None else args.mcp_url
+    except ValueError as exc:
+        return usage_error("host", str(exc))
+    upstream = Upstream(host)
+    try:
+        async with upstream.connected(server):
+            return await _serve(args, target, host, upstream.tool_names)
+    except Exception as exc:
+        # The MCP server could not be started or reached, or broke the protocol: say which, not its text.
+        log.error("MCP server failed", extra=exception_fields(exc))
+        print(f"toolmesh host: the MCP server failed ({type(exc).__name__}); see the log", file=sys.stderr)
+        return EXIT_NO_OUTCOME
+
+
+async def _serve(args: argparse.Namespace, target: str, host: ToolHost, tools: list[str]) -> int:
+    """Connect the host and serve until SIGTERM or SIGINT; returns the exit code (0, or 2 when refused)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -196,10 +237,10 @@ async def run(args: argparse.Namespace) -> int:
             extra={
                 "session_id": args.session_id,
                 "host_session_id": host.host_session_id,
-                "tools": ",".join(sorted(handlers)),
+                "tools": ",".join(tools),
             },
         )
-        print(_ready_line(args, target, handlers), flush=True)
+        print(_ready_line(args, target, tools), flush=True)
         if args.ready_fd is not None:
             os.write(args.ready_fd, b"ready\n")
             os.close(args.ready_fd)
@@ -234,9 +275,14 @@ def _detach(args: argparse.Namespace, target: str, handlers: Mapping[str, Any]) 
     """
     log_file: Path = args.log_file or Path(f"toolmesh-host-{args.session_id}.log")
     pid_file: Path = args.pid_file or Path(f"toolmesh-host-{args.session_id}.pid")
+    source = (
+        ["--handlers", args.handlers]
+        if args.handlers is not None
+        else (["--mcp", args.mcp] if args.mcp is not None else ["--mcp-url", args.mcp_url])
+    )
     command = [
         sys.executable, "-m", "toolmesh.cli.main", "host",
-        "--session-id", args.session_id, "--handlers", args.handlers, "--bridge", target,
+        "--session-id", args.session_id, *source, "--bridge", target,
     ]  # fmt: skip
     if args.name:
         command += ["--name", args.name]
@@ -280,7 +326,7 @@ def _detach(args: argparse.Namespace, target: str, handlers: Mapping[str, Any]) 
         return code or EXIT_USAGE
     pid_file.write_text(f"{process.pid}\n")
     print(
-        f"{_ready_line(args, target, handlers)}; process {process.pid} (log: {log_file}); "
+        f"{_ready_line(args, target, sorted(handlers))}; process {process.pid} (log: {log_file}); "
         f'stop it with: kill "$(cat {pid_file})"',
         flush=True,
     )

@@ -1,4 +1,4 @@
-"""`toolmesh invocations show ID`: reconcile after an ambiguous failure."""
+"""`toolmesh invocations show ID`: reconcile after an ambiguous failure; `invocations cancel ID`: stop one."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from toolmesh.v1 import invocation_pb2
 
 
 def add_parser(commands: Any) -> None:
-    """Add `invocations show` to the subcommands of `toolmesh`."""
+    """Add `invocations show` and `invocations cancel` to the subcommands of `toolmesh`."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "invocations", help="look up invocations", description="Look up invocations in the ledger."
     )
@@ -34,6 +34,17 @@ def add_parser(commands: Any) -> None:
     add_address(show, "invocation")
     access.add_arguments(show)
     show.set_defaults(run=run_show)
+    cancel = verbs.add_parser(
+        "cancel",
+        help="stop a running invocation (it ends with TOOL_CANCELLED)",
+        description='Cancel a running invocation and print {"toolRequestId", "cancelled"} as JSON: '
+        "cancelled is false when it had already ended or another call has joined it. Exit 0: "
+        "answered; 1: the ledger has no invocation of that id; 75: the service could not be reached.",
+    )
+    cancel.add_argument("tool_request_id", metavar="TOOL_REQUEST_ID", help="the toolRequestId a call printed")
+    add_address(cancel, "invocation")
+    access.add_arguments(cancel)
+    cancel.set_defaults(run=run_cancel)
 
 
 def invocation_json(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
@@ -69,4 +80,20 @@ async def run_show(args: argparse.Namespace) -> int:
         except grpc.aio.AioRpcError as error:
             return print_rpc_error(error, "invocation", target)
     print(json.dumps(invocation_json(invocation), indent=2, ensure_ascii=False))
+    return 0
+
+
+async def run_cancel(args: argparse.Namespace) -> int:
+    """Cancel one invocation and print whether it was; returns 0, 1 for an unknown id, or 75/2."""
+    try:
+        credentials = access.credentials(args)
+    except (OSError, ValueError) as exc:
+        return usage_error("invocations", str(exc))
+    target = address("invocation", args.invocation)
+    async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
+        try:
+            cancelled = await client.cancel_invocation(args.tool_request_id)
+        except grpc.aio.AioRpcError as error:
+            return print_rpc_error(error, "invocation", target)
+    print(json.dumps({"toolRequestId": args.tool_request_id, "cancelled": cancelled}))
     return 0

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
-from toolmesh.cli import call, chat, host, invocations, tools
+from toolmesh.cli import call, chat, host, invocations, mcp, tools
 from toolmesh.cli.output import EXIT_INTERRUPTED
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_parser(commands)
     chat.add_parser(commands)
     invocations.add_parser(commands)
+    mcp.add_parser(commands)
     return parser
 
 
@@ -51,7 +52,7 @@ _MISSING = {
 }
 
 # The service name each command reports in logs and traces.
-_SERVICE_NAMES = {"up": "toolmesh", "host": "toolmesh-host"}
+_SERVICE_NAMES = {"up": "toolmesh", "host": "toolmesh-host", "mcp": "toolmesh-mcp"}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

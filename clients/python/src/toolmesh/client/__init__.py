@@ -2,5 +2,6 @@
 
 from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
+from toolmesh.core.progress import ToolProgress
 
-__all__ = ["CallResult", "InvocationClient", "RegistryClient"]
+__all__ = ["CallResult", "InvocationClient", "RegistryClient", "ToolProgress"]

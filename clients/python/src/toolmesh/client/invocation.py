@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -11,14 +17,15 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import PendingConfirmations
 from toolmesh.core import correlation, jsontext, telemetry
-from toolmesh.core.bearer import Bearer, TokenSource
+from toolmesh.core.bearer import Bearer, TokenSource, renew_in
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.outcome import ErrorKind, Outcome
-from toolmesh.core.rpcstatus import error_code, grpc_status
+from toolmesh.core.progress import ToolProgress
+from toolmesh.core.rpcstatus import error_code, grpc_status, token_expired
 from toolmesh.core.stream_link import StreamBroken
-from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA, outcome_from_pb
+from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA, outcome_from_pb, progress_from_pb
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 
 
@@ -97,7 +104,28 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+log = logging.getLogger("toolmesh.client")
+
 LOOKUP_TIMEOUT_S = 10.0
+# A callback told of progress (a ToolProgress) or of the invocation's id (a str); sync or async.
+ProgressCallback = Callable[[ToolProgress], object]
+StartedCallback = Callable[[str], object]
+
+
+async def _tell(callback: Callable[[Any], object] | None, value: object) -> None:
+    """Call a caller's callback, awaiting what it returns when that is awaitable.
+
+    A callback that raises is logged (its type alone) and the call goes on: it is the caller's
+    own code, and the call's outcome is still to come.
+    """
+    if callback is None:
+        return
+    try:
+        returned = callback(value)
+        if inspect.isawaitable(returned):
+            await returned
+    except Exception as exc:
+        log.warning("a call's callback raised", extra={"exception": type(exc).__name__})
 
 
 def _announced_id(metadata: grpc.aio.Metadata | None) -> str | None:
@@ -146,6 +174,8 @@ class InvocationClient:
         self._confirmations = PendingConfirmations(self._send_confirmations)
         self._multiplex = multiplex
         self._link: CallLink | None = None
+        # When to open a new stream for the next calls: ahead of the current one's token expiry.
+        self._renew_link_at = math.inf
 
     async def invoke(
         self,
@@ -158,8 +188,19 @@ class InvocationClient:
         timeout: float | None = None,
         idempotency_key: str = "",
         confirm_delivery: bool = True,
+        on_progress: ProgressCallback | None = None,
+        on_started: StartedCallback | None = None,
     ) -> CallResult:
         """Call a tool. Pass `arguments` as a value, or `arguments_json` as text sent as it is.
+
+        `on_started(tool_request_id)` is told the invocation's id once the
+        service names it, before its outcome (not for a replayed outcome nor a
+        call refused before it became an invocation): the id to give
+        `cancel_invocation`. `on_progress(progress)` gets each progress report
+        of the handler (a ToolProgress), best effort. Either callback may be
+        sync or async (awaited); one that raises is logged and the call goes
+        on. With either, the call goes as a RunTool stream, and without them
+        exactly as before. Progress changes nothing about the outcome.
 
         `timeout` is the caller's own deadline. When it passes, or the
         connection fails, the result has no outcome and an exact retry is safe:
@@ -188,8 +229,11 @@ class InvocationClient:
             telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
             correlation.ids(session_id=session_id, turn_id=turn_id, tool_name=tool_name),
         ):
-            call = self._call_on_stream if self._multiplex else self._call
-            result = await call(request, timeout)
+            if on_progress is not None or on_started is not None:
+                result = await self._run(request, timeout, on_progress, on_started)
+            else:
+                call = self._call_on_stream if self._multiplex else self._call
+                result = await call(request, timeout)
             if result.tool_request_id:
                 span.set_attribute(telemetry.TOOL_REQUEST_ID, result.tool_request_id)
             if result.outcome is None:
@@ -225,26 +269,78 @@ class InvocationClient:
             replayed=response.replayed,
         )
 
+    async def _run(
+        self,
+        request: invocation_pb2.InvokeToolRequest,
+        timeout: float | None,
+        on_progress: ProgressCallback | None,
+        on_started: StartedCallback | None,
+    ) -> CallResult:
+        """The call as a RunTool stream: its started and progress events go to the callbacks."""
+        started: str | None = None
+        try:
+            with telemetry.client_call("toolmesh.v1.InvocationService/RunTool") as metadata:
+                stream = self._stub.RunTool(
+                    invocation_pb2.RunToolRequest(call=request),
+                    timeout=timeout,
+                    metadata=await self._bearer.metadata(metadata),
+                )
+                try:
+                    async for event in stream:
+                        kind = event.WhichOneof("event")
+                        if kind == "started":
+                            started = event.started.tool_request_id
+                            await _tell(on_started, started)
+                        elif kind == "progress":
+                            await _tell(on_progress, progress_from_pb(event.progress))
+                        elif kind == "outcome":
+                            response = event.outcome
+                            return CallResult(
+                                response.tool_request_id or None,
+                                outcome_from_pb(response.outcome),
+                                joined=response.joined,
+                                replayed=response.replayed,
+                            )
+                except asyncio.CancelledError:
+                    stream.cancel()  # the caller gave up: the invocation goes on, as after a unary call
+                    raise
+        except grpc.aio.AioRpcError as error:
+            self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+            code = error_code(error)
+            if _callers_fault(code):
+                raise
+            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
+                return CallResult(started, None, Code.CALLER_DEADLINE_EXCEEDED)
+            return CallResult(started, None, code or Code.TRANSPORT_FAILED, error.details() or "")
+        self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+        return CallResult(started, None, Code.TRANSPORT_FAILED, "The stream ended without an outcome.")
+
     async def _call_on_stream(
-        self, request: invocation_pb2.InvokeToolRequest, timeout: float | None
+        self, request: invocation_pb2.InvokeToolRequest, timeout: float | None, *, renewed: bool = False
     ) -> CallResult:
         if request.ByteSize() > MAX_ARGUMENTS_BYTES:
             # Too large for the service to take (it says TOOL_ARGS_INVALID), perhaps for the
             # transport too, which would end the stream and every call on it: send it alone.
             return await self._call(request, timeout)
         link = self._link
-        if link is None or link.closed:
-            link = self._link = CallLink(self._stub, await self._bearer.metadata())
+        if link is None or link.closed or time.monotonic() >= self._renew_link_at:
+            # A new stream ahead of its token's expiry: the old one answers the calls it has.
+            token = await self._bearer.token()
+            link = self._link = CallLink(self._stub, Bearer.with_token(token))
+            renewal = renew_in(token)
+            self._renew_link_at = math.inf if renewal is None else time.monotonic() + renewal
         try:
             with telemetry.client_span("toolmesh.v1.InvocationService/InvokeTools") as carrier:
                 streamed = await link.call(request, carrier, timeout)
-        except (TimeoutError, StreamBroken) as failure:
-            self._confirmations.give_back(list(request.confirmed_tool_request_ids))
-            if isinstance(failure, TimeoutError):
-                return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
-            if failure.error is not None and _callers_fault(error_code(failure.error)):
-                raise failure.error from None  # the stream itself was refused: as InvokeTool would be
-            return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
+        except StreamBroken as broken:
+            if broken.error is not None and token_expired(broken.error) and not renewed:
+                # Its stream outlived its token: the call goes on in the ledger, and an exact retry
+                # on a new stream joins or replays it.
+                self._renew_link_at = 0.0
+                return await self._call_on_stream(request, timeout, renewed=True)
+            return self._stream_failed(request, broken)
+        except TimeoutError as failure:
+            return self._stream_failed(request, failure)
         if streamed.HasField("response"):
             response = streamed.response
             return CallResult(
@@ -262,6 +358,16 @@ class InvocationClient:
             trailing = grpc.aio.Metadata(*status.trailing_metadata)
             raise grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailing, status.details)
         return CallResult(None, None, code or Code.TRANSPORT_FAILED, error.message)
+
+    def _stream_failed(
+        self, request: invocation_pb2.InvokeToolRequest, failure: TimeoutError | StreamBroken
+    ) -> CallResult:
+        self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+        if isinstance(failure, TimeoutError):
+            return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
+        if failure.error is not None and _callers_fault(error_code(failure.error)):
+            raise failure.error from None  # the stream itself was refused: as InvokeTool would be
+        return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
 
     async def confirm_delivery(self, *tool_request_ids: str) -> bool:
         """Confirm the delivery of these outcomes now, with any confirmations still pending.
@@ -311,6 +417,25 @@ class InvocationClient:
                 metadata=await self._bearer.metadata(metadata),
             )
         return response.invocation
+
+    async def cancel_invocation(self, tool_request_id: str) -> bool:
+        """Stop a running invocation: it ends with TOOL_CANCELLED and its handler is told to stop.
+
+        Returns True when this cancelled it (every caller waiting on it gets
+        TOOL_CANCELLED); False when nothing changed: it had already ended, or
+        another call has joined it and still waits for its outcome. Raises
+        grpc.aio.AioRpcError for a caller's fault: NOT_FOUND
+        (INVOCATION_NOT_FOUND: unknown, expired, or of a session the token
+        does not name), INVALID_ARGUMENT for a malformed id, PERMISSION_DENIED
+        or UNAUTHENTICATED; and for the transport's own failures.
+        """
+        with telemetry.client_call("toolmesh.v1.InvocationService/CancelInvocation") as metadata:
+            response: invocation_pb2.CancelInvocationResponse = await self._stub.CancelInvocation(
+                invocation_pb2.CancelInvocationRequest(tool_request_id=tool_request_id),
+                timeout=LOOKUP_TIMEOUT_S,
+                metadata=await self._bearer.metadata(metadata),
+            )
+        return response.result == invocation_pb2.CANCEL_INVOCATION_RESULT_CANCELLED
 
     async def close(self) -> None:
         """Send the pending confirmations, end the InvokeTools stream, and close an owned channel."""

@@ -9,6 +9,7 @@ import grpc
 from toolmesh.core import telemetry
 from toolmesh.core.bearer import Bearer, TokenSource
 from toolmesh.core.channels import open_channel
+from toolmesh.core.rpcstatus import token_expired
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.core.wire import tool_from_pb, tool_to_pb
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
@@ -81,16 +82,29 @@ class RegistryClient:
         """The current tools, then the tools again each time the revision moves.
 
         Runs until the caller stops iterating (the stream is then cancelled) or
-        the stream fails (the gRPC error is raised).
+        the stream fails (the gRPC error is raised). A stream ended because its
+        token expired is opened again with the current token (the callback's),
+        without repeating a revision already given.
         """
-        call = self._stub.WatchTools(
-            registry_pb2.WatchToolsRequest(session_id=session_id), metadata=await self._bearer.metadata()
-        )
-        try:
-            async for response in call:
-                yield _tool_set(response)
-        finally:
-            call.cancel()
+        last: int | None = None
+        while True:
+            call = self._stub.WatchTools(
+                registry_pb2.WatchToolsRequest(session_id=session_id), metadata=await self._bearer.metadata()
+            )
+            received = False
+            try:
+                async for response in call:
+                    received = True
+                    tools = _tool_set(response)
+                    if tools.revision != last:
+                        last = tools.revision
+                        yield tools
+                return
+            except grpc.aio.AioRpcError as error:
+                if not (received and token_expired(error)):
+                    raise
+            finally:
+                call.cancel()
 
     async def close(self) -> None:
         """Close the channel, if this client opened it."""

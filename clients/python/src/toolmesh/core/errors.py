@@ -55,6 +55,7 @@ class Code(enum.StrEnum):
     TOOL_TIMEOUT = "TOOL_TIMEOUT"
     TOOL_HOST_UNAVAILABLE = "TOOL_HOST_UNAVAILABLE"
     TOOL_HOST_DISCONNECTED = "TOOL_HOST_DISCONNECTED"
+    TOOL_CANCELLED = "TOOL_CANCELLED"
     # Reported by the host SDK to its error callbacks.
     SUBMIT_TOOL_RESULT_FAILED = "SUBMIT_TOOL_RESULT_FAILED"
     # Failed RPCs: no outcome was produced.
@@ -148,6 +149,11 @@ _TABLE: dict[Code, ErrorSpec] = {
         status=S.UNAVAILABLE,
         retryable=False,
         message="The handler host went away during the call; the tool may have run.",
+    ),
+    Code.TOOL_CANCELLED: ErrorSpec(
+        status=S.CANCELLED,
+        retryable=False,
+        message="The invocation was cancelled (CancelInvocation); the tool may have partly run.",
     ),
     Code.SUBMIT_TOOL_RESULT_FAILED: ErrorSpec(
         status=S.FAILED_PRECONDITION,

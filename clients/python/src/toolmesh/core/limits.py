@@ -47,3 +47,9 @@ RECONNECT_BACKOFF_MAX_MS = 1_000
 # answers it too).
 READ_CHECK_AFTER_MS = 500
 READ_CHECK_TIMEOUT_MS = 10_000
+# Progress reports (BridgeService.ReportToolProgress): a report's message is cut
+# to PROGRESS_MESSAGE_MAX_CHARS characters, and the bridge forwards at most one
+# report per tool request every PROGRESS_INTERVAL_MS (the latest of those made
+# meanwhile), so a chatty handler costs its callers at most ten reports a second.
+PROGRESS_MESSAGE_MAX_CHARS = 512
+PROGRESS_INTERVAL_MS = 100

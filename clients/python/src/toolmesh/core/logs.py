@@ -1,7 +1,10 @@
 """Structured JSON logs with the current correlation ids and trace id.
 
 Log calls pass only ids, codes, counts and types in `extra`; never arguments
-or results.
+or results. An exception's text can quote the values it was raised over, so
+no log line carries it: `exception_fields` (toolmesh.core.exceptions) gives its
+type and where it was raised, and the formatter renders any traceback a library
+logs as frames and exception types, without the messages.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from opentelemetry import trace
 
 from toolmesh.core.correlation import current_ids
+from toolmesh.core.exceptions import traceback_without_text
 
 # LogRecord attributes that are not extra fields.
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
@@ -33,7 +37,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _message(record),
         }
         entry.update(current_ids())
         span_context = trace.get_current_span().get_span_context()
@@ -45,9 +49,22 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = (
                     value if isinstance(value, str | int | float | bool) or value is None else str(value)
                 )
-        if record.exc_info and record.exc_info[0] is not None:
-            entry["exception"] = self.formatException(record.exc_info)
+        if record.exc_info and record.exc_info[1] is not None:
+            entry["exception"] = type(record.exc_info[1]).__qualname__
+            entry["traceback"] = traceback_without_text(record.exc_info[1])
         return json.dumps(entry, ensure_ascii=False)
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message; of a library's record with an exception, its first line only.
+
+    asyncio, for one, writes the exception's repr on the lines after the first
+    ("Task exception was never retrieved / future: <Task ... exception=...>").
+    """
+    message = record.getMessage()
+    if record.exc_info and not record.name.startswith("toolmesh"):
+        return message.split("\n", 1)[0]
+    return message
 
 
 def configure_logging(service: str, level: str | None = None) -> None:

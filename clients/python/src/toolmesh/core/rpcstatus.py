@@ -30,10 +30,19 @@ def to_grpc_status(error: ToolmeshError) -> grpc.Status:
     return grpc_status(error.code, error.message, error.metadata, error.retry_delay_s)
 
 
+# What an error's trailers may hold: a request's own (unbounded) id quoted back in full made
+# trailers the caller's gRPC refused (its metadata limit is 16 KiB), so the error arrived untyped.
+MAX_METADATA_VALUE_CHARS = 256
+MAX_MESSAGE_CHARS = 1024
+
+
 def grpc_status(
     code: Code, message: str, metadata: Mapping[str, str], retry_delay_s: float | None = None
 ) -> grpc.Status:
-    """The status (with ErrorInfo, and RetryInfo given a delay) a call failing with `code` carries."""
+    """The status (with ErrorInfo, and RetryInfo given a delay) a call failing with `code` carries;
+    long texts are cut."""
+    message = _cut(message, MAX_MESSAGE_CHARS)
+    metadata = {key: _cut(value, MAX_METADATA_VALUE_CHARS) for key, value in metadata.items()}
     info = error_details_pb2.ErrorInfo(reason=code.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
@@ -47,6 +56,10 @@ def grpc_status(
     status = status_pb2.Status(code=ERROR_TABLE[code].status, message=message, details=details)
     status_for_grpc: grpc.Status = rpc_status.to_status(status)
     return status_for_grpc
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def rich_status(error: grpc.aio.AioRpcError) -> status_pb2.Status | None:
@@ -93,3 +106,13 @@ def error_code(error: grpc.aio.AioRpcError) -> Code | None:
     if info is None or info.domain != DOMAIN:
         return None
     return code_for_reason(info.reason)
+
+
+def token_expired(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a stream ended because the token it was opened with expired (open it again)."""
+    info = error_info(error)
+    return (
+        info is not None
+        and code_for_reason(info.reason) is Code.UNAUTHENTICATED
+        and info.metadata.get("reason") == "expired"
+    )

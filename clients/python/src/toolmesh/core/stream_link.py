@@ -43,8 +43,11 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         size_of: Callable[[Item], int],
         results_of: Callable[[Response], Iterable[Result]],
         key_of: Callable[[Result], Hashable],
+        on_response: Callable[[Response], None] | None = None,
     ) -> None:
+        """`on_response` sees each response before its results settle: for what else it carries."""
         self._outbox: Outbox[Item] = Outbox(size_of)
+        self._on_response = on_response
         self._batch = batch
         self._results_of = results_of
         self._key_of = key_of
@@ -80,6 +83,8 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         failure: grpc.aio.AioRpcError | None = None
         try:
             async for response in self._call:
+                if self._on_response is not None:
+                    self._on_response(response)
                 for result in self._results_of(response):
                     waiting = self._waiting.pop(self._key_of(result), None)
                     if waiting is not None and not waiting.done():

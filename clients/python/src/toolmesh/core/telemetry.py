@@ -157,14 +157,34 @@ def span(
     """A current span (continuing the trace in `carrier`, if given); none at all when not tracing.
 
     Even the API's no-op tracer costs several microseconds per span. Without
-    `end_on_exit`, whoever holds the span ends it.
+    `end_on_exit`, whoever holds the span ends it. An exception that passes
+    through marks the span as an error with its type only: its text may quote
+    arguments or results, so it is never recorded.
     """
     if not enabled():
         return NO_SPAN
     parent = None if carrier is None else extract(carrier)
-    return TRACER.start_as_current_span(
-        name, context=parent, kind=kind, attributes=attributes, end_on_exit=end_on_exit
+    return _span_naming_exceptions_by_type(
+        TRACER.start_as_current_span(
+            name,
+            context=parent,
+            kind=kind,
+            attributes=attributes,
+            end_on_exit=end_on_exit,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
     )
+
+
+@contextlib.contextmanager
+def _span_naming_exceptions_by_type(started: contextlib.AbstractContextManager[Any]) -> Iterator[Any]:
+    with started as current:
+        try:
+            yield current
+        except Exception as exc:
+            current.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+            raise
 
 
 def inject() -> dict[str, str]:

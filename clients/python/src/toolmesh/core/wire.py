@@ -7,6 +7,7 @@ from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
+from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.v1 import bridge_pb2, tool_pb2
 
@@ -127,4 +128,22 @@ def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
         timeout_ms=message.timeout_ms,
         trace_context=dict(message.trace_context),
         redeliverable=message.redeliverable,
+    )
+
+
+def progress_to_pb(progress: ToolProgress) -> tool_pb2.ToolProgress:
+    message = tool_pb2.ToolProgress(
+        tool_request_id=progress.tool_request_id, progress=progress.progress, message=progress.message or ""
+    )
+    if progress.total is not None:
+        message.total = progress.total
+    return message
+
+
+def progress_from_pb(message: tool_pb2.ToolProgress) -> ToolProgress:
+    return ToolProgress(
+        tool_request_id=message.tool_request_id,
+        progress=message.progress,
+        total=message.total if message.HasField("total") else None,
+        message=message.message or None,
     )

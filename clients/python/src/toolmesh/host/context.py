@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 # Guards making a Cancellation's thread event; taken only by handlers that wait on one.
@@ -66,6 +67,14 @@ class Cancellation:
                 self._async_event.set()
 
 
+# Sends one progress report (progress, total, message) for the call; never raises.
+ProgressReporter = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+async def _report_nowhere(progress: float, total: float | None, message: str | None) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a handler is told about the call it serves: ids, deadline and cancellation.
@@ -81,6 +90,8 @@ class ToolContext:
     # time.monotonic() value when the runtime stops waiting for the result.
     deadline: float
     cancellation: Cancellation = field(default_factory=Cancellation)
+    # Set by the host SDK: where report_progress sends reports (nowhere outside a host).
+    reporter: ProgressReporter = field(default=_report_nowhere, repr=False, compare=False)
 
     def time_remaining(self) -> float:
         """Seconds left before the deadline, never negative: a budget for the handler's own calls."""
@@ -90,3 +101,20 @@ class ToolContext:
     def cancelled(self) -> bool:
         """Whether the runtime said stop: the deadline passed or the call was cancelled."""
         return self.cancellation.is_set()
+
+    def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> Awaitable[None]:
+        """Tell the call's callers how far the handler has got; await it (from async handlers).
+
+        `progress` on the handler's own scale, growing from one report to the
+        next; `total` the value it reaches when done, when known; `message` for
+        people, cut to 512 characters: never put arguments or results in it.
+        Best effort: it never raises (a report the bridge drops, or a transport
+        failure, is logged without its values and forgotten), never changes the
+        outcome and never extends the deadline. The bridge forwards at most ten
+        reports a second per call, the latest ones. An async handler awaits it;
+        a sync handler (in its worker thread) calls it without await: the
+        report is sent from the host's event loop.
+        """
+        return self.reporter(progress, total, message)

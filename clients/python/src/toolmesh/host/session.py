@@ -9,7 +9,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,19 +18,35 @@ from opentelemetry.trace import SpanKind
 
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.backoff import Backoff
-from toolmesh.core.bearer import Bearer, TokenSource
+from toolmesh.core.bearer import Bearer, TokenSource, renew_in
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
+from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.outcome import Outcome
-from toolmesh.core.rpcstatus import error_code, error_info, status_of
+from toolmesh.core.progress import capped_message
+from toolmesh.core.rpcstatus import error_code, error_info, status_of, token_expired
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
-from toolmesh.host.context import ToolContext
+from toolmesh.host.context import ProgressReporter, ToolContext
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
 log = logging.getLogger("toolmesh.host")
+# A progress report the bridge has not answered by then is given up (progress is best effort).
+PROGRESS_TIMEOUT_S = 5.0
+
+
+class _Sent:
+    """An awaitable already done: a report a worker thread handed to the loop."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_SENT = _Sent()
 
 Handler = Callable[[dict[str, Any], ToolContext], Any]
 
@@ -197,6 +213,10 @@ class ToolHost:
         self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
         self._answering: set[asyncio.Task[None]] = set()
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
+        # Streams a renewed one took over from, read until the bridge ends them (their calls answered).
+        self._retiring: set[asyncio.Task[None]] = set()
+        # The host sessions whose streams are open: a result goes to the one its request came on.
+        self._open_sessions: set[str] = set()
         self._runner: asyncio.Task[None] | None = None
         self.host_session_id = ""
 
@@ -241,6 +261,18 @@ class ToolHost:
                 timeout_ms=timeout_ms,
                 annotations=annotations or ToolAnnotations(),
             )
+
+    async def declare_tools(self, tools: Sequence[ToolSpec]) -> None:
+        """Replace the tools this host declares with `tools`: sent now when connected, else on connecting.
+
+        For hosts whose tools change while they serve (an MCP server's list, say);
+        `on_tool(..., description=...)` declares a fixed tool. A tool declared
+        before and left out now is withdrawn from the session's list. A refusal
+        is reported to `on_error`, as for `on_tool`.
+        """
+        self._declared = {spec.name: spec for spec in tools}
+        if self.connected and self.host_session_id:
+            await self._declare(self.host_session_id)
 
     def on_any(self, handler: Handler) -> None:
         """Serve every tool without a named handler; `ctx.tool_name` says which.
@@ -341,11 +373,16 @@ class ToolHost:
                 backoff.reset()
             except grpc.aio.AioRpcError as error:
                 self._last_failure = f"{error.code().name}: {error.details()}"
-                log.warning(
-                    "host stream ended",
-                    extra={"session_id": self.session_id, "grpc_status": error.code().name},
-                )
-                self._refused(error)
+                if self._connected.is_set() and token_expired(error):
+                    # The stream outlived its token (one without `exp` is not renewed ahead): reopen soon.
+                    log.info("host stream's token expired; reopening", extra={"session_id": self.session_id})
+                    backoff.reset()
+                else:
+                    log.warning(
+                        "host stream ended",
+                        extra={"session_id": self.session_id, "grpc_status": error.code().name},
+                    )
+                    self._refused(error)
             except TimeoutError:
                 log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
             finally:
@@ -391,6 +428,8 @@ class ToolHost:
         self._stop_requested.set()
         if self._call is not None:
             self._call.cancel()
+        for retiring in list(self._retiring):
+            retiring.cancel()
         if self._runner is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
@@ -419,16 +458,48 @@ class ToolHost:
 
     # -- the stream -------------------------------------------------------
     async def _serve_once(self) -> None:
-        call = self._stub.OpenHostSession(
-            bridge_pb2.OpenHostSessionRequest(
-                session_id=self.session_id,
-                host_name=self.host_name,
-                handler_names=sorted(self._handlers),
-                has_generic_handler=self._generic is not None,
-            ),
-            metadata=await self._bearer.metadata(),
-        )
-        self._call = call
+        """One connection: a stream, renewed ahead of its token's expiry, until it ends or fails.
+
+        A renewal opens a new stream that replaces the current one
+        (replaces_host_session_id): the bridge sends the old one no new requests
+        and ends it once it answered those it holds, so no call is lost to it.
+        """
+        replaces = ""
+        while True:
+            token = await self._bearer.token()
+            call = self._stub.OpenHostSession(
+                bridge_pb2.OpenHostSessionRequest(
+                    session_id=self.session_id,
+                    host_name=self.host_name,
+                    handler_names=sorted(self._handlers),
+                    has_generic_handler=self._generic is not None,
+                    replaces_host_session_id=replaces,
+                ),
+                metadata=Bearer.with_token(token),
+            )
+            self._call = call
+            reading = asyncio.create_task(self._read_stream(call))
+            renewal = renew_in(token)
+            if renewal is None:
+                await reading
+                return
+            done, _ = await asyncio.wait({reading}, timeout=renewal)
+            if done:
+                return reading.result()
+            if not self._connected.is_set():
+                await reading  # never opened: nothing to take over from
+                return
+            # Keep reading the old stream for the requests it holds, until the bridge ends it.
+            replaces = self.host_session_id
+            self._retiring.add(reading)
+            reading.add_done_callback(self._retired)
+
+    def _retired(self, reading: asyncio.Task[None]) -> None:
+        self._retiring.discard(reading)
+        if not reading.cancelled() and reading.exception() is not None:
+            log.debug("a replaced host stream ended", extra={"session_id": self.session_id})
+
+    async def _read_stream(self, call: Any) -> None:
         # Until the bridge says how often it beats, allow a generous first wait.
         silence = _Silence(asyncio.get_running_loop(), limit_s=30.0)
         watchdog = asyncio.create_task(silence.watch(call))
@@ -437,38 +508,50 @@ class ToolHost:
         except asyncio.CancelledError:
             if silence.expired:
                 raise TimeoutError from None
+            call.cancel()
             raise
         finally:
             watchdog.cancel()
 
     async def _read_events(self, call: Any, silence: _Silence) -> None:
-        while True:
-            event = await call.read()
-            silence.heard()
-            if event is grpc.aio.EOF:
-                return
-            kind = event.WhichOneof("event")
-            if kind == "opened":
-                self.host_session_id = event.opened.host_session_id
-                silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
-                self._refusal = None
-                self._refused_now.clear()
-                self._connected.set()
-                log.info(
-                    "host connected",
-                    extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
-                )
-                if self._declared:
-                    declaring = asyncio.create_task(self._declare(self.host_session_id))
-                    declaring.add_done_callback(lambda _: self._ready.set())
-                else:
-                    self._ready.set()
-            elif kind == "tool_request":
-                self._begin(event.tool_request, self.host_session_id)
-            elif kind == "cancelled":
-                self._cancel(event.cancelled)
-            elif kind == "heartbeat" and event.heartbeat.read_check:
-                self._answer_read_check(self.host_session_id, event.heartbeat.read_check)
+        # This stream's host session: its requests' results go there, even once a renewal took over.
+        host_session_id = ""
+        try:
+            while True:
+                event = await call.read()
+                silence.heard()
+                if event is grpc.aio.EOF:
+                    return
+                if event.WhichOneof("event") == "opened":
+                    host_session_id = event.opened.host_session_id
+                    self._open_sessions.add(host_session_id)
+                self._on_event(event, host_session_id, silence)
+        finally:
+            self._open_sessions.discard(host_session_id)
+
+    def _on_event(self, event: Any, host_session_id: str, silence: _Silence) -> None:
+        kind = event.WhichOneof("event")
+        if kind == "opened":
+            self.host_session_id = host_session_id
+            silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
+            self._refusal = None
+            self._refused_now.clear()
+            self._connected.set()
+            log.info(
+                "host connected",
+                extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
+            )
+            if self._declared:
+                declaring = asyncio.create_task(self._declare(self.host_session_id))
+                declaring.add_done_callback(lambda _: self._ready.set())
+            else:
+                self._ready.set()
+        elif kind == "tool_request":
+            self._begin(event.tool_request, host_session_id)
+        elif kind == "cancelled":
+            self._cancel(event.cancelled)
+        elif kind == "heartbeat" and event.heartbeat.read_check:
+            self._answer_read_check(host_session_id, event.heartbeat.read_check)
 
     def _answer_read_check(self, host_session_id: str, read_check: int) -> None:
         """Tell the bridge this host reads its stream: it routes requests to hosts that do."""
@@ -514,6 +597,7 @@ class ToolHost:
             tool_request_id=request.tool_request_id,
             tool_name=request.tool_name,
             deadline=time.monotonic() + request.timeout_ms / 1000,
+            reporter=self._progress_reporter(request.tool_request_id),
         )
         handler = self._handlers.get(ctx.tool_name) or self._generic
         task = asyncio.create_task(
@@ -523,6 +607,62 @@ class ToolHost:
         # thread cannot be, so it finishes and its late result is refused.
         self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, handler is not None and handler.is_async)
         task.add_done_callback(lambda _: self._active.pop(ctx.tool_request_id, None))
+
+    def _progress_reporter(self, tool_request_id: str) -> ProgressReporter:
+        """What `ctx.report_progress` calls for the request.
+
+        On the loop it gives the coroutine to await; from a sync handler's worker
+        thread it sends the report from the loop and returns at once.
+        """
+        loop = asyncio.get_running_loop()
+
+        def report(progress: float, total: float | None, message: str | None) -> Awaitable[None]:
+            sending = self._report_progress(tool_request_id, progress, total, message)
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:  # no loop in this thread: a worker thread
+                on_loop = False
+            if on_loop:
+                return sending
+            asyncio.run_coroutine_threadsafe(sending, loop)
+            return _SENT
+
+        return report
+
+    async def _report_progress(
+        self, tool_request_id: str, progress: float, total: float | None, message: str | None
+    ) -> None:
+        """Send one progress report to the bridge; never raises, logs no values (best effort).
+
+        The message is cut to its cap here already: what the bridge would drop is not sent.
+        """
+        try:
+            request = bridge_pb2.ReportToolProgressRequest(
+                host_session_id=self.host_session_id,
+                tool_request_id=tool_request_id,
+                progress=progress,
+                message=capped_message(message)[0],
+            )
+            if total is not None:
+                request.total = total
+            with telemetry.client_call("toolmesh.v1.BridgeService/ReportToolProgress") as metadata:
+                response = await self._stub.ReportToolProgress(
+                    request, timeout=PROGRESS_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+                )
+        except Exception as error:
+            # A number of the wrong type, a transport failure, a token callback that failed, a host
+            # session gone: progress is optional, and the handler goes on.
+            status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else type(error).__name__
+            log.debug(
+                "a progress report was not sent", extra={"tool_request_id": tool_request_id, "cause": status}
+            )
+            return
+        if response.status != bridge_pb2.PROGRESS_REPORT_STATUS_ACCEPTED:
+            status_name = bridge_pb2.ProgressReportStatus.Name(response.status)
+            log.debug(
+                "a progress report was dropped",
+                extra={"tool_request_id": tool_request_id, "cause": status_name},
+            )
 
     def _cancel(self, cancelled: bridge_pb2.ToolRequestCancelled) -> None:
         active = self._active.get(cancelled.tool_request_id)
@@ -590,7 +730,11 @@ class ToolHost:
             raise
         except Exception as exc:
             # The full exception stays in the host's own log; the caller gets a compact error.
-            log.exception("tool handler raised", extra=_ids(ctx) | {"exception": type(exc).__name__})
+            # The exception's text may quote the arguments: its type and frame only.
+            log.error(
+                "tool handler raised",
+                extra=_ids(ctx) | {"code": Code.TOOL_HANDLER_ERROR.value} | exception_fields(exc),
+            )
             self._report(HostError(Code.TOOL_HANDLER_ERROR, type(exc).__name__, **_ids(ctx)))
             return Outcome.runtime_error(
                 Code.TOOL_HANDLER_ERROR, "", {"tool": ctx.tool_name, "exception": type(exc).__name__}
@@ -625,7 +769,9 @@ class ToolHost:
             self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped before the bridge answered.")
             raise
         except Exception as exc:
-            log.exception("submit raised", extra=_ids(ctx) | {"exception": type(exc).__name__})
+            log.error(
+                "submit raised", extra=_ids(ctx) | {"code": Code.INTERNAL.value} | exception_fields(exc)
+            )
             self._submit_failed(ctx, Code.INTERNAL.value, type(exc).__name__)
             return
         if cause is not None:
@@ -643,7 +789,8 @@ class ToolHost:
         attempt = 0
         while True:
             attempt += 1
-            if not self._connected.is_set() or request.host_session_id != self.host_session_id:
+            if request.host_session_id not in self._open_sessions:
+                # Its stream broke: hand the result in on the next connection, naming the same request.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._connected.wait(), max(ctx.time_remaining(), 0.0))
                 request.host_session_id = self.host_session_id
@@ -687,8 +834,10 @@ class ToolHost:
         for callback in self._error_callbacks:
             try:
                 callback(error)
-            except Exception:
-                log.exception("on_error callback raised")
+            except Exception as exc:
+                log.error(
+                    "on_error callback raised", extra={"code": error.code.value} | exception_fields(exc)
+                )
 
 
 def _ids(ctx: ToolContext) -> dict[str, str]:

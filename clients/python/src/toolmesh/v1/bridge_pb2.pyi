@@ -44,6 +44,44 @@ CANCEL_REASON_CANCELLED: CancelReason.ValueType  # 2
 """The caller gave up on it."""
 Global___CancelReason: _TypeAlias = CancelReason  # noqa: Y015
 
+class _ProgressReportStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProgressReportStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProgressReportStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROGRESS_REPORT_STATUS_UNSPECIFIED: _ProgressReportStatus.ValueType  # 0
+    """Never sent."""
+    PROGRESS_REPORT_STATUS_ACCEPTED: _ProgressReportStatus.ValueType  # 1
+    """Taken: it goes to the callers, alone or coalesced with later reports."""
+    PROGRESS_REPORT_STATUS_INVALID: _ProgressReportStatus.ValueType  # 2
+    """Dropped: progress or total is not a finite number, or total is not above 0."""
+    PROGRESS_REPORT_STATUS_REQUEST_UNKNOWN: _ProgressReportStatus.ValueType  # 3
+    """Dropped: this host session holds no request of that id (never sent to
+    it, sent to another host session, or forgotten long after it ended).
+    """
+    PROGRESS_REPORT_STATUS_REQUEST_ENDED: _ProgressReportStatus.ValueType  # 4
+    """Dropped: the request has ended (answered, timed out, cancelled)."""
+
+class ProgressReportStatus(_ProgressReportStatus, metaclass=_ProgressReportStatusEnumTypeWrapper):
+    """What became of a progress report. Never a failure of the host: a report
+    that is not forwarded is simply dropped.
+    """
+
+PROGRESS_REPORT_STATUS_UNSPECIFIED: ProgressReportStatus.ValueType  # 0
+"""Never sent."""
+PROGRESS_REPORT_STATUS_ACCEPTED: ProgressReportStatus.ValueType  # 1
+"""Taken: it goes to the callers, alone or coalesced with later reports."""
+PROGRESS_REPORT_STATUS_INVALID: ProgressReportStatus.ValueType  # 2
+"""Dropped: progress or total is not a finite number, or total is not above 0."""
+PROGRESS_REPORT_STATUS_REQUEST_UNKNOWN: ProgressReportStatus.ValueType  # 3
+"""Dropped: this host session holds no request of that id (never sent to
+it, sent to another host session, or forgotten long after it ended).
+"""
+PROGRESS_REPORT_STATUS_REQUEST_ENDED: ProgressReportStatus.ValueType  # 4
+"""Dropped: the request has ended (answered, timed out, cancelled)."""
+Global___ProgressReportStatus: _TypeAlias = ProgressReportStatus  # noqa: Y015
+
 @_typing.final
 class OpenHostSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -52,6 +90,7 @@ class OpenHostSessionRequest(_message.Message):
     HOST_NAME_FIELD_NUMBER: _builtins.int
     HANDLER_NAMES_FIELD_NUMBER: _builtins.int
     HAS_GENERIC_HANDLER_FIELD_NUMBER: _builtins.int
+    REPLACES_HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Required. The session whose tools this host serves; [A-Za-z0-9_.:-]{1,128}."""
     host_name: _builtins.str
@@ -60,6 +99,15 @@ class OpenHostSessionRequest(_message.Message):
     """
     has_generic_handler: _builtins.bool
     """The host has a generic handler that accepts any tool."""
+    replaces_host_session_id: _builtins.str
+    """Optional. The host session this one takes over from, of the same session:
+    a host renewing its stream before the token that opened it expires (the
+    stream ends with UNAUTHENTICATED, reason "expired", when it does). The
+    bridge sends that session no new requests once this one is open, and ends
+    its stream (no error) when the requests it holds are answered, so that no
+    call is lost to the renewal. An id that names no open host session of the
+    same session is ignored.
+    """
     @_builtins.property
     def handler_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The tools this host has a named handler for, each [A-Za-z0-9_.-]{1,128}.
@@ -80,10 +128,11 @@ class OpenHostSessionRequest(_message.Message):
         host_name: _builtins.str = ...,
         handler_names: _abc.Iterable[_builtins.str] | None = ...,
         has_generic_handler: _builtins.bool = ...,
+        replaces_host_session_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "replaces_host_session_id", b"replaces_host_session_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -432,6 +481,73 @@ class DeclareHostToolsResponse(_message.Message):
 Global___DeclareHostToolsResponse: _TypeAlias = DeclareHostToolsResponse  # noqa: Y015
 
 @_typing.final
+class ReportToolProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    host_session_id: _builtins.str
+    """Required. From HostSessionOpened."""
+    tool_request_id: _builtins.str
+    """Required. The request the host is serving."""
+    progress: _builtins.float
+    """How far the handler has got: a finite number (NaN and infinities are
+    refused with status INVALID).
+    """
+    total: _builtins.float
+    """Optional. The value progress reaches when done: finite and above 0."""
+    message: _builtins.str
+    """Optional. For people, at most 512 characters
+    (limits.PROGRESS_MESSAGE_MAX_CHARS): a longer one is cut to that length
+    (message_truncated says so). Never arguments or results.
+    """
+    def __init__(
+        self,
+        *,
+        host_session_id: _builtins.str = ...,
+        tool_request_id: _builtins.str = ...,
+        progress: _builtins.float = ...,
+        total: _builtins.float | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "total", b"total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "host_session_id", b"host_session_id", "message", b"message", "progress", b"progress", "tool_request_id", b"tool_request_id", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__total: _TypeAlias = _typing.Literal["total"]  # noqa: Y015
+    _WhichOneofArgType__total: _TypeAlias = _typing.Literal["_total", b"_total"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__total) -> _WhichOneofReturnType__total | None: ...
+
+Global___ReportToolProgressRequest: _TypeAlias = ReportToolProgressRequest  # noqa: Y015
+
+@_typing.final
+class ReportToolProgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    MESSAGE_TRUNCATED_FIELD_NUMBER: _builtins.int
+    status: Global___ProgressReportStatus.ValueType
+    """What became of the report."""
+    message_truncated: _builtins.bool
+    """The message was longer than 512 characters and was cut."""
+    def __init__(
+        self,
+        *,
+        status: Global___ProgressReportStatus.ValueType = ...,
+        message_truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_truncated", b"message_truncated", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportToolProgressResponse: _TypeAlias = ReportToolProgressResponse  # noqa: Y015
+
+@_typing.final
 class DispatchToolRequestRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -514,18 +630,27 @@ class DispatchToolRequestsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___DispatchResult]:
         """One per request, each sent once, in the order the requests ended."""
+
+    @_builtins.property
+    def progress(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolProgress]:
+        """Progress reports of requests of this stream still running (see
+        ReportToolProgress), in the order they were made; none after a request's
+        result. Senders that ignore them lose nothing.
+        """
 
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___DispatchResult] | None = ...,
+        progress: _abc.Iterable[_tool_pb2.ToolProgress] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

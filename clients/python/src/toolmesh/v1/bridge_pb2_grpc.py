@@ -31,9 +31,10 @@ class BridgeServiceStub:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -45,6 +46,7 @@ class BridgeServiceStub:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -77,6 +79,11 @@ class BridgeServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckResponse.FromString,
                 _registered_method=True)
+        self.ReportToolProgress = channel.unary_unary(
+                '/toolmesh.v1.BridgeService/ReportToolProgress',
+                request_serializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressResponse.FromString,
+                _registered_method=True)
         self.DispatchToolRequest = channel.unary_unary(
                 '/toolmesh.v1.BridgeService/DispatchToolRequest',
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.SerializeToString,
@@ -95,9 +102,10 @@ class BridgeServiceServicer:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -109,6 +117,7 @@ class BridgeServiceServicer:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -139,7 +148,9 @@ class BridgeServiceServicer:
         when the session has host_sessions_per_session (64) host sessions open on
         this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
         reason SHUTTING_DOWN when the server stops. The token is checked when the
-        stream opens.
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -217,6 +228,28 @@ class BridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportToolProgress(self, request, context):
+        """ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DispatchToolRequest(self, request, context):
         """DispatchToolRequest sends one tool request to a host that serves the
         session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -276,6 +309,11 @@ def add_BridgeServiceServicer_to_server(servicer, server):
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckResponse.SerializeToString,
             ),
+            'ReportToolProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportToolProgress,
+                    request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressResponse.SerializeToString,
+            ),
             'DispatchToolRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.DispatchToolRequest,
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.FromString,
@@ -300,9 +338,10 @@ class BridgeService:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -314,6 +353,7 @@ class BridgeService:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -418,6 +458,33 @@ class BridgeService:
             '/toolmesh.v1.BridgeService/AnswerReadCheck',
             toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckRequest.SerializeToString,
             toolmesh_dot_v1_dot_bridge__pb2.AnswerReadCheckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportToolProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.BridgeService/ReportToolProgress',
+            toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressRequest.SerializeToString,
+            toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,9 +32,10 @@ class BridgeServiceStub:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -46,6 +47,7 @@ class BridgeServiceStub:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -80,7 +82,9 @@ class BridgeServiceStub:
     when the session has host_sessions_per_session (64) host sessions open on
     this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
     reason SHUTTING_DOWN when the server stops. The token is checked when the
-    stream opens.
+    stream opens; when it expires, the stream ends with UNAUTHENTICATED
+    (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+    of it (replaces_host_session_id).
     """
     SubmitToolResult: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -142,6 +146,24 @@ class BridgeServiceStub:
     Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
     or it has ended; or one of a session the token does not name).
     """
+    ReportToolProgress: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.ReportToolProgressRequest, _bridge_pb2.ReportToolProgressResponse]
+    """ReportToolProgress tells the callers of a tool request the host is
+    serving how far it has got (see ToolProgress: best effort, it never
+    changes the outcome nor extends the deadline). The bridge sends it on to
+    the invocation service, which passes it to the callers that asked for
+    progress (InvocationService.RunTool). At most one report per request is
+    forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+    are coalesced, the latest kept. A report about a request that is unknown,
+    served by another host session, or already ended is not an error: the
+    response's status says so, and the host goes on.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended; or one of a session the token does not name);
+    INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+    """
     DispatchToolRequest: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -178,9 +200,10 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -192,6 +215,7 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -223,7 +247,9 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     when the session has host_sessions_per_session (64) host sessions open on
     this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
     reason SHUTTING_DOWN when the server stops. The token is checked when the
-    stream opens.
+    stream opens; when it expires, the stream ends with UNAUTHENTICATED
+    (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+    of it (replaces_host_session_id).
     """
     SubmitToolResult: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]  # type: ignore[assignment]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -285,6 +311,24 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
     or it has ended; or one of a session the token does not name).
     """
+    ReportToolProgress: _aio.UnaryUnaryMultiCallable[_bridge_pb2.ReportToolProgressRequest, _bridge_pb2.ReportToolProgressResponse]  # type: ignore[assignment]
+    """ReportToolProgress tells the callers of a tool request the host is
+    serving how far it has got (see ToolProgress: best effort, it never
+    changes the outcome nor extends the deadline). The bridge sends it on to
+    the invocation service, which passes it to the callers that asked for
+    progress (InvocationService.RunTool). At most one report per request is
+    forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+    are coalesced, the latest kept. A report about a request that is unknown,
+    served by another host session, or already ended is not an error: the
+    response's status says so, and the host goes on.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended; or one of a session the token does not name);
+    INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+    """
     DispatchToolRequest: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]  # type: ignore[assignment]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -320,9 +364,10 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
-    (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
-    own, to the browser origins it is configured to allow.
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+    configured to allow.
 
     Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
     a code of toolmesh's error table. A request message that does not decode (a
@@ -334,6 +379,7 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+    ReportToolProgress needs the same token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -369,7 +415,9 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         when the session has host_sessions_per_session (64) host sessions open on
         this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
         reason SHUTTING_DOWN when the server stops. The token is checked when the
-        stream opens.
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
 
     @_abc_1.abstractmethod
@@ -448,6 +496,30 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
         or it has ended; or one of a session the token does not name).
+        """
+
+    @_abc_1.abstractmethod
+    def ReportToolProgress(
+        self,
+        request: _bridge_pb2.ReportToolProgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bridge_pb2.ReportToolProgressResponse, _abc.Awaitable[_bridge_pb2.ReportToolProgressResponse]]:
+        """ReportToolProgress tells the callers of a tool request the host is
+        serving how far it has got (see ToolProgress: best effort, it never
+        changes the outcome nor extends the deadline). The bridge sends it on to
+        the invocation service, which passes it to the callers that asked for
+        progress (InvocationService.RunTool). At most one report per request is
+        forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+        are coalesced, the latest kept. A report about a request that is unknown,
+        served by another host session, or already ended is not an error: the
+        response's status says so, and the host goes on.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
         """
 
     @_abc_1.abstractmethod

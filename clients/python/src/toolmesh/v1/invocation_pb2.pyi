@@ -21,6 +21,34 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _CancelInvocationResult:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CancelInvocationResultEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CancelInvocationResult.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CANCEL_INVOCATION_RESULT_UNSPECIFIED: _CancelInvocationResult.ValueType  # 0
+    """Never sent."""
+    CANCEL_INVOCATION_RESULT_CANCELLED: _CancelInvocationResult.ValueType  # 1
+    """The invocation ended with TOOL_CANCELLED and its host was told to stop."""
+    CANCEL_INVOCATION_RESULT_ENDED: _CancelInvocationResult.ValueType  # 2
+    """Nothing changed: the invocation had already ended with its own outcome."""
+    CANCEL_INVOCATION_RESULT_JOINED: _CancelInvocationResult.ValueType  # 3
+    """Nothing changed: another call has joined the invocation and waits for it."""
+
+class CancelInvocationResult(_CancelInvocationResult, metaclass=_CancelInvocationResultEnumTypeWrapper):
+    """What CancelInvocation did."""
+
+CANCEL_INVOCATION_RESULT_UNSPECIFIED: CancelInvocationResult.ValueType  # 0
+"""Never sent."""
+CANCEL_INVOCATION_RESULT_CANCELLED: CancelInvocationResult.ValueType  # 1
+"""The invocation ended with TOOL_CANCELLED and its host was told to stop."""
+CANCEL_INVOCATION_RESULT_ENDED: CancelInvocationResult.ValueType  # 2
+"""Nothing changed: the invocation had already ended with its own outcome."""
+CANCEL_INVOCATION_RESULT_JOINED: CancelInvocationResult.ValueType  # 3
+"""Nothing changed: another call has joined the invocation and waits for it."""
+Global___CancelInvocationResult: _TypeAlias = CancelInvocationResult  # noqa: Y015
+
 class _InvocationState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -37,6 +65,8 @@ class _InvocationStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Invoc
     """The tool's deadline passed: TOOL_TIMEOUT."""
     INVOCATION_STATE_FAILED: _InvocationState.ValueType  # 4
     """Any other runtime error (TOOL_NOT_FOUND, TOOL_HANDLER_ERROR, ...)."""
+    INVOCATION_STATE_CANCELLED: _InvocationState.ValueType  # 5
+    """Stopped by CancelInvocation: TOOL_CANCELLED."""
 
 class InvocationState(_InvocationState, metaclass=_InvocationStateEnumTypeWrapper):
     """InvocationState is where an invocation is in its life."""
@@ -51,6 +81,8 @@ INVOCATION_STATE_TIMED_OUT: InvocationState.ValueType  # 3
 """The tool's deadline passed: TOOL_TIMEOUT."""
 INVOCATION_STATE_FAILED: InvocationState.ValueType  # 4
 """Any other runtime error (TOOL_NOT_FOUND, TOOL_HANDLER_ERROR, ...)."""
+INVOCATION_STATE_CANCELLED: InvocationState.ValueType  # 5
+"""Stopped by CancelInvocation: TOOL_CANCELLED."""
 Global___InvocationState: _TypeAlias = InvocationState  # noqa: Y015
 
 @_typing.final
@@ -436,6 +468,128 @@ class GetInvocationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetInvocationResponse: _TypeAlias = GetInvocationResponse  # noqa: Y015
+
+@_typing.final
+class RunToolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def call(self) -> Global___InvokeToolRequest:
+        """Required. The call, as InvokeTool takes it."""
+
+    def __init__(
+        self,
+        *,
+        call: Global___InvokeToolRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunToolRequest: _TypeAlias = RunToolRequest  # noqa: Y015
+
+@_typing.final
+class RunToolResponse(_message.Message):
+    """One event of a RunTool stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def started(self) -> Global___RunToolStarted:
+        """The call runs or joined this invocation; sent once, first."""
+
+    @_builtins.property
+    def progress(self) -> _tool_pb2.ToolProgress:
+        """A progress report of the handler (best effort)."""
+
+    @_builtins.property
+    def outcome(self) -> Global___InvokeToolResponse:
+        """The call's outcome, as InvokeTool's response; the last event."""
+
+    def __init__(
+        self,
+        *,
+        started: Global___RunToolStarted | None = ...,
+        progress: _tool_pb2.ToolProgress | None = ...,
+        outcome: Global___InvokeToolResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "outcome", b"outcome", "progress", b"progress", "started", b"started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "outcome", b"outcome", "progress", b"progress", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "progress", "outcome"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___RunToolResponse: _TypeAlias = RunToolResponse  # noqa: Y015
+
+@_typing.final
+class RunToolStarted(_message.Message):
+    """RunToolStarted names the invocation a RunTool call waits on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """The invocation's id, for GetInvocation and CancelInvocation."""
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunToolStarted: _TypeAlias = RunToolStarted  # noqa: Y015
+
+@_typing.final
+class CancelInvocationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """Required. The invocation to stop."""
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelInvocationRequest: _TypeAlias = CancelInvocationRequest  # noqa: Y015
+
+@_typing.final
+class CancelInvocationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    result: Global___CancelInvocationResult.ValueType
+    """What was done."""
+    def __init__(
+        self,
+        *,
+        result: Global___CancelInvocationResult.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelInvocationResponse: _TypeAlias = CancelInvocationResponse  # noqa: Y015
 
 @_typing.final
 class Invocation(_message.Message):

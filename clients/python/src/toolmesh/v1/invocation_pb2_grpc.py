@@ -83,6 +83,16 @@ class InvocationServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationResponse.FromString,
                 _registered_method=True)
+        self.RunTool = channel.unary_stream(
+                '/toolmesh.v1.InvocationService/RunTool',
+                request_serializer=toolmesh_dot_v1_dot_invocation__pb2.RunToolRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.RunToolResponse.FromString,
+                _registered_method=True)
+        self.CancelInvocation = channel.unary_unary(
+                '/toolmesh.v1.InvocationService/CancelInvocation',
+                request_serializer=toolmesh_dot_v1_dot_invocation__pb2.CancelInvocationRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_invocation__pb2.CancelInvocationResponse.FromString,
+                _registered_method=True)
 
 
 class InvocationServiceServicer:
@@ -175,7 +185,10 @@ class InvocationServiceServicer:
         calls taken earlier kept ending) it drops them and fails the stream with
         RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
         the ledger: an exact retry of each call replays it. The service sends at
-        most 1,000 results per message.
+        most 1,000 results per message. When the token the stream was opened with
+        expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+        calls taken go on to their outcomes in the ledger (an exact retry on a new
+        stream joins or replays each).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -211,6 +224,57 @@ class InvocationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunTool(self, request, context):
+        """RunTool makes one tool call as InvokeTool does (same request, same
+        ledger semantics, same errors), and streams what happens meanwhile:
+        first a RunToolStarted event naming the invocation the call runs or
+        joins (none when it replays a finished one or is refused before it
+        became an invocation), then the handler's progress reports (ToolProgress),
+        then exactly one RunToolResponse with the outcome, and the stream ends.
+        A call that fails produces no outcome event: the stream fails with the
+        status InvokeTool would have failed with.
+
+        Progress is best effort: coalesced by the bridge (at most one report per
+        100 ms, limits.PROGRESS_INTERVAL_MS), and sent only to callers attached
+        to the invocation service replica that runs the invocation (a call that
+        joins it through another replica gets its started event and its outcome,
+        no progress). It never changes the outcome and never extends the tool's
+        deadline. A caller that closes the stream leaves the invocation running,
+        as a unary caller that gives up does; CancelInvocation stops it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelInvocation(self, request, context):
+        """CancelInvocation stops a running invocation: it ends with the runtime
+        outcome TOOL_CANCELLED (not retryable), recorded in the ledger like any
+        outcome, and its handler host is told to cancel (the host SDK's
+        cancellation fires; a result it submits later is refused). Every caller
+        waiting on it gets TOOL_CANCELLED. An exact retry within the replay
+        window replays TOOL_CANCELLED, as it would any unconfirmed outcome: once
+        its delivery is confirmed (ConfirmDelivery), an identical call runs anew.
+        It works from any replica of the service, whichever one runs the
+        invocation.
+
+        It cancels only an invocation nobody else waits on: when another call
+        has joined it (an exact retry, or another caller with the same call), it
+        changes nothing and answers JOINED, since that caller may still expect the
+        outcome (the ledger cannot tell a joined caller that has since given up).
+        An invocation that has already ended answers ENDED.
+
+        Who may call: role call, for invocations of the sessions the token names
+        (as GetInvocation).
+
+        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+        the ledger's retention, or of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id);
+        UNAVAILABLE with reason STORE_UNAVAILABLE (nothing was cancelled).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InvocationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +297,16 @@ def add_InvocationServiceServicer_to_server(servicer, server):
                     servicer.GetInvocation,
                     request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_invocation__pb2.GetInvocationResponse.SerializeToString,
+            ),
+            'RunTool': grpc.unary_stream_rpc_method_handler(
+                    servicer.RunTool,
+                    request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.RunToolRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_invocation__pb2.RunToolResponse.SerializeToString,
+            ),
+            'CancelInvocation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelInvocation,
+                    request_deserializer=toolmesh_dot_v1_dot_invocation__pb2.CancelInvocationRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_invocation__pb2.CancelInvocationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -372,6 +446,60 @@ class InvocationService:
             '/toolmesh.v1.InvocationService/GetInvocation',
             toolmesh_dot_v1_dot_invocation__pb2.GetInvocationRequest.SerializeToString,
             toolmesh_dot_v1_dot_invocation__pb2.GetInvocationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunTool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/toolmesh.v1.InvocationService/RunTool',
+            toolmesh_dot_v1_dot_invocation__pb2.RunToolRequest.SerializeToString,
+            toolmesh_dot_v1_dot_invocation__pb2.RunToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelInvocation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.InvocationService/CancelInvocation',
+            toolmesh_dot_v1_dot_invocation__pb2.CancelInvocationRequest.SerializeToString,
+            toolmesh_dot_v1_dot_invocation__pb2.CancelInvocationResponse.FromString,
             options,
             channel_credentials,
             insecure,

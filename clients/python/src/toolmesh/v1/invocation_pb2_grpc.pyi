@@ -116,7 +116,10 @@ class InvocationServiceStub:
     calls taken earlier kept ending) it drops them and fails the stream with
     RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
     the ledger: an exact retry of each call replays it. The service sends at
-    most 1,000 results per message.
+    most 1,000 results per message. When the token the stream was opened with
+    expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+    calls taken go on to their outcomes in the ledger (an exact retry on a new
+    stream joins or replays each).
     """
     ConfirmDelivery: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
@@ -139,6 +142,49 @@ class InvocationServiceStub:
     the ledger's retention, or of a session the token does not name);
     INVALID_ARGUMENT with reason INVALID_REQUEST; UNAVAILABLE with reason
     STORE_UNAVAILABLE.
+    """
+    RunTool: _grpc.UnaryStreamMultiCallable[_invocation_pb2.RunToolRequest, _invocation_pb2.RunToolResponse]
+    """RunTool makes one tool call as InvokeTool does (same request, same
+    ledger semantics, same errors), and streams what happens meanwhile:
+    first a RunToolStarted event naming the invocation the call runs or
+    joins (none when it replays a finished one or is refused before it
+    became an invocation), then the handler's progress reports (ToolProgress),
+    then exactly one RunToolResponse with the outcome, and the stream ends.
+    A call that fails produces no outcome event: the stream fails with the
+    status InvokeTool would have failed with.
+
+    Progress is best effort: coalesced by the bridge (at most one report per
+    100 ms, limits.PROGRESS_INTERVAL_MS), and sent only to callers attached
+    to the invocation service replica that runs the invocation (a call that
+    joins it through another replica gets its started event and its outcome,
+    no progress). It never changes the outcome and never extends the tool's
+    deadline. A caller that closes the stream leaves the invocation running,
+    as a unary caller that gives up does; CancelInvocation stops it.
+    """
+    CancelInvocation: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.CancelInvocationRequest, _invocation_pb2.CancelInvocationResponse]
+    """CancelInvocation stops a running invocation: it ends with the runtime
+    outcome TOOL_CANCELLED (not retryable), recorded in the ledger like any
+    outcome, and its handler host is told to cancel (the host SDK's
+    cancellation fires; a result it submits later is refused). Every caller
+    waiting on it gets TOOL_CANCELLED. An exact retry within the replay
+    window replays TOOL_CANCELLED, as it would any unconfirmed outcome: once
+    its delivery is confirmed (ConfirmDelivery), an identical call runs anew.
+    It works from any replica of the service, whichever one runs the
+    invocation.
+
+    It cancels only an invocation nobody else waits on: when another call
+    has joined it (an exact retry, or another caller with the same call), it
+    changes nothing and answers JOINED, since that caller may still expect the
+    outcome (the ledger cannot tell a joined caller that has since given up).
+    An invocation that has already ended answers ENDED.
+
+    Who may call: role call, for invocations of the sessions the token names
+    (as GetInvocation).
+
+    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+    the ledger's retention, or of a session the token does not name);
+    INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id);
+    UNAVAILABLE with reason STORE_UNAVAILABLE (nothing was cancelled).
     """
 
 @_typing.type_check_only
@@ -229,7 +275,10 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     calls taken earlier kept ending) it drops them and fails the stream with
     RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
     the ledger: an exact retry of each call replays it. The service sends at
-    most 1,000 results per message.
+    most 1,000 results per message. When the token the stream was opened with
+    expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+    calls taken go on to their outcomes in the ledger (an exact retry on a new
+    stream joins or replays each).
     """
     ConfirmDelivery: _aio.UnaryUnaryMultiCallable[_invocation_pb2.ConfirmDeliveryRequest, _invocation_pb2.ConfirmDeliveryResponse]  # type: ignore[assignment]
     """ConfirmDelivery tells the runtime the caller has these outcomes, so an
@@ -252,6 +301,49 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     the ledger's retention, or of a session the token does not name);
     INVALID_ARGUMENT with reason INVALID_REQUEST; UNAVAILABLE with reason
     STORE_UNAVAILABLE.
+    """
+    RunTool: _aio.UnaryStreamMultiCallable[_invocation_pb2.RunToolRequest, _invocation_pb2.RunToolResponse]  # type: ignore[assignment]
+    """RunTool makes one tool call as InvokeTool does (same request, same
+    ledger semantics, same errors), and streams what happens meanwhile:
+    first a RunToolStarted event naming the invocation the call runs or
+    joins (none when it replays a finished one or is refused before it
+    became an invocation), then the handler's progress reports (ToolProgress),
+    then exactly one RunToolResponse with the outcome, and the stream ends.
+    A call that fails produces no outcome event: the stream fails with the
+    status InvokeTool would have failed with.
+
+    Progress is best effort: coalesced by the bridge (at most one report per
+    100 ms, limits.PROGRESS_INTERVAL_MS), and sent only to callers attached
+    to the invocation service replica that runs the invocation (a call that
+    joins it through another replica gets its started event and its outcome,
+    no progress). It never changes the outcome and never extends the tool's
+    deadline. A caller that closes the stream leaves the invocation running,
+    as a unary caller that gives up does; CancelInvocation stops it.
+    """
+    CancelInvocation: _aio.UnaryUnaryMultiCallable[_invocation_pb2.CancelInvocationRequest, _invocation_pb2.CancelInvocationResponse]  # type: ignore[assignment]
+    """CancelInvocation stops a running invocation: it ends with the runtime
+    outcome TOOL_CANCELLED (not retryable), recorded in the ledger like any
+    outcome, and its handler host is told to cancel (the host SDK's
+    cancellation fires; a result it submits later is refused). Every caller
+    waiting on it gets TOOL_CANCELLED. An exact retry within the replay
+    window replays TOOL_CANCELLED, as it would any unconfirmed outcome: once
+    its delivery is confirmed (ConfirmDelivery), an identical call runs anew.
+    It works from any replica of the service, whichever one runs the
+    invocation.
+
+    It cancels only an invocation nobody else waits on: when another call
+    has joined it (an exact retry, or another caller with the same call), it
+    changes nothing and answers JOINED, since that caller may still expect the
+    outcome (the ledger cannot tell a joined caller that has since given up).
+    An invocation that has already ended answers ENDED.
+
+    Who may call: role call, for invocations of the sessions the token names
+    (as GetInvocation).
+
+    Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+    the ledger's retention, or of a session the token does not name);
+    INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id);
+    UNAVAILABLE with reason STORE_UNAVAILABLE (nothing was cancelled).
     """
 
 class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -351,7 +443,10 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         calls taken earlier kept ending) it drops them and fails the stream with
         RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
         the ledger: an exact retry of each call replays it. The service sends at
-        most 1,000 results per message.
+        most 1,000 results per message. When the token the stream was opened with
+        expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+        calls taken go on to their outcomes in the ledger (an exact retry on a new
+        stream joins or replays each).
         """
 
     @_abc_1.abstractmethod
@@ -386,6 +481,61 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         the ledger's retention, or of a session the token does not name);
         INVALID_ARGUMENT with reason INVALID_REQUEST; UNAVAILABLE with reason
         STORE_UNAVAILABLE.
+        """
+
+    @_abc_1.abstractmethod
+    def RunTool(
+        self,
+        request: _invocation_pb2.RunToolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_invocation_pb2.RunToolResponse], _abc.AsyncIterator[_invocation_pb2.RunToolResponse]]:
+        """RunTool makes one tool call as InvokeTool does (same request, same
+        ledger semantics, same errors), and streams what happens meanwhile:
+        first a RunToolStarted event naming the invocation the call runs or
+        joins (none when it replays a finished one or is refused before it
+        became an invocation), then the handler's progress reports (ToolProgress),
+        then exactly one RunToolResponse with the outcome, and the stream ends.
+        A call that fails produces no outcome event: the stream fails with the
+        status InvokeTool would have failed with.
+
+        Progress is best effort: coalesced by the bridge (at most one report per
+        100 ms, limits.PROGRESS_INTERVAL_MS), and sent only to callers attached
+        to the invocation service replica that runs the invocation (a call that
+        joins it through another replica gets its started event and its outcome,
+        no progress). It never changes the outcome and never extends the tool's
+        deadline. A caller that closes the stream leaves the invocation running,
+        as a unary caller that gives up does; CancelInvocation stops it.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelInvocation(
+        self,
+        request: _invocation_pb2.CancelInvocationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_invocation_pb2.CancelInvocationResponse, _abc.Awaitable[_invocation_pb2.CancelInvocationResponse]]:
+        """CancelInvocation stops a running invocation: it ends with the runtime
+        outcome TOOL_CANCELLED (not retryable), recorded in the ledger like any
+        outcome, and its handler host is told to cancel (the host SDK's
+        cancellation fires; a result it submits later is refused). Every caller
+        waiting on it gets TOOL_CANCELLED. An exact retry within the replay
+        window replays TOOL_CANCELLED, as it would any unconfirmed outcome: once
+        its delivery is confirmed (ConfirmDelivery), an identical call runs anew.
+        It works from any replica of the service, whichever one runs the
+        invocation.
+
+        It cancels only an invocation nobody else waits on: when another call
+        has joined it (an exact retry, or another caller with the same call), it
+        changes nothing and answers JOINED, since that caller may still expect the
+        outcome (the ledger cannot tell a joined caller that has since given up).
+        An invocation that has already ended answers ENDED.
+
+        Who may call: role call, for invocations of the sessions the token names
+        (as GetInvocation).
+
+        Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+        the ledger's retention, or of a session the token does not name);
+        INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id);
+        UNAVAILABLE with reason STORE_UNAVAILABLE (nothing was cancelled).
         """
 
 def add_InvocationServiceServicer_to_server(servicer: InvocationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

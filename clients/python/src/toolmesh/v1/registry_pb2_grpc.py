@@ -140,7 +140,9 @@ class RegistryServiceServicer:
         intermediate revisions but always receives the latest.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-        UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+        UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+        opened with expires: watch again with a fresh one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -83,7 +83,9 @@ class RegistryServiceStub:
     intermediate revisions but always receives the latest.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-    UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+    UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+    UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+    opened with expires: watch again with a fresh one.
     """
 
 @_typing.type_check_only
@@ -141,7 +143,9 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     intermediate revisions but always receives the latest.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-    UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+    UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+    UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+    opened with expires: watch again with a fresh one.
     """
 
 class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -220,7 +224,9 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         intermediate revisions but always receives the latest.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-        UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+        UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+        UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+        opened with expires: watch again with a fresh one.
         """
 
 def add_RegistryServiceServicer_to_server(servicer: RegistryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

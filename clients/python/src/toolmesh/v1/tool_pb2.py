@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16toolmesh/v1/tool.proto\x12\x0btoolmesh.v1\"W\n\x0fToolAnnotations\x12\x11\n\tread_only\x18\x01 \x01(\x08\x12\x12\n\nidempotent\x18\x02 \x01(\x08\x12\x1d\n\x15requires_confirmation\x18\x03 \x01(\x08\"\xb1\x01\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x1a\n\x12output_schema_json\x18\x04 \x01(\t\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x31\n\x0b\x61nnotations\x18\x06 \x01(\x0b\x32\x1c.toolmesh.v1.ToolAnnotations\"y\n\tToolError\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.toolmesh.v1.ErrorKind\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\x12\x11\n\tretryable\x18\x05 \x01(\x08\"X\n\x0bToolOutcome\x12\x15\n\x0bresult_json\x18\x01 \x01(\tH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.toolmesh.v1.ToolErrorH\x00\x42\t\n\x07outcome*V\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45RROR_KIND_DOMAIN\x10\x01\x12\x16\n\x12\x45RROR_KIND_RUNTIME\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16toolmesh/v1/tool.proto\x12\x0btoolmesh.v1\"W\n\x0fToolAnnotations\x12\x11\n\tread_only\x18\x01 \x01(\x08\x12\x12\n\nidempotent\x18\x02 \x01(\x08\x12\x1d\n\x15requires_confirmation\x18\x03 \x01(\x08\"\xb1\x01\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x1a\n\x12output_schema_json\x18\x04 \x01(\t\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x31\n\x0b\x61nnotations\x18\x06 \x01(\x0b\x32\x1c.toolmesh.v1.ToolAnnotations\"y\n\tToolError\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.toolmesh.v1.ErrorKind\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\x12\x11\n\tretryable\x18\x05 \x01(\x08\"X\n\x0bToolOutcome\x12\x15\n\x0bresult_json\x18\x01 \x01(\tH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.toolmesh.v1.ToolErrorH\x00\x42\t\n\x07outcome\"h\n\x0cToolProgress\x12\x17\n\x0ftool_request_id\x18\x01 \x01(\t\x12\x10\n\x08progress\x18\x02 \x01(\x01\x12\x12\n\x05total\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07message\x18\x04 \x01(\tB\x08\n\x06_total*V\n\tErrorKind\x12\x1a\n\x16\x45RROR_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45RROR_KIND_DOMAIN\x10\x01\x12\x16\n\x12\x45RROR_KIND_RUNTIME\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolmesh.v1.tool_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORKIND']._serialized_start=521
-  _globals['_ERRORKIND']._serialized_end=607
+  _globals['_ERRORKIND']._serialized_start=627
+  _globals['_ERRORKIND']._serialized_end=713
   _globals['_TOOLANNOTATIONS']._serialized_start=39
   _globals['_TOOLANNOTATIONS']._serialized_end=126
   _globals['_TOOLDEFINITION']._serialized_start=129
@@ -41,4 +41,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLERROR']._serialized_end=429
   _globals['_TOOLOUTCOME']._serialized_start=431
   _globals['_TOOLOUTCOME']._serialized_end=519
+  _globals['_TOOLPROGRESS']._serialized_start=521
+  _globals['_TOOLPROGRESS']._serialized_end=625
 # @@protoc_insertion_point(module_scope)

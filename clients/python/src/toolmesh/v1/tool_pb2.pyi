@@ -246,3 +246,54 @@ class ToolOutcome(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
 Global___ToolOutcome: _TypeAlias = ToolOutcome  # noqa: Y015
+
+@_typing.final
+class ToolProgress(_message.Message):
+    """ToolProgress is one progress report of a running tool call, as its handler
+    made it (BridgeService.ReportToolProgress). Progress is best effort and
+    informational: it never changes a call's outcome and never extends its
+    deadline (a tool that reports progress still ends with TOOL_TIMEOUT when
+    its timeout passes). The bridge forwards at most one report per tool
+    request every 100 ms (limits.PROGRESS_INTERVAL_MS): a report made sooner
+    replaces the one waiting, and the latest is sent when the interval ends,
+    so a reader may see fewer reports than the handler made, never an older
+    one after a newer one. Reports waiting when the call ends are dropped.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """The invocation the report is about."""
+    progress: _builtins.float
+    """How far the tool has got, a finite number (the handler's own scale);
+    it should grow from one report to the next.
+    """
+    total: _builtins.float
+    """The value `progress` reaches when the work is done, finite and above 0;
+    unset when the handler does not know.
+    """
+    message: _builtins.str
+    """For people: the handler's own words, at most 512 characters
+    (limits.PROGRESS_MESSAGE_MAX_CHARS); empty when the handler gave none.
+    """
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        progress: _builtins.float = ...,
+        total: _builtins.float | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "total", b"total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "message", b"message", "progress", b"progress", "tool_request_id", b"tool_request_id", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__total: _TypeAlias = _typing.Literal["total"]  # noqa: Y015
+    _WhichOneofArgType__total: _TypeAlias = _typing.Literal["_total", b"_total"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__total) -> _WhichOneofReturnType__total | None: ...
+
+Global___ToolProgress: _TypeAlias = ToolProgress  # noqa: Y015

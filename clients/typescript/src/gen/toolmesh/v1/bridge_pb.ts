@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ToolDefinition, ToolOutcome } from "./tool_pb.js";
+import type { ToolDefinition, ToolOutcome, ToolProgress } from "./tool_pb.js";
 import { file_toolmesh_v1_tool } from "./tool_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/bridge.proto.
  */
 export const file_toolmesh_v1_bridge: GenFile = /*@__PURE__*/
-  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxInMKFk9wZW5Ib3N0U2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIRCglob3N0X25hbWUYAiABKAkSFQoNaGFuZGxlcl9uYW1lcxgDIAMoCRIbChNoYXNfZ2VuZXJpY19oYW5kbGVyGAQgASgIIusBChdPcGVuSG9zdFNlc3Npb25SZXNwb25zZRIwCgZvcGVuZWQYASABKAsyHi50b29sbWVzaC52MS5Ib3N0U2Vzc2lvbk9wZW5lZEgAEjAKDHRvb2xfcmVxdWVzdBgCIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0SAASNgoJY2FuY2VsbGVkGAMgASgLMiEudG9vbG1lc2gudjEuVG9vbFJlcXVlc3RDYW5jZWxsZWRIABIrCgloZWFydGJlYXQYBCABKAsyFi50b29sbWVzaC52MS5IZWFydGJlYXRIAEIHCgVldmVudCJLChFIb3N0U2Vzc2lvbk9wZW5lZBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSHQoVaGVhcnRiZWF0X2ludGVydmFsX21zGAIgASgNIpkCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIGjMKEVRyYWNlQ29udGV4dEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWgoUVG9vbFJlcXVlc3RDYW5jZWxsZWQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKBnJlYXNvbhgCIAEoDjIZLnRvb2xtZXNoLnYxLkNhbmNlbFJlYXNvbiIfCglIZWFydGJlYXQSEgoKcmVhZF9jaGVjaxgBIAEoBCJ2ChdTdWJtaXRUb29sUmVzdWx0UmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEikKB291dGNvbWUYAyABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSIaChhTdWJtaXRUb29sUmVzdWx0UmVzcG9uc2UiRQoWQW5zd2VyUmVhZENoZWNrUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSEgoKcmVhZF9jaGVjaxgCIAEoBCIZChdBbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZSJeChdEZWNsYXJlSG9zdFRvb2xzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSKgoFdG9vbHMYAiADKAsyGy50b29sbWVzaC52MS5Ub29sRGVmaW5pdGlvbiIsChhEZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAQiRwoaRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QSKQoHcmVxdWVzdBgBIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0IkgKG0Rpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRIpCgdvdXRjb21lGAEgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiagobRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QSHwoXY2FuY2VsX3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkiTAocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQikQEKDkRpc3BhdGNoUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIrCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWVIABIvCgdyZWZ1c2FsGAMgASgLMhwudG9vbG1lc2gudjEuRGlzcGF0Y2hSZWZ1c2FsSABCCAoGcmVzdWx0IjIKD0Rpc3BhdGNoUmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCSplCgxDYW5jZWxSZWFzb24SHQoZQ0FOQ0VMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFUNBTkNFTF9SRUFTT05fVElNRU9VVBABEhsKF0NBTkNFTF9SRUFTT05fQ0FOQ0VMTEVEEAIy6gQKDUJyaWRnZVNlcnZpY2USXgoPT3Blbkhvc3RTZXNzaW9uEiMudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVxdWVzdBokLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlMAESXwoQU3VibWl0VG9vbFJlc3VsdBIkLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0GiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlEl8KEERlY2xhcmVIb3N0VG9vbHMSJC50b29sbWVzaC52MS5EZWNsYXJlSG9zdFRvb2xzUmVxdWVzdBolLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRJcCg9BbnN3ZXJSZWFkQ2hlY2sSIy50b29sbWVzaC52MS5BbnN3ZXJSZWFkQ2hlY2tSZXF1ZXN0GiQudG9vbG1lc2gudjEuQW5zd2VyUmVhZENoZWNrUmVzcG9uc2USaAoTRGlzcGF0Y2hUb29sUmVxdWVzdBInLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXF1ZXN0GigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEm8KFERpc3BhdGNoVG9vbFJlcXVlc3RzEigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0GikudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZSgBMAFiBnByb3RvMw", [file_toolmesh_v1_tool]);
+  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIpUBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAki6wEKF09wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlEjAKBm9wZW5lZBgBIAEoCzIeLnRvb2xtZXNoLnYxLkhvc3RTZXNzaW9uT3BlbmVkSAASMAoMdG9vbF9yZXF1ZXN0GAIgASgLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3RIABI2CgljYW5jZWxsZWQYAyABKAsyIS50b29sbWVzaC52MS5Ub29sUmVxdWVzdENhbmNlbGxlZEgAEisKCWhlYXJ0YmVhdBgEIAEoCzIWLnRvb2xtZXNoLnYxLkhlYXJ0YmVhdEgAQgcKBWV2ZW50IksKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0imQIKC1Rvb2xSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEhYKDmFyZ3VtZW50c19qc29uGAUgASgJEhIKCnRpbWVvdXRfbXMYBiABKA0SQQoNdHJhY2VfY29udGV4dBgHIAMoCzIqLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0LlRyYWNlQ29udGV4dEVudHJ5EhUKDXJlZGVsaXZlcmFibGUYCCABKAgaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJaChRUb29sUmVxdWVzdENhbmNlbGxlZBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSKQoGcmVhc29uGAIgASgOMhkudG9vbG1lc2gudjEuQ2FuY2VsUmVhc29uIh8KCUhlYXJ0YmVhdBISCgpyZWFkX2NoZWNrGAEgASgEInYKF1N1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAiABKAkSKQoHb3V0Y29tZRgDIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lIhoKGFN1Ym1pdFRvb2xSZXN1bHRSZXNwb25zZSJFChZBbnN3ZXJSZWFkQ2hlY2tSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRISCgpyZWFkX2NoZWNrGAIgASgEIhkKF0Fuc3dlclJlYWRDaGVja1Jlc3BvbnNlIl4KF0RlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIqCgV0b29scxgCIAMoCzIbLnRvb2xtZXNoLnYxLlRvb2xEZWZpbml0aW9uIiwKGERlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBCKOAQoZUmVwb3J0VG9vbFByb2dyZXNzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEhAKCHByb2dyZXNzGAMgASgBEhIKBXRvdGFsGAQgASgBSACIAQESDwoHbWVzc2FnZRgFIAEoCUIICgZfdG90YWwiagoaUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USMQoGc3RhdHVzGAEgASgOMiEudG9vbG1lc2gudjEuUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSGQoRbWVzc2FnZV90cnVuY2F0ZWQYAiABKAgiRwoaRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QSKQoHcmVxdWVzdBgBIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0IkgKG0Rpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRIpCgdvdXRjb21lGAEgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiagobRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QSHwoXY2FuY2VsX3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkieQocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQSKwoIcHJvZ3Jlc3MYAiADKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3MikQEKDkRpc3BhdGNoUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIrCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWVIABIvCgdyZWZ1c2FsGAMgASgLMhwudG9vbG1lc2gudjEuRGlzcGF0Y2hSZWZ1c2FsSABCCAoGcmVzdWx0IjIKD0Rpc3BhdGNoUmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCSplCgxDYW5jZWxSZWFzb24SHQoZQ0FOQ0VMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFUNBTkNFTF9SRUFTT05fVElNRU9VVBABEhsKF0NBTkNFTF9SRUFTT05fQ0FOQ0VMTEVEEAIq3QEKFFByb2dyZXNzUmVwb3J0U3RhdHVzEiYKIlBST0dSRVNTX1JFUE9SVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIjCh9QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0FDQ0VQVEVEEAESIgoeUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19JTlZBTElEEAISKgomUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19SRVFVRVNUX1VOS05PV04QAxIoCiRQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfRU5ERUQQBDLRBQoNQnJpZGdlU2VydmljZRJeCg9PcGVuSG9zdFNlc3Npb24SIy50b29sbWVzaC52MS5PcGVuSG9zdFNlc3Npb25SZXF1ZXN0GiQudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2UwARJfChBTdWJtaXRUb29sUmVzdWx0EiQudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlcXVlc3QaJS50b29sbWVzaC52MS5TdWJtaXRUb29sUmVzdWx0UmVzcG9uc2USXwoQRGVjbGFyZUhvc3RUb29scxIkLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0GiUudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlElwKD0Fuc3dlclJlYWRDaGVjaxIjLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1JlcXVlc3QaJC50b29sbWVzaC52MS5BbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZRJlChJSZXBvcnRUb29sUHJvZ3Jlc3MSJi50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXF1ZXN0GicudG9vbG1lc2gudjEuUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USaAoTRGlzcGF0Y2hUb29sUmVxdWVzdBInLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXF1ZXN0GigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEm8KFERpc3BhdGNoVG9vbFJlcXVlc3RzEigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0GikudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZSgBMAFiBnByb3RvMw", [file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.OpenHostSessionRequest
@@ -54,6 +54,19 @@ export type OpenHostSessionRequest = Message<"toolmesh.v1.OpenHostSessionRequest
    * @generated from field: bool has_generic_handler = 4;
    */
   hasGenericHandler: boolean;
+
+  /**
+   * Optional. The host session this one takes over from, of the same session:
+   * a host renewing its stream before the token that opened it expires (the
+   * stream ends with UNAUTHENTICATED, reason "expired", when it does). The
+   * bridge sends that session no new requests once this one is open, and ends
+   * its stream (no error) when the requests it holds are answered, so that no
+   * call is lost to the renewal. An id that names no open host session of the
+   * same session is ignored.
+   *
+   * @generated from field: string replaces_host_session_id = 5;
+   */
+  replacesHostSessionId: string;
 };
 
 /**
@@ -409,6 +422,82 @@ export const DeclareHostToolsResponseSchema: GenMessage<DeclareHostToolsResponse
   messageDesc(file_toolmesh_v1_bridge, 11);
 
 /**
+ * @generated from message toolmesh.v1.ReportToolProgressRequest
+ */
+export type ReportToolProgressRequest = Message<"toolmesh.v1.ReportToolProgressRequest"> & {
+  /**
+   * Required. From HostSessionOpened.
+   *
+   * @generated from field: string host_session_id = 1;
+   */
+  hostSessionId: string;
+
+  /**
+   * Required. The request the host is serving.
+   *
+   * @generated from field: string tool_request_id = 2;
+   */
+  toolRequestId: string;
+
+  /**
+   * How far the handler has got: a finite number (NaN and infinities are
+   * refused with status INVALID).
+   *
+   * @generated from field: double progress = 3;
+   */
+  progress: number;
+
+  /**
+   * Optional. The value progress reaches when done: finite and above 0.
+   *
+   * @generated from field: optional double total = 4;
+   */
+  total?: number | undefined;
+
+  /**
+   * Optional. For people, at most 512 characters
+   * (limits.PROGRESS_MESSAGE_MAX_CHARS): a longer one is cut to that length
+   * (message_truncated says so). Never arguments or results.
+   *
+   * @generated from field: string message = 5;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message toolmesh.v1.ReportToolProgressRequest.
+ * Use `create(ReportToolProgressRequestSchema)` to create a new message.
+ */
+export const ReportToolProgressRequestSchema: GenMessage<ReportToolProgressRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 12);
+
+/**
+ * @generated from message toolmesh.v1.ReportToolProgressResponse
+ */
+export type ReportToolProgressResponse = Message<"toolmesh.v1.ReportToolProgressResponse"> & {
+  /**
+   * What became of the report.
+   *
+   * @generated from field: toolmesh.v1.ProgressReportStatus status = 1;
+   */
+  status: ProgressReportStatus;
+
+  /**
+   * The message was longer than 512 characters and was cut.
+   *
+   * @generated from field: bool message_truncated = 2;
+   */
+  messageTruncated: boolean;
+};
+
+/**
+ * Describes the message toolmesh.v1.ReportToolProgressResponse.
+ * Use `create(ReportToolProgressResponseSchema)` to create a new message.
+ */
+export const ReportToolProgressResponseSchema: GenMessage<ReportToolProgressResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 13);
+
+/**
  * @generated from message toolmesh.v1.DispatchToolRequestRequest
  */
 export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolRequestRequest"> & {
@@ -425,7 +514,7 @@ export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolReques
  * Use `create(DispatchToolRequestRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestRequestSchema: GenMessage<DispatchToolRequestRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 12);
+  messageDesc(file_toolmesh_v1_bridge, 14);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestResponse
@@ -444,7 +533,7 @@ export type DispatchToolRequestResponse = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestResponseSchema: GenMessage<DispatchToolRequestResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 13);
+  messageDesc(file_toolmesh_v1_bridge, 15);
 
 /**
  * One message may carry many requests and cancellations: a sender that has
@@ -474,7 +563,7 @@ export type DispatchToolRequestsRequest = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestsRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestsRequestSchema: GenMessage<DispatchToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 14);
+  messageDesc(file_toolmesh_v1_bridge, 16);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestsResponse
@@ -486,6 +575,15 @@ export type DispatchToolRequestsResponse = Message<"toolmesh.v1.DispatchToolRequ
    * @generated from field: repeated toolmesh.v1.DispatchResult results = 1;
    */
   results: DispatchResult[];
+
+  /**
+   * Progress reports of requests of this stream still running (see
+   * ReportToolProgress), in the order they were made; none after a request's
+   * result. Senders that ignore them lose nothing.
+   *
+   * @generated from field: repeated toolmesh.v1.ToolProgress progress = 2;
+   */
+  progress: ToolProgress[];
 };
 
 /**
@@ -493,7 +591,7 @@ export type DispatchToolRequestsResponse = Message<"toolmesh.v1.DispatchToolRequ
  * Use `create(DispatchToolRequestsResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestsResponseSchema: GenMessage<DispatchToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 15);
+  messageDesc(file_toolmesh_v1_bridge, 17);
 
 /**
  * DispatchResult answers one request of the stream.
@@ -537,7 +635,7 @@ export type DispatchResult = Message<"toolmesh.v1.DispatchResult"> & {
  * Use `create(DispatchResultSchema)` to create a new message.
  */
 export const DispatchResultSchema: GenMessage<DispatchResult> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 16);
+  messageDesc(file_toolmesh_v1_bridge, 18);
 
 /**
  * DispatchRefusal says why the bridge did not take a request: nothing ran.
@@ -566,7 +664,7 @@ export type DispatchRefusal = Message<"toolmesh.v1.DispatchRefusal"> & {
  * Use `create(DispatchRefusalSchema)` to create a new message.
  */
 export const DispatchRefusalSchema: GenMessage<DispatchRefusal> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 17);
+  messageDesc(file_toolmesh_v1_bridge, 19);
 
 /**
  * Why a request was cancelled.
@@ -603,14 +701,65 @@ export const CancelReasonSchema: GenEnum<CancelReason> = /*@__PURE__*/
   enumDesc(file_toolmesh_v1_bridge, 0);
 
 /**
+ * What became of a progress report. Never a failure of the host: a report
+ * that is not forwarded is simply dropped.
+ *
+ * @generated from enum toolmesh.v1.ProgressReportStatus
+ */
+export enum ProgressReportStatus {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: PROGRESS_REPORT_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Taken: it goes to the callers, alone or coalesced with later reports.
+   *
+   * @generated from enum value: PROGRESS_REPORT_STATUS_ACCEPTED = 1;
+   */
+  ACCEPTED = 1,
+
+  /**
+   * Dropped: progress or total is not a finite number, or total is not above 0.
+   *
+   * @generated from enum value: PROGRESS_REPORT_STATUS_INVALID = 2;
+   */
+  INVALID = 2,
+
+  /**
+   * Dropped: this host session holds no request of that id (never sent to
+   * it, sent to another host session, or forgotten long after it ended).
+   *
+   * @generated from enum value: PROGRESS_REPORT_STATUS_REQUEST_UNKNOWN = 3;
+   */
+  REQUEST_UNKNOWN = 3,
+
+  /**
+   * Dropped: the request has ended (answered, timed out, cancelled).
+   *
+   * @generated from enum value: PROGRESS_REPORT_STATUS_REQUEST_ENDED = 4;
+   */
+  REQUEST_ENDED = 4,
+}
+
+/**
+ * Describes the enum toolmesh.v1.ProgressReportStatus.
+ */
+export const ProgressReportStatusSchema: GenEnum<ProgressReportStatus> = /*@__PURE__*/
+  enumDesc(file_toolmesh_v1_bridge, 1);
+
+/**
  * BridgeService connects handler hosts (the application side) with the
  * invocation service. A host opens a session and receives tool requests and
  * cancellations on a server stream; it answers each request with the unary
  * SubmitToolResult. The host path uses only unary and server-streaming calls,
  * so gRPC-Web and Connect clients can serve tools too: the bridge serves
- * OpenHostSession, SubmitToolResult, DeclareHostTools and AnswerReadCheck
- * (never the Dispatch RPCs) over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its
- * own, to the browser origins it is configured to allow.
+ * OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
+ * ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+ * gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
+ * configured to allow.
  *
  * Failed calls carry a google.rpc.ErrorInfo (domain "toolmesh") whose reason is
  * a code of toolmesh's error table. A request message that does not decode (a
@@ -622,6 +771,7 @@ export const CancelReasonSchema: GenEnum<CancelReason> = /*@__PURE__*/
  * metadata) with the role host for the session; without a valid one they fail
  * with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
  * the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
+ * ReportToolProgress needs the same token as SubmitToolResult.
  * DispatchToolRequest and DispatchToolRequests are internal: served only on
  * the bridge's internal listener, to the invocation service (mutual TLS when
  * configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -654,7 +804,9 @@ export const BridgeService: GenService<{
    * when the session has host_sessions_per_session (64) host sessions open on
    * this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
    * reason SHUTTING_DOWN when the server stops. The token is checked when the
-   * stream opens.
+   * stream opens; when it expires, the stream ends with UNAUTHENTICATED
+   * (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+   * of it (replaces_host_session_id).
    *
    * @generated from rpc toolmesh.v1.BridgeService.OpenHostSession
    */
@@ -743,6 +895,31 @@ export const BridgeService: GenService<{
     methodKind: "unary";
     input: typeof AnswerReadCheckRequestSchema;
     output: typeof AnswerReadCheckResponseSchema;
+  },
+  /**
+   * ReportToolProgress tells the callers of a tool request the host is
+   * serving how far it has got (see ToolProgress: best effort, it never
+   * changes the outcome nor extends the deadline). The bridge sends it on to
+   * the invocation service, which passes it to the callers that asked for
+   * progress (InvocationService.RunTool). At most one report per request is
+   * forwarded every 100 ms (limits.PROGRESS_INTERVAL_MS); reports in between
+   * are coalesced, the latest kept. A report about a request that is unknown,
+   * served by another host session, or already ended is not an error: the
+   * response's status says so, and the host goes on.
+   *
+   * Called by the host holding the host session, the peers that may call
+   * OpenHostSession.
+   *
+   * Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+   * or it has ended; or one of a session the token does not name);
+   * INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+   *
+   * @generated from rpc toolmesh.v1.BridgeService.ReportToolProgress
+   */
+  reportToolProgress: {
+    methodKind: "unary";
+    input: typeof ReportToolProgressRequestSchema;
+    output: typeof ReportToolProgressResponseSchema;
   },
   /**
    * DispatchToolRequest sends one tool request to a host that serves the

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ToolOutcome } from "./tool_pb.js";
+import type { ToolOutcome, ToolProgress } from "./tool_pb.js";
 import { file_toolmesh_v1_tool } from "./tool_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/invocation.proto.
  */
 export const file_toolmesh_v1_invocation: GenFile = /*@__PURE__*/
-  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSKgAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkiegoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIIkIKEkludm9rZVRvb2xzUmVxdWVzdBIsCgVjYWxscxgBIAMoCzIdLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwi0QEKEFN0cmVhbWVkVG9vbENhbGwSDwoHY2FsbF9pZBgBIAEoBBIvCgdyZXF1ZXN0GAIgASgLMh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QSRgoNdHJhY2VfY29udGV4dBgDIAMoCzIvLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwuVHJhY2VDb250ZXh0RW50cnkaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKEAQoTSW52b2tlVG9vbHNSZXNwb25zZRIwCgdyZXN1bHRzGAEgAygLMh8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sUmVzdWx0EjsKEnJlZnVzZWRfZHVwbGljYXRlcxgCIAMoCzIfLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbFJlc3VsdCKNAQoSU3RyZWFtZWRUb29sUmVzdWx0Eg8KB2NhbGxfaWQYASABKAQSMwoIcmVzcG9uc2UYAiABKAsyHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2VIABInCgVlcnJvchgDIAEoCzIWLnRvb2xtZXNoLnYxLkNhbGxFcnJvckgAQggKBnJlc3VsdCKVAQoJQ2FsbEVycm9yEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEjYKCG1ldGFkYXRhGAMgAygLMiQudG9vbG1lc2gudjEuQ2FsbEVycm9yLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKFkNvbmZpcm1EZWxpdmVyeVJlcXVlc3QSGAoQdG9vbF9yZXF1ZXN0X2lkcxgBIAMoCSIZChdDb25maXJtRGVsaXZlcnlSZXNwb25zZSIvChRHZXRJbnZvY2F0aW9uUmVxdWVzdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkiRAoVR2V0SW52b2NhdGlvblJlc3BvbnNlEisKCmludm9jYXRpb24YASABKAsyFy50b29sbWVzaC52MS5JbnZvY2F0aW9uIqkCCgpJbnZvY2F0aW9uEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg8KB3R1cm5faWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEisKBXN0YXRlGAUgASgOMhwudG9vbG1lc2gudjEuSW52b2NhdGlvblN0YXRlEikKB291dGNvbWUYBiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZRIRCglkZWxpdmVyZWQYByABKAgSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKq4BCg9JbnZvY2F0aW9uU3RhdGUSIAocSU5WT0NBVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhwKGElOVk9DQVRJT05fU1RBVEVfUlVOTklORxABEh4KGklOVk9DQVRJT05fU1RBVEVfQ09NUExFVEVEEAISHgoaSU5WT0NBVElPTl9TVEFURV9USU1FRF9PVVQQAxIbChdJTlZPQ0FUSU9OX1NUQVRFX0ZBSUxFRBAEMu4CChFJbnZvY2F0aW9uU2VydmljZRJNCgpJbnZva2VUb29sEh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QaHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2USVAoLSW52b2tlVG9vbHMSHy50b29sbWVzaC52MS5JbnZva2VUb29sc1JlcXVlc3QaIC50b29sbWVzaC52MS5JbnZva2VUb29sc1Jlc3BvbnNlKAEwARJcCg9Db25maXJtRGVsaXZlcnkSIy50b29sbWVzaC52MS5Db25maXJtRGVsaXZlcnlSZXF1ZXN0GiQudG9vbG1lc2gudjEuQ29uZmlybURlbGl2ZXJ5UmVzcG9uc2USVgoNR2V0SW52b2NhdGlvbhIhLnRvb2xtZXNoLnYxLkdldEludm9jYXRpb25SZXF1ZXN0GiIudG9vbG1lc2gudjEuR2V0SW52b2NhdGlvblJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
+  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSKgAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkiegoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIIkIKEkludm9rZVRvb2xzUmVxdWVzdBIsCgVjYWxscxgBIAMoCzIdLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwi0QEKEFN0cmVhbWVkVG9vbENhbGwSDwoHY2FsbF9pZBgBIAEoBBIvCgdyZXF1ZXN0GAIgASgLMh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QSRgoNdHJhY2VfY29udGV4dBgDIAMoCzIvLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwuVHJhY2VDb250ZXh0RW50cnkaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKEAQoTSW52b2tlVG9vbHNSZXNwb25zZRIwCgdyZXN1bHRzGAEgAygLMh8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sUmVzdWx0EjsKEnJlZnVzZWRfZHVwbGljYXRlcxgCIAMoCzIfLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbFJlc3VsdCKNAQoSU3RyZWFtZWRUb29sUmVzdWx0Eg8KB2NhbGxfaWQYASABKAQSMwoIcmVzcG9uc2UYAiABKAsyHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2VIABInCgVlcnJvchgDIAEoCzIWLnRvb2xtZXNoLnYxLkNhbGxFcnJvckgAQggKBnJlc3VsdCKVAQoJQ2FsbEVycm9yEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEjYKCG1ldGFkYXRhGAMgAygLMiQudG9vbG1lc2gudjEuQ2FsbEVycm9yLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKFkNvbmZpcm1EZWxpdmVyeVJlcXVlc3QSGAoQdG9vbF9yZXF1ZXN0X2lkcxgBIAMoCSIZChdDb25maXJtRGVsaXZlcnlSZXNwb25zZSIvChRHZXRJbnZvY2F0aW9uUmVxdWVzdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkiRAoVR2V0SW52b2NhdGlvblJlc3BvbnNlEisKCmludm9jYXRpb24YASABKAsyFy50b29sbWVzaC52MS5JbnZvY2F0aW9uIj4KDlJ1blRvb2xSZXF1ZXN0EiwKBGNhbGwYASABKAsyHi50b29sbWVzaC52MS5JbnZva2VUb29sUmVxdWVzdCKtAQoPUnVuVG9vbFJlc3BvbnNlEi4KB3N0YXJ0ZWQYASABKAsyGy50b29sbWVzaC52MS5SdW5Ub29sU3RhcnRlZEgAEi0KCHByb2dyZXNzGAIgASgLMhkudG9vbG1lc2gudjEuVG9vbFByb2dyZXNzSAASMgoHb3V0Y29tZRgDIAEoCzIfLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXNwb25zZUgAQgcKBWV2ZW50IikKDlJ1blRvb2xTdGFydGVkEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCSIyChdDYW5jZWxJbnZvY2F0aW9uUmVxdWVzdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkiTwoYQ2FuY2VsSW52b2NhdGlvblJlc3BvbnNlEjMKBnJlc3VsdBgBIAEoDjIjLnRvb2xtZXNoLnYxLkNhbmNlbEludm9jYXRpb25SZXN1bHQiqQIKCkludm9jYXRpb24SFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIRCgl0b29sX25hbWUYBCABKAkSKwoFc3RhdGUYBSABKA4yHC50b29sbWVzaC52MS5JbnZvY2F0aW9uU3RhdGUSKQoHb3V0Y29tZRgGIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lEhEKCWRlbGl2ZXJlZBgHIAEoCBIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqswEKFkNhbmNlbEludm9jYXRpb25SZXN1bHQSKAokQ0FOQ0VMX0lOVk9DQVRJT05fUkVTVUxUX1VOU1BFQ0lGSUVEEAASJgoiQ0FOQ0VMX0lOVk9DQVRJT05fUkVTVUxUX0NBTkNFTExFRBABEiIKHkNBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9FTkRFRBACEiMKH0NBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9KT0lORUQQAyrOAQoPSW52b2NhdGlvblN0YXRlEiAKHElOVk9DQVRJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIcChhJTlZPQ0FUSU9OX1NUQVRFX1JVTk5JTkcQARIeChpJTlZPQ0FUSU9OX1NUQVRFX0NPTVBMRVRFRBACEh4KGklOVk9DQVRJT05fU1RBVEVfVElNRURfT1VUEAMSGwoXSU5WT0NBVElPTl9TVEFURV9GQUlMRUQQBBIeChpJTlZPQ0FUSU9OX1NUQVRFX0NBTkNFTExFRBAFMpcEChFJbnZvY2F0aW9uU2VydmljZRJNCgpJbnZva2VUb29sEh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QaHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2USVAoLSW52b2tlVG9vbHMSHy50b29sbWVzaC52MS5JbnZva2VUb29sc1JlcXVlc3QaIC50b29sbWVzaC52MS5JbnZva2VUb29sc1Jlc3BvbnNlKAEwARJcCg9Db25maXJtRGVsaXZlcnkSIy50b29sbWVzaC52MS5Db25maXJtRGVsaXZlcnlSZXF1ZXN0GiQudG9vbG1lc2gudjEuQ29uZmlybURlbGl2ZXJ5UmVzcG9uc2USVgoNR2V0SW52b2NhdGlvbhIhLnRvb2xtZXNoLnYxLkdldEludm9jYXRpb25SZXF1ZXN0GiIudG9vbG1lc2gudjEuR2V0SW52b2NhdGlvblJlc3BvbnNlEkYKB1J1blRvb2wSGy50b29sbWVzaC52MS5SdW5Ub29sUmVxdWVzdBocLnRvb2xtZXNoLnYxLlJ1blRvb2xSZXNwb25zZTABEl8KEENhbmNlbEludm9jYXRpb24SJC50b29sbWVzaC52MS5DYW5jZWxJbnZvY2F0aW9uUmVxdWVzdBolLnRvb2xtZXNoLnYxLkNhbmNlbEludm9jYXRpb25SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.InvokeToolRequest
@@ -368,6 +368,129 @@ export const GetInvocationResponseSchema: GenMessage<GetInvocationResponse> = /*
   messageDesc(file_toolmesh_v1_invocation, 10);
 
 /**
+ * @generated from message toolmesh.v1.RunToolRequest
+ */
+export type RunToolRequest = Message<"toolmesh.v1.RunToolRequest"> & {
+  /**
+   * Required. The call, as InvokeTool takes it.
+   *
+   * @generated from field: toolmesh.v1.InvokeToolRequest call = 1;
+   */
+  call?: InvokeToolRequest | undefined;
+};
+
+/**
+ * Describes the message toolmesh.v1.RunToolRequest.
+ * Use `create(RunToolRequestSchema)` to create a new message.
+ */
+export const RunToolRequestSchema: GenMessage<RunToolRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 11);
+
+/**
+ * One event of a RunTool stream.
+ *
+ * @generated from message toolmesh.v1.RunToolResponse
+ */
+export type RunToolResponse = Message<"toolmesh.v1.RunToolResponse"> & {
+  /**
+   * Exactly one is set.
+   *
+   * @generated from oneof toolmesh.v1.RunToolResponse.event
+   */
+  event: {
+    /**
+     * The call runs or joined this invocation; sent once, first.
+     *
+     * @generated from field: toolmesh.v1.RunToolStarted started = 1;
+     */
+    value: RunToolStarted;
+    case: "started";
+  } | {
+    /**
+     * A progress report of the handler (best effort).
+     *
+     * @generated from field: toolmesh.v1.ToolProgress progress = 2;
+     */
+    value: ToolProgress;
+    case: "progress";
+  } | {
+    /**
+     * The call's outcome, as InvokeTool's response; the last event.
+     *
+     * @generated from field: toolmesh.v1.InvokeToolResponse outcome = 3;
+     */
+    value: InvokeToolResponse;
+    case: "outcome";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message toolmesh.v1.RunToolResponse.
+ * Use `create(RunToolResponseSchema)` to create a new message.
+ */
+export const RunToolResponseSchema: GenMessage<RunToolResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 12);
+
+/**
+ * RunToolStarted names the invocation a RunTool call waits on.
+ *
+ * @generated from message toolmesh.v1.RunToolStarted
+ */
+export type RunToolStarted = Message<"toolmesh.v1.RunToolStarted"> & {
+  /**
+   * The invocation's id, for GetInvocation and CancelInvocation.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+};
+
+/**
+ * Describes the message toolmesh.v1.RunToolStarted.
+ * Use `create(RunToolStartedSchema)` to create a new message.
+ */
+export const RunToolStartedSchema: GenMessage<RunToolStarted> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 13);
+
+/**
+ * @generated from message toolmesh.v1.CancelInvocationRequest
+ */
+export type CancelInvocationRequest = Message<"toolmesh.v1.CancelInvocationRequest"> & {
+  /**
+   * Required. The invocation to stop.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+};
+
+/**
+ * Describes the message toolmesh.v1.CancelInvocationRequest.
+ * Use `create(CancelInvocationRequestSchema)` to create a new message.
+ */
+export const CancelInvocationRequestSchema: GenMessage<CancelInvocationRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 14);
+
+/**
+ * @generated from message toolmesh.v1.CancelInvocationResponse
+ */
+export type CancelInvocationResponse = Message<"toolmesh.v1.CancelInvocationResponse"> & {
+  /**
+   * What was done.
+   *
+   * @generated from field: toolmesh.v1.CancelInvocationResult result = 1;
+   */
+  result: CancelInvocationResult;
+};
+
+/**
+ * Describes the message toolmesh.v1.CancelInvocationResponse.
+ * Use `create(CancelInvocationResponseSchema)` to create a new message.
+ */
+export const CancelInvocationResponseSchema: GenMessage<CancelInvocationResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 15);
+
+/**
  * Invocation is one logical tool call as the ledger keeps it: 10 minutes
  * after it ended (24 h with an idempotency key).
  *
@@ -443,7 +566,48 @@ export type Invocation = Message<"toolmesh.v1.Invocation"> & {
  * Use `create(InvocationSchema)` to create a new message.
  */
 export const InvocationSchema: GenMessage<Invocation> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 11);
+  messageDesc(file_toolmesh_v1_invocation, 16);
+
+/**
+ * What CancelInvocation did.
+ *
+ * @generated from enum toolmesh.v1.CancelInvocationResult
+ */
+export enum CancelInvocationResult {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The invocation ended with TOOL_CANCELLED and its host was told to stop.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_CANCELLED = 1;
+   */
+  CANCELLED = 1,
+
+  /**
+   * Nothing changed: the invocation had already ended with its own outcome.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_ENDED = 2;
+   */
+  ENDED = 2,
+
+  /**
+   * Nothing changed: another call has joined the invocation and waits for it.
+   *
+   * @generated from enum value: CANCEL_INVOCATION_RESULT_JOINED = 3;
+   */
+  JOINED = 3,
+}
+
+/**
+ * Describes the enum toolmesh.v1.CancelInvocationResult.
+ */
+export const CancelInvocationResultSchema: GenEnum<CancelInvocationResult> = /*@__PURE__*/
+  enumDesc(file_toolmesh_v1_invocation, 0);
 
 /**
  * InvocationState is where an invocation is in its life.
@@ -485,13 +649,20 @@ export enum InvocationState {
    * @generated from enum value: INVOCATION_STATE_FAILED = 4;
    */
   FAILED = 4,
+
+  /**
+   * Stopped by CancelInvocation: TOOL_CANCELLED.
+   *
+   * @generated from enum value: INVOCATION_STATE_CANCELLED = 5;
+   */
+  CANCELLED = 5,
 }
 
 /**
  * Describes the enum toolmesh.v1.InvocationState.
  */
 export const InvocationStateSchema: GenEnum<InvocationState> = /*@__PURE__*/
-  enumDesc(file_toolmesh_v1_invocation, 0);
+  enumDesc(file_toolmesh_v1_invocation, 1);
 
 /**
  * InvocationService takes tool calls for a session and turn, checks them
@@ -588,7 +759,10 @@ export const InvocationService: GenService<{
    * calls taken earlier kept ending) it drops them and fails the stream with
    * RESOURCE_EXHAUSTED, reason RESULTS_NOT_READ. The dropped outcomes are in
    * the ledger: an exact retry of each call replays it. The service sends at
-   * most 1,000 results per message.
+   * most 1,000 results per message. When the token the stream was opened with
+   * expires, the stream ends with UNAUTHENTICATED (metadata reason "expired"):
+   * calls taken go on to their outcomes in the ledger (an exact retry on a new
+   * stream joins or replays each).
    *
    * @generated from rpc toolmesh.v1.InvocationService.InvokeTools
    */
@@ -632,6 +806,63 @@ export const InvocationService: GenService<{
     methodKind: "unary";
     input: typeof GetInvocationRequestSchema;
     output: typeof GetInvocationResponseSchema;
+  },
+  /**
+   * RunTool makes one tool call as InvokeTool does (same request, same
+   * ledger semantics, same errors), and streams what happens meanwhile:
+   * first a RunToolStarted event naming the invocation the call runs or
+   * joins (none when it replays a finished one or is refused before it
+   * became an invocation), then the handler's progress reports (ToolProgress),
+   * then exactly one RunToolResponse with the outcome, and the stream ends.
+   * A call that fails produces no outcome event: the stream fails with the
+   * status InvokeTool would have failed with.
+   *
+   * Progress is best effort: coalesced by the bridge (at most one report per
+   * 100 ms, limits.PROGRESS_INTERVAL_MS), and sent only to callers attached
+   * to the invocation service replica that runs the invocation (a call that
+   * joins it through another replica gets its started event and its outcome,
+   * no progress). It never changes the outcome and never extends the tool's
+   * deadline. A caller that closes the stream leaves the invocation running,
+   * as a unary caller that gives up does; CancelInvocation stops it.
+   *
+   * @generated from rpc toolmesh.v1.InvocationService.RunTool
+   */
+  runTool: {
+    methodKind: "server_streaming";
+    input: typeof RunToolRequestSchema;
+    output: typeof RunToolResponseSchema;
+  },
+  /**
+   * CancelInvocation stops a running invocation: it ends with the runtime
+   * outcome TOOL_CANCELLED (not retryable), recorded in the ledger like any
+   * outcome, and its handler host is told to cancel (the host SDK's
+   * cancellation fires; a result it submits later is refused). Every caller
+   * waiting on it gets TOOL_CANCELLED. An exact retry within the replay
+   * window replays TOOL_CANCELLED, as it would any unconfirmed outcome: once
+   * its delivery is confirmed (ConfirmDelivery), an identical call runs anew.
+   * It works from any replica of the service, whichever one runs the
+   * invocation.
+   *
+   * It cancels only an invocation nobody else waits on: when another call
+   * has joined it (an exact retry, or another caller with the same call), it
+   * changes nothing and answers JOINED, since that caller may still expect the
+   * outcome (the ledger cannot tell a joined caller that has since given up).
+   * An invocation that has already ended answers ENDED.
+   *
+   * Who may call: role call, for invocations of the sessions the token names
+   * (as GetInvocation).
+   *
+   * Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
+   * the ledger's retention, or of a session the token does not name);
+   * INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id);
+   * UNAVAILABLE with reason STORE_UNAVAILABLE (nothing was cancelled).
+   *
+   * @generated from rpc toolmesh.v1.InvocationService.CancelInvocation
+   */
+  cancelInvocation: {
+    methodKind: "unary";
+    input: typeof CancelInvocationRequestSchema;
+    output: typeof CancelInvocationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_toolmesh_v1_invocation, 0);

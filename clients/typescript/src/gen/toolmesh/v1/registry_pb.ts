@@ -288,7 +288,9 @@ export const RegistryService: GenService<{
    * intermediate revisions but always receives the latest.
    *
    * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id);
-   * UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
+   * UNAVAILABLE with reason SHUTTING_DOWN when the server stops;
+   * UNAUTHENTICATED (metadata reason "expired") when the token the stream was
+   * opened with expires: watch again with a fresh one.
    *
    * @generated from rpc toolmesh.v1.RegistryService.WatchTools
    */

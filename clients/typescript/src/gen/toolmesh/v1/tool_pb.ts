@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/tool.proto.
  */
 export const file_toolmesh_v1_tool: GenFile = /*@__PURE__*/
-  fileDesc("ChZ0b29sbWVzaC92MS90b29sLnByb3RvEgt0b29sbWVzaC52MSJXCg9Ub29sQW5ub3RhdGlvbnMSEQoJcmVhZF9vbmx5GAEgASgIEhIKCmlkZW1wb3RlbnQYAiABKAgSHQoVcmVxdWlyZXNfY29uZmlybWF0aW9uGAMgASgIIrEBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhkKEWlucHV0X3NjaGVtYV9qc29uGAMgASgJEhoKEm91dHB1dF9zY2hlbWFfanNvbhgEIAEoCRISCgp0aW1lb3V0X21zGAUgASgNEjEKC2Fubm90YXRpb25zGAYgASgLMhwudG9vbG1lc2gudjEuVG9vbEFubm90YXRpb25zInkKCVRvb2xFcnJvchIkCgRraW5kGAEgASgOMhYudG9vbG1lc2gudjEuRXJyb3JLaW5kEgwKBGNvZGUYAiABKAkSDwoHbWVzc2FnZRgDIAEoCRIUCgxkZXRhaWxzX2pzb24YBCABKAkSEQoJcmV0cnlhYmxlGAUgASgIIlgKC1Rvb2xPdXRjb21lEhUKC3Jlc3VsdF9qc29uGAEgASgJSAASJwoFZXJyb3IYAiABKAsyFi50b29sbWVzaC52MS5Ub29sRXJyb3JIAEIJCgdvdXRjb21lKlYKCUVycm9yS2luZBIaChZFUlJPUl9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRRVJST1JfS0lORF9ET01BSU4QARIWChJFUlJPUl9LSU5EX1JVTlRJTUUQAmIGcHJvdG8z");
+  fileDesc("ChZ0b29sbWVzaC92MS90b29sLnByb3RvEgt0b29sbWVzaC52MSJXCg9Ub29sQW5ub3RhdGlvbnMSEQoJcmVhZF9vbmx5GAEgASgIEhIKCmlkZW1wb3RlbnQYAiABKAgSHQoVcmVxdWlyZXNfY29uZmlybWF0aW9uGAMgASgIIrEBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhkKEWlucHV0X3NjaGVtYV9qc29uGAMgASgJEhoKEm91dHB1dF9zY2hlbWFfanNvbhgEIAEoCRISCgp0aW1lb3V0X21zGAUgASgNEjEKC2Fubm90YXRpb25zGAYgASgLMhwudG9vbG1lc2gudjEuVG9vbEFubm90YXRpb25zInkKCVRvb2xFcnJvchIkCgRraW5kGAEgASgOMhYudG9vbG1lc2gudjEuRXJyb3JLaW5kEgwKBGNvZGUYAiABKAkSDwoHbWVzc2FnZRgDIAEoCRIUCgxkZXRhaWxzX2pzb24YBCABKAkSEQoJcmV0cnlhYmxlGAUgASgIIlgKC1Rvb2xPdXRjb21lEhUKC3Jlc3VsdF9qc29uGAEgASgJSAASJwoFZXJyb3IYAiABKAsyFi50b29sbWVzaC52MS5Ub29sRXJyb3JIAEIJCgdvdXRjb21lImgKDFRvb2xQcm9ncmVzcxIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSEAoIcHJvZ3Jlc3MYAiABKAESEgoFdG90YWwYAyABKAFIAIgBARIPCgdtZXNzYWdlGAQgASgJQggKBl90b3RhbCpWCglFcnJvcktpbmQSGgoWRVJST1JfS0lORF9VTlNQRUNJRklFRBAAEhUKEUVSUk9SX0tJTkRfRE9NQUlOEAESFgoSRVJST1JfS0lORF9SVU5USU1FEAJiBnByb3RvMw");
 
 /**
  * ToolAnnotations are hints about a tool's behaviour. The runtime uses them to
@@ -204,6 +204,59 @@ export type ToolOutcome = Message<"toolmesh.v1.ToolOutcome"> & {
  */
 export const ToolOutcomeSchema: GenMessage<ToolOutcome> = /*@__PURE__*/
   messageDesc(file_toolmesh_v1_tool, 3);
+
+/**
+ * ToolProgress is one progress report of a running tool call, as its handler
+ * made it (BridgeService.ReportToolProgress). Progress is best effort and
+ * informational: it never changes a call's outcome and never extends its
+ * deadline (a tool that reports progress still ends with TOOL_TIMEOUT when
+ * its timeout passes). The bridge forwards at most one report per tool
+ * request every 100 ms (limits.PROGRESS_INTERVAL_MS): a report made sooner
+ * replaces the one waiting, and the latest is sent when the interval ends,
+ * so a reader may see fewer reports than the handler made, never an older
+ * one after a newer one. Reports waiting when the call ends are dropped.
+ *
+ * @generated from message toolmesh.v1.ToolProgress
+ */
+export type ToolProgress = Message<"toolmesh.v1.ToolProgress"> & {
+  /**
+   * The invocation the report is about.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * How far the tool has got, a finite number (the handler's own scale);
+   * it should grow from one report to the next.
+   *
+   * @generated from field: double progress = 2;
+   */
+  progress: number;
+
+  /**
+   * The value `progress` reaches when the work is done, finite and above 0;
+   * unset when the handler does not know.
+   *
+   * @generated from field: optional double total = 3;
+   */
+  total?: number | undefined;
+
+  /**
+   * For people: the handler's own words, at most 512 characters
+   * (limits.PROGRESS_MESSAGE_MAX_CHARS); empty when the handler gave none.
+   *
+   * @generated from field: string message = 4;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message toolmesh.v1.ToolProgress.
+ * Use `create(ToolProgressSchema)` to create a new message.
+ */
+export const ToolProgressSchema: GenMessage<ToolProgress> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_tool, 4);
 
 /**
  * ErrorKind tells a domain error (the handler ran and answered with an error)

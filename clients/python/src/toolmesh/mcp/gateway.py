@@ -1,0 +1,336 @@
+"""The MCP gateway: a session's tools served to MCP clients, on the SDK's low-level server.
+
+tools/list reads the registry; tools/call is an InvokeTool with the ledger's
+semantics, so an MCP client's retry of a call (a new JSON-RPC id, the same
+tool and arguments) joins the running invocation or replays its outcome
+instead of running the tool again. The gateway never confirms delivery (MCP
+has no way to say a result arrived): an identical call within the replay
+window (120 s) replays, and a client that means to run a tool again with the
+same arguments sends another `toolmesh/idempotencyKey` in `_meta`.
+
+When the session's tools change (WatchTools), connected clients are told:
+notifications/tools/list_changed on handshake-era connections, a
+ToolsListChanged event on `subscriptions/listen` streams (2026-07-28).
+
+Who may call: the caller's own bearer token goes to the registry and the
+invocation service with each request (over HTTP, its Authorization header;
+over stdio, the gateway's --token); the services decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import grpc
+import mcp_types as types
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from toolmesh.client.invocation import CallResult, InvocationClient
+from toolmesh.client.registry import RegistryClient
+from toolmesh.core.errors import ERROR_TABLE
+from toolmesh.core.progress import ToolProgress
+from toolmesh.core.rpcstatus import error_code
+from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool, refused
+from toolmesh.mcp.tasks import TaskMiddleware, capabilities
+
+log = logging.getLogger("toolmesh.mcp")
+
+# The token of the request being served: the clients' token callbacks read it.
+caller_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("caller_token", default=None)
+
+# How long the watch of a session's tools waits before it opens again after failing.
+REWATCH_S = 1.0
+# How long a cancelled MCP call waits for CancelInvocation.
+CANCEL_TIMEOUT_S = 5.0
+
+
+def current_token() -> str:
+    """The token of the request being served (the clients ask this before each call)."""
+    return caller_token.get() or ""
+
+
+SessionOf = Callable[[ServerRequestContext[Any, Any]], str]
+
+
+@dataclass(eq=False)
+class _Watched:
+    """One session's tools as the gateway watches them, and who is told when they change."""
+
+    bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)
+    # Handshake-era connections that read this session's tools.
+    connections: weakref.WeakSet[Connection] = field(default_factory=weakref.WeakSet)
+    task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.listen = ListenHandler(self.bus)
+
+
+class Gateway:
+    """Serves sessions' tools to MCP clients; `server` is the MCP SDK's low-level server to run.
+
+    `session_of` says which session a request is for (the command line's for
+    stdio, the URL's for HTTP); `token_of` reads the caller's token from the
+    request (None: the clients' own token applies, as over stdio).
+    """
+
+    def __init__(
+        self,
+        registry: RegistryClient,
+        invocation: InvocationClient,
+        session_of: SessionOf,
+        token_of: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self.invocation = invocation
+        self._session_of = session_of
+        self._token_of = token_of
+        self._watched: dict[str, _Watched] = {}
+        # Each handshake-era connection serves one session: the first it named.
+        self._bound: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
+        self.tasks = TaskMiddleware(self)
+        self.server: Server[Any] = _GatewayServer(
+            "toolmesh",
+            version=_version(),
+            instructions="The tools of one toolmesh session. An exact retry of a call never runs it twice.",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=self._listen,
+            # Without it, the SDK lists the tools (a registry call) before each 2026-07-28 HTTP call, to
+            # check Mcp-Param-* headers against the tool's schema. The invocation service checks the
+            # arguments themselves against the schema, so the gateway checks no headers.
+            get_tool_input_schema=_no_header_schema,
+        )
+        self.server.middleware.append(self.tasks)
+
+    async def close(self) -> None:
+        """Stop watching the sessions' tools, and waiting for the calls of tasks."""
+        await self.tasks.close()
+        for watched in self._watched.values():
+            watched.listen.close()
+            if watched.task is not None:
+                watched.task.cancel()
+        tasks = [w.task for w in self._watched.values() if w.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watched.clear()
+
+    # -- requests ---------------------------------------------------------
+    def enter(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str, _Watched]:
+        """The request's session, its caller's token set for the clients, its watch started."""
+        session_id = self._session_of(ctx)
+        if self._token_of is not None:
+            caller_token.set(self._token_of(ctx))
+        # The session a connection serves is fixed by its first request.
+        connection: Connection | None = getattr(ctx.session, "_connection", None)
+        handshake = connection is not None and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
+        if handshake and connection is not None:
+            bound = self._bound.setdefault(connection, session_id)
+            if bound != session_id:
+                raise MCPError(types.INVALID_REQUEST, "This MCP session serves another toolmesh session.")
+        watched = self._watched.get(session_id)
+        if watched is None:
+            watched = self._watched[session_id] = _Watched()
+        if handshake and connection is not None:
+            watched.connections.add(connection)
+        if watched.task is None or watched.task.done():
+            # Started in this request's context: it watches with this caller's token.
+            watched.task = asyncio.create_task(self._watch(session_id, watched))
+        return session_id, watched
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        session_id, _ = self.enter(ctx)
+        try:
+            tool_set = await self._registry.list_tools(session_id)
+        except grpc.aio.AioRpcError as error:
+            raise refused(error) from None
+        return types.ListToolsResult(tools=[mcp_tool(spec) for spec in tool_set.tools])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        session_id, _ = self.enter(ctx)
+        started: list[str] = []
+        known = asyncio.Event()
+
+        def announce(tool_request_id: str) -> None:
+            started.append(tool_request_id)
+            known.set()
+
+        async def progressed(progress: ToolProgress) -> None:
+            await ctx.session.report_progress(progress.progress, progress.total, progress.message)
+
+        meta = params.meta or {}
+        # A task of its own, so that the request's cancellation does not end the call before
+        # its id is known: the id may arrive after the handler has started.
+        call = asyncio.ensure_future(
+            self.invoke(
+                session_id,
+                params,
+                on_started=announce,
+                # Progress only to a client that asked for it (a progressToken).
+                on_progress=progressed if meta.get("progress_token") is not None else None,
+            )
+        )
+        try:
+            result = await asyncio.shield(call)
+        except BaseException:
+            # notifications/cancelled, or the client went away: the invocation stops, unless
+            # another caller joined it (the service decides).
+            with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
+                await self._cancel_when_known(call, known, started)
+            call.cancel()
+            raise
+        return call_tool_result(result)
+
+    async def _cancel_when_known(
+        self, call: asyncio.Future[CallResult], known: asyncio.Event, started: list[str]
+    ) -> None:
+        """Cancel the call's invocation once its id is known, unless the call ended first."""
+        waiting = asyncio.ensure_future(known.wait())
+        either: set[asyncio.Future[Any]] = {waiting, call}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if started and not call.done():
+            await self._cancel(started[0])
+
+    async def invoke(
+        self,
+        session_id: str,
+        params: types.CallToolRequestParams,
+        *,
+        on_started: Callable[[str], object],
+        on_progress: Callable[[ToolProgress], Awaitable[None]] | None = None,
+    ) -> CallResult:
+        """The tools/call as an invocation; a refused request raises MCPError."""
+        key = (params.meta or {}).get(META_IDEMPOTENCY_KEY, "")
+        if not isinstance(key, str):
+            raise MCPError(types.INVALID_PARAMS, f"_meta {META_IDEMPOTENCY_KEY} must be a string.")
+        try:
+            result = await self.invocation.invoke(
+                session_id,
+                params.name,
+                params.arguments or {},
+                turn_id=f"mcp_{uuid.uuid4().hex[:16]}",
+                idempotency_key=key,
+                # No MCP message says a result arrived: outcomes replay to exact retries.
+                confirm_delivery=False,
+                on_started=on_started,
+                on_progress=on_progress,
+            )
+        except grpc.aio.AioRpcError as error:
+            raise refused(error) from None
+        # DEBUG: a log line per call costs more than the call's own work (INFO is for what changes).
+        log.debug(
+            "mcp tool call",
+            extra={
+                "session_id": session_id,
+                "tool_name": params.name,
+                "tool_request_id": result.tool_request_id or "",
+                "joined": result.joined,
+                "replayed": result.replayed,
+            },
+        )
+        return result
+
+    async def _cancel(self, tool_request_id: str) -> None:
+        """Cancel the invocation, shielded from the cancellation that asked for it; failures logged."""
+        with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
+            try:
+                cancelled = await self.invocation.cancel_invocation(tool_request_id)
+            except grpc.aio.AioRpcError as error:
+                code = error_code(error)
+                log.warning(
+                    "cancelling an invocation failed",
+                    extra={
+                        "tool_request_id": tool_request_id,
+                        "code": code.value if code else error.code().name,
+                    },
+                )
+                return
+            log.info("mcp call cancelled", extra={"tool_request_id": tool_request_id, "cancelled": cancelled})
+
+    async def _listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        _, watched = self.enter(ctx)
+        return await watched.listen(ctx, params)
+
+    # -- list_changed -----------------------------------------------------
+    async def _watch(self, session_id: str, watched: _Watched) -> None:
+        """Tell the session's clients each time its revision moves, until closed.
+
+        A watch refused for its request (the token that started it, a bad session
+        id) ends: the session's next request starts another, with its own token.
+        """
+        revision: int | None = None
+        while True:
+            try:
+                async for tool_set in self._registry.watch_tools(session_id):
+                    if revision is not None and tool_set.revision != revision:
+                        await self._announce(watched)
+                    revision = tool_set.revision
+            except grpc.aio.AioRpcError as error:
+                code = error_code(error)
+                log.warning(
+                    "watching tools failed",
+                    extra={"session_id": session_id, "code": code.value if code else error.code().name},
+                )
+                if code is not None and ERROR_TABLE[code].caller_fault:
+                    return
+            await asyncio.sleep(REWATCH_S)
+
+    async def _announce(self, watched: _Watched) -> None:
+        await watched.bus.publish(ToolsListChanged())
+        for connection in list(watched.connections):
+            with contextlib.suppress(Exception):  # a connection that went away hears nothing
+                await connection.send_tool_list_changed()
+
+
+def _no_header_schema(tool_name: str) -> None:
+    """No schema for Mcp-Param-* header checks (see Gateway)."""
+    return None
+
+
+class _GatewayServer(Server[Any]):
+    """The SDK's low-level server, announcing tools/list_changed and tasks on every transport."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        options = super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+        options.capabilities.tasks = capabilities()
+        return options
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("toolmesh")
+    except PackageNotFoundError:
+        return ""

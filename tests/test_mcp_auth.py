@@ -1,0 +1,115 @@
+"""Who may call the MCP gateway's HTTP endpoint: the caller's own token decides, at the services."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pytest
+import pytest_asyncio
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from mcp_testing import http_gateway
+from toolmesh.auth.grants import Role
+from toolmesh.auth.tokens import SharedSecret, Verifier, mint
+from toolmesh.host import ToolContext, ToolHost
+from toolmesh.server.security import Security
+from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh_testing import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+SECRET = b"mcp-gateway-test-secret-of-32-bytes!"
+SESSION = "mcp-auth"
+
+
+async def echo(args: dict[str, Any], ctx: ToolContext) -> Any:
+    return args
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def secured() -> AsyncIterator[LocalSystem]:
+    system = await start_local_system(
+        heartbeat_s=0.5, security=Security(verifier=Verifier(SharedSecret(SECRET)))
+    )
+    host = ToolHost(
+        system.bridge_target, SESSION, token=mint(SECRET, roles=[Role.HOST], sessions=[SESSION], ttl_s=600)
+    )
+    host.on_tool("echo", echo, description="echoes its arguments")
+    await host.start()
+    yield system
+    await host.stop()
+    await system.stop(grace=0.5)
+
+
+@asynccontextmanager
+async def client_with(base: str, token: str | None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with (
+        httpx2.AsyncClient(headers=headers) as http,
+        Client(streamable_http_client(f"{base}/sessions/{SESSION}/mcp", http_client=http)) as client,
+    ):
+        yield client
+
+
+async def test_the_callers_token_passes_through(secured: LocalSystem) -> None:
+    own = mint(SECRET, roles=[Role.CALL], sessions=[SESSION], ttl_s=600)
+    other = mint(SECRET, roles=[Role.CALL], sessions=["another-session"], ttl_s=600)
+    async with http_gateway(secured) as base:
+        async with client_with(base, own) as client:
+            assert [tool.name for tool in (await client.list_tools()).tools] == ["echo"]
+            result = await client.call_tool("echo", {"x": 1})
+            assert result.structured_content == {"x": 1}
+        for token, code in ((other, "PERMISSION_DENIED"), (None, "UNAUTHENTICATED")):
+            async with client_with(base, token) as client:
+                with pytest.raises(MCPError) as listing:
+                    await client.list_tools()
+                assert listing.value.code == types.INVALID_REQUEST and listing.value.data["code"] == code
+                with pytest.raises(MCPError) as calling:
+                    await client.call_tool("echo", {"x": 1})
+                assert calling.value.data["code"] == code
+
+
+async def test_a_refused_caller_does_not_keep_list_changed_from_the_next(secured: LocalSystem) -> None:
+    """The first caller of a session has another session's token; the next, its own, hears list_changed."""
+    session = "mcp-auth-watch"
+    other = mint(SECRET, roles=[Role.CALL], sessions=["another-session"], ttl_s=600)
+    own = mint(SECRET, roles=[Role.CALL], sessions=[session], ttl_s=600)
+    heard: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.append(message.method)
+
+    async with http_gateway(secured) as base:
+        url = f"{base}/sessions/{session}/mcp"
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {other}"}) as http,
+            Client(streamable_http_client(url, http_client=http), mode="legacy") as refused,
+        ):
+            with pytest.raises(MCPError):
+                await refused.list_tools()
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {own}"}) as http,
+            Client(
+                streamable_http_client(url, http_client=http), mode="legacy", message_handler=on_message
+            ) as client,
+        ):
+            assert (await client.list_tools()).tools == []
+            host = ToolHost(
+                secured.bridge_target,
+                session,
+                token=mint(SECRET, roles=[Role.HOST], sessions=[session], ttl_s=600),
+            )
+            host.on_tool("late", echo, description="arrives later")
+            await host.start()
+            try:
+                await eventually(lambda: heard, timeout=10)
+                assert [tool.name for tool in (await client.list_tools()).tools] == ["late"]
+            finally:
+                await host.stop()
