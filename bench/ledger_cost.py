@@ -27,6 +27,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Claim, InvocationRecord, InvocationState, Ledger
 from toolmesh.invocation.observability import InvocationTelemetry
+from toolmesh.store.ledger import Delivered
 from toolmesh.store.memory import MemoryLedgerStore
 
 TOOL = ToolSpec("noop", "", '{"type":"object","properties":{"n":{"type":"integer"}}}')
@@ -55,7 +56,7 @@ class KeepNothing(Ledger):
         trace_context: dict[str, str] | None = None,
         *,
         arguments: Any = None,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> Claim:
         record = InvocationRecord(
             new_id, call.session_id, call.turn_id, call.tool_name, "", InvocationState.RUNNING, 0.0
@@ -72,7 +73,7 @@ class KeepNothing(Ledger):
     ) -> bool:
         return True
 
-    async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
+    async def confirm_all(self, deliveries: Sequence[Delivered]) -> list[str]:
         return []
 
 
@@ -80,7 +81,7 @@ async def calls_per_second(invoker: Invoker, calls: int) -> float:
     started = time.perf_counter()
     for n in range(calls):
         result = await invoker.invoke(ToolCall("bench", "turn", "noop", f'{{"n": {n}}}'))
-        await invoker.confirm_delivery([result.tool_request_id])
+        await invoker.confirm_delivery([Delivered(result.tool_request_id, result.attachment_id)])
     return calls / (time.perf_counter() - started)
 
 

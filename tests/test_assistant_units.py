@@ -71,6 +71,7 @@ CALL_CODES = {
     Code.REGISTRY_UNAVAILABLE,
     Code.BRIDGE_UNAVAILABLE,
     Code.STORE_UNAVAILABLE,
+    Code.OUTCOME_UNAVAILABLE,
     Code.OVERLOADED,
     Code.SHUTTING_DOWN,
     Code.INTERNAL,
@@ -106,6 +107,7 @@ def test_every_call_code_maps_onto_a_turn_code() -> None:
         ("TOOL_RESULT_INVALID", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         ("TOOL_HOST_DISCONNECTED", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         ("TOOL_TIMEOUT", ErrorKind.RUNTIME, TurnCode.TIMEOUT),
+        ("OUTCOME_UNAVAILABLE", ErrorKind.RUNTIME, TurnCode.EXECUTION_FAILED),
         # Someone cancelled the invocation: the turn stops, as for a cancelled turn.
         ("TOOL_CANCELLED", ErrorKind.RUNTIME, TurnCode.ABORTED),
         # A handler's own code, whatever it is.

@@ -24,7 +24,7 @@ from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.invocation.ledger import LedgerPolicy
 from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.store.backends import MEMORY
-from toolmesh.v1 import invocation_pb2
+from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import HostProcess, eventually, logged, run_cli, start_host_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -237,6 +237,67 @@ async def test_get_invocation_reconciles(
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await client.get_invocation("tr_unknown")
     assert error_code(raised.value) is Code.INVOCATION_NOT_FOUND
+
+
+async def test_another_caller_s_confirmation_does_not_make_a_retry_run_again(
+    ledger_system: LocalSystem, host: HostProcess, marker_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Caller A gives up; caller B sends the identical call, joins, gets the outcome and confirms
+    it; A's exact retry replays that outcome: one run."""
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
+    target = ledger_system.invocation_target
+    async with InvocationClient(target) as a, InvocationClient(target, multiplex=True) as b:
+        gave_up = await held(a, "a-and-b", timeout=0.5)
+        assert gave_up.outcome is None and gave_up.code is Code.CALLER_DEADLINE_EXCEEDED
+        # The service named the invocation and A's attachment ahead of the outcome.
+        assert gave_up.tool_request_id is not None and gave_up.attachment_id is not None
+        joining = asyncio.ensure_future(held(b, "a-and-b"))
+        await eventually(lambda: logged(caplog.records, JOINED) == 1)
+        release(marker_dir, "a-and-b")
+        joined = await joining
+        assert joined.joined and joined.tool_request_id == gave_up.tool_request_id
+        assert joined.attachment_id not in (None, gave_up.attachment_id)
+        await b.flush_confirmations()
+        record = await a.get_invocation(gave_up.tool_request_id)
+        assert record.delivered is False  # A has not confirmed
+        retry = await held(a, "a-and-b")
+        assert retry.replayed and retry.tool_request_id == gave_up.tool_request_id
+        assert result_of(retry)["runs"] == 1
+        assert runs(marker_dir, "a-and-b") == [gave_up.tool_request_id]
+        # A confirms its retry's attachment and its first call's: now an identical call runs anew.
+        await a.flush_confirmations()
+        assert (await a.get_invocation(gave_up.tool_request_id)).delivered is True
+        later = await held(a, "a-and-b")
+        assert not later.replayed and later.tool_request_id != gave_up.tool_request_id
+
+
+async def test_a_confirmation_names_a_whole_invocation_or_one_attachment(
+    ledger_system: LocalSystem, host: HostProcess
+) -> None:
+    async with (
+        InvocationClient(ledger_system.invocation_target) as client,
+        grpc.aio.insecure_channel(ledger_system.invocation_target) as channel,
+    ):
+        stub = invocation_pb2_grpc.InvocationServiceStub(channel)
+        first = await count(client, "whole", confirm_delivery=False)
+        replayed = await count(client, "whole", confirm_delivery=False)
+        assert replayed.replayed and first.tool_request_id is not None
+        # The id alone (the form without attachments) confirms every caller's attachment.
+        await stub.ConfirmDelivery(
+            invocation_pb2.ConfirmDeliveryRequest(tool_request_ids=[first.tool_request_id])
+        )
+        assert (await client.get_invocation(first.tool_request_id)).delivered is True
+        # An attachment must be named: an empty one is not taken for "every attachment".
+        unnamed = invocation_pb2.DeliveredAttachment(tool_request_id=first.tool_request_id)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.ConfirmDelivery(invocation_pb2.ConfirmDeliveryRequest(attachments=[unnamed]))
+        assert error_code(raised.value) is Code.INVALID_REQUEST
+        too_many = [invocation_pb2.DeliveredAttachment(tool_request_id="tr_x", attachment_id="1")] * 501
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await stub.ConfirmDelivery(
+                invocation_pb2.ConfirmDeliveryRequest(tool_request_ids=["tr_x"] * 500, attachments=too_many)
+            )
+        assert error_code(raised.value) is Code.INVALID_REQUEST
 
 
 async def test_cli_shows_an_invocation(

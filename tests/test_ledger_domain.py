@@ -21,7 +21,7 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.invocation.ledger import CancelVerdict, InvocationState, Ledger, LedgerPolicy, identity_of
 from toolmesh.store.backends import open_stores
-from toolmesh.store.ledger import LedgerStore
+from toolmesh.store.ledger import Delivered, LedgerStore
 from toolmesh.store.memory import MemoryLedgerStore
 
 POLICY = LedgerPolicy(
@@ -81,6 +81,11 @@ def call(arguments: str = '{"a": 1}', tool: str = "t", session: str = "s") -> To
     return ToolCall(session, "turn", tool, arguments)
 
 
+def delivered(*tool_request_ids: str) -> list[Delivered]:
+    """Confirmations in the id-only form: every attachment of each invocation."""
+    return [Delivered(tool_request_id) for tool_request_id in tool_request_ids]
+
+
 @pytest.mark.unit
 def test_identity_ignores_spelling_but_not_meaning() -> None:
     assert identity_of(call('{"a": 1, "b": [1.0, "x"]}')) == identity_of(call('{"b":[1,"x"],"a":1e0}'))
@@ -103,6 +108,88 @@ async def test_join_then_replay_then_confirm(ledger: Ledger) -> None:
     assert fresh.is_new
     record = await ledger.get("tr_1")
     assert record is not None and record.delivered and record.state is InvocationState.COMPLETED
+
+
+async def test_each_call_attached_to_an_invocation_gets_its_own_attachment(ledger: Ledger) -> None:
+    first = await ledger.claim(call(), "tr_1", 10_000)
+    joined = await ledger.claim(call(), "tr_2", 10_000)
+    await ledger.finish("tr_1", Outcome.success("7"))
+    replayed = await ledger.claim(call(), "tr_3", 10_000)
+    assert [first.attachment_id, joined.attachment_id, replayed.attachment_id] == ["1", "2", "3"]
+
+
+async def test_a_confirmation_releases_the_invocation_only_for_its_caller(ledger: Ledger) -> None:
+    """Caller A gave up (attachment 1); B joined (2), got the outcome and confirmed: A's exact
+    retry still replays; once A confirmed too, an identical call runs anew."""
+    await ledger.claim(call(), "tr_1", 10_000)
+    joined = await ledger.claim(call(), "tr_2", 10_000)
+    await ledger.finish("tr_1", Outcome.success("7"))
+    await ledger.confirm("tr_1", attachment_id=joined.attachment_id)
+    await ledger.confirm("tr_1", attachment_id=joined.attachment_id)  # twice: still only B's
+    await ledger.confirm("tr_1", attachment_id="99")  # no such attachment: nothing
+    retry = await ledger.claim(call(), "tr_3", 10_000)
+    assert not retry.is_new and retry.record.tool_request_id == "tr_1"
+    assert retry.record.outcome == Outcome.success("7")
+    record = await ledger.get("tr_1")
+    assert record is not None and not record.delivered
+    # A confirms the attachment its first call made and its retry's, carried on its next call.
+    mine = [Delivered("tr_1", "1"), Delivered("tr_1", retry.attachment_id)]
+    fresh = await ledger.claim(call(), "tr_4", 10_000, confirmed=mine)
+    assert fresh.is_new
+    record = await ledger.get("tr_1")
+    assert record is not None and record.delivered
+
+
+async def test_an_attachment_never_confirmed_holds_the_invocation_only_within_the_window(
+    ledger: Ledger, clock: Clock
+) -> None:
+    await ledger.claim(call(), "tr_1", 10_000)  # its caller gives up for good
+    joined = await ledger.claim(call(), "tr_2", 10_000)
+    await ledger.finish("tr_1", Outcome.success("7"))
+    await ledger.confirm("tr_1", attachment_id=joined.attachment_id)
+    assert not (await ledger.claim(call(), "tr_3", 10_000)).is_new
+    await clock.advance(POLICY.replay_window_s + 0.1)
+    assert (await ledger.claim(call(), "tr_4", 10_000)).is_new
+
+
+async def test_the_claimant_s_replay_window_holds_whoever_finishes(
+    backend: tuple[LedgerStore, Clock, str],
+) -> None:
+    """A bridge replica records the host's outcome with a ledger of its own default policy."""
+    store, clock, _ = backend
+    claimant, bridge = Ledger(store, POLICY, clock=clock), Ledger(store, LedgerPolicy(), clock=clock)
+    await claimant.claim(call(), "tr_1", 10_000)
+    await bridge.finish("tr_1", Outcome.success("7"))
+    assert not (await claimant.claim(call(), "tr_2", 10_000)).is_new
+    await clock.advance(POLICY.replay_window_s + 0.1)
+    assert (await claimant.claim(call(), "tr_3", 10_000)).is_new
+
+
+async def test_the_id_alone_confirms_every_attachment(ledger: Ledger) -> None:
+    await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.claim(call(), "tr_2", 10_000)
+    await ledger.finish("tr_1", Outcome.success("7"))
+    await ledger.confirm("tr_1")
+    assert (await ledger.claim(call(), "tr_3", 10_000)).is_new
+    record = await ledger.get("tr_1")
+    assert record is not None and record.delivered
+
+
+async def test_an_idempotency_key_attaches_each_retry(ledger: Ledger) -> None:
+    first = await ledger.claim(call(), "tr_1", 10_000, "key-1")
+    await ledger.finish("tr_1", Outcome.success("1"))
+    again = await ledger.claim(call(), "tr_2", 10_000, "key-1")
+    assert not again.is_new and again.attachment_id == "2"
+    await ledger.confirm("tr_1", attachment_id=first.attachment_id)
+    record = await ledger.get("tr_1")
+    assert record is not None and not record.delivered  # the retry's caller has not confirmed
+    await ledger.confirm("tr_1", attachment_id=again.attachment_id)
+    record = await ledger.get("tr_1")
+    assert record is not None and record.delivered
+    # A delivered keyed invocation still answers its key; a confirmation of that attachment is harmless.
+    late = await ledger.claim(call(), "tr_3", 10_000, "key-1")
+    assert not late.is_new and late.record.delivered and late.attachment_id == "3"
+    await ledger.confirm("tr_1", attachment_id=late.attachment_id)
 
 
 async def test_confirm_before_the_outcome_is_refused(ledger: Ledger) -> None:
@@ -247,14 +334,16 @@ async def test_confirmations_carried_on_a_claim_apply_before_it(ledger: Ledger) 
     await ledger.finish("tr_1", Outcome.success("1"))
     await ledger.claim(call('{"other": 1}'), "tr_running", 10_000)
     # The exact retry that carries the first call's confirmation is a new invocation.
-    retry = await ledger.claim(call(), "tr_2", 10_000, confirmed=["tr_1", "tr_running", "tr_unknown"])
+    retry = await ledger.claim(
+        call(), "tr_2", 10_000, confirmed=delivered("tr_1", "tr_running", "tr_unknown")
+    )
     assert retry.is_new
     first = await ledger.get("tr_1")
     assert first is not None and first.delivered
     running = await ledger.get("tr_running")
     assert running is not None and not running.delivered and not running.finished
     await ledger.finish("tr_2", Outcome.success("2"))
-    keyed = await ledger.claim(call(), "tr_3", 10_000, "key-1", confirmed=["tr_2"])
+    keyed = await ledger.claim(call(), "tr_3", 10_000, "key-1", confirmed=delivered("tr_2"))
     assert keyed.is_new
     second = await ledger.get("tr_2")
     assert second is not None and second.delivered
@@ -264,8 +353,8 @@ async def test_confirmations_of_other_sessions_change_nothing(ledger: Ledger) ->
     for session, request_id in (("mine", "tr_mine"), ("theirs", "tr_theirs")):
         await ledger.claim(call(session=session), request_id, 10_000)
         await ledger.finish(request_id, Outcome.success("1"))
-    allowed = await ledger.permitted(["tr_mine", "tr_theirs", "tr_unknown"], {"mine"})
-    assert list(allowed) == ["tr_mine"]
+    allowed = await ledger.permitted(delivered("tr_mine", "tr_theirs", "tr_unknown"), {"mine"})
+    assert list(allowed) == delivered("tr_mine")
     await ledger.confirm("tr_theirs", {"mine"})
     theirs = await ledger.get("tr_theirs")
     assert theirs is not None and not theirs.delivered

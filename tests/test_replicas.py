@@ -239,6 +239,31 @@ async def test_fifty_identical_calls_over_two_invocation_replicas_run_once(
     assert sum(call.joined for call in calls) == 49
 
 
+async def test_another_caller_s_confirmation_on_another_replica_does_not_make_a_retry_run_again(
+    cluster: Cluster, counting_host: HostProcess, marker_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gives up on replica 0; B joins on replica 1, gets the outcome and confirms; A's exact
+    retry (on replica 1) replays it: one run."""
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
+    key = uuid.uuid4().hex
+    held = {"key": key, "hold": True}
+    async with InvocationClient(cluster.invocation(0)) as a, InvocationClient(cluster.invocation(1)) as b:
+        gave_up = await a.invoke(COUNTED, "count", held, turn_id="t", timeout=0.5)
+        assert gave_up.outcome is None and gave_up.code is Code.CALLER_DEADLINE_EXCEEDED
+        assert gave_up.tool_request_id is not None and gave_up.attachment_id is not None
+        joining = asyncio.ensure_future(count(b, held))
+        await eventually(lambda: logged(caplog.records, "joined a running invocation") == 1)
+        (marker_dir / f"release-{key}").touch()
+        joined = await joining
+        assert joined.joined and joined.tool_request_id == gave_up.tool_request_id
+        await b.flush_confirmations()
+    async with InvocationClient(cluster.invocation(1)) as a_again:
+        # A's retry from a client that does not know its first attachment: the outcome is still there.
+        retry = await count(a_again, held)
+        assert retry.replayed and retry.tool_request_id == gave_up.tool_request_id
+    assert runs(marker_dir, key) == [gave_up.tool_request_id]
+
+
 async def test_get_invocation_and_idempotency_keys_work_from_every_replica(
     cluster: Cluster, counting_host: HostProcess, marker_dir: Path
 ) -> None:

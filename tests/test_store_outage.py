@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,21 @@ from redis.asyncio import Redis
 from redis_testing import RedisServer
 
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
-from toolmesh.core.errors import Code
+from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
-from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.server.runtime import RunningServer
+from toolmesh.server.system import LocalSystem, start_invocation, start_local_system
+from toolmesh.store.backends import open_stores
 from toolmesh.v1 import invocation_pb2, registry_pb2, registry_pb2_grpc
-from toolmesh_testing import HostProcess, free_port, start_host_process
+from toolmesh_testing import HostProcess, eventually, free_port, logged, start_host_process
 
 SESSION = "outage"
-TOOLS = [ToolSpec("count", "Counts its runs", '{"type": "object"}', timeout_ms=10_000)]
+TOOLS = [
+    ToolSpec("count", "Counts its runs", '{"type": "object"}', timeout_ms=10_000),
+    # For calls that wait out their deadline and the owner's grace (5 s by default).
+    ToolSpec("count_short", "Counts its runs, short deadline", '{"type": "object"}', timeout_ms=1000),
+]
 
 pytestmark = pytest.mark.integration
 
@@ -140,7 +147,7 @@ async def test_redis_killed_and_restarted(
             revision = await writer.put_tools("watched", TOOLS)
         seen = await asyncio.wait_for(watch.read(), 10)
         assert isinstance(seen, registry_pb2.WatchToolsResponse)
-        assert seen.revision == revision and [t.name for t in seen.tools] == ["count"]
+        assert seen.revision == revision and [t.name for t in seen.tools] == [t.name for t in TOOLS]
         watch.cancel()
         # New calls work again, without restarting anything.
         fresh = await count(client, "after")
@@ -179,3 +186,64 @@ async def test_a_redis_that_answers_nothing_fails_calls_in_bounded_time(
         assert runs(marker_dir, "hung") == []
         resumed = await count(client, "resumed")
         assert resumed.outcome is not None and resumed.outcome.failure is None
+
+
+@pytest_asyncio.fixture
+async def second_invocation(redis_server: RedisServer, system: LocalSystem) -> AsyncIterator[RunningServer]:
+    """Another invocation replica on the same Redis, registry and bridge."""
+    replica = await start_invocation(
+        f"127.0.0.1:{system.registry.internal_port}",
+        f"127.0.0.1:{system.bridge.internal_port}",
+        stores=open_stores(redis_server.url),
+    )
+    yield replica
+    await replica.stop(0.5)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("outage", ["killed", "stopped"])
+async def test_a_call_waiting_on_the_ledger_when_redis_fails_is_told_the_tool_may_have_run(
+    redis_server: RedisServer,
+    system: LocalSystem,
+    second_invocation: RunningServer,
+    *,
+    host: HostProcess,
+    marker_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+    outage: str,
+) -> None:
+    """The call runs on one replica; an identical call on another joins it and waits for its
+    outcome in the ledger; Redis goes away (SIGKILL, or SIGSTOP) and the tool runs to its end. The
+    joined call gets no outcome and a code that says the tool may have run, never one that says
+    nothing ran; its exact retry gets the one outcome once Redis is back."""
+    caplog.set_level(logging.INFO, logger="toolmesh.invocation")
+    arguments = {"key": outage, "hold": 1}
+    async with (
+        InvocationClient(system.invocation_target) as owner,
+        InvocationClient(f"127.0.0.1:{second_invocation.port}") as joiner,
+    ):
+        running = asyncio.ensure_future(owner.invoke(SESSION, "count_short", arguments, turn_id="t"))
+        await asyncio.wait_for(until_runs(marker_dir, outage), 10)
+        waiting = asyncio.ensure_future(joiner.invoke(SESSION, "count_short", arguments, turn_id="t"))
+        await eventually(lambda: logged(caplog.records, "joined a running invocation") == 1)
+        if outage == "killed":
+            await redis_server.kill()
+        else:
+            redis_server.pause()
+        try:
+            (marker_dir / f"release-{outage}").touch()
+            ran = await asyncio.wait_for(running, 10)
+            assert ran.outcome is not None and ran.outcome.failure is None  # its owner has it
+            unknown = await asyncio.wait_for(waiting, 20)  # within deadline + the owner's grace
+            assert unknown.outcome is None and unknown.code is Code.OUTCOME_UNAVAILABLE, unknown
+            assert unknown.tool_request_id == ran.tool_request_id and unknown.attachment_id is not None
+            assert ERROR_TABLE[Code.OUTCOME_UNAVAILABLE].retryable
+        finally:
+            if outage == "killed":
+                await redis_server.start()
+            else:
+                redis_server.resume()
+        retry = await asyncio.wait_for(joiner.invoke(SESSION, "count_short", arguments, turn_id="t"), 15)
+        assert retry.joined or retry.replayed, retry
+        assert retry.tool_request_id == ran.tool_request_id and retry.outcome == ran.outcome
+    assert runs(marker_dir, outage) == [ran.tool_request_id]

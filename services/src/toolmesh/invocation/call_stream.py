@@ -26,7 +26,7 @@ from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, UNREAD_RESULTS_MAX_BYTES, UNREAD_RESULTS_PAUSE_BYTES
 from toolmesh.core.outbox import Outbox
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.messages import call_from_pb, response_to_pb
+from toolmesh.invocation.messages import call_from_pb, deliveries_from_pb, response_to_pb
 from toolmesh.v1 import invocation_pb2
 
 log = logging.getLogger("toolmesh.invocation")
@@ -132,7 +132,7 @@ class CallStream:
                     result = await self._invoker.invoke(
                         call_from_pb(request),
                         request.idempotency_key,
-                        request.confirmed_tool_request_ids,
+                        deliveries_from_pb(request.confirmed_tool_request_ids, request.confirmed_attachments),
                         leaves_early=False,
                         sessions=self._sessions,
                         caller=self._caller,

@@ -30,12 +30,13 @@ from toolmesh.invocation.ports import (
 )
 from toolmesh.invocation.quotas import Lease, Quotas
 from toolmesh.invocation.validation import Validation, validate_now
+from toolmesh.store.ledger import Delivered
 
 log = logging.getLogger("toolmesh.invocation")
 
 MAX_CONFIRMATIONS = 1000
-# Told the id of the invocation a call waits on (see Invoker.invoke).
-Announce = Callable[[str], Awaitable[None]]
+# Told the id of the invocation a call waits on and of the call's attachment (see Invoker.invoke).
+Announce = Callable[[str, str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,18 +53,22 @@ class InvokeResult:
     # This call joined an identical running invocation, or replayed a finished one.
     joined: bool = False
     replayed: bool = False
+    # This call's attachment to the invocation, for its delivery confirmation ("" with no invocation).
+    attachment_id: str = ""
 
 
 def new_tool_request_id() -> str:
     return f"tr_{uuid.uuid4().hex}"
 
 
-def check_confirmations(tool_request_ids: Sequence[str]) -> None:
-    """Raise ToolmeshError(INVALID_REQUEST) for too many or malformed ids to confirm."""
-    if len(tool_request_ids) > MAX_CONFIRMATIONS:
+def check_confirmations(deliveries: Sequence[Delivered]) -> None:
+    """Raise ToolmeshError(INVALID_REQUEST) for too many or malformed confirmations."""
+    if len(deliveries) > MAX_CONFIRMATIONS:
         raise ToolmeshError(Code.INVALID_REQUEST, f"At most {MAX_CONFIRMATIONS} confirmations per call.")
-    for tool_request_id in tool_request_ids:
+    for tool_request_id, attachment_id in deliveries:
         require_id(tool_request_id, "tool_request_id")
+        if attachment_id:
+            require_id(attachment_id, "attachment_id")
 
 
 def check_envelope(call: ToolCall) -> None:
@@ -100,6 +105,22 @@ def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
             Code.TOOL_ARGS_INVALID,
             f"Arguments are not plain JSON: {refused.problem}.",
             {"reason": "not_json"},
+        )
+
+
+class _OutcomeUnread(Exception):
+    """The ledger's store failed while a call waited there for an outcome that another process
+    may have produced: the call ends with no outcome (OUTCOME_UNAVAILABLE)."""
+
+    def __init__(self, tool_request_id: str) -> None:
+        super().__init__(tool_request_id)
+        self.tool_request_id = tool_request_id
+
+    def error(self, attachment_id: str) -> ToolmeshError:
+        return ToolmeshError(
+            Code.OUTCOME_UNAVAILABLE,
+            "",
+            {"toolRequestId": self.tool_request_id, "attachmentId": attachment_id},
         )
 
 
@@ -149,7 +170,7 @@ class Invoker:
         self,
         call: ToolCall,
         idempotency_key: str = "",
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
         *,
         leaves_early: bool = True,
         on_invocation: Announce | None = None,
@@ -163,9 +184,10 @@ class Invoker:
         unary RPC whose client gives up) gets the invocation run in a task of
         its own, which goes on without it. One that always waits for the
         outcome (a call on an InvokeTools stream) runs it itself and saves the task.
-        `on_invocation` is awaited with the invocation's id once the call has
-        one and waits for its outcome (it ran anew or joined), so that a
-        caller who gives up still knows what to reconcile.
+        `on_invocation` is awaited with the invocation's id and the call's
+        attachment id once the call has them and waits for its outcome (it ran
+        anew or joined), so that a caller who gives up still knows what to
+        reconcile and which attachment to confirm.
         `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
         `caller`: who calls (a token's subject; None: unauthenticated), for the rate per caller.
         `on_progress` gets the progress reports of the invocation while the call
@@ -206,7 +228,7 @@ class Invoker:
         call: ToolCall,
         idempotency_key: str,
         leaves_early: bool,
-        confirmed: Sequence[str],
+        confirmed: Sequence[Delivered],
         on_invocation: Announce | None,
         *,
         on_progress: ProgressSink | None = None,
@@ -248,7 +270,7 @@ class Invoker:
         arguments: jsontext.JsonValue,
         idempotency_key: str,
         leaves_early: bool,
-        confirmed: Sequence[str],
+        confirmed: Sequence[Delivered],
         on_invocation: Announce | None,
         on_progress: ProgressSink | None,
     ) -> InvokeResult:
@@ -285,7 +307,7 @@ class Invoker:
         claim = await self._claim(claiming(), request, tool, leaves_early, lease)
         record = claim.record
         if on_invocation is not None and record.outcome is None:
-            await on_invocation(record.tool_request_id)
+            await on_invocation(record.tool_request_id, claim.attachment_id)
         if on_progress is None or record.outcome is not None:
             return await self._attach(claim, request, tool, leaves_early, lease)
         listeners = self._listeners.setdefault(record.tool_request_id, [])
@@ -307,19 +329,28 @@ class Invoker:
         """
         record = claim.record
         tool_request_id = request.tool_request_id
+        attachment_id = claim.attachment_id
         with self._observer.invocation(record.tool_request_id):
             if claim.is_new:
-                outcome = await self._start(request, tool, record, leaves_early, lease)
-                return InvokeResult(tool_request_id, outcome)
+                outcome = await self._start(
+                    request, tool, record, leaves_early, attachment_id=attachment_id, lease=lease
+                )
+                return InvokeResult(tool_request_id, outcome, attachment_id=attachment_id)
             try:
                 if record.outcome is not None:
                     with self._observer.attached(record, "replayed"):
                         log.info("replayed an unconfirmed outcome")
-                        return InvokeResult(record.tool_request_id, record.outcome, replayed=True)
+                        return InvokeResult(
+                            record.tool_request_id, record.outcome, replayed=True, attachment_id=attachment_id
+                        )
                 with self._observer.attached(record, "joined"):
                     log.info("joined a running invocation")
-                    outcome = await self._outcome_of(record.tool_request_id, tool.effective_timeout_ms)
-                    return InvokeResult(record.tool_request_id, outcome, joined=True)
+                    outcome = await self._outcome_of(
+                        record.tool_request_id, tool.effective_timeout_ms, attachment_id
+                    )
+                    return InvokeResult(
+                        record.tool_request_id, outcome, joined=True, attachment_id=attachment_id
+                    )
             finally:
                 await lease.give_back()
 
@@ -370,12 +401,17 @@ class Invoker:
         tool: ToolSpec,
         claimed: InvocationRecord,
         leaves_early: bool,
+        *,
+        attachment_id: str,
         lease: Lease,
     ) -> Outcome:
         """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
         tool_request_id = request.tool_request_id
-        if leaves_early:
-            return await asyncio.shield(self._run_detached(request, tool, claimed, lease))
+        try:
+            if leaves_early:
+                return await asyncio.shield(self._run_detached(request, tool, claimed, lease))
+        except _OutcomeUnread as unread:
+            raise unread.error(attachment_id) from None
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._running[tool_request_id] = ran
         try:
@@ -383,6 +419,10 @@ class Invoker:
         except asyncio.CancelledError:
             ran.cancel()
             raise
+        except _OutcomeUnread as unread:
+            ran.set_exception(unread)
+            ran.exception()  # marked as seen: its joiners, if any, get it too
+            raise unread.error(attachment_id) from None
         except Exception as error:
             ran.set_exception(error)
             ran.exception()  # marked as seen: its joiners, if any, get it too
@@ -423,7 +463,7 @@ class Invoker:
             # The bridge replica it went to died: the host hands its outcome to another one.
             self._dispatching.pop(tool_request_id, None)  # a cancellation now is in the ledger alone
             log.warning("bridge lost mid-call: waiting for the outcome in the ledger")
-            return await self._outcome_of(request.tool_request_id, request.timeout_ms, mine=False)
+            return await self._from_ledger(request.tool_request_id, request.timeout_ms)
         except ToolmeshError as error:
             # The bridge could not be reached: record why; an exact retry runs anew (not replayable).
             await self.ledger.finish(
@@ -493,14 +533,28 @@ class Invoker:
         elif ready is not None:
             ready.set()
 
-    async def _outcome_of(self, tool_request_id: str, timeout_ms: int, *, mine: bool = True) -> Outcome:
-        """The outcome of a running invocation: from this process's task when it runs it (`mine`),
-        else from the ledger, within its deadline and a grace."""
-        task = self._running.get(tool_request_id) if mine else None
-        if task is not None:
-            return await asyncio.shield(task)
-        # Running in another process: wait for the ledger to say it ended.
-        record = await self.ledger.outcome_from_owner(tool_request_id, timeout_ms)
+    async def _outcome_of(self, tool_request_id: str, timeout_ms: int, attachment_id: str) -> Outcome:
+        """The outcome of a running invocation: from this process's task when it runs it, else
+        from the ledger, within its deadline and a grace."""
+        task = self._running.get(tool_request_id)
+        try:
+            if task is not None:
+                return await asyncio.shield(task)
+            # Running in another process: wait for the ledger to say it ended.
+            return await self._from_ledger(tool_request_id, timeout_ms)
+        except _OutcomeUnread as unread:
+            raise unread.error(attachment_id) from None
+
+    async def _from_ledger(self, tool_request_id: str, timeout_ms: int) -> Outcome:
+        """The outcome another process records in the ledger. Raises _OutcomeUnread when the
+        ledger's store fails meanwhile: the tool may have run, so STORE_UNAVAILABLE (which says
+        that nothing ran) would be false."""
+        try:
+            record = await self.ledger.outcome_from_owner(tool_request_id, timeout_ms)
+        except ToolmeshError as error:
+            if error.code is not Code.STORE_UNAVAILABLE:
+                raise
+            raise _OutcomeUnread(tool_request_id) from None
         if record is None or record.outcome is None:
             raise ToolmeshError(
                 Code.INVOCATION_NOT_FOUND, "It vanished while joined.", {"toolRequestId": tool_request_id}
@@ -508,20 +562,20 @@ class Invoker:
         return record.outcome
 
     async def confirm_delivery(
-        self, tool_request_ids: Sequence[str], sessions: Container[str] | None = None
+        self, deliveries: Sequence[Delivered], sessions: Container[str] | None = None
     ) -> None:
-        """Mark outcomes as delivered; unknown, expired or running invocations are left as they are,
-        and so are those of sessions other than `sessions` (None: all).
+        """Confirm deliveries of outcomes; unknown, expired or running invocations are left as they
+        are, and so are those of sessions other than `sessions` (None: all).
 
         Raises ToolmeshError(STORE_UNAVAILABLE) when the ledger's store cannot be reached.
         """
-        check_confirmations(tool_request_ids)
-        await self._confirm(await self.ledger.permitted(tool_request_ids, sessions))
+        check_confirmations(deliveries)
+        await self._confirm(await self.ledger.permitted(deliveries, sessions))
 
-    async def _confirm(self, tool_request_ids: Sequence[str]) -> None:
-        if tool_request_ids:
+    async def _confirm(self, deliveries: Sequence[Delivered]) -> None:
+        if deliveries:
             # Those still running have nothing to confirm yet: the ledger leaves them as they are.
-            await self.ledger.confirm_all(tool_request_ids)
+            await self.ledger.confirm_all(deliveries)
 
     async def get_invocation(
         self, tool_request_id: str, sessions: Container[str] | None = None

@@ -28,7 +28,7 @@ from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
-from toolmesh.store.ledger import KeyReused, LedgerStore, StoredInvocation
+from toolmesh.store.ledger import FIRST_ATTACHMENT, Delivered, KeyReused, LedgerStore, StoredInvocation
 
 log = logging.getLogger("toolmesh.invocation")
 
@@ -118,6 +118,9 @@ class InvocationRecord:
     idempotency_key: str = ""
     # W3C trace context of the first call, so joined and replayed calls can link to it.
     trace_context: dict[str, str] = field(default_factory=dict)
+    # The claimant's replay windows (LedgerPolicy's replay_window_s, timeout_replay_window_s):
+    # whichever process finishes the invocation (a bridge replica may) applies them.
+    replay_windows: tuple[float, float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -147,6 +150,7 @@ class InvocationRecord:
             finished_at,
             self.idempotency_key,
             self.trace_context,
+            self.replay_windows,
         )
 
 
@@ -199,6 +203,7 @@ def _encode(record: InvocationRecord) -> bytes:
             "finished": record.finished_at,
             "idem": record.idempotency_key,
             "trace": record.trace_context,
+            "windows": record.replay_windows,
         },
     ).encode()
 
@@ -217,6 +222,7 @@ def _decode(raw: bytes) -> InvocationRecord:
         finished_at=data["finished"],
         idempotency_key=data["idem"],
         trace_context=data["trace"],
+        replay_windows=None if data.get("windows") is None else tuple(data["windows"]),
     )
 
 
@@ -226,6 +232,8 @@ class Claim:
 
     record: InvocationRecord
     is_new: bool
+    # This call's attachment to the invocation, for its delivery confirmation.
+    attachment_id: str = FIRST_ATTACHMENT
 
 
 class Ledger:
@@ -273,7 +281,7 @@ class Ledger:
         trace_context: dict[str, str] | None = None,
         *,
         arguments: jsontext.JsonValue = _UNPARSED,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> Claim:
         """Register `call` as invocation `new_id`, unless an identical one should be joined or replayed.
 
@@ -292,6 +300,7 @@ class Ledger:
             created_at=self._clock(),
             idempotency_key=idempotency_key,
             trace_context=trace_context or {},
+            replay_windows=(self.policy.replay_window_s, self.policy.timeout_replay_window_s),
         )
         running_ttl = timeout_ms / 1000 + self.policy.running_grace_s
         if idempotency_key:
@@ -321,7 +330,7 @@ class Ledger:
             )
         if existing is None:
             return Claim(record, True)
-        return Claim(self._decode(existing), False)
+        return Claim(self._decode(existing), False, existing.attachment_id)
 
     def _ttl(self, record: InvocationRecord) -> float:
         if record.idempotency_key:
@@ -329,9 +338,12 @@ class Ledger:
         return self.policy.record_retention_s
 
     def _replay_window(self, record: InvocationRecord) -> float:
-        if record.state is InvocationState.TIMED_OUT:
-            return self.policy.timeout_replay_window_s
-        return self.policy.replay_window_s
+        """The claimant's window (records from before it was kept in them: this ledger's)."""
+        replay, timeout_replay = record.replay_windows or (
+            self.policy.replay_window_s,
+            self.policy.timeout_replay_window_s,
+        )
+        return timeout_replay if record.state is InvocationState.TIMED_OUT else replay
 
     async def finish(
         self,
@@ -353,14 +365,7 @@ class Ledger:
         record = claimed or await self.get(tool_request_id)
         if record is None:
             return True
-        finished = record.ended_with(outcome, self._clock())
-        write = (
-            self._encode(finished),
-            "" if finished.idempotency_key else finished.identity,
-            self._ttl(finished),
-            # A keyed invocation has no pointer: None still tells the store its key must not replay it.
-            self._replay_window(finished) if replayable(outcome) else None,
-        )
+        write = self._finished(record, outcome)
         try:
             written = await self._store.finish(tool_request_id, *write)
         except ToolmeshError as error:
@@ -372,6 +377,17 @@ class Ledger:
                 self._recorder = asyncio.create_task(self._record_later())
             return True
         return written != "cancelled"
+
+    def _finished(self, record: InvocationRecord, outcome: Outcome) -> tuple[bytes, str, float, float | None]:
+        """The arguments of the store's finish for `record` ending with `outcome`."""
+        finished = record.ended_with(outcome, self._clock())
+        return (
+            self._encode(finished),
+            "" if finished.idempotency_key else finished.identity,
+            self._ttl(finished),
+            # A keyed invocation has no pointer: None still tells the store its key must not replay it.
+            self._replay_window(finished) if replayable(outcome) else None,
+        )
 
     async def _record_later(self) -> None:
         pause = RETRY_FIRST_S
@@ -410,30 +426,33 @@ class Ledger:
         """How many finished invocations wait for the store to take their outcome."""
         return len(self._unrecorded)
 
-    async def confirm(self, tool_request_id: str, sessions: Container[str] | None = None) -> None:
-        """Mark the outcome delivered; nothing when unknown, expired, or of another session than
-        `sessions` (None: all).
+    async def confirm(
+        self, tool_request_id: str, sessions: Container[str] | None = None, attachment_id: str = ""
+    ) -> None:
+        """Confirm the delivery of the outcome to attachment `attachment_id` ("": to every one);
+        nothing when unknown, expired, or of another session than `sessions` (None: all).
 
         Raises ToolmeshError(INVOCATION_RUNNING) when it has no outcome yet.
         """
-        if await self.confirm_all(await self.permitted([tool_request_id], sessions)):
+        delivered = [Delivered(tool_request_id, attachment_id)]
+        if await self.confirm_all(await self.permitted(delivered, sessions)):
             raise ToolmeshError(Code.INVOCATION_RUNNING, "", {"toolRequestId": tool_request_id})
 
-    async def confirm_all(self, tool_request_ids: Sequence[str]) -> list[str]:
-        """Mark these outcomes delivered, in one step; return the ids still running (left as they are)."""
-        return await self._store.confirm(tool_request_ids)
+    async def confirm_all(self, deliveries: Sequence[Delivered]) -> list[str]:
+        """Confirm these deliveries, in one step; return the ids still running (left as they are)."""
+        return await self._store.confirm(deliveries)
 
     async def permitted(
-        self, tool_request_ids: Sequence[str], sessions: Container[str] | None
-    ) -> Sequence[str]:
-        """Those of `tool_request_ids` whose invocation is of one of `sessions` (None: all, unread)."""
-        if sessions is None or not tool_request_ids:
-            return tool_request_ids
+        self, deliveries: Sequence[Delivered], sessions: Container[str] | None
+    ) -> Sequence[Delivered]:
+        """Those of `deliveries` whose invocation is of one of `sessions` (None: all, unread)."""
+        if sessions is None or not deliveries:
+            return deliveries
         # Read together: on Redis, one round trip for all of them.
-        records = await asyncio.gather(*(self.get(tool_request_id) for tool_request_id in tool_request_ids))
+        records = await asyncio.gather(*(self.get(delivered.tool_request_id) for delivered in deliveries))
         return [
-            tool_request_id
-            for tool_request_id, record in zip(tool_request_ids, records, strict=True)
+            delivered
+            for delivered, record in zip(deliveries, records, strict=True)
             if record is not None and record.session_id in sessions
         ]
 
@@ -458,13 +477,25 @@ class Ledger:
 
     async def outcome_from_owner(self, tool_request_id: str, timeout_ms: int) -> InvocationRecord | None:
         """The record once another process (an invocation or bridge replica) finished it; None if it
-        vanished. Past its deadline plus `owner_grace_s` its owner is lost: it is finished here with
-        TOOL_TIMEOUT (unless someone finished it first, whose outcome wins)."""
+        vanished. Past its deadline plus `owner_grace_s` (and `owner_grace_s` after this call
+        began to wait) its owner is lost: it is finished here with TOOL_TIMEOUT (unless someone
+        finished it first, whose outcome wins).
+
+        Raises ToolmeshError(STORE_UNAVAILABLE) when the store cannot be read; then
+        nothing is presumed lost (the owner may hold an outcome the store could not take).
+        """
         record = await self.get(tool_request_id)
         if record is None or record.finished:
             return record
-        give_up_at = record.created_at + timeout_ms / 1000 + self.policy.owner_grace_s
-        record = await self.wait_finished(tool_request_id, max(give_up_at - self._clock(), 0.0))
+        # The grace counts from the deadline, or from now for a call that joins later: the owner
+        # may hold an outcome it could not write yet (the store was out) and be about to.
+        deadline = record.created_at + timeout_ms / 1000
+        give_up_at = max(deadline, self._clock()) + self.policy.owner_grace_s
+        waited = await self.wait_finished(tool_request_id, give_up_at - self._clock())
+        if waited is not None and waited.finished:
+            return waited
+        # Read once more (the wait may have seen nothing): an outage must not pass for a lost owner.
+        record = await self.get(tool_request_id)
         if record is None or record.finished:
             return record
         log.warning("owner lost: the call ends as timed out", extra={"tool_request_id": tool_request_id})
@@ -473,7 +504,8 @@ class Ledger:
             f"No outcome within {timeout_ms} ms: the process that ran it was lost.",
             {"timeoutMs": timeout_ms, "ownerLost": True},
         )
-        await self.finish(tool_request_id, lost, claimed=record)
+        # Written now or not at all (never kept for later, unlike an outcome a host produced).
+        await self._store.finish(tool_request_id, *self._finished(record, lost))
         return await self.get(tool_request_id)
 
     async def aclose(self) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from toolmesh.core.calls import ToolCall
+from toolmesh.core.names import require_id
 from toolmesh.core.wire import outcome_to_pb
 from toolmesh.invocation.invoker import InvokeResult
 from toolmesh.invocation.ledger import InvocationRecord, InvocationState
+from toolmesh.store.ledger import Delivered
 from toolmesh.v1 import invocation_pb2
 
 _STATES = {
@@ -28,12 +32,28 @@ def call_from_pb(request: invocation_pb2.InvokeToolRequest) -> ToolCall:
     )
 
 
+def deliveries_from_pb(
+    tool_request_ids: Iterable[str], attachments: Iterable[invocation_pb2.DeliveredAttachment]
+) -> list[Delivered]:
+    """The confirmations of a request: ids alone (every attachment), then single attachments.
+
+    Raises ToolmeshError(INVALID_REQUEST) for an attachment without its id (it
+    must not pass for the id-only form, which confirms every attachment).
+    """
+    deliveries = [Delivered(tool_request_id) for tool_request_id in tool_request_ids]
+    for item in attachments:
+        require_id(item.attachment_id, "attachment_id")
+        deliveries.append(Delivered(item.tool_request_id, item.attachment_id))
+    return deliveries
+
+
 def response_to_pb(result: InvokeResult) -> invocation_pb2.InvokeToolResponse:
     return invocation_pb2.InvokeToolResponse(
         tool_request_id=result.tool_request_id,
         outcome=outcome_to_pb(result.outcome),
         joined=result.joined,
         replayed=result.replayed,
+        attachment_id=result.attachment_id,
     )
 
 

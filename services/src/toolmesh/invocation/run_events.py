@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.progress import ToolProgress
 from toolmesh.invocation.invoker import Invoker, InvokeResult
+from toolmesh.store.ledger import Delivered
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +17,8 @@ class Started:
     """The call runs or joined this invocation."""
 
     tool_request_id: str
+    # The call's attachment to it, for its delivery confirmation.
+    attachment_id: str
 
 
 RunEvent = Started | ToolProgress | InvokeResult
@@ -25,7 +28,7 @@ async def run_events(
     invoker: Invoker,
     call: ToolCall,
     idempotency_key: str,
-    confirmed: Sequence[str],
+    confirmed: Sequence[Delivered],
     sessions: Container[str] | None,
 ) -> AsyncGenerator[RunEvent, None]:
     """Started (when the call waits on an invocation), its progress reports, then the InvokeResult.
@@ -37,8 +40,8 @@ async def run_events(
     # The call's end is queued too (None), behind every event it sent: one wait per event.
     events: asyncio.Queue[Started | ToolProgress | None] = asyncio.Queue()
 
-    async def started(tool_request_id: str) -> None:
-        events.put_nowait(Started(tool_request_id))
+    async def started(tool_request_id: str, attachment_id: str) -> None:
+        events.put_nowait(Started(tool_request_id, attachment_id))
 
     calling = asyncio.ensure_future(
         invoker.invoke(

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import caller, scope
 from toolmesh.core.progress import ToolProgress
-from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA, progress_to_pb
+from toolmesh.core.wire import ATTACHMENT_ID_METADATA, TOOL_REQUEST_ID_METADATA, progress_to_pb
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import CancelVerdict
-from toolmesh.invocation.messages import call_from_pb, record_to_pb, response_to_pb
+from toolmesh.invocation.messages import call_from_pb, deliveries_from_pb, record_to_pb, response_to_pb
 from toolmesh.invocation.run_events import Started, run_events
 from toolmesh.server.relay import relay
 from toolmesh.server.rpc_types import ServicerContext
@@ -39,14 +39,15 @@ class EarlyId:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: asyncio.Task[None] | None = None
 
-    async def waiting(self, tool_request_id: str) -> None:
-        """The call now waits on `tool_request_id`: announce it if the wait lasts."""
+    async def waiting(self, tool_request_id: str, attachment_id: str) -> None:
+        """The call now waits on `tool_request_id`: announce it (and the call's attachment) if the
+        wait lasts."""
         left = self._context.time_remaining()
         delay = EARLY_ID_AFTER_S if left is None else min(EARLY_ID_AFTER_S, left / 4)
-        self._timer = asyncio.get_running_loop().call_later(delay, self._send, tool_request_id)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._send, tool_request_id, attachment_id)
 
-    def _send(self, tool_request_id: str) -> None:
-        metadata = ((TOOL_REQUEST_ID_METADATA, tool_request_id),)
+    def _send(self, tool_request_id: str, attachment_id: str) -> None:
+        metadata = ((TOOL_REQUEST_ID_METADATA, tool_request_id), (ATTACHMENT_ID_METADATA, attachment_id))
         self._sending = asyncio.ensure_future(self._context.send_initial_metadata(metadata))
 
     async def settled(self) -> None:
@@ -77,7 +78,7 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
             result = await self._invoker.invoke(
                 call_from_pb(request),
                 request.idempotency_key,
-                request.confirmed_tool_request_ids,
+                deliveries_from_pb(request.confirmed_tool_request_ids, request.confirmed_attachments),
                 on_invocation=announcer.waiting,
                 sessions=scope(Role.CALL),
                 caller=caller(),
@@ -97,7 +98,8 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def ConfirmDelivery(
         self, request: invocation_pb2.ConfirmDeliveryRequest, context: ServicerContext
     ) -> invocation_pb2.ConfirmDeliveryResponse:
-        await self._invoker.confirm_delivery(request.tool_request_ids, scope(Role.CALL))
+        deliveries = deliveries_from_pb(request.tool_request_ids, request.attachments)
+        await self._invoker.confirm_delivery(deliveries, scope(Role.CALL))
         return invocation_pb2.ConfirmDeliveryResponse()
 
     async def GetInvocation(
@@ -114,13 +116,15 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
             self._invoker,
             call_from_pb(call),
             call.idempotency_key,
-            call.confirmed_tool_request_ids,
+            deliveries_from_pb(call.confirmed_tool_request_ids, call.confirmed_attachments),
             scope(Role.CALL),
         )
         async with contextlib.aclosing(events):
             async for event in events:
                 if isinstance(event, Started):
-                    started = invocation_pb2.RunToolStarted(tool_request_id=event.tool_request_id)
+                    started = invocation_pb2.RunToolStarted(
+                        tool_request_id=event.tool_request_id, attachment_id=event.attachment_id
+                    )
                     yield invocation_pb2.RunToolResponse(started=started)
                 elif isinstance(event, ToolProgress):
                     yield invocation_pb2.RunToolResponse(progress=progress_to_pb(event))

@@ -9,13 +9,24 @@ The port stores what the ledger gives it as bytes (the record's own encoding
 is the ledger's business) plus the few facts the atomic steps decide on:
 whether the invocation finished, whether its delivery was confirmed, which
 identity pointer names it, how long it is kept.
+
+Attachments: every call that attaches to an invocation (the one that made it,
+each joiner, each replay) gets an attachment id, unique within the invocation.
+A finished invocation stays replayable to exact retries (its identity pointer
+kept, within the replay window) until every attachment's delivery is
+confirmed: one caller's confirmation does not release it for another that
+attached and has not confirmed (it may have given up and be about to retry).
+An attachment never confirmed does not pin it longer than the replay window.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
+
+# The attachment id of the call that made an invocation; later ones count up from it.
+FIRST_ATTACHMENT = "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +34,18 @@ class StoredInvocation:
     tool_request_id: str
     # The ledger's record as last written (by claim or finish).
     record: bytes
-    # Its delivery was confirmed.
+    # Every attachment's delivery was confirmed (or one confirmation named them all).
     delivered: bool
+    # From a claim that attached to this invocation: the attachment it made ("" otherwise).
+    attachment_id: str = ""
+
+
+class Delivered(NamedTuple):
+    """A delivery confirmation: the caller of this attachment has the invocation's outcome."""
+
+    tool_request_id: str
+    # "" confirms every attachment at once (ConfirmDelivery's id-only form).
+    attachment_id: str = ""
 
 
 class KeyReused(Exception):
@@ -43,10 +64,11 @@ class LedgerStore(Protocol):
         identity: str,
         running_ttl_s: float,
         *,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
-        """Store a running invocation under `identity`, unless the identity names one whose
-        delivery is not confirmed: then store nothing and return that one (to join or replay).
+        """Store a running invocation under `identity` (its first attachment is FIRST_ATTACHMENT),
+        unless the identity names one whose delivery is not confirmed: then store nothing, attach
+        to that one and return it, with the new attachment's id (to join or replay).
 
         `confirmed` are confirmed first, as by `confirm`, in the same atomic step:
         a caller's confirmations carried on its next call apply before that call.
@@ -66,10 +88,11 @@ class LedgerStore(Protocol):
         *,
         running_ttl_s: float,
         key_ttl_s: float,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
         """Store a running invocation under the idempotency `key` (already scoped to its session),
-        unless the key names a stored invocation: then return it, confirmed or not, unless it
+        unless the key names a stored invocation: then attach to it and return it (with the
+        attachment's id), confirmed or not, unless it
         finished with an outcome not to replay (`finish` with `replay_s` None): then the key
         starts over with this invocation. `confirmed` as for `claim`.
 
@@ -105,11 +128,13 @@ class LedgerStore(Protocol):
         """
         ...
 
-    async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
-        """Mark finished invocations delivered, keep each `keep_s` from now and drop its pointer.
+    async def confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
+        """Confirm these attachments' deliveries of finished invocations. An invocation whose
+        every attachment is confirmed (or named with attachment "") is delivered: kept `keep_s`
+        from now, its pointer dropped.
 
-        Unknown, expired and already confirmed ids are passed over; the ids of
-        those still running are returned, unchanged.
+        Unknown, expired and already confirmed ones are passed over; the ids of
+        invocations still running are returned, unchanged.
         """
         ...
 

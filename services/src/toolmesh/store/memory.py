@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from toolmesh.store.base import VersionConflict, Versioned, until_set
-from toolmesh.store.ledger import KeyReused, StoredInvocation
+from toolmesh.store.ledger import FIRST_ATTACHMENT, Delivered, KeyReused, StoredInvocation
 
 # Sweep expired keys after this many writes, so memory stays bounded even
 # for keys that are never read again.
@@ -24,6 +24,8 @@ _SWEEP_EVERY = 256
 V = TypeVar("V")
 T = TypeVar("T")
 _NOTHING: Any = object()
+# Shared: an empty frozenset is a new object each time (about 200 bytes).
+_NONE: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -221,10 +223,22 @@ class _Invocation:
     identity: str
     # Finished with an outcome retries may be given again (see LedgerStore.finish).
     replayable: bool = True
+    # How many attachments it has had; the last one's id is this number.
+    attachments: int = 1
+    # The attachments whose delivery is not confirmed.
+    unconfirmed: frozenset[str] = frozenset((FIRST_ATTACHMENT,))
     # A call joined it while it ran: a cancellation leaves it alone.
     joined: bool = False
     # A cancellation finished it (a later finish says so).
     cancelled: bool = False
+
+    def attached(self) -> _Invocation:
+        """With one more attachment (unconfirmed, unless all were confirmed already); joined, when
+        it still runs."""
+        count = self.attachments + 1
+        unconfirmed = self.unconfirmed if self.delivered else self.unconfirmed | {str(count)}
+        joined = self.joined or not self.finished
+        return replace(self, attachments=count, unconfirmed=unconfirmed, joined=joined)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +274,16 @@ class MemoryLedgerStore:
     def _store_running(self, tool_request_id: str, record: bytes, identity: str, ttl_s: float) -> None:
         self._invocations.write(tool_request_id, _Invocation(record, False, False, ttl_s, identity), ttl_s)
 
+    def _attach(
+        self, tool_request_id: str, entry_ttl: float | None, invocation: _Invocation
+    ) -> StoredInvocation:
+        attached = invocation.attached()
+        # An attachment changes nothing a watcher waits for: no change event, same expiry.
+        self._invocations.write(tool_request_id, attached, entry_ttl, notify=False)
+        return StoredInvocation(
+            tool_request_id, attached.record, attached.delivered, str(attached.attachments)
+        )
+
     async def claim(
         self,
         tool_request_id: str,
@@ -267,15 +291,14 @@ class MemoryLedgerStore:
         identity: str,
         running_ttl_s: float,
         *,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
         self._confirm(confirmed)
         pointer = self._identities.live(identity)
         if pointer is not None and pointer.value != tool_request_id:
             other = self._invocations.live(pointer.value)
             if other is not None and not other.value.delivered:
-                self._joined(pointer.value)
-                return StoredInvocation(pointer.value, other.value.record, False)
+                return self._attach(pointer.value, self._invocations.expires_in(pointer.value), other.value)
         self._store_running(tool_request_id, record, identity, running_ttl_s)
         self._identities.write(identity, tool_request_id, running_ttl_s)
         return None
@@ -289,7 +312,7 @@ class MemoryLedgerStore:
         *,
         running_ttl_s: float,
         key_ttl_s: float,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
         self._confirm(confirmed)
         claimed = self._keys.live(key)
@@ -299,18 +322,10 @@ class MemoryLedgerStore:
             named = claimed.value.tool_request_id
             entry = self._invocations.live(named)
             if entry is not None and entry.value.replayable:
-                self._joined(named)
-                return StoredInvocation(named, entry.value.record, entry.value.delivered)
+                return self._attach(named, self._invocations.expires_in(named), entry.value)
         self._keys.write(key, _KeyClaim(tool_request_id, identity), key_ttl_s)
         self._store_running(tool_request_id, record, "", running_ttl_s)
         return None
-
-    def _joined(self, tool_request_id: str) -> None:
-        """Mark a running invocation joined (a finished one is replayed, not joined)."""
-        entry = self._invocations.live(tool_request_id)
-        if entry is not None and not entry.value.finished and not entry.value.joined:
-            ttl_s = self._invocations.expires_in(tool_request_id)
-            self._invocations.write(tool_request_id, replace(entry.value, joined=True), ttl_s, notify=False)
 
     async def cancel(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
@@ -322,7 +337,9 @@ class MemoryLedgerStore:
             return "ended"
         if running.value.joined:
             return "joined"
-        self._finish(tool_request_id, record, identity, keep_s, replay_s, cancelled=True)
+        self._finish(
+            tool_request_id, running.value, record, identity, keep_s=keep_s, replay_s=replay_s, cancelled=True
+        )
         return "cancelled"
 
     async def finish(
@@ -333,21 +350,31 @@ class MemoryLedgerStore:
             return "ended"
         if running.value.finished:
             return "cancelled" if running.value.cancelled else "ended"
-        self._finish(tool_request_id, record, identity, keep_s, replay_s)
+        self._finish(tool_request_id, running.value, record, identity, keep_s=keep_s, replay_s=replay_s)
         return "wrote"
 
     def _finish(
         self,
         tool_request_id: str,
+        running: _Invocation,
         record: bytes,
         identity: str,
+        *,
         keep_s: float,
         replay_s: float | None,
-        *,
         cancelled: bool = False,
     ) -> None:
+        # Its attachments stay as the claims made them.
         finished = _Invocation(
-            record, True, False, keep_s, identity, replay_s is not None, cancelled=cancelled
+            record,
+            True,
+            False,
+            keep_s,
+            identity,
+            replay_s is not None,
+            running.attachments,
+            running.unconfirmed,
+            cancelled=cancelled,
         )
         self._invocations.write(tool_request_id, finished, keep_s)
         if not identity:
@@ -362,12 +389,12 @@ class MemoryLedgerStore:
         if pointer is not None and pointer.value == tool_request_id:
             self._identities.remove(identity)
 
-    async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
-        return self._confirm(tool_request_ids)
+    async def confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
+        return self._confirm(deliveries)
 
-    def _confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
+    def _confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
         running = []
-        for tool_request_id in tool_request_ids:
+        for tool_request_id, attachment_id in deliveries:
             entry = self._invocations.live(tool_request_id)
             if entry is None or entry.value.delivered:
                 continue
@@ -375,8 +402,15 @@ class MemoryLedgerStore:
             if not invocation.finished:
                 running.append(tool_request_id)
                 continue
-            delivered = replace(invocation, delivered=True)
+            unconfirmed = invocation.unconfirmed - {attachment_id} if attachment_id else _NONE
             # Nobody waits for a delivery: no change event.
+            if unconfirmed:
+                confirmed = replace(invocation, unconfirmed=unconfirmed)
+                self._invocations.write(
+                    tool_request_id, confirmed, self._invocations.expires_in(tool_request_id), notify=False
+                )
+                continue
+            delivered = replace(invocation, delivered=True, unconfirmed=_NONE)
             self._invocations.write(tool_request_id, delivered, invocation.keep_s, notify=False)
             if invocation.identity:
                 self._drop_pointer(invocation.identity, tool_request_id)

@@ -6,8 +6,10 @@ Keys, under the connection's prefix:
   keep it once finished), `same` (the identity whose pointer names it, "" for
   none), `once` (set when it finished with an outcome not to replay: its
   idempotency key starts over), `join` (set when a call joined it while it ran: a
-  cancellation leaves it alone), `cxl` (set when a cancellation finished it). Finishing it
-  publishes on its name, for watchers.
+  cancellation leaves it alone), `cxl` (set when a cancellation finished it), `n`
+  (how many attachments it has had: the last one's id), `open` (how many are
+  unconfirmed), `a<id>` (set per unconfirmed attachment). Finishing it publishes
+  on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
 - `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
@@ -21,21 +23,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 
-from toolmesh.store.ledger import KeyReused, StoredInvocation
+from toolmesh.store.ledger import Delivered, KeyReused, StoredInvocation
 from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
 from toolmesh.store.redis_watch import watch
 
-# Confirms the invocations named by KEYS[first_key …] (ids in ARGV[first_arg …]): marks
-# the finished ones delivered, keeps them `keep` ms from now, drops their pointer if it
-# still names them. Returns the ids of those still running.
+# Confirms deliveries to the invocations named by KEYS[first_key …] (ids in ARGV[first_arg …],
+# each followed by its attachment id, "" for all): confirms the attachment of a finished
+# one; once none is left unconfirmed, marks it delivered, keeps it `keep` ms from now and
+# drops its pointer if it still names it. Returns the ids of those still running.
+# attach(key, delivered, ended) gives the invocation at `key` one more attachment (marking it
+# joined while it runs) and returns its id.
 _CONFIRMING = """
 local function confirm(first_key, first_arg, count, pointers)
   local running = {}
   for i = 0, count - 1 do
-    local key, id = KEYS[first_key + i], ARGV[first_arg + i]
+    local key, id = KEYS[first_key + i], ARGV[first_arg + 2 * i]
+    local attachment = ARGV[first_arg + 2 * i + 1]
     local found = redis.call('HMGET', key, 'end', 'dlv', 'keep', 'same')
     if found[1] then
-      if not found[2] then
+      if not found[2] and (attachment == '' or (redis.call('HDEL', key, 'a' .. attachment) == 1
+          and redis.call('HINCRBY', key, 'open', -1) <= 0)) then
         redis.call('HSET', key, 'dlv', '1')
         redis.call('PEXPIRE', key, found[3])
         if found[4] and found[4] ~= '' then
@@ -49,23 +56,32 @@ local function confirm(first_key, first_arg, count, pointers)
   end
   return running
 end
+
+local function attach(key, delivered, ended)
+  local attachment = redis.call('HINCRBY', key, 'n', 1)
+  if not delivered then
+    if ended then redis.call('HSET', key, 'a' .. attachment, '1')
+    else redis.call('HSET', key, 'a' .. attachment, '1', 'join', '1') end
+    redis.call('HINCRBY', key, 'open', 1)
+  end
+  return tostring(attachment)
+end
 """
 
 # KEYS: the identity pointer, the new record, the records to confirm first. ARGV: id,
-# record, ttl ms, identity, record key prefix, pointer key prefix, the ids to confirm.
+# record, ttl ms, identity, record key prefix, pointer key prefix, the (id, attachment)
+# pairs to confirm. Returns {id, record, attachment} of the invocation attached to.
 _CLAIM = Script(
     _CONFIRMING
     + """
 confirm(3, 7, #KEYS - 2, ARGV[6])
 local other = redis.call('GET', KEYS[1])
 if other and other ~= ARGV[1] then
-  local found = redis.call('HMGET', ARGV[5] .. other, 'rec', 'dlv', 'end')
-  if found[1] and not found[2] then
-    if not found[3] then redis.call('HSET', ARGV[5] .. other, 'join', '1') end
-    return {other, found[1]}
-  end
+  local key = ARGV[5] .. other
+  local found = redis.call('HMGET', key, 'rec', 'dlv', 'end')
+  if found[1] and not found[2] then return {other, found[1], attach(key, false, found[3])} end
 end
-redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4])
+redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4], 'n', 1, 'open', 1, 'a1', '1')
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 return false
@@ -73,9 +89,10 @@ return false
 )
 
 # KEYS: the idempotency key, the new record, the records to confirm first. ARGV: id,
-# record, ttl ms, identity, record key prefix, key ttl ms, pointer key prefix, the ids
-# to confirm. Returns {0, id} for a key reused with other arguments, {1, id, record,
-# delivered} for the invocation the key names (unless its outcome is not to be replayed).
+# record, ttl ms, identity, record key prefix, key ttl ms, pointer key prefix, the
+# (id, attachment) pairs to confirm. Returns {0, id} for a key reused with other
+# arguments, {1, id, record, delivered, attachment} for the invocation the key names
+# (unless its outcome is not to be replayed).
 _CLAIM_KEYED = Script(
     _CONFIRMING
     + """
@@ -83,15 +100,15 @@ confirm(3, 8, #KEYS - 2, ARGV[7])
 local claimed = redis.call('HMGET', KEYS[1], 'id', 'identity')
 if claimed[1] and claimed[1] ~= ARGV[1] then
   if claimed[2] ~= ARGV[4] then return {0, claimed[1]} end
-  local found = redis.call('HMGET', ARGV[5] .. claimed[1], 'rec', 'dlv', 'once', 'end')
+  local key = ARGV[5] .. claimed[1]
+  local found = redis.call('HMGET', key, 'rec', 'dlv', 'once', 'end')
   if found[1] and not found[3] then
-    if not found[4] then redis.call('HSET', ARGV[5] .. claimed[1], 'join', '1') end
-    return {1, claimed[1], found[1], found[2] and 1 or 0}
+    return {1, claimed[1], found[1], found[2] and 1 or 0, attach(key, found[2], found[4])}
   end
 end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'identity', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', '')
+redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', '', 'n', 1, 'open', 1, 'a1', '1')
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return false
 """
@@ -138,7 +155,8 @@ return 'cancelled'
 """
 )
 
-# KEYS: the records. ARGV: the pointer key prefix, then the ids. Returns the ids still running.
+# KEYS: the records. ARGV: the pointer key prefix, then (id, attachment) pairs. Returns the
+# ids still running.
 _CONFIRM = Script(
     _CONFIRMING
     + """
@@ -170,7 +188,7 @@ class RedisLedgerStore:
         identity: str,
         running_ttl_s: float,
         *,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
         keys = [self._identities + identity, self._records + tool_request_id, *self._named(confirmed)]
         args: list[bytes | str] = [
@@ -180,10 +198,12 @@ class RedisLedgerStore:
             identity,
             self._records,
             self._identities,
-            *confirmed,
+            *_pairs(confirmed),
         ]
         found = await self._run(_CLAIM, keys, args)
-        return None if found is None else StoredInvocation(found[0].decode(), found[1], False)
+        return (
+            None if found is None else StoredInvocation(found[0].decode(), found[1], False, found[2].decode())
+        )
 
     async def claim_keyed(
         self,
@@ -194,7 +214,7 @@ class RedisLedgerStore:
         *,
         running_ttl_s: float,
         key_ttl_s: float,
-        confirmed: Sequence[str] = (),
+        confirmed: Sequence[Delivered] = (),
     ) -> StoredInvocation | None:
         keys = [self._keys + key, self._records + tool_request_id, *self._named(confirmed)]
         args: list[bytes | str] = [
@@ -205,14 +225,14 @@ class RedisLedgerStore:
             self._records,
             milliseconds(key_ttl_s),
             self._identities,
-            *confirmed,
+            *_pairs(confirmed),
         ]
         found = await self._run(_CLAIM_KEYED, keys, args)
         if found is None:
             return None
         if found[0] == 0:
             raise KeyReused(found[1].decode())
-        return StoredInvocation(found[1].decode(), found[2], found[3] == 1)
+        return StoredInvocation(found[1].decode(), found[2], found[3] == 1, found[4].decode())
 
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
@@ -245,15 +265,15 @@ class RedisLedgerStore:
         answer = await self._run(_CANCEL, keys, args)
         return None if answer is None else bytes(answer).decode()
 
-    async def confirm(self, tool_request_ids: Sequence[str]) -> list[str]:
-        if not tool_request_ids:
+    async def confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
+        if not deliveries:
             return []
-        keys = self._named(tool_request_ids)
-        running = await self._run(_CONFIRM, keys, [self._identities, *tool_request_ids])
+        keys = self._named(deliveries)
+        running = await self._run(_CONFIRM, keys, [self._identities, *_pairs(deliveries)])
         return [tool_request_id.decode() for tool_request_id in running]
 
-    def _named(self, tool_request_ids: Sequence[str]) -> list[str]:
-        return [self._records + tool_request_id for tool_request_id in tool_request_ids]
+    def _named(self, deliveries: Sequence[Delivered]) -> list[str]:
+        return [self._records + delivered.tool_request_id for delivered in deliveries]
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         stored, _ = await self._read_expiring(tool_request_id)
@@ -268,3 +288,8 @@ class RedisLedgerStore:
     def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
         channel = (self._records + tool_request_id).encode()
         return watch(self._connection.subscriptions, channel, lambda: self._read_expiring(tool_request_id))
+
+
+def _pairs(deliveries: Sequence[Delivered]) -> list[str]:
+    """The scripts' arguments for `deliveries`: id, attachment, id, attachment, ..."""
+    return [part for delivered in deliveries for part in delivered]

@@ -12,7 +12,8 @@
 | TOOL_ARGS_INVALID                             | INVALID_ARGUMENTS  | goes on    |
 | TOOL_HANDLER_ERROR, TOOL_RESULT_INVALID,       | EXECUTION_FAILED   | goes on    |
 | TOOL_HOST_DISCONNECTED, BRIDGE_UNAVAILABLE,    |                    |            |
-| TRANSPORT_FAILED, INVALID_REQUEST, INTERNAL,   |                    |            |
+| TRANSPORT_FAILED, OUTCOME_UNAVAILABLE,         |                    |            |
+| INVALID_REQUEST, INTERNAL,                     |                    |            |
 | and any code this version does not know       |                    |            |
 | TOOL_TIMEOUT, CALLER_DEADLINE_EXCEEDED         | TIMEOUT            | ends       |
 | TOOL_CANCELLED (a caller cancelled the call)   | ABORTED            | ends       |
@@ -50,6 +51,7 @@ RUNTIME_TO_TURN: Mapping[Code, TurnCode] = MappingProxyType(
         Code.TOOL_HOST_DISCONNECTED: TurnCode.EXECUTION_FAILED,
         Code.BRIDGE_UNAVAILABLE: TurnCode.EXECUTION_FAILED,
         Code.TRANSPORT_FAILED: TurnCode.EXECUTION_FAILED,
+        Code.OUTCOME_UNAVAILABLE: TurnCode.EXECUTION_FAILED,
         Code.INVALID_REQUEST: TurnCode.EXECUTION_FAILED,
         Code.INTERNAL: TurnCode.EXECUTION_FAILED,
         Code.TOOL_TIMEOUT: TurnCode.TIMEOUT,

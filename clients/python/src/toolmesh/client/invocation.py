@@ -7,7 +7,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -15,7 +15,7 @@ import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.client.call_link import CallLink
-from toolmesh.client.confirmations import PendingConfirmations
+from toolmesh.client.confirmations import Delivery, PendingConfirmations
 from toolmesh.core import correlation, jsontext, telemetry
 from toolmesh.core.bearer import Bearer, TokenSource, renew_in
 from toolmesh.core.channels import open_channel
@@ -23,9 +23,14 @@ from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.core.progress import ToolProgress
-from toolmesh.core.rpcstatus import error_code, grpc_status, token_expired
+from toolmesh.core.rpcstatus import error_code, error_info, grpc_status, token_expired
 from toolmesh.core.stream_link import StreamBroken
-from toolmesh.core.wire import TOOL_REQUEST_ID_METADATA, outcome_from_pb, progress_from_pb
+from toolmesh.core.wire import (
+    ATTACHMENT_ID_METADATA,
+    TOOL_REQUEST_ID_METADATA,
+    outcome_from_pb,
+    progress_from_pb,
+)
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 
 
@@ -42,7 +47,8 @@ class CallResult:
     `tool_request_id` names the invocation, for `get_invocation`: None when the
     call was refused before it became one (TOOL_NOT_FOUND, TOOL_ARGS_INVALID:
     nothing was recorded, nothing ran), or when no answer at all arrived
-    before the caller gave up.
+    before the caller gave up. `attachment_id` names this call's attachment to
+    it, which its delivery confirmation names (None when unknown).
     """
 
     tool_request_id: str | None
@@ -52,6 +58,7 @@ class CallResult:
     # The call joined an identical running invocation, or replayed a finished one.
     joined: bool = False
     replayed: bool = False
+    attachment_id: str | None = None
 
     @property
     def outcome_received(self) -> bool:
@@ -128,12 +135,48 @@ async def _tell(callback: Callable[[Any], object] | None, value: object) -> None
         log.warning("a call's callback raised", extra={"exception": type(exc).__name__})
 
 
-def _announced_id(metadata: grpc.aio.Metadata | None) -> str | None:
-    """The invocation's id, when the service sent it ahead of the outcome."""
+def _announced(metadata: grpc.aio.Metadata | None) -> tuple[str | None, str | None]:
+    """The invocation's id and the call's attachment id, when sent ahead of the outcome."""
+    found: dict[str, str] = {}
     for key, value in metadata or ():
-        if key == TOOL_REQUEST_ID_METADATA and isinstance(value, str):
-            return value
-    return None
+        if key in (TOOL_REQUEST_ID_METADATA, ATTACHMENT_ID_METADATA) and isinstance(value, str):
+            found[key] = value
+    return found.get(TOOL_REQUEST_ID_METADATA), found.get(ATTACHMENT_ID_METADATA)
+
+
+def _named_in(metadata: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The invocation and attachment a no-outcome error names (OUTCOME_UNAVAILABLE does)."""
+    return metadata.get("toolRequestId") or None, metadata.get("attachmentId") or None
+
+
+def _confirmations_fields(deliveries: list[Delivery]) -> dict[str, Any]:
+    """The request fields that carry `deliveries`: ids alone, and single attachments."""
+    return {
+        "confirmed_tool_request_ids": [d.tool_request_id for d in deliveries if not d.attachment_id],
+        "confirmed_attachments": [
+            invocation_pb2.DeliveredAttachment(
+                tool_request_id=d.tool_request_id, attachment_id=d.attachment_id
+            )
+            for d in deliveries
+            if d.attachment_id
+        ],
+    }
+
+
+def _carried_by(request: invocation_pb2.InvokeToolRequest) -> list[Delivery]:
+    carried = [Delivery(tool_request_id) for tool_request_id in request.confirmed_tool_request_ids]
+    carried.extend(Delivery(d.tool_request_id, d.attachment_id) for d in request.confirmed_attachments)
+    return carried
+
+
+def _answered(response: invocation_pb2.InvokeToolResponse) -> CallResult:
+    return CallResult(
+        response.tool_request_id or None,
+        outcome_from_pb(response.outcome),
+        joined=response.joined,
+        replayed=response.replayed,
+        attachment_id=response.attachment_id or None,
+    )
 
 
 def _callers_fault(code: Code | None) -> TypeGuard[Code]:
@@ -223,7 +266,7 @@ class InvocationClient:
             tool_name=tool_name,
             arguments_json=text,
             idempotency_key=idempotency_key,
-            confirmed_tool_request_ids=self._confirmations.take(),
+            **_confirmations_fields(self._confirmations.take()),
         )
         with (
             telemetry.span("toolmesh.call_tool", SpanKind.CLIENT) as span,
@@ -239,10 +282,13 @@ class InvocationClient:
             if result.outcome is None:
                 span.set_attribute(telemetry.OUTCOME_CODE, (result.code or Code.TRANSPORT_FAILED).value)
                 span.set_status(Status(StatusCode.ERROR, "no outcome"))
+                if result.tool_request_id and result.attachment_id:
+                    # Its retry's outcome confirms this attachment too, or it would hold the outcome.
+                    self._confirmations.unanswered(result.tool_request_id, result.attachment_id)
                 return result
             telemetry.record_outcome(result.outcome)
         if confirm_delivery and result.tool_request_id:
-            self._confirmations.add(result.tool_request_id)
+            self._confirmations.add(result.tool_request_id, result.attachment_id or "")
         return result
 
     async def _call(self, request: invocation_pb2.InvokeToolRequest, timeout: float | None) -> CallResult:
@@ -253,21 +299,24 @@ class InvocationClient:
                 )
                 response = await call
         except grpc.aio.AioRpcError as error:
-            self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+            self._confirmations.give_back(_carried_by(request))
             code = error_code(error)
             if _callers_fault(code):
                 raise
             # The service names the invocation before its outcome: a call that gets none still knows it.
-            announced = _announced_id(error.initial_metadata())
+            announced, attachment_id = _announced(error.initial_metadata())
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
-                return CallResult(announced, None, Code.CALLER_DEADLINE_EXCEEDED)
-            return CallResult(announced, None, code or Code.TRANSPORT_FAILED, error.details() or "")
-        return CallResult(
-            response.tool_request_id or None,
-            outcome_from_pb(response.outcome),
-            joined=response.joined,
-            replayed=response.replayed,
-        )
+                return CallResult(announced, None, Code.CALLER_DEADLINE_EXCEEDED, attachment_id=attachment_id)
+            info = error_info(error)
+            named, named_attachment = _named_in(info.metadata if info is not None else {})
+            return CallResult(
+                announced or named,
+                None,
+                code or Code.TRANSPORT_FAILED,
+                error.details() or "",
+                attachment_id=attachment_id or named_attachment,
+            )
+        return _answered(response)
 
     async def _run(
         self,
@@ -278,6 +327,7 @@ class InvocationClient:
     ) -> CallResult:
         """The call as a RunTool stream: its started and progress events go to the callbacks."""
         started: str | None = None
+        attachment_id: str | None = None
         try:
             with telemetry.client_call("toolmesh.v1.InvocationService/RunTool") as metadata:
                 stream = self._stub.RunTool(
@@ -290,30 +340,29 @@ class InvocationClient:
                         kind = event.WhichOneof("event")
                         if kind == "started":
                             started = event.started.tool_request_id
+                            attachment_id = event.started.attachment_id or None
                             await _tell(on_started, started)
                         elif kind == "progress":
                             await _tell(on_progress, progress_from_pb(event.progress))
                         elif kind == "outcome":
-                            response = event.outcome
-                            return CallResult(
-                                response.tool_request_id or None,
-                                outcome_from_pb(response.outcome),
-                                joined=response.joined,
-                                replayed=response.replayed,
-                            )
+                            return _answered(event.outcome)
                 except asyncio.CancelledError:
                     stream.cancel()  # the caller gave up: the invocation goes on, as after a unary call
                     raise
         except grpc.aio.AioRpcError as error:
-            self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+            self._confirmations.give_back(_carried_by(request))
             code = error_code(error)
             if _callers_fault(code):
                 raise
             if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
-                return CallResult(started, None, Code.CALLER_DEADLINE_EXCEEDED)
-            return CallResult(started, None, code or Code.TRANSPORT_FAILED, error.details() or "")
-        self._confirmations.give_back(list(request.confirmed_tool_request_ids))
-        return CallResult(started, None, Code.TRANSPORT_FAILED, "The stream ended without an outcome.")
+                return CallResult(started, None, Code.CALLER_DEADLINE_EXCEEDED, attachment_id=attachment_id)
+            detail = error.details() or ""
+            return CallResult(
+                started, None, code or Code.TRANSPORT_FAILED, detail, attachment_id=attachment_id
+            )
+        self._confirmations.give_back(_carried_by(request))
+        ended = "The stream ended without an outcome."
+        return CallResult(started, None, Code.TRANSPORT_FAILED, ended, attachment_id=attachment_id)
 
     async def _call_on_stream(
         self, request: invocation_pb2.InvokeToolRequest, timeout: float | None, *, renewed: bool = False
@@ -342,14 +391,8 @@ class InvocationClient:
         except TimeoutError as failure:
             return self._stream_failed(request, failure)
         if streamed.HasField("response"):
-            response = streamed.response
-            return CallResult(
-                response.tool_request_id or None,
-                outcome_from_pb(response.outcome),
-                joined=response.joined,
-                replayed=response.replayed,
-            )
-        self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+            return _answered(streamed.response)
+        self._confirmations.give_back(_carried_by(request))
         error = streamed.error
         code = code_for_reason(error.reason)
         if _callers_fault(code):
@@ -357,26 +400,38 @@ class InvocationClient:
             status = grpc_status(code, error.message, error.metadata)
             trailing = grpc.aio.Metadata(*status.trailing_metadata)
             raise grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailing, status.details)
-        return CallResult(None, None, code or Code.TRANSPORT_FAILED, error.message)
+        named, attachment_id = _named_in(error.metadata)
+        return CallResult(
+            named, None, code or Code.TRANSPORT_FAILED, error.message, attachment_id=attachment_id
+        )
 
     def _stream_failed(
         self, request: invocation_pb2.InvokeToolRequest, failure: TimeoutError | StreamBroken
     ) -> CallResult:
-        self._confirmations.give_back(list(request.confirmed_tool_request_ids))
+        self._confirmations.give_back(_carried_by(request))
         if isinstance(failure, TimeoutError):
             return CallResult(None, None, Code.CALLER_DEADLINE_EXCEEDED)
         if failure.error is not None and _callers_fault(error_code(failure.error)):
             raise failure.error from None  # the stream itself was refused: as InvokeTool would be
         return CallResult(None, None, Code.TRANSPORT_FAILED, f"The stream ended ({failure.status}).")
 
-    async def confirm_delivery(self, *tool_request_ids: str) -> bool:
+    async def confirm_delivery(self, *delivered: CallResult | str) -> bool:
         """Confirm the delivery of these outcomes now, with any confirmations still pending.
+
+        Pass the CallResults of calls made with `confirm_delivery=False`: each
+        confirms its own call's attachment (and those of this client's calls to
+        the same invocation that got no outcome), so the outcome stays
+        replayable to other callers attached to it until they confirm too. A
+        tool request id alone confirms every caller's attachment at once.
 
         Returns False when the service could not be told: harmless, the outcomes
         are then replayed to an exact retry until the ledger's replay window ends.
         """
-        for tool_request_id in tool_request_ids:
-            self._confirmations.add(tool_request_id)
+        for item in delivered:
+            if isinstance(item, str):
+                self._confirmations.add(item)
+            elif item.tool_request_id is not None:
+                self._confirmations.add(item.tool_request_id, item.attachment_id or "")
         return await self._send_confirmations(self._confirmations.take())
 
     async def flush_confirmations(self) -> None:
@@ -386,13 +441,17 @@ class InvocationClient:
         """
         await self._confirmations.flush()
 
-    async def _send_confirmations(self, tool_request_ids: list[str]) -> bool:
-        if not tool_request_ids:
+    async def _send_confirmations(self, deliveries: list[Delivery]) -> bool:
+        if not deliveries:
             return True
+        fields = _confirmations_fields(deliveries)
+        request = invocation_pb2.ConfirmDeliveryRequest(
+            tool_request_ids=fields["confirmed_tool_request_ids"], attachments=fields["confirmed_attachments"]
+        )
         try:
             with telemetry.client_call("toolmesh.v1.InvocationService/ConfirmDelivery") as metadata:
                 await self._stub.ConfirmDelivery(
-                    invocation_pb2.ConfirmDeliveryRequest(tool_request_ids=tool_request_ids),
+                    request,
                     timeout=5.0,
                     metadata=await self._bearer.metadata(metadata),
                 )

@@ -65,6 +65,7 @@ class Code(enum.StrEnum):
     REGISTRY_UNAVAILABLE = "REGISTRY_UNAVAILABLE"
     BRIDGE_UNAVAILABLE = "BRIDGE_UNAVAILABLE"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    OUTCOME_UNAVAILABLE = "OUTCOME_UNAVAILABLE"
     OVERLOADED = "OVERLOADED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
@@ -186,6 +187,11 @@ _TABLE: dict[Code, ErrorSpec] = {
     ),
     Code.STORE_UNAVAILABLE: ErrorSpec(
         status=S.UNAVAILABLE, retryable=True, message="The state store could not be reached; no tool ran."
+    ),
+    Code.OUTCOME_UNAVAILABLE: ErrorSpec(
+        status=S.UNAVAILABLE,
+        retryable=True,
+        message="The state store failed mid-call; the tool may have run, and an exact retry is safe.",
     ),
     Code.OVERLOADED: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED, retryable=True, message="The service is overloaded; try again."

@@ -13,6 +13,8 @@ from toolmesh.v1 import bridge_pb2, tool_pb2
 
 # The initial-metadata key of InvokeTool that carries the invocation's id ahead of its outcome.
 TOOL_REQUEST_ID_METADATA = "toolmesh-tool-request-id"
+# Beside it: the call's attachment to that invocation, for its delivery confirmation.
+ATTACHMENT_ID_METADATA = "toolmesh-attachment-id"
 
 _KIND_TO_PB = {
     ErrorKind.DOMAIN: tool_pb2.ERROR_KIND_DOMAIN,

@@ -95,6 +95,7 @@ class InvokeToolRequest(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     CONFIRMED_TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    CONFIRMED_ATTACHMENTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Required. The session whose tool this is; [A-Za-z0-9_.:-]{1,128}."""
     turn_id: _builtins.str
@@ -125,7 +126,14 @@ class InvokeToolRequest(_message.Message):
     @_builtins.property
     def confirmed_tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Delivery confirmations for earlier calls' outcomes (see ConfirmDelivery),
-        applied before this call is looked at. At most 1,000.
+        applied before this call is looked at, each confirming every attachment
+        of its invocation. At most 1,000, with confirmed_attachments.
+        """
+
+    @_builtins.property
+    def confirmed_attachments(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliveredAttachment]:
+        """Delivery confirmations of single attachments (see ConfirmDelivery),
+        applied with confirmed_tool_request_ids. At most 1,000 with them.
         """
 
     def __init__(
@@ -137,10 +145,11 @@ class InvokeToolRequest(_message.Message):
         arguments_json: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         confirmed_tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
+        confirmed_attachments: _abc.Iterable[Global___DeliveredAttachment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "confirmed_tool_request_ids", b"confirmed_tool_request_ids", "idempotency_key", b"idempotency_key", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "confirmed_attachments", b"confirmed_attachments", "confirmed_tool_request_ids", b"confirmed_tool_request_ids", "idempotency_key", b"idempotency_key", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -154,6 +163,7 @@ class InvokeToolResponse(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     JOINED_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
+    ATTACHMENT_ID_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
     """The id of this invocation, unique across sessions ("tr_" and 32 hex
     digits), for GetInvocation. Empty when the call was refused before it
@@ -164,6 +174,10 @@ class InvokeToolResponse(_message.Message):
     """This call joined an identical invocation that was already running."""
     replayed: _builtins.bool
     """This call replayed the outcome of an identical finished invocation."""
+    attachment_id: _builtins.str
+    """This call's attachment to the invocation ([A-Za-z0-9_.:-]{1,128}, opaque),
+    to confirm its delivery with. Empty when tool_request_id is.
+    """
     @_builtins.property
     def outcome(self) -> _tool_pb2.ToolOutcome:
         """The call's outcome: a result, a domain error or a runtime error."""
@@ -175,10 +189,11 @@ class InvokeToolResponse(_message.Message):
         outcome: _tool_pb2.ToolOutcome | None = ...,
         joined: _builtins.bool = ...,
         replayed: _builtins.bool = ...,
+        attachment_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["joined", b"joined", "outcome", b"outcome", "replayed", b"replayed", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_id", b"attachment_id", "joined", b"joined", "outcome", b"outcome", "replayed", b"replayed", "tool_request_id", b"tool_request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -393,22 +408,63 @@ class ConfirmDeliveryRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    ATTACHMENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The invocations whose outcomes the caller has; at most 1,000."""
+        """The invocations whose outcomes the caller has, each confirming every
+        attachment of its invocation (for callers that do not track attachments:
+        it releases the invocation for every caller attached to it).
+        """
+
+    @_builtins.property
+    def attachments(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliveredAttachment]:
+        """The attachments whose callers have the outcome. At most 1,000 together
+        with tool_request_ids.
+        """
 
     def __init__(
         self,
         *,
         tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
+        attachments: _abc.Iterable[Global___DeliveredAttachment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_ids", b"tool_request_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachments", b"attachments", "tool_request_ids", b"tool_request_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConfirmDeliveryRequest: _TypeAlias = ConfirmDeliveryRequest  # noqa: Y015
+
+@_typing.final
+class DeliveredAttachment(_message.Message):
+    """DeliveredAttachment confirms one attachment's delivery: the caller that
+    made it has the invocation's outcome.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ATTACHMENT_ID_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """Required. The invocation."""
+    attachment_id: _builtins.str
+    """Required. The attachment, as its call's response (or initial metadata,
+    or error metadata) gave it.
+    """
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        attachment_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_id", b"attachment_id", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliveredAttachment: _TypeAlias = DeliveredAttachment  # noqa: Y015
 
 @_typing.final
 class ConfirmDeliveryResponse(_message.Message):
@@ -536,16 +592,22 @@ class RunToolStarted(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ATTACHMENT_ID_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
     """The invocation's id, for GetInvocation and CancelInvocation."""
+    attachment_id: _builtins.str
+    """The call's attachment to the invocation, for its delivery confirmation
+    (see Attachments), should the stream end before the outcome.
+    """
     def __init__(
         self,
         *,
         tool_request_id: _builtins.str = ...,
+        attachment_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_id", b"tool_request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_id", b"attachment_id", "tool_request_id", b"tool_request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -619,7 +681,9 @@ class Invocation(_message.Message):
     state: Global___InvocationState.ValueType
     """Where it is in its life."""
     delivered: _builtins.bool
-    """The caller confirmed it has the outcome."""
+    """Every caller attached to it confirmed it has the outcome (or one
+    confirmation named the invocation alone).
+    """
     @_builtins.property
     def outcome(self) -> _tool_pb2.ToolOutcome:
         """Set once the invocation has ended."""

@@ -45,6 +45,19 @@ class InvocationServiceStub:
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
 
+    Attachments. Every call that becomes part of an invocation (the one that
+    started it, each that joined it, each that replayed it) is one attachment,
+    with an attachment_id unique within the invocation, given in the response
+    (or, for a call that ends with no outcome, in the initial metadata that
+    announces the invocation, or the ErrorInfo metadata). A confirmation names
+    (tool_request_id, attachment_id): it releases the invocation only for that
+    caller. The invocation stays replayable to exact retries until every
+    attachment is confirmed, so one caller's confirmation cannot make another's
+    exact retry run the tool again; an attachment never confirmed (its caller
+    gave up for good) holds it no longer than the replay window. A confirmation
+    that names only a tool_request_id (the form before attachments) confirms
+    every attachment at once, releasing it for everyone, as it always did.
+
     Who may call: when the service verifies tokens, every RPC needs a bearer
     token (`authorization: Bearer <token>` metadata) with the role call, and
     acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
@@ -115,6 +128,19 @@ class InvocationServiceServicer:
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
 
+    Attachments. Every call that becomes part of an invocation (the one that
+    started it, each that joined it, each that replayed it) is one attachment,
+    with an attachment_id unique within the invocation, given in the response
+    (or, for a call that ends with no outcome, in the initial metadata that
+    announces the invocation, or the ErrorInfo metadata). A confirmation names
+    (tool_request_id, attachment_id): it releases the invocation only for that
+    caller. The invocation stays replayable to exact retries until every
+    attachment is confirmed, so one caller's confirmation cannot make another's
+    exact retry run the tool again; an attachment never confirmed (its caller
+    gave up for good) holds it no longer than the replay window. A confirmation
+    that names only a tool_request_id (the form before attachments) confirms
+    every attachment at once, releasing it for everyone, as it always did.
+
     Who may call: when the service verifies tokens, every RPC needs a bearer
     token (`authorization: Bearer <token>` metadata) with the role call, and
     acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
@@ -136,19 +162,25 @@ class InvocationServiceServicer:
         initial metadata carries the invocation's id under
         "toolmesh-tool-request-id", ahead of the outcome: a caller whose own
         deadline passes still knows which invocation to look up with
-        GetInvocation. A call that ends sooner has it in its response.
+        GetInvocation. A call that ends sooner has it in its response. The same
+        metadata carries the call's attachment id under "toolmesh-attachment-id",
+        for its confirmation once an exact retry gets the outcome.
 
         Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
         (missing or malformed session id, turn id, tool name or idempotency key)
         or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
         ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
         dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
-        store could not be reached; the tool did not run) or SHUTTING_DOWN;
-        RESOURCE_EXHAUSTED with reason OVERLOADED, or QUOTA_EXCEEDED with
-        RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 10,000 calls of
-        one session waiting for their outcome at once, counted across replicas on
-        a shared store; or calls_per_second_per_caller, 500 per second with bursts
-        of 1,000 per token subject, per replica, when tokens are verified).
+        store could not be reached; the tool did not run), OUTCOME_UNAVAILABLE
+        (the store failed while the call waited for an outcome another process
+        records there; the tool may have run; an exact retry joins or replays it
+        once the store is back; metadata toolRequestId, attachmentId) or
+        SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED, or
+        QUOTA_EXCEEDED with RetryInfo (ErrorInfo "limit": calls_in_flight_per_session,
+        10,000 calls of one session waiting for their outcome at once, counted
+        across replicas on a shared store; or calls_per_second_per_caller, 500 per
+        second with bursts of 1,000 per token subject, per replica, when tokens
+        are verified).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,13 +228,16 @@ class InvocationServiceServicer:
 
     def ConfirmDelivery(self, request, context):
         """ConfirmDelivery tells the runtime the caller has these outcomes, so an
-        identical call after this one is a new invocation. Confirming twice, or
+        identical call after this one is a new invocation once every caller
+        attached to it has confirmed (see Attachments above). Confirming twice, or
         confirming an expired or still running invocation, changes nothing.
         Callers that make further calls can instead carry their confirmations on
-        the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
+        the next InvokeTool (confirmed_attachments, confirmed_tool_request_ids)
+        and save the round trip.
 
-        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-        more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+        Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, an
+        attachment without its attachment_id, or more than 1,000 ids and
+        attachments together); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
         was confirmed: the outcomes stay replayable to an exact retry). Ids of
         other sessions' invocations change nothing.
         """
@@ -335,6 +370,19 @@ class InvocationService:
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Attachments. Every call that becomes part of an invocation (the one that
+    started it, each that joined it, each that replayed it) is one attachment,
+    with an attachment_id unique within the invocation, given in the response
+    (or, for a call that ends with no outcome, in the initial metadata that
+    announces the invocation, or the ErrorInfo metadata). A confirmation names
+    (tool_request_id, attachment_id): it releases the invocation only for that
+    caller. The invocation stays replayable to exact retries until every
+    attachment is confirmed, so one caller's confirmation cannot make another's
+    exact retry run the tool again; an attachment never confirmed (its caller
+    gave up for good) holds it no longer than the replay window. A confirmation
+    that names only a tool_request_id (the form before attachments) confirms
+    every attachment at once, releasing it for everyone, as it always did.
 
     Who may call: when the service verifies tokens, every RPC needs a bearer
     token (`authorization: Bearer <token>` metadata) with the role call, and

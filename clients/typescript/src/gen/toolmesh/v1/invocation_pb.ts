@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/invocation.proto.
  */
 export const file_toolmesh_v1_invocation: GenFile = /*@__PURE__*/
-  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSKgAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkiegoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIIkIKEkludm9rZVRvb2xzUmVxdWVzdBIsCgVjYWxscxgBIAMoCzIdLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwi0QEKEFN0cmVhbWVkVG9vbENhbGwSDwoHY2FsbF9pZBgBIAEoBBIvCgdyZXF1ZXN0GAIgASgLMh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QSRgoNdHJhY2VfY29udGV4dBgDIAMoCzIvLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbENhbGwuVHJhY2VDb250ZXh0RW50cnkaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKEAQoTSW52b2tlVG9vbHNSZXNwb25zZRIwCgdyZXN1bHRzGAEgAygLMh8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sUmVzdWx0EjsKEnJlZnVzZWRfZHVwbGljYXRlcxgCIAMoCzIfLnRvb2xtZXNoLnYxLlN0cmVhbWVkVG9vbFJlc3VsdCKNAQoSU3RyZWFtZWRUb29sUmVzdWx0Eg8KB2NhbGxfaWQYASABKAQSMwoIcmVzcG9uc2UYAiABKAsyHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2VIABInCgVlcnJvchgDIAEoCzIWLnRvb2xtZXNoLnYxLkNhbGxFcnJvckgAQggKBnJlc3VsdCKVAQoJQ2FsbEVycm9yEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEjYKCG1ldGFkYXRhGAMgAygLMiQudG9vbG1lc2gudjEuQ2FsbEVycm9yLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjIKFkNvbmZpcm1EZWxpdmVyeVJlcXVlc3QSGAoQdG9vbF9yZXF1ZXN0X2lkcxgBIAMoCSIZChdDb25maXJtRGVsaXZlcnlSZXNwb25zZSIvChRHZXRJbnZvY2F0aW9uUmVxdWVzdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkiRAoVR2V0SW52b2NhdGlvblJlc3BvbnNlEisKCmludm9jYXRpb24YASABKAsyFy50b29sbWVzaC52MS5JbnZvY2F0aW9uIj4KDlJ1blRvb2xSZXF1ZXN0EiwKBGNhbGwYASABKAsyHi50b29sbWVzaC52MS5JbnZva2VUb29sUmVxdWVzdCKtAQoPUnVuVG9vbFJlc3BvbnNlEi4KB3N0YXJ0ZWQYASABKAsyGy50b29sbWVzaC52MS5SdW5Ub29sU3RhcnRlZEgAEi0KCHByb2dyZXNzGAIgASgLMhkudG9vbG1lc2gudjEuVG9vbFByb2dyZXNzSAASMgoHb3V0Y29tZRgDIAEoCzIfLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXNwb25zZUgAQgcKBWV2ZW50IikKDlJ1blRvb2xTdGFydGVkEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCSIyChdDYW5jZWxJbnZvY2F0aW9uUmVxdWVzdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkiTwoYQ2FuY2VsSW52b2NhdGlvblJlc3BvbnNlEjMKBnJlc3VsdBgBIAEoDjIjLnRvb2xtZXNoLnYxLkNhbmNlbEludm9jYXRpb25SZXN1bHQiqQIKCkludm9jYXRpb24SFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSDwoHdHVybl9pZBgDIAEoCRIRCgl0b29sX25hbWUYBCABKAkSKwoFc3RhdGUYBSABKA4yHC50b29sbWVzaC52MS5JbnZvY2F0aW9uU3RhdGUSKQoHb3V0Y29tZRgGIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lEhEKCWRlbGl2ZXJlZBgHIAEoCBIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAqswEKFkNhbmNlbEludm9jYXRpb25SZXN1bHQSKAokQ0FOQ0VMX0lOVk9DQVRJT05fUkVTVUxUX1VOU1BFQ0lGSUVEEAASJgoiQ0FOQ0VMX0lOVk9DQVRJT05fUkVTVUxUX0NBTkNFTExFRBABEiIKHkNBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9FTkRFRBACEiMKH0NBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9KT0lORUQQAyrOAQoPSW52b2NhdGlvblN0YXRlEiAKHElOVk9DQVRJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIcChhJTlZPQ0FUSU9OX1NUQVRFX1JVTk5JTkcQARIeChpJTlZPQ0FUSU9OX1NUQVRFX0NPTVBMRVRFRBACEh4KGklOVk9DQVRJT05fU1RBVEVfVElNRURfT1VUEAMSGwoXSU5WT0NBVElPTl9TVEFURV9GQUlMRUQQBBIeChpJTlZPQ0FUSU9OX1NUQVRFX0NBTkNFTExFRBAFMpcEChFJbnZvY2F0aW9uU2VydmljZRJNCgpJbnZva2VUb29sEh4udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlcXVlc3QaHy50b29sbWVzaC52MS5JbnZva2VUb29sUmVzcG9uc2USVAoLSW52b2tlVG9vbHMSHy50b29sbWVzaC52MS5JbnZva2VUb29sc1JlcXVlc3QaIC50b29sbWVzaC52MS5JbnZva2VUb29sc1Jlc3BvbnNlKAEwARJcCg9Db25maXJtRGVsaXZlcnkSIy50b29sbWVzaC52MS5Db25maXJtRGVsaXZlcnlSZXF1ZXN0GiQudG9vbG1lc2gudjEuQ29uZmlybURlbGl2ZXJ5UmVzcG9uc2USVgoNR2V0SW52b2NhdGlvbhIhLnRvb2xtZXNoLnYxLkdldEludm9jYXRpb25SZXF1ZXN0GiIudG9vbG1lc2gudjEuR2V0SW52b2NhdGlvblJlc3BvbnNlEkYKB1J1blRvb2wSGy50b29sbWVzaC52MS5SdW5Ub29sUmVxdWVzdBocLnRvb2xtZXNoLnYxLlJ1blRvb2xSZXNwb25zZTABEl8KEENhbmNlbEludm9jYXRpb24SJC50b29sbWVzaC52MS5DYW5jZWxJbnZvY2F0aW9uUmVxdWVzdBolLnRvb2xtZXNoLnYxLkNhbmNlbEludm9jYXRpb25SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
+  fileDesc("Chx0b29sbWVzaC92MS9pbnZvY2F0aW9uLnByb3RvEgt0b29sbWVzaC52MSLhAQoRSW52b2tlVG9vbFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd0dXJuX2lkGAIgASgJEhEKCXRvb2xfbmFtZRgDIAEoCRIWCg5hcmd1bWVudHNfanNvbhgEIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYBSABKAkSIgoaY29uZmlybWVkX3Rvb2xfcmVxdWVzdF9pZHMYBiADKAkSPwoVY29uZmlybWVkX2F0dGFjaG1lbnRzGAcgAygLMiAudG9vbG1lc2gudjEuRGVsaXZlcmVkQXR0YWNobWVudCKRAQoSSW52b2tlVG9vbFJlc3BvbnNlEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUSDgoGam9pbmVkGAMgASgIEhAKCHJlcGxheWVkGAQgASgIEhUKDWF0dGFjaG1lbnRfaWQYBSABKAkiQgoSSW52b2tlVG9vbHNSZXF1ZXN0EiwKBWNhbGxzGAEgAygLMh0udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sQ2FsbCLRAQoQU3RyZWFtZWRUb29sQ2FsbBIPCgdjYWxsX2lkGAEgASgEEi8KB3JlcXVlc3QYAiABKAsyHi50b29sbWVzaC52MS5JbnZva2VUb29sUmVxdWVzdBJGCg10cmFjZV9jb250ZXh0GAMgAygLMi8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sQ2FsbC5UcmFjZUNvbnRleHRFbnRyeRozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoQBChNJbnZva2VUb29sc1Jlc3BvbnNlEjAKB3Jlc3VsdHMYASADKAsyHy50b29sbWVzaC52MS5TdHJlYW1lZFRvb2xSZXN1bHQSOwoScmVmdXNlZF9kdXBsaWNhdGVzGAIgAygLMh8udG9vbG1lc2gudjEuU3RyZWFtZWRUb29sUmVzdWx0Io0BChJTdHJlYW1lZFRvb2xSZXN1bHQSDwoHY2FsbF9pZBgBIAEoBBIzCghyZXNwb25zZRgCIAEoCzIfLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXNwb25zZUgAEicKBWVycm9yGAMgASgLMhYudG9vbG1lc2gudjEuQ2FsbEVycm9ySABCCAoGcmVzdWx0IpUBCglDYWxsRXJyb3ISDgoGcmVhc29uGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSNgoIbWV0YWRhdGEYAyADKAsyJC50b29sbWVzaC52MS5DYWxsRXJyb3IuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiaQoWQ29uZmlybURlbGl2ZXJ5UmVxdWVzdBIYChB0b29sX3JlcXVlc3RfaWRzGAEgAygJEjUKC2F0dGFjaG1lbnRzGAIgAygLMiAudG9vbG1lc2gudjEuRGVsaXZlcmVkQXR0YWNobWVudCJFChNEZWxpdmVyZWRBdHRhY2htZW50EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIVCg1hdHRhY2htZW50X2lkGAIgASgJIhkKF0NvbmZpcm1EZWxpdmVyeVJlc3BvbnNlIi8KFEdldEludm9jYXRpb25SZXF1ZXN0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCSJEChVHZXRJbnZvY2F0aW9uUmVzcG9uc2USKwoKaW52b2NhdGlvbhgBIAEoCzIXLnRvb2xtZXNoLnYxLkludm9jYXRpb24iPgoOUnVuVG9vbFJlcXVlc3QSLAoEY2FsbBgBIAEoCzIeLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXF1ZXN0Iq0BCg9SdW5Ub29sUmVzcG9uc2USLgoHc3RhcnRlZBgBIAEoCzIbLnRvb2xtZXNoLnYxLlJ1blRvb2xTdGFydGVkSAASLQoIcHJvZ3Jlc3MYAiABKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3NIABIyCgdvdXRjb21lGAMgASgLMh8udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlc3BvbnNlSABCBwoFZXZlbnQiQAoOUnVuVG9vbFN0YXJ0ZWQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEhUKDWF0dGFjaG1lbnRfaWQYAiABKAkiMgoXQ2FuY2VsSW52b2NhdGlvblJlcXVlc3QSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJIk8KGENhbmNlbEludm9jYXRpb25SZXNwb25zZRIzCgZyZXN1bHQYASABKA4yIy50b29sbWVzaC52MS5DYW5jZWxJbnZvY2F0aW9uUmVzdWx0IqkCCgpJbnZvY2F0aW9uEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEg8KB3R1cm5faWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEisKBXN0YXRlGAUgASgOMhwudG9vbG1lc2gudjEuSW52b2NhdGlvblN0YXRlEikKB291dGNvbWUYBiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZRIRCglkZWxpdmVyZWQYByABKAgSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKrMBChZDYW5jZWxJbnZvY2F0aW9uUmVzdWx0EigKJENBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9VTlNQRUNJRklFRBAAEiYKIkNBTkNFTF9JTlZPQ0FUSU9OX1JFU1VMVF9DQU5DRUxMRUQQARIiCh5DQU5DRUxfSU5WT0NBVElPTl9SRVNVTFRfRU5ERUQQAhIjCh9DQU5DRUxfSU5WT0NBVElPTl9SRVNVTFRfSk9JTkVEEAMqzgEKD0ludm9jYXRpb25TdGF0ZRIgChxJTlZPQ0FUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYSU5WT0NBVElPTl9TVEFURV9SVU5OSU5HEAESHgoaSU5WT0NBVElPTl9TVEFURV9DT01QTEVURUQQAhIeChpJTlZPQ0FUSU9OX1NUQVRFX1RJTUVEX09VVBADEhsKF0lOVk9DQVRJT05fU1RBVEVfRkFJTEVEEAQSHgoaSU5WT0NBVElPTl9TVEFURV9DQU5DRUxMRUQQBTKXBAoRSW52b2NhdGlvblNlcnZpY2USTQoKSW52b2tlVG9vbBIeLnRvb2xtZXNoLnYxLkludm9rZVRvb2xSZXF1ZXN0Gh8udG9vbG1lc2gudjEuSW52b2tlVG9vbFJlc3BvbnNlElQKC0ludm9rZVRvb2xzEh8udG9vbG1lc2gudjEuSW52b2tlVG9vbHNSZXF1ZXN0GiAudG9vbG1lc2gudjEuSW52b2tlVG9vbHNSZXNwb25zZSgBMAESXAoPQ29uZmlybURlbGl2ZXJ5EiMudG9vbG1lc2gudjEuQ29uZmlybURlbGl2ZXJ5UmVxdWVzdBokLnRvb2xtZXNoLnYxLkNvbmZpcm1EZWxpdmVyeVJlc3BvbnNlElYKDUdldEludm9jYXRpb24SIS50b29sbWVzaC52MS5HZXRJbnZvY2F0aW9uUmVxdWVzdBoiLnRvb2xtZXNoLnYxLkdldEludm9jYXRpb25SZXNwb25zZRJGCgdSdW5Ub29sEhsudG9vbG1lc2gudjEuUnVuVG9vbFJlcXVlc3QaHC50b29sbWVzaC52MS5SdW5Ub29sUmVzcG9uc2UwARJfChBDYW5jZWxJbnZvY2F0aW9uEiQudG9vbG1lc2gudjEuQ2FuY2VsSW52b2NhdGlvblJlcXVlc3QaJS50b29sbWVzaC52MS5DYW5jZWxJbnZvY2F0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_timestamp, file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.InvokeToolRequest
@@ -71,11 +71,20 @@ export type InvokeToolRequest = Message<"toolmesh.v1.InvokeToolRequest"> & {
 
   /**
    * Delivery confirmations for earlier calls' outcomes (see ConfirmDelivery),
-   * applied before this call is looked at. At most 1,000.
+   * applied before this call is looked at, each confirming every attachment
+   * of its invocation. At most 1,000, with confirmed_attachments.
    *
    * @generated from field: repeated string confirmed_tool_request_ids = 6;
    */
   confirmedToolRequestIds: string[];
+
+  /**
+   * Delivery confirmations of single attachments (see ConfirmDelivery),
+   * applied with confirmed_tool_request_ids. At most 1,000 with them.
+   *
+   * @generated from field: repeated toolmesh.v1.DeliveredAttachment confirmed_attachments = 7;
+   */
+  confirmedAttachments: DeliveredAttachment[];
 };
 
 /**
@@ -119,6 +128,14 @@ export type InvokeToolResponse = Message<"toolmesh.v1.InvokeToolResponse"> & {
    * @generated from field: bool replayed = 4;
    */
   replayed: boolean;
+
+  /**
+   * This call's attachment to the invocation ([A-Za-z0-9_.:-]{1,128}, opaque),
+   * to confirm its delivery with. Empty when tool_request_id is.
+   *
+   * @generated from field: string attachment_id = 5;
+   */
+  attachmentId: string;
 };
 
 /**
@@ -300,11 +317,21 @@ export const CallErrorSchema: GenMessage<CallError> = /*@__PURE__*/
  */
 export type ConfirmDeliveryRequest = Message<"toolmesh.v1.ConfirmDeliveryRequest"> & {
   /**
-   * The invocations whose outcomes the caller has; at most 1,000.
+   * The invocations whose outcomes the caller has, each confirming every
+   * attachment of its invocation (for callers that do not track attachments:
+   * it releases the invocation for every caller attached to it).
    *
    * @generated from field: repeated string tool_request_ids = 1;
    */
   toolRequestIds: string[];
+
+  /**
+   * The attachments whose callers have the outcome. At most 1,000 together
+   * with tool_request_ids.
+   *
+   * @generated from field: repeated toolmesh.v1.DeliveredAttachment attachments = 2;
+   */
+  attachments: DeliveredAttachment[];
 };
 
 /**
@@ -313,6 +340,36 @@ export type ConfirmDeliveryRequest = Message<"toolmesh.v1.ConfirmDeliveryRequest
  */
 export const ConfirmDeliveryRequestSchema: GenMessage<ConfirmDeliveryRequest> = /*@__PURE__*/
   messageDesc(file_toolmesh_v1_invocation, 7);
+
+/**
+ * DeliveredAttachment confirms one attachment's delivery: the caller that
+ * made it has the invocation's outcome.
+ *
+ * @generated from message toolmesh.v1.DeliveredAttachment
+ */
+export type DeliveredAttachment = Message<"toolmesh.v1.DeliveredAttachment"> & {
+  /**
+   * Required. The invocation.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * Required. The attachment, as its call's response (or initial metadata,
+   * or error metadata) gave it.
+   *
+   * @generated from field: string attachment_id = 2;
+   */
+  attachmentId: string;
+};
+
+/**
+ * Describes the message toolmesh.v1.DeliveredAttachment.
+ * Use `create(DeliveredAttachmentSchema)` to create a new message.
+ */
+export const DeliveredAttachmentSchema: GenMessage<DeliveredAttachment> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_invocation, 8);
 
 /**
  * Empty: confirming never fails for an unknown or running invocation.
@@ -327,7 +384,7 @@ export type ConfirmDeliveryResponse = Message<"toolmesh.v1.ConfirmDeliveryRespon
  * Use `create(ConfirmDeliveryResponseSchema)` to create a new message.
  */
 export const ConfirmDeliveryResponseSchema: GenMessage<ConfirmDeliveryResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 8);
+  messageDesc(file_toolmesh_v1_invocation, 9);
 
 /**
  * @generated from message toolmesh.v1.GetInvocationRequest
@@ -346,7 +403,7 @@ export type GetInvocationRequest = Message<"toolmesh.v1.GetInvocationRequest"> &
  * Use `create(GetInvocationRequestSchema)` to create a new message.
  */
 export const GetInvocationRequestSchema: GenMessage<GetInvocationRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 9);
+  messageDesc(file_toolmesh_v1_invocation, 10);
 
 /**
  * @generated from message toolmesh.v1.GetInvocationResponse
@@ -365,7 +422,7 @@ export type GetInvocationResponse = Message<"toolmesh.v1.GetInvocationResponse">
  * Use `create(GetInvocationResponseSchema)` to create a new message.
  */
 export const GetInvocationResponseSchema: GenMessage<GetInvocationResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 10);
+  messageDesc(file_toolmesh_v1_invocation, 11);
 
 /**
  * @generated from message toolmesh.v1.RunToolRequest
@@ -384,7 +441,7 @@ export type RunToolRequest = Message<"toolmesh.v1.RunToolRequest"> & {
  * Use `create(RunToolRequestSchema)` to create a new message.
  */
 export const RunToolRequestSchema: GenMessage<RunToolRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 11);
+  messageDesc(file_toolmesh_v1_invocation, 12);
 
 /**
  * One event of a RunTool stream.
@@ -429,7 +486,7 @@ export type RunToolResponse = Message<"toolmesh.v1.RunToolResponse"> & {
  * Use `create(RunToolResponseSchema)` to create a new message.
  */
 export const RunToolResponseSchema: GenMessage<RunToolResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 12);
+  messageDesc(file_toolmesh_v1_invocation, 13);
 
 /**
  * RunToolStarted names the invocation a RunTool call waits on.
@@ -443,6 +500,14 @@ export type RunToolStarted = Message<"toolmesh.v1.RunToolStarted"> & {
    * @generated from field: string tool_request_id = 1;
    */
   toolRequestId: string;
+
+  /**
+   * The call's attachment to the invocation, for its delivery confirmation
+   * (see Attachments), should the stream end before the outcome.
+   *
+   * @generated from field: string attachment_id = 2;
+   */
+  attachmentId: string;
 };
 
 /**
@@ -450,7 +515,7 @@ export type RunToolStarted = Message<"toolmesh.v1.RunToolStarted"> & {
  * Use `create(RunToolStartedSchema)` to create a new message.
  */
 export const RunToolStartedSchema: GenMessage<RunToolStarted> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 13);
+  messageDesc(file_toolmesh_v1_invocation, 14);
 
 /**
  * @generated from message toolmesh.v1.CancelInvocationRequest
@@ -469,7 +534,7 @@ export type CancelInvocationRequest = Message<"toolmesh.v1.CancelInvocationReque
  * Use `create(CancelInvocationRequestSchema)` to create a new message.
  */
 export const CancelInvocationRequestSchema: GenMessage<CancelInvocationRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 14);
+  messageDesc(file_toolmesh_v1_invocation, 15);
 
 /**
  * @generated from message toolmesh.v1.CancelInvocationResponse
@@ -488,7 +553,7 @@ export type CancelInvocationResponse = Message<"toolmesh.v1.CancelInvocationResp
  * Use `create(CancelInvocationResponseSchema)` to create a new message.
  */
 export const CancelInvocationResponseSchema: GenMessage<CancelInvocationResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 15);
+  messageDesc(file_toolmesh_v1_invocation, 16);
 
 /**
  * Invocation is one logical tool call as the ledger keeps it: 10 minutes
@@ -540,7 +605,8 @@ export type Invocation = Message<"toolmesh.v1.Invocation"> & {
   outcome?: ToolOutcome | undefined;
 
   /**
-   * The caller confirmed it has the outcome.
+   * Every caller attached to it confirmed it has the outcome (or one
+   * confirmation named the invocation alone).
    *
    * @generated from field: bool delivered = 7;
    */
@@ -566,7 +632,7 @@ export type Invocation = Message<"toolmesh.v1.Invocation"> & {
  * Use `create(InvocationSchema)` to create a new message.
  */
 export const InvocationSchema: GenMessage<Invocation> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_invocation, 16);
+  messageDesc(file_toolmesh_v1_invocation, 17);
 
 /**
  * What CancelInvocation did.
@@ -684,6 +750,19 @@ export const InvocationStateSchema: GenEnum<InvocationState> = /*@__PURE__*/
  * with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
  * outcome is dropped from this path: a later identical call runs anew.
  *
+ * Attachments. Every call that becomes part of an invocation (the one that
+ * started it, each that joined it, each that replayed it) is one attachment,
+ * with an attachment_id unique within the invocation, given in the response
+ * (or, for a call that ends with no outcome, in the initial metadata that
+ * announces the invocation, or the ErrorInfo metadata). A confirmation names
+ * (tool_request_id, attachment_id): it releases the invocation only for that
+ * caller. The invocation stays replayable to exact retries until every
+ * attachment is confirmed, so one caller's confirmation cannot make another's
+ * exact retry run the tool again; an attachment never confirmed (its caller
+ * gave up for good) holds it no longer than the replay window. A confirmation
+ * that names only a tool_request_id (the form before attachments) confirms
+ * every attachment at once, releasing it for everyone, as it always did.
+ *
  * Who may call: when the service verifies tokens, every RPC needs a bearer
  * token (`authorization: Bearer <token>` metadata) with the role call, and
  * acts only within the sessions it names. Without a valid token: UNAUTHENTICATED
@@ -707,19 +786,25 @@ export const InvocationService: GenService<{
    * initial metadata carries the invocation's id under
    * "toolmesh-tool-request-id", ahead of the outcome: a caller whose own
    * deadline passes still knows which invocation to look up with
-   * GetInvocation. A call that ends sooner has it in its response.
+   * GetInvocation. A call that ends sooner has it in its response. The same
+   * metadata carries the call's attachment id under "toolmesh-attachment-id",
+   * for its confirmation once an exact retry gets the outcome.
    *
    * Errors (no outcome produced): INVALID_ARGUMENT with reason INVALID_REQUEST
    * (missing or malformed session id, turn id, tool name or idempotency key)
    * or IDEMPOTENCY_KEY_REUSED (the key was used with other arguments; nothing
    * ran); UNAVAILABLE with reason REGISTRY_UNAVAILABLE or BRIDGE_UNAVAILABLE (a
    * dependency could not be reached), STORE_UNAVAILABLE (the ledger's shared
-   * store could not be reached; the tool did not run) or SHUTTING_DOWN;
-   * RESOURCE_EXHAUSTED with reason OVERLOADED, or QUOTA_EXCEEDED with
-   * RetryInfo (ErrorInfo "limit": calls_in_flight_per_session, 10,000 calls of
-   * one session waiting for their outcome at once, counted across replicas on
-   * a shared store; or calls_per_second_per_caller, 500 per second with bursts
-   * of 1,000 per token subject, per replica, when tokens are verified).
+   * store could not be reached; the tool did not run), OUTCOME_UNAVAILABLE
+   * (the store failed while the call waited for an outcome another process
+   * records there; the tool may have run; an exact retry joins or replays it
+   * once the store is back; metadata toolRequestId, attachmentId) or
+   * SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED, or
+   * QUOTA_EXCEEDED with RetryInfo (ErrorInfo "limit": calls_in_flight_per_session,
+   * 10,000 calls of one session waiting for their outcome at once, counted
+   * across replicas on a shared store; or calls_per_second_per_caller, 500 per
+   * second with bursts of 1,000 per token subject, per replica, when tokens
+   * are verified).
    *
    * @generated from rpc toolmesh.v1.InvocationService.InvokeTool
    */
@@ -773,13 +858,16 @@ export const InvocationService: GenService<{
   },
   /**
    * ConfirmDelivery tells the runtime the caller has these outcomes, so an
-   * identical call after this one is a new invocation. Confirming twice, or
+   * identical call after this one is a new invocation once every caller
+   * attached to it has confirmed (see Attachments above). Confirming twice, or
    * confirming an expired or still running invocation, changes nothing.
    * Callers that make further calls can instead carry their confirmations on
-   * the next InvokeTool (confirmed_tool_request_ids) and save the round trip.
+   * the next InvokeTool (confirmed_attachments, confirmed_tool_request_ids)
+   * and save the round trip.
    *
-   * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, or
-   * more than 1,000 ids); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
+   * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id, an
+   * attachment without its attachment_id, or more than 1,000 ids and
+   * attachments together); UNAVAILABLE with reason STORE_UNAVAILABLE (nothing
    * was confirmed: the outcomes stay replayable to an exact retry). Ids of
    * other sessions' invocations change nothing.
    *
