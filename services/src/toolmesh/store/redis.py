@@ -86,20 +86,29 @@ return {found[1], found[2], redis.call('PTTL', KEYS[1])}
 """)
 
 # Leases: a sorted set of lease ids scored by when each lapses (the server's clock, in ms).
-_ACQUIRE_LEASE = Script("""
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false
-    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  return 0
+# take_lease(key, id, limit, ttl ms) holds one of at most `limit`; false when they are held.
+# The ledger's claim scripts include it, to take the lease in the claim's own step.
+LEASE_TAKING = """
+local function take_lease(key, id, limit, ttl)
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZSCORE', key, id) == false and redis.call('ZCARD', key) >= tonumber(limit) then
+    return false
+  end
+  redis.call('ZADD', key, now + tonumber(ttl), id)
+  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+  return true
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-return 1
-""")
+"""
+_ACQUIRE_LEASE = Script(
+    LEASE_TAKING
+    + """
+return take_lease(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) and 1 or 0
+"""
+)
 
-_RELEASE_LEASE = Script("""
+RELEASE_LEASE = Script("""
 redis.call('ZREM', KEYS[1], ARGV[1])
 return 0
 """)
@@ -195,7 +204,7 @@ class RedisStore:
         return bool(held)
 
     async def release_lease(self, key: str, lease_id: str) -> None:
-        await self._run(_RELEASE_LEASE, [self._key(key)], [lease_id])
+        await self._run(RELEASE_LEASE, [self._key(key)], [lease_id])
 
     def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         channel = self._key(key).encode()
