@@ -142,8 +142,8 @@ class LedgerStore(Protocol):
     async def cancel(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
     ) -> str | None:
-        """Finish the invocation as `finish` does (lease included; with a replayable outcome, marked cancelled for a
-        later `finish` to say so), only if it is stored,
+        """Finish the invocation as `finish` does (its lease given back; with a replayable outcome,
+        marked cancelled for a later `finish` to say so), only if it is stored,
         still running and no call has joined it (a `claim` or `claim_keyed` that returned it while it
         ran). Returns "cancelled" when it wrote, "ended" when it had finished, "joined" when a call
         joined it, None when it is not stored.
