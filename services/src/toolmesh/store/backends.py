@@ -42,7 +42,7 @@ def open_stores(url: str = MEMORY, prefix: str | None = None) -> Stores:
     """
     if url == MEMORY:
         store = InMemoryStore()
-        return Stores(store, MemoryLedgerStore(leases=store.leases), store.close)
+        return Stores(store, MemoryLedgerStore(), store.close)
     describe_store(url)  # checks the URL
     connection = RedisConnection(url, prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX)
     return Stores(RedisStore(connection), RedisLedgerStore(connection), connection.close, shared=True)

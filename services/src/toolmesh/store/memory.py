@@ -143,8 +143,7 @@ class Table(Generic[V]):
 
 
 class Leases:
-    """Each key's held leases and when each lapses; a key goes when it holds none. One table serves
-    a process's store and its ledger store (whose claims take leases in the same step)."""
+    """Each key's held leases and when each lapses; a key goes when it holds none."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -171,19 +170,15 @@ class Leases:
         if not held:
             del self._held[key]
 
-    def clear(self) -> None:
-        self._held.clear()
-
 
 class InMemoryStore:
     """The Store interface over one in-process Table."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._table: Table[bytes] = Table(clock)
-        self.leases = Leases(clock)
 
     def __len__(self) -> int:
-        return len(self._table) + len(self.leases)
+        return len(self._table)
 
     @property
     def watched_keys(self) -> int:
@@ -227,15 +222,8 @@ class InMemoryStore:
         entry = self._table.live(key)
         return None if entry is None else Versioned(entry.value, entry.version)
 
-    async def acquire_lease(self, key: str, lease_id: str, limit: int, ttl_s: float) -> bool:
-        return self.leases.take(key, lease_id, limit, ttl_s)
-
-    async def release_lease(self, key: str, lease_id: str) -> None:
-        self.leases.give_back(key, lease_id)
-
     async def close(self) -> None:
         self._table.clear()
-        self.leases.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,9 +266,9 @@ class _KeyClaim:
 class MemoryLedgerStore:
     """The LedgerStore port in process memory: each operation is one synchronous step."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, leases: Leases | None = None) -> None:
-        # The store's leases (open_stores shares them), so a claim takes one in its own step.
-        self._leases = leases or Leases(clock)
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        # Places among calls in flight, which claims take and finishes give back (LeaseTerms).
+        self._leases = Leases(clock)
         self._invocations: Table[_Invocation] = Table(clock)
         # identity -> the tool request id of the running or unconfirmed invocation.
         self._identities: Table[str] = Table(clock)
@@ -288,7 +276,7 @@ class MemoryLedgerStore:
         self._keys: Table[_KeyClaim] = Table(clock)
 
     def __len__(self) -> int:
-        return len(self._invocations) + len(self._identities) + len(self._keys)
+        return len(self._invocations) + len(self._identities) + len(self._keys) + len(self._leases)
 
     @property
     def watched_keys(self) -> int:

@@ -85,34 +85,6 @@ local found = redis.call('HMGET', KEYS[1], 'v', 'n')
 return {found[1], found[2], redis.call('PTTL', KEYS[1])}
 """)
 
-# Leases: a sorted set of lease ids scored by when each lapses (the server's clock, in ms).
-# take_lease(key, id, limit, ttl ms) holds one of at most `limit`; false when they are held.
-# The ledger's claim scripts include it, to take the lease in the claim's own step.
-LEASE_TAKING = """
-local function take_lease(key, id, limit, ttl)
-  local clock = redis.call('TIME')
-  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  if redis.call('ZSCORE', key, id) == false and redis.call('ZCARD', key) >= tonumber(limit) then
-    return false
-  end
-  redis.call('ZADD', key, now + tonumber(ttl), id)
-  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
-  return true
-end
-"""
-_ACQUIRE_LEASE = Script(
-    LEASE_TAKING
-    + """
-return take_lease(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) and 1 or 0
-"""
-)
-
-RELEASE_LEASE = Script("""
-redis.call('ZREM', KEYS[1], ARGV[1])
-return 0
-""")
-
 
 def milliseconds(seconds: float | None) -> str:
     """A ttl as a script argument: whole milliseconds, at least 1; '' for none."""
@@ -198,13 +170,6 @@ class RedisStore:
         if version is None:
             return None, None
         return Versioned(value, int(version)), expires_in(int(pttl))
-
-    async def acquire_lease(self, key: str, lease_id: str, limit: int, ttl_s: float) -> bool:
-        held = await self._run(_ACQUIRE_LEASE, [self._key(key)], [lease_id, str(limit), milliseconds(ttl_s)])
-        return bool(held)
-
-    async def release_lease(self, key: str, lease_id: str) -> None:
-        await self._run(RELEASE_LEASE, [self._key(key)], [lease_id])
 
     def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         channel = self._key(key).encode()

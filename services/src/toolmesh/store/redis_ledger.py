@@ -1,4 +1,5 @@
-"""The ledger's storage port on Redis: claim, finish and confirm are one script each.
+"""The ledger's storage port on Redis: claim, finish and confirm are one script each (the claim
+takes the lease, the finish gives it back).
 
 Keys, under the connection's prefix:
 - `ledger:inv:<tool request id>`: a hash: `rec` (the record's bytes), `end`
@@ -15,6 +16,8 @@ Keys, under the connection's prefix:
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
 - `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
+- the lease key a claim names (`LeaseTerms.key`, e.g. `quota:in_flight:<session>`): a
+  sorted set of the tool request ids holding a place, scored by when each lapses.
 
 Every key expires. The scripts read keys named by other keys (the invocation
 a pointer names), so the ledger lives on one Redis primary; on a cluster, a
@@ -26,15 +29,30 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 
 from toolmesh.store.ledger import Delivered, KeyReused, LeaseRefused, LeaseTerms, StoredInvocation
-from toolmesh.store.redis import (
-    LEASE_TAKING,
-    RELEASE_LEASE,
-    RedisConnection,
-    Script,
-    expires_in,
-    milliseconds,
-)
+from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
 from toolmesh.store.redis_watch import watch
+
+# Leases: a sorted set of lease ids scored by when each lapses (the server's clock, in ms).
+# take_lease(key, id, limit, ttl ms) holds one of at most `limit`; false when they are held.
+# The claim scripts include it, to take the lease in the claim's own step.
+_LEASE_TAKING = """
+local function take_lease(key, id, limit, ttl)
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZSCORE', key, id) == false and redis.call('ZCARD', key) >= tonumber(limit) then
+    return false
+  end
+  redis.call('ZADD', key, now + tonumber(ttl), id)
+  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+  return true
+end
+"""
+_RELEASE_LEASE = Script("""
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 0
+""")
+
 
 # Confirms deliveries to the invocations named by KEYS[first_key …] (ids in ARGV[first_arg …],
 # each followed by its attachment id, "" for all): confirms the attachment of a finished
@@ -80,7 +98,7 @@ end
 # take_lease_for(id, first) takes the lease ARGV[first …] (key, limit, ttl ms; key "" for none)
 # as `id`: whether it is held.
 _LEASING = (
-    LEASE_TAKING
+    _LEASE_TAKING
     + """
 local function take_lease_for(id, first)
   return ARGV[first] == '' or take_lease(ARGV[first], id, ARGV[first + 1], ARGV[first + 2])
@@ -315,7 +333,7 @@ class RedisLedgerStore:
         return [self._prefix + lease.key, str(lease.limit), milliseconds(lease.ttl_s)]
 
     async def release_lease(self, key: str, tool_request_id: str) -> None:
-        await self._run(RELEASE_LEASE, [self._prefix + key], [tool_request_id])
+        await self._run(_RELEASE_LEASE, [self._prefix + key], [tool_request_id])
 
     def _named(self, deliveries: Sequence[Delivered]) -> list[str]:
         return [self._records + delivered.tool_request_id for delivered in deliveries]
