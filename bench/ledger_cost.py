@@ -27,7 +27,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Claim, InvocationRecord, InvocationState, Ledger
 from toolmesh.invocation.observability import InvocationTelemetry
-from toolmesh.store.ledger import Delivered
+from toolmesh.store.ledger import Delivered, LeaseTerms
 from toolmesh.store.memory import MemoryLedgerStore
 
 TOOL = ToolSpec("noop", "", '{"type":"object","properties":{"n":{"type":"integer"}}}')
@@ -57,6 +57,7 @@ class KeepNothing(Ledger):
         *,
         arguments: Any = None,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> Claim:
         record = InvocationRecord(
             new_id, call.session_id, call.turn_id, call.tool_name, "", InvocationState.RUNNING, 0.0

@@ -21,7 +21,7 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.invocation.ledger import CancelVerdict, InvocationState, Ledger, LedgerPolicy, identity_of
 from toolmesh.store.backends import open_stores
-from toolmesh.store.ledger import Delivered, LedgerStore
+from toolmesh.store.ledger import Delivered, LeaseRefused, LeaseTerms, LedgerStore
 from toolmesh.store.memory import MemoryLedgerStore
 
 POLICY = LedgerPolicy(
@@ -443,3 +443,53 @@ async def test_a_finish_after_a_cancel_says_the_invocation_was_cancelled(
     assert await ledger.finish("tr_2", Outcome.success("2")) is True
     assert other.is_new and await store.finish("tr_2", b"{}", "", 1.0, 1.0) == "ended"
     assert await store.finish("tr_never", b"{}", "", 1.0, 1.0) == "ended"
+
+
+# The session's place among calls in flight, taken and given back in the claim's and finish's own steps.
+ONE_PLACE = LeaseTerms("quota:in_flight:s", 1, 30.0)
+
+
+async def refused(ledger: Ledger, new_id: str, idempotency_key: str = "") -> None:
+    """A claim for a new invocation finds the place taken: refused, nothing claimed."""
+    with pytest.raises(LeaseRefused):
+        await ledger.claim(
+            call(f'{{"refused": "{new_id}"}}'), new_id, 10_000, idempotency_key, lease=ONE_PLACE
+        )
+    assert await ledger.get(new_id) is None
+
+
+async def test_a_new_invocation_holds_its_place_until_it_finishes(ledger: Ledger) -> None:
+    assert (await ledger.claim(call(), "tr_1", 10_000, lease=ONE_PLACE)).is_new
+    await refused(ledger, "tr_2")
+    await refused(ledger, "tr_3", idempotency_key="k")
+    joined = await ledger.claim(call(), "tr_4", 10_000, lease=ONE_PLACE)  # a join takes no place
+    assert not joined.is_new and joined.record.tool_request_id == "tr_1"
+    await ledger.finish("tr_1", Outcome.success("1"))
+    replayed = await ledger.claim(call(), "tr_5", 10_000, lease=ONE_PLACE)
+    assert not replayed.is_new
+    # The keyed claim refused before left no key behind: this one is new, not KeyReused.
+    keyed = await ledger.claim(call('{"a": 3}'), "tr_6", 10_000, "k", lease=ONE_PLACE)
+    assert keyed.is_new
+    await refused(ledger, "tr_7")
+    # A replay under the key takes no place either.
+    assert not (await ledger.claim(call('{"a": 3}'), "tr_8", 10_000, "k", lease=ONE_PLACE)).is_new
+
+
+async def test_a_cancel_and_a_lost_owner_give_the_place_back(ledger: Ledger) -> None:
+    claimed = await ledger.claim(call(), "tr_1", 10_000, lease=ONE_PLACE)
+    assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
+    assert (await ledger.claim(call('{"a": 2}'), "tr_2", 100, lease=ONE_PLACE)).is_new
+    record = await asyncio.wait_for(ledger.outcome_from_owner("tr_2", 100), 5)
+    assert record is not None and record.state is InvocationState.TIMED_OUT
+    assert (await ledger.claim(call('{"a": 3}'), "tr_3", 10_000, lease=ONE_PLACE)).is_new
+
+
+async def test_a_place_is_given_back_apart_and_lapses_after_its_ttl(ledger: Ledger, clock: Clock) -> None:
+    await ledger.claim(call(), "tr_1", 10_000, lease=ONE_PLACE)
+    await ledger.release_lease(ONE_PLACE, "tr_1")  # its caller left before an outcome
+    await ledger.release_lease(ONE_PLACE, "tr_1")  # twice, or never held: nothing
+    brief = LeaseTerms(ONE_PLACE.key, 1, 0.05)
+    assert (await ledger.claim(call('{"a": 2}'), "tr_2", 10_000, lease=brief)).is_new
+    await refused(ledger, "tr_3")
+    await clock.advance(0.1)
+    assert (await ledger.claim(call('{"a": 4}'), "tr_4", 10_000, lease=ONE_PLACE)).is_new

@@ -26,7 +26,7 @@ from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code, error_info, retry_delay_s
 from toolmesh.core.tools import ToolSpec
-from toolmesh.invocation.quotas import Quotas
+from toolmesh.invocation.quotas import LEASE_GRACE_S, Quotas
 from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import encode_tools as registry_record
 from toolmesh.server.limits import DEFAULT_LIMITS, ENV_LIMITS, Limits, limits_from
@@ -34,6 +34,7 @@ from toolmesh.server.schema_cost import CYCLE_RULE, PATTERN_RULE, check_schema
 from toolmesh.server.security import Security
 from toolmesh.server.system import LocalSystem, start_local_system, start_replicas
 from toolmesh.store.backends import open_stores
+from toolmesh.store.ledger import LeaseTerms
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import (
     bridge_pb2,
@@ -284,20 +285,14 @@ def test_the_rate_per_caller_refuses_past_its_burst_and_recovers() -> None:
 
 
 @pytest.mark.unit
-async def test_calls_in_flight_per_session_are_counted_and_given_back() -> None:
+def test_calls_in_flight_per_session_are_leases_that_outlive_the_deadline() -> None:
+    """The claim takes the place on these terms (tests/test_ledger_domain.py: taken, refused,
+    given back); refused, the call gets QUOTA_EXCEEDED."""
     quotas = Quotas(InMemoryStore(), limits(calls_in_flight_per_session=1))
-    first = quotas.in_flight("s", 1000)
-    await first.take()
-    with pytest.raises(ToolmeshError) as raised:
-        await quotas.in_flight("s", 1000).take()
-    refused_by(raised.value, Code.QUOTA_EXCEEDED, "calls_in_flight_per_session")
-    await quotas.in_flight("other", 1000).take()
-    await first.give_back()
-    await first.give_back()  # once only: the place is not given back twice
-    again = quotas.in_flight("s", 1000)
-    await again.take()
-    with pytest.raises(ToolmeshError):
-        await quotas.in_flight("s", 1000).take()
+    lease = quotas.in_flight("s", 1000)
+    assert lease.terms == LeaseTerms("quota:in_flight:s", 1, 1.0 + LEASE_GRACE_S)
+    refused_by(lease.refused(), Code.QUOTA_EXCEEDED, "calls_in_flight_per_session")
+    assert Quotas(None).in_flight("s", 1000).terms is None  # no store: not counted
 
 
 # Over real servers ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from toolmesh.invocation.ports import (
 )
 from toolmesh.invocation.quotas import Lease, Quotas
 from toolmesh.invocation.validation import Validation, validate_now
-from toolmesh.store.ledger import Delivered
+from toolmesh.store.ledger import Delivered, LeaseRefused
 
 log = logging.getLogger("toolmesh.invocation")
 
@@ -156,8 +156,6 @@ class Invoker:
         # join. They go on when their caller leaves, so that a caller whose own
         # deadline passed can retry and join them.
         self._running: dict[str, asyncio.Future[Outcome]] = {}
-        # Places given back for calls whose callers left (held here until done).
-        self._giving_back: set[asyncio.Future[None]] = set()
         # The task dispatching each invocation this process runs, to stop it when it is cancelled,
         # and those being stopped so.
         self._dispatching: dict[str, asyncio.Task[Any]] = {}
@@ -287,9 +285,8 @@ class Invoker:
         lease = self._quotas.in_flight(call.session_id, tool.effective_timeout_ms)
 
         async def claiming() -> Claim:
-            # The session's place first, in the same step as the claim: a caller that leaves
-            # during either leaves both to go on (see _claim).
-            await lease.take()
+            # The session's place is taken in the claim's own store step, when it starts a new
+            # invocation (its finish gives it back); refused, nothing is claimed.
             try:
                 return await self.ledger.claim(
                     call,
@@ -299,10 +296,10 @@ class Invoker:
                     self._observer.trace_context(),
                     arguments=arguments,
                     confirmed=confirmed,
+                    lease=lease.terms,
                 )
-            except BaseException:
-                await lease.give_back()
-                raise
+            except LeaseRefused:
+                raise lease.refused() from None
 
         claim = await self._claim(claiming(), request, tool, leaves_early, lease)
         record = claim.record
@@ -325,7 +322,7 @@ class Invoker:
         """The outcome of the claimed invocation: run anew, replayed, or joined.
 
         A new invocation gives its session's place back when it ends, whoever waits for it;
-        a call that replays or joins one, when it has the outcome.
+        a call that replays or joins one took none.
         """
         record = claim.record
         tool_request_id = request.tool_request_id
@@ -336,23 +333,18 @@ class Invoker:
                     request, tool, record, leaves_early, attachment_id=attachment_id, lease=lease
                 )
                 return InvokeResult(tool_request_id, outcome, attachment_id=attachment_id)
-            try:
-                if record.outcome is not None:
-                    with self._observer.attached(record, "replayed"):
-                        log.info("replayed an unconfirmed outcome")
-                        return InvokeResult(
-                            record.tool_request_id, record.outcome, replayed=True, attachment_id=attachment_id
-                        )
-                with self._observer.attached(record, "joined"):
-                    log.info("joined a running invocation")
-                    outcome = await self._outcome_of(
-                        record.tool_request_id, tool.effective_timeout_ms, attachment_id
-                    )
+            if record.outcome is not None:
+                with self._observer.attached(record, "replayed"):
+                    log.info("replayed an unconfirmed outcome")
                     return InvokeResult(
-                        record.tool_request_id, outcome, joined=True, attachment_id=attachment_id
+                        record.tool_request_id, record.outcome, replayed=True, attachment_id=attachment_id
                     )
-            finally:
-                await lease.give_back()
+            with self._observer.attached(record, "joined"):
+                log.info("joined a running invocation")
+                outcome = await self._outcome_of(
+                    record.tool_request_id, tool.effective_timeout_ms, attachment_id
+                )
+                return InvokeResult(record.tool_request_id, outcome, joined=True, attachment_id=attachment_id)
 
     async def _claim(
         self,
@@ -377,14 +369,10 @@ class Invoker:
         self, request: ToolRequest, tool: ToolSpec, lease: Lease, claiming: asyncio.Future[Claim]
     ) -> None:
         if claiming.cancelled() or claiming.exception() is not None:
-            return  # the claim gave its place back
+            return  # nothing claimed, no place taken
         claim = claiming.result()
-        if claim.is_new:
+        if claim.is_new:  # a join or replay took no place: nothing to give back
             self._run_detached(request, tool, claim.record, lease)
-        else:  # joined or replayed, and nobody waits for it
-            giving_back = asyncio.ensure_future(lease.give_back())
-            self._giving_back.add(giving_back)
-            giving_back.add_done_callback(self._giving_back.discard)
 
     def _run_detached(
         self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease
@@ -441,8 +429,11 @@ class Invoker:
     ) -> Outcome:
         try:
             return await self._run(request, tool, claimed)
-        finally:
-            await lease.give_back()
+        except BaseException:
+            # It may end without the ledger's finish (which gives the place back): give it back here.
+            if lease.terms is not None:
+                await self.ledger.release_lease(lease.terms, request.tool_request_id)
+            raise
 
     async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
         self._observer.in_flight(1)

@@ -28,7 +28,14 @@ from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError, code_for_reason
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
-from toolmesh.store.ledger import FIRST_ATTACHMENT, Delivered, KeyReused, LedgerStore, StoredInvocation
+from toolmesh.store.ledger import (
+    FIRST_ATTACHMENT,
+    Delivered,
+    KeyReused,
+    LeaseTerms,
+    LedgerStore,
+    StoredInvocation,
+)
 
 log = logging.getLogger("toolmesh.invocation")
 
@@ -282,11 +289,14 @@ class Ledger:
         *,
         arguments: jsontext.JsonValue = _UNPARSED,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> Claim:
         """Register `call` as invocation `new_id`, unless an identical one should be joined or replayed.
 
         `arguments`: the call's arguments already parsed, when the caller has them.
         `confirmed`: deliveries to confirm first, in the same atomic step (as confirm_all).
+        `lease`: taken in the same step when the call starts a new invocation (its finish gives it
+        back); LeaseRefused when it cannot be (nothing was claimed).
         Raises ToolmeshError: IDEMPOTENCY_KEY_REUSED, or STORE_UNAVAILABLE (nothing was claimed).
         """
         identity = identity_of(call, arguments) or f"{call.session_id}:{call.tool_name}:unique:{new_id}"
@@ -313,6 +323,7 @@ class Ledger:
                     running_ttl_s=running_ttl,
                     key_ttl_s=self.policy.idempotency_retention_s,
                     confirmed=confirmed,
+                    lease=lease,
                 )
             except KeyReused as reused:
                 raise ToolmeshError(
@@ -326,7 +337,7 @@ class Ledger:
                 ) from None
         else:
             existing = await self._store.claim(
-                new_id, self._encode(record), identity, running_ttl, confirmed=confirmed
+                new_id, self._encode(record), identity, running_ttl, confirmed=confirmed, lease=lease
             )
         if existing is None:
             return Claim(record, True)
@@ -420,6 +431,14 @@ class Ledger:
             self._replay_window(finished),
         )
         return None if answer is None else CancelVerdict(answer)
+
+    async def release_lease(self, lease: LeaseTerms, tool_request_id: str) -> None:
+        """Give back the lease of an invocation that ends without a finish (its caller left first).
+
+        Never raises: a place the store could not take back lapses at its ttl.
+        """
+        with contextlib.suppress(ToolmeshError):
+            await self._store.release_lease(lease.key, tool_request_id)
 
     @property
     def unrecorded(self) -> int:

@@ -3,8 +3,10 @@
 Calls in flight per session are counted in the store as leases, so the quota
 holds across invocation replicas sharing a Redis (and a replica that dies
 gives its leases back when they lapse). A new invocation holds its place
-until it ends, also when its caller left; a call that joins or replays one,
-while its caller waits. Calls per second are a token bucket
+until it ends, also when its caller left; a call that joins or replays one
+takes none. The ledger's claim takes the place in the same store step, and its
+finish (or cancellation, or the finish of an owner found lost) gives it back:
+no round trip of its own on a call's path. Calls per second are a token bucket
 per caller (the token's subject) in each replica's memory: a rate changes too
 fast for a round trip to the store per call to pay, and a balancer spreading a
 caller over N replicas gives it at most N times the rate (set it accordingly).
@@ -13,16 +15,15 @@ Without authentication there is no caller to count: the rate is not applied.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 
 from toolmesh.core.errors import ToolmeshError
 from toolmesh.server.limits import DEFAULT_LIMITS, Limits
 from toolmesh.store.base import Store
+from toolmesh.store.ledger import LeaseTerms
 
 # Callers whose buckets are remembered; the least recently seen are forgotten first
 # (a forgotten bucket starts full again, which is what an idle caller's would be).
@@ -77,39 +78,32 @@ class Quotas:
 
     def in_flight(self, session_id: str, timeout_ms: int) -> Lease:
         """A place among the session's calls in flight, for a call with that timeout (not taken yet)."""
-        return Lease(self._store, self._limits, session_id, timeout_ms / 1000 + LEASE_GRACE_S)
+        terms = None
+        if self._store is not None:
+            terms = LeaseTerms(
+                f"quota:in_flight:{session_id}",
+                self._limits.calls_in_flight_per_session,
+                timeout_ms / 1000 + LEASE_GRACE_S,
+            )
+        return Lease(terms, self._limits, session_id)
 
 
 class Lease:
-    """One call's place among its session's calls in flight: taken, then given back once."""
+    """One new invocation's place among its session's calls in flight: the ledger's claim takes it
+    (with `terms`), its finish gives it back."""
 
-    def __init__(self, store: Store | None, limits: Limits, session_id: str, ttl_s: float) -> None:
-        self._store = store
+    def __init__(self, terms: LeaseTerms | None, limits: Limits, session_id: str) -> None:
+        # None: no store counts the session's calls (the place is not kept).
+        self.terms = terms
         self._limits = limits
         self._session_id = session_id
-        self._key = f"quota:in_flight:{session_id}"
-        self._id = uuid.uuid4().hex
-        self._ttl_s = ttl_s
-        self._held = False
 
-    async def take(self) -> None:
-        """QUOTA_EXCEEDED when the session has no place free; STORE_UNAVAILABLE when the store is out."""
-        if self._store is None:
-            return
+    def refused(self) -> ToolmeshError:
+        """QUOTA_EXCEEDED: the claim found the session's places taken."""
         limit = self._limits.calls_in_flight_per_session
-        if not await self._store.acquire_lease(self._key, self._id, limit, self._ttl_s):
-            raise self._limits.used_up(
-                "calls_in_flight_per_session",
-                f"The session has {limit} calls waiting for their outcome already.",
-                1.0,
-                sessionId=self._session_id,
-            )
-        self._held = True
-
-    async def give_back(self) -> None:
-        """Never fails the call: a place the store could not take back lapses at its ttl."""
-        if self._store is None or not self._held:
-            return
-        self._held = False
-        with contextlib.suppress(ToolmeshError):
-            await self._store.release_lease(self._key, self._id)
+        return self._limits.used_up(
+            "calls_in_flight_per_session",
+            f"The session has {limit} calls waiting for their outcome already.",
+            1.0,
+            sessionId=self._session_id,
+        )

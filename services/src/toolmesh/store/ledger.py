@@ -1,7 +1,9 @@
 """The invocation ledger's storage port: each step of a call is one atomic operation.
 
 A tool call costs the ledger three of them on its path: `claim` when it
-starts, `finish` when its outcome is known, `confirm` when the caller has it.
+starts (taking its session's place among calls in flight, the lease), `finish`
+when its outcome is known (giving the place back), `confirm` when the caller
+has it.
 In memory each is one synchronous step; on Redis each is one script (one
 round trip), so replicas sharing a Redis see one ledger.
 
@@ -48,6 +50,21 @@ class Delivered(NamedTuple):
     attachment_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseTerms:
+    """One of at most `limit` places held under `key` (a Store lease key), for `ttl_s` or until the
+    invocation ends: taken by the claim that starts a new invocation, in the same atomic step, as
+    the invocation's tool request id; given back by whichever finish or cancellation ends it."""
+
+    key: str
+    limit: int
+    ttl_s: float
+
+
+class LeaseRefused(Exception):
+    """`limit` unexpired places are held under the lease key: nothing was claimed."""
+
+
 class KeyReused(Exception):
     """The idempotency key belongs to an invocation with other arguments."""
 
@@ -65,6 +82,7 @@ class LedgerStore(Protocol):
         running_ttl_s: float,
         *,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         """Store a running invocation under `identity` (its first attachment is FIRST_ATTACHMENT),
         unless the identity names one whose delivery is not confirmed: then store nothing, attach
@@ -76,6 +94,9 @@ class LedgerStore(Protocol):
         Both the record and the identity pointer expire after `running_ttl_s`
         (an owner that died leaves nothing forever). Claiming again with the
         same `tool_request_id` stores it again, so a repeated request is harmless.
+
+        `lease` is taken only when a new invocation is stored (a join or replay takes none);
+        raises LeaseRefused, storing nothing, when it cannot be.
         """
         ...
 
@@ -89,12 +110,13 @@ class LedgerStore(Protocol):
         running_ttl_s: float,
         key_ttl_s: float,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         """Store a running invocation under the idempotency `key` (already scoped to its session),
         unless the key names a stored invocation: then attach to it and return it (with the
         attachment's id), confirmed or not, unless it
         finished with an outcome not to replay (`finish` with `replay_s` None): then the key
-        starts over with this invocation. `confirmed` as for `claim`.
+        starts over with this invocation. `confirmed` and `lease` as for `claim`.
 
         Raises KeyReused when the key names an invocation of another identity.
         The key is kept `key_ttl_s`; no identity pointer is made.
@@ -108,7 +130,7 @@ class LedgerStore(Protocol):
         invocation is stored and still running (the first finish wins: the bridge replica that
         got the host's outcome and the invocation replica may both record it). Returns "wrote";
         or, when it did not write, "cancelled" if `cancel` had ended the invocation, else "ended"
-        (finished by another writer, or not stored).
+        (finished by another writer, or not stored). Writing gives back the lease its claim took.
 
         `identity` is the pointer that names the invocation ("" for none). With
         `replay_s` the pointer names this invocation for that long (exact retries
@@ -120,8 +142,8 @@ class LedgerStore(Protocol):
     async def cancel(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
     ) -> str | None:
-        """Finish the invocation as `finish` does (with a replayable outcome, marked cancelled for a
-        later `finish` to say so), only if it is stored,
+        """Finish the invocation as `finish` does (its lease given back; with a replayable outcome,
+        marked cancelled for a later `finish` to say so), only if it is stored,
         still running and no call has joined it (a `claim` or `claim_keyed` that returned it while it
         ran). Returns "cancelled" when it wrote, "ended" when it had finished, "joined" when a call
         joined it, None when it is not stored.
@@ -136,6 +158,11 @@ class LedgerStore(Protocol):
         Unknown, expired and already confirmed ones are passed over; the ids of
         invocations still running are returned, unchanged.
         """
+        ...
+
+    async def release_lease(self, key: str, tool_request_id: str) -> None:
+        """Give back the lease a claim took, for an invocation that ends without `finish` (its
+        caller left before an outcome): nothing when it lapsed or was given back."""
         ...
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None: ...

@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from toolmesh.store.base import VersionConflict, Versioned, until_set
-from toolmesh.store.ledger import FIRST_ATTACHMENT, Delivered, KeyReused, StoredInvocation
+from toolmesh.store.ledger import (
+    FIRST_ATTACHMENT,
+    Delivered,
+    KeyReused,
+    LeaseRefused,
+    LeaseTerms,
+    StoredInvocation,
+)
 
 # Sweep expired keys after this many writes, so memory stays bounded even
 # for keys that are never read again.
@@ -135,17 +142,43 @@ class Table(Generic[V]):
         self._expiry_heap.clear()
 
 
+class Leases:
+    """Each key's held leases and when each lapses; a key goes when it holds none."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._held: dict[str, dict[str, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def take(self, key: str, lease_id: str, limit: int, ttl_s: float) -> bool:
+        now = self._clock()
+        held = {lease: until for lease, until in self._held.get(key, {}).items() if until > now}
+        if len(held) >= limit and lease_id not in held:
+            self._held[key] = held
+            return False
+        held[lease_id] = now + ttl_s
+        self._held[key] = held
+        return True
+
+    def give_back(self, key: str, lease_id: str) -> None:
+        held = self._held.get(key)
+        if held is None:
+            return
+        held.pop(lease_id, None)
+        if not held:
+            del self._held[key]
+
+
 class InMemoryStore:
     """The Store interface over one in-process Table."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._table: Table[bytes] = Table(clock)
-        self._clock = clock
-        # Each key's held leases and when each lapses; a key goes when it holds none.
-        self._leases: dict[str, dict[str, float]] = {}
 
     def __len__(self) -> int:
-        return len(self._table) + len(self._leases)
+        return len(self._table)
 
     @property
     def watched_keys(self) -> int:
@@ -189,27 +222,8 @@ class InMemoryStore:
         entry = self._table.live(key)
         return None if entry is None else Versioned(entry.value, entry.version)
 
-    async def acquire_lease(self, key: str, lease_id: str, limit: int, ttl_s: float) -> bool:
-        now = self._clock()
-        held = {lease: until for lease, until in self._leases.get(key, {}).items() if until > now}
-        if len(held) >= limit and lease_id not in held:
-            self._leases[key] = held
-            return False
-        held[lease_id] = now + ttl_s
-        self._leases[key] = held
-        return True
-
-    async def release_lease(self, key: str, lease_id: str) -> None:
-        held = self._leases.get(key)
-        if held is None:
-            return
-        held.pop(lease_id, None)
-        if not held:
-            del self._leases[key]
-
     async def close(self) -> None:
         self._table.clear()
-        self._leases.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +245,8 @@ class _Invocation:
     joined: bool = False
     # A cancellation finished it (a later finish says so).
     cancelled: bool = False
+    # The lease key its claim took a place under ("" for none), given back when it finishes.
+    lease: str = ""
 
     def attached(self) -> _Invocation:
         """With one more attachment (unconfirmed, unless all were confirmed already); joined, when
@@ -251,6 +267,8 @@ class MemoryLedgerStore:
     """The LedgerStore port in process memory: each operation is one synchronous step."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        # Places among calls in flight, which claims take and finishes give back (LeaseTerms).
+        self._leases = Leases(clock)
         self._invocations: Table[_Invocation] = Table(clock)
         # identity -> the tool request id of the running or unconfirmed invocation.
         self._identities: Table[str] = Table(clock)
@@ -258,7 +276,7 @@ class MemoryLedgerStore:
         self._keys: Table[_KeyClaim] = Table(clock)
 
     def __len__(self) -> int:
-        return len(self._invocations) + len(self._identities) + len(self._keys)
+        return len(self._invocations) + len(self._identities) + len(self._keys) + len(self._leases)
 
     @property
     def watched_keys(self) -> int:
@@ -271,8 +289,14 @@ class MemoryLedgerStore:
             return None
         return StoredInvocation(tool_request_id, entry.value.record, entry.value.delivered)
 
-    def _store_running(self, tool_request_id: str, record: bytes, identity: str, ttl_s: float) -> None:
-        self._invocations.write(tool_request_id, _Invocation(record, False, False, ttl_s, identity), ttl_s)
+    def _store_running(
+        self, tool_request_id: str, record: bytes, identity: str, ttl_s: float, lease: LeaseTerms | None
+    ) -> None:
+        """Store a new invocation, its lease taken first (LeaseRefused, nothing stored, when it cannot be)."""
+        if lease is not None and not self._leases.take(lease.key, tool_request_id, lease.limit, lease.ttl_s):
+            raise LeaseRefused(lease.key)
+        running = _Invocation(record, False, False, ttl_s, identity, lease="" if lease is None else lease.key)
+        self._invocations.write(tool_request_id, running, ttl_s)
 
     def _attach(
         self, tool_request_id: str, entry_ttl: float | None, invocation: _Invocation
@@ -292,6 +316,7 @@ class MemoryLedgerStore:
         running_ttl_s: float,
         *,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         self._confirm(confirmed)
         pointer = self._identities.live(identity)
@@ -299,7 +324,7 @@ class MemoryLedgerStore:
             other = self._invocations.live(pointer.value)
             if other is not None and not other.value.delivered:
                 return self._attach(pointer.value, self._invocations.expires_in(pointer.value), other.value)
-        self._store_running(tool_request_id, record, identity, running_ttl_s)
+        self._store_running(tool_request_id, record, identity, running_ttl_s, lease)
         self._identities.write(identity, tool_request_id, running_ttl_s)
         return None
 
@@ -313,6 +338,7 @@ class MemoryLedgerStore:
         running_ttl_s: float,
         key_ttl_s: float,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         self._confirm(confirmed)
         claimed = self._keys.live(key)
@@ -323,8 +349,8 @@ class MemoryLedgerStore:
             entry = self._invocations.live(named)
             if entry is not None and entry.value.replayable:
                 return self._attach(named, self._invocations.expires_in(named), entry.value)
+        self._store_running(tool_request_id, record, "", running_ttl_s, lease)
         self._keys.write(key, _KeyClaim(tool_request_id, identity), key_ttl_s)
-        self._store_running(tool_request_id, record, "", running_ttl_s)
         return None
 
     async def cancel(
@@ -377,6 +403,8 @@ class MemoryLedgerStore:
             cancelled=cancelled,
         )
         self._invocations.write(tool_request_id, finished, keep_s)
+        if running.lease:
+            self._leases.give_back(running.lease, tool_request_id)
         if not identity:
             return
         if replay_s is not None:
@@ -415,6 +443,9 @@ class MemoryLedgerStore:
             if invocation.identity:
                 self._drop_pointer(invocation.identity, tool_request_id)
         return running
+
+    async def release_lease(self, key: str, tool_request_id: str) -> None:
+        self._leases.give_back(key, tool_request_id)
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         return self._stored(tool_request_id)

@@ -1,4 +1,5 @@
-"""The ledger's storage port on Redis: claim, finish and confirm are one script each.
+"""The ledger's storage port on Redis: claim, finish and confirm are one script each (the claim
+takes the lease, the finish gives it back).
 
 Keys, under the connection's prefix:
 - `ledger:inv:<tool request id>`: a hash: `rec` (the record's bytes), `end`
@@ -8,11 +9,15 @@ Keys, under the connection's prefix:
   idempotency key starts over), `join` (set when a call joined it while it ran: a
   cancellation leaves it alone), `cxl` (set when a cancellation finished it), `n`
   (how many attachments it has had: the last one's id), `open` (how many are
-  unconfirmed), `a<id>` (set per unconfirmed attachment). Finishing it publishes
+  unconfirmed), `a<id>` (set per unconfirmed attachment), `lease` (the lease key
+  its claim took a place under, its id the tool request id; "" for none: finishing
+  gives the place back). Finishing it publishes
   on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
 - `ledger:idem:<length of session>:<session>:<key>`: a hash: `id`, `identity`.
+- the lease key a claim names (`LeaseTerms.key`, e.g. `quota:in_flight:<session>`): a
+  sorted set of the tool request ids holding a place, scored by when each lapses.
 
 Every key expires. The scripts read keys named by other keys (the invocation
 a pointer names), so the ledger lives on one Redis primary; on a cluster, a
@@ -23,9 +28,31 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 
-from toolmesh.store.ledger import Delivered, KeyReused, StoredInvocation
+from toolmesh.store.ledger import Delivered, KeyReused, LeaseRefused, LeaseTerms, StoredInvocation
 from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
 from toolmesh.store.redis_watch import watch
+
+# Leases: a sorted set of lease ids scored by when each lapses (the server's clock, in ms).
+# take_lease(key, id, limit, ttl ms) holds one of at most `limit`; false when they are held.
+# The claim scripts include it, to take the lease in the claim's own step.
+_LEASE_TAKING = """
+local function take_lease(key, id, limit, ttl)
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZSCORE', key, id) == false and redis.call('ZCARD', key) >= tonumber(limit) then
+    return false
+  end
+  redis.call('ZADD', key, now + tonumber(ttl), id)
+  if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+  return true
+end
+"""
+_RELEASE_LEASE = Script("""
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 0
+""")
+
 
 # Confirms deliveries to the invocations named by KEYS[first_key …] (ids in ARGV[first_arg …],
 # each followed by its attachment id, "" for all): confirms the attachment of a finished
@@ -68,20 +95,34 @@ local function attach(key, delivered, ended)
 end
 """
 
+# take_lease_for(id, first) takes the lease ARGV[first …] (key, limit, ttl ms; key "" for none)
+# as `id`: whether it is held.
+_LEASING = (
+    _LEASE_TAKING
+    + """
+local function take_lease_for(id, first)
+  return ARGV[first] == '' or take_lease(ARGV[first], id, ARGV[first + 1], ARGV[first + 2])
+end
+"""
+)
+
 # KEYS: the identity pointer, the new record, the records to confirm first. ARGV: id,
-# record, ttl ms, identity, record key prefix, pointer key prefix, the (id, attachment)
-# pairs to confirm. Returns {id, record, attachment} of the invocation attached to.
+# record, ttl ms, identity, record key prefix, pointer key prefix, lease key, limit and ttl
+# ms, the (id, attachment) pairs to confirm. Returns {id, record, attachment} of the
+# invocation attached to; 0 when the new one's lease is refused (nothing stored).
 _CLAIM = Script(
     _CONFIRMING
+    + _LEASING
     + """
-confirm(3, 7, #KEYS - 2, ARGV[6])
+confirm(3, 10, #KEYS - 2, ARGV[6])
 local other = redis.call('GET', KEYS[1])
 if other and other ~= ARGV[1] then
   local key = ARGV[5] .. other
   local found = redis.call('HMGET', key, 'rec', 'dlv', 'end')
   if found[1] and not found[2] then return {other, found[1], attach(key, false, found[3])} end
 end
-redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4], 'n', 1, 'open', 1, 'a1', '1')
+if not take_lease_for(ARGV[1], 7) then return 0 end
+redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', ARGV[4], 'n', 1, 'open', 1, 'a1', '1', 'lease', ARGV[7])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 return false
@@ -89,14 +130,15 @@ return false
 )
 
 # KEYS: the idempotency key, the new record, the records to confirm first. ARGV: id,
-# record, ttl ms, identity, record key prefix, key ttl ms, pointer key prefix, the
-# (id, attachment) pairs to confirm. Returns {0, id} for a key reused with other
-# arguments, {1, id, record, delivered, attachment} for the invocation the key names
-# (unless its outcome is not to be replayed).
+# record, ttl ms, identity, record key prefix, key ttl ms, pointer key prefix, lease key,
+# limit and ttl ms, the (id, attachment) pairs to confirm. Returns {0, id} for a key reused
+# with other arguments, {1, id, record, delivered, attachment} for the invocation the key
+# names (unless its outcome is not to be replayed), 0 when the new one's lease is refused.
 _CLAIM_KEYED = Script(
     _CONFIRMING
+    + _LEASING
     + """
-confirm(3, 8, #KEYS - 2, ARGV[7])
+confirm(3, 11, #KEYS - 2, ARGV[7])
 local claimed = redis.call('HMGET', KEYS[1], 'id', 'identity')
 if claimed[1] and claimed[1] ~= ARGV[1] then
   if claimed[2] ~= ARGV[4] then return {0, claimed[1]} end
@@ -106,9 +148,10 @@ if claimed[1] and claimed[1] ~= ARGV[1] then
     return {1, claimed[1], found[1], found[2] and 1 or 0, attach(key, found[2], found[4])}
   end
 end
+if not take_lease_for(ARGV[1], 8) then return 0 end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'identity', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', '', 'n', 1, 'open', 1, 'a1', '1')
+redis.call('HSET', KEYS[2], 'rec', ARGV[2], 'same', '', 'n', 1, 'open', 1, 'a1', '1', 'lease', ARGV[8])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return false
 """
@@ -116,9 +159,11 @@ return false
 
 # KEYS: the record, and the identity pointer when there is one. ARGV: id, record,
 # keep ms, replay ms ('' for an outcome not to replay: drops the pointer if it names
-# this id, and marks the record `once`), identity.
+# this id, and marks the record `once`), identity. Gives back the lease its claim took.
 _FINISHING = """
 local function finish()
+local lease = redis.call('HGET', KEYS[1], 'lease')
+if lease and lease ~= '' then redis.call('ZREM', lease, ARGV[1]) end
 redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
 if ARGV[4] == '' then redis.call('HSET', KEYS[1], 'once', '1') end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -179,6 +224,7 @@ class RedisLedgerStore:
         self._records = f"{prefix}ledger:inv:"
         self._identities = f"{prefix}ledger:same:"
         self._keys = f"{prefix}ledger:idem:"
+        self._prefix = prefix
         self._run = connection.run
 
     async def claim(
@@ -189,6 +235,7 @@ class RedisLedgerStore:
         running_ttl_s: float,
         *,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         keys = [self._identities + identity, self._records + tool_request_id, *self._named(confirmed)]
         args: list[bytes | str] = [
@@ -198,9 +245,12 @@ class RedisLedgerStore:
             identity,
             self._records,
             self._identities,
+            *self._lease(lease),
             *_pairs(confirmed),
         ]
         found = await self._run(_CLAIM, keys, args)
+        if found == 0:
+            raise LeaseRefused(self._lease(lease)[0])
         return (
             None if found is None else StoredInvocation(found[0].decode(), found[1], False, found[2].decode())
         )
@@ -215,6 +265,7 @@ class RedisLedgerStore:
         running_ttl_s: float,
         key_ttl_s: float,
         confirmed: Sequence[Delivered] = (),
+        lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         keys = [self._keys + key, self._records + tool_request_id, *self._named(confirmed)]
         args: list[bytes | str] = [
@@ -225,11 +276,14 @@ class RedisLedgerStore:
             self._records,
             milliseconds(key_ttl_s),
             self._identities,
+            *self._lease(lease),
             *_pairs(confirmed),
         ]
         found = await self._run(_CLAIM_KEYED, keys, args)
         if found is None:
             return None
+        if found == 0:
+            raise LeaseRefused(self._lease(lease)[0])
         if found[0] == 0:
             raise KeyReused(found[1].decode())
         return StoredInvocation(found[1].decode(), found[2], found[3] == 1, found[4].decode())
@@ -271,6 +325,15 @@ class RedisLedgerStore:
         keys = self._named(deliveries)
         running = await self._run(_CONFIRM, keys, [self._identities, *_pairs(deliveries)])
         return [tool_request_id.decode() for tool_request_id in running]
+
+    def _lease(self, lease: LeaseTerms | None) -> list[str]:
+        """The claim scripts' lease arguments: key (under the prefix), limit, ttl ms; "" for none."""
+        if lease is None:
+            return ["", "", ""]
+        return [self._prefix + lease.key, str(lease.limit), milliseconds(lease.ttl_s)]
+
+    async def release_lease(self, key: str, tool_request_id: str) -> None:
+        await self._run(_RELEASE_LEASE, [self._prefix + key], [tool_request_id])
 
     def _named(self, deliveries: Sequence[Delivered]) -> list[str]:
         return [self._records + delivered.tool_request_id for delivered in deliveries]
