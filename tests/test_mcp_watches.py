@@ -179,6 +179,7 @@ async def test_watches_are_bounded(system: LocalSystem) -> None:
                 async with legacy_client(base, "bound-4") as fourth:
                     with pytest.raises(MCPError) as raised:
                         await fourth.list_tools()
+        assert raised.value.code == types.INTERNAL_ERROR
         assert raised.value.data == {"code": Code.OVERLOADED.value, "retryable": True}
         assert await eventually(lambda: not gateway.watched_sessions)
 
