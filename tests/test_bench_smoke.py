@@ -116,3 +116,25 @@ def test_mcp_both_ways_runs_every_way(tmp_path: Path) -> None:
     results = json.loads(written.read_text())
     assert set(results["ratios"]) == {"gateway (stdio)", "gateway (HTTP)", "host --mcp"}
     assert all(figures["calls_per_s"] > 0 for figures in results["figures"].values())
+
+
+@pytest.mark.timeout(240)
+def test_bench_limits_quick_runs_every_scenario(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.limits", "--quick", "--baseline", "none", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    [written] = tmp_path.glob("limits-quick-*.json")
+    results = json.loads(written.read_text())["results"]
+    assert set(results["this tree"]) == {"normal", "hostile", "lists"}
+    assert results["this tree"]["normal"]["calls"] > 0
+    assert results["this tree"]["hostile"]["registration"].startswith("refused LIMIT_EXCEEDED")
+    earlier = results["this tree, schema stored earlier"]["hostile"]
+    assert earlier["registration"] == "stored earlier"
+    assert any("validation_time_limit" in outcome for outcome in earlier["hostile_calls"])
+    assert earlier["during"]["calls"] > 0

@@ -142,6 +142,23 @@ async def test_memory_store_forgets_expired_keys_it_never_reads() -> None:
     assert len(store) < 700
 
 
+async def test_leases_hold_up_to_their_limit_and_come_back(store: Store) -> None:
+    assert [await store.acquire_lease("q", f"l{n}", 2, 30) for n in range(3)] == [True, True, False]
+    assert await store.acquire_lease("q", "l0", 2, 30)  # a holder renewing its own lease
+    assert await store.acquire_lease("other", "l9", 2, 30)  # each key counts its own
+    await store.release_lease("q", "l1")
+    await store.release_lease("q", "never-held")
+    assert await store.acquire_lease("q", "l2", 2, 30)
+    assert not await store.acquire_lease("q", "l3", 2, 30)
+
+
+async def test_a_lease_lapses_after_its_ttl(store: Store) -> None:
+    assert await store.acquire_lease("lapse", "a", 1, 0.05)
+    assert not await store.acquire_lease("lapse", "b", 1, 30)
+    await asyncio.sleep(0.1)  # past the TTL: the time passing is what is tested
+    assert await store.acquire_lease("lapse", "b", 1, 30)
+
+
 async def test_cancellations_posted_anywhere_reach_every_follower(store: Store) -> None:
     board, other_replica = CancelBoard(store), CancelBoard(store)
     await board.post("tr_before")  # posted before anyone followed: not told again

@@ -37,6 +37,12 @@ def scope(role: Role) -> Container[str] | None:
     return None if grant is None else grant.scope(role)
 
 
+def caller() -> str | None:
+    """The current caller's token subject, or None when no token was verified (no authentication)."""
+    grant = _GRANT.get()
+    return None if grant is None else grant.subject
+
+
 def grant_expires_at() -> float | None:
     """When the current caller's token expires (epoch seconds, with leeway); None without one."""
     grant = _GRANT.get()

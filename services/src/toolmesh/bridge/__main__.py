@@ -35,6 +35,7 @@ async def _start() -> RunningServer:
         # Routes only matter where invocation replicas can read them: a shared store.
         stores=None if store_url(args.store) == MEMORY else stores_of(args),
         advertise=args.advertise or os.environ.get(ADVERTISE_ENV),
+        limits=args.limits,
     )
     return server
 

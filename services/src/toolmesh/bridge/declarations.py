@@ -25,6 +25,7 @@ from toolmesh.core.backoff import Backoff
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.registry.registry import check_tools
+from toolmesh.server.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -85,8 +86,9 @@ def merge(
 
 
 class Declarations:
-    def __init__(self, router: Router, lists: ToolLists | None) -> None:
+    def __init__(self, router: Router, lists: ToolLists | None, limits: Limits = DEFAULT_LIMITS) -> None:
         self._router = router
+        self._limits = limits
         self._lists = lists
         self._sessions: dict[str, _Session] = {}
         router.closed_hooks.append(self._forget)
@@ -102,7 +104,7 @@ class Declarations:
         keeper puts it once the registry answers).
         """
         host = self._router.host(host_session_id, sessions)
-        check_tools(tools)
+        await asyncio.to_thread(check_tools, tools, self._limits)  # as the registry does
         if self._lists is None:
             raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "This bridge has no registry address.")
         session = self._sessions.setdefault(host.session_id, _Session())

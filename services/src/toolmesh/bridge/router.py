@@ -33,6 +33,7 @@ from toolmesh.core.limits import MAX_RESULT_BYTES, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
+from toolmesh.server.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -193,8 +194,10 @@ class Router:
         heartbeat_s: float = 5.0,
         ended_memory: int = 50_000,
         observer: RouterObserver | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.heartbeat_s = heartbeat_s
+        self._limits = limits
         self._observer: RouterObserver = observer or NoRouterObserver()
         self._hosts: dict[str, HostSession] = {}
         self._by_session: dict[str, list[HostSession]] = {}
@@ -225,6 +228,14 @@ class Router:
             # A host opening now would be cut off at once: let it find a bridge that stays.
             raise ToolmeshError(Code.SHUTTING_DOWN)
         require_id(session_id, "session_id")
+        if len(self._by_session.get(session_id, ())) >= self._limits.host_sessions_per_session:
+            # Per replica: a host session is a stream this process holds, released when it ends.
+            raise self._limits.used_up(
+                "host_sessions_per_session",
+                "The session has as many host sessions open as allowed; one must end first.",
+                self.heartbeat_s,
+                sessionId=session_id,
+            )
         names = frozenset(handler_names)
         for name in names:
             require_tool_name(name)

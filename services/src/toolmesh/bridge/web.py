@@ -267,12 +267,17 @@ def web_app(
     origins: Iterable[str],
     verifier: Verifier | None = None,
     recorder: OutcomeRecorder | None = None,
+    *,
+    read_max_bytes: int = MAX_MESSAGE_BYTES,
 ) -> App:
     """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port;
-    with `recorder`, results handed in after another replica was lost are adopted as on the gRPC port."""
+    with `recorder`, results handed in after another replica was lost are adopted as on the gRPC port.
+
+    `read_max_bytes`: the largest message it reads (the `message_bytes` limit).
+    """
     connect = BridgeServiceASGIApplication(
         WebBridge(router, declarations, verifier, recorder),
-        read_max_bytes=MAX_MESSAGE_BYTES,
+        read_max_bytes=read_max_bytes,
         codecs=[_TypedDecoding(codec) for codec in google_protobuf_codecs()],
     )
     return guarded(connect, origins)

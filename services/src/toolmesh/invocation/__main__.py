@@ -11,5 +11,6 @@ run(
         args.listen,
         security=security,
         stores=stores_of(args),
+        limits=args.limits,
     ),
 )

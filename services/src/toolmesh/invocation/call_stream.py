@@ -42,12 +42,15 @@ class CallStream:
         invoker: Invoker,
         sessions: Container[str] | None = None,
         *,
+        caller: str | None = None,
         pause_bytes: int = UNREAD_RESULTS_PAUSE_BYTES,
         max_bytes: int = UNREAD_RESULTS_MAX_BYTES,
     ) -> None:
         self._invoker = invoker
         # The sessions the caller may call (None: all); a call for another is refused alone.
         self._sessions = sessions
+        # Who calls (a token's subject), for the rate per caller.
+        self._caller = caller
         # Each result, and whether it refuses a duplicate call id (sent apart: see the proto).
         self._results: Outbox[tuple[invocation_pb2.StreamedToolResult, bool]] = Outbox(_result_size)
         self._pause_bytes = pause_bytes
@@ -132,6 +135,7 @@ class CallStream:
                         deliveries_from_pb(request.confirmed_tool_request_ids, request.confirmed_attachments),
                         leaves_early=False,
                         sessions=self._sessions,
+                        caller=self._caller,
                     )
                 except ToolmeshError as error:
                     span.set_status(Status(StatusCode.ERROR, error.code.value))

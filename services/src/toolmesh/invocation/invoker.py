@@ -13,11 +13,10 @@ from typing import Any
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import FULL_VIOLATION_REPORT_CHARS, MAX_ARGUMENTS_BYTES
+from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
-from toolmesh.core.schemas import compile_schema, violations
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger
@@ -29,6 +28,8 @@ from toolmesh.invocation.ports import (
     ProgressSink,
     ToolCatalog,
 )
+from toolmesh.invocation.quotas import Lease, Quotas
+from toolmesh.invocation.validation import Validation, validate_now
 from toolmesh.store.ledger import Delivered
 
 log = logging.getLogger("toolmesh.invocation")
@@ -78,11 +79,14 @@ def check_envelope(call: ToolCall) -> None:
 
 
 def check_arguments(tool: ToolSpec, arguments_json: str) -> Outcome | None:
-    """A TOOL_ARGS_INVALID outcome when the arguments are not an object that fits the schema."""
+    """A TOOL_ARGS_INVALID outcome when the arguments are not an object that fits the schema.
+
+    On the calling thread, whatever it costs (benchmarks); the Invoker uses its Validation.
+    """
     arguments = parse_arguments(arguments_json)
     if isinstance(arguments, Outcome):
         return arguments
-    return check_parsed_arguments(tool, arguments, len(arguments_json))
+    return validate_now(tool, arguments, arguments_json)
 
 
 def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
@@ -102,83 +106,6 @@ def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
             f"Arguments are not plain JSON: {refused.problem}.",
             {"reason": "not_json"},
         )
-
-
-def check_parsed_arguments(tool: ToolSpec, arguments: jsontext.JsonValue, size: int) -> Outcome | None:
-    """A TOOL_ARGS_INVALID outcome when parsed arguments are not an object that fits the schema.
-
-    `size`: the length of the arguments' text; above FULL_VIOLATION_REPORT_CHARS
-    only the first violation is reported (listing all costs time per violation).
-    """
-    if not isinstance(arguments, dict):
-        return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID,
-            f"Arguments must be a JSON object, not {_json_type(arguments)}.",
-            {"reason": "not_object"},
-        )
-    try:
-        validator = compile_schema(
-            tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True
-        )
-        all_of_them = size <= FULL_VIOLATION_REPORT_CHARS
-        found = violations(validator, arguments, all_of_them=all_of_them)
-    except Exception as exc:  # a schema the registry took but this validator cannot use
-        log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
-        return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID, "The tool's schema cannot be applied.", {"reason": "schema_unusable"}
-        )
-    if found:
-        return Outcome.runtime_error(
-            Code.TOOL_ARGS_INVALID,
-            f"{len(found)} schema violation(s)."
-            if all_of_them
-            else "The first schema violation found (arguments this large are not checked further).",
-            {
-                "reason": "schema",
-                "violations": [{"path": v.path, "message": v.message} for v in found],
-            },
-        )
-    return None
-
-
-def check_result(tool: ToolSpec, outcome: Outcome) -> Outcome:
-    """`outcome`, or TOOL_RESULT_INVALID with the violations when the result breaks the outputSchema.
-
-    Errors pass as they are: the schema describes results only.
-    """
-    if not tool.output_schema_json or outcome.result_json is None:
-        return outcome
-    try:
-        validator = compile_schema(
-            tool.output_schema_json, tool=tool.name, which="outputSchema", require_object=False
-        )
-        found = violations(validator, jsontext.parse(outcome.result_json))
-    except Exception as exc:  # a schema the registry took but this validator cannot use
-        log.warning("schema could not be applied", extra={"tool": tool.name, "error": type(exc).__name__})
-        return Outcome.runtime_error(
-            Code.TOOL_RESULT_INVALID,
-            "The tool's outputSchema cannot be applied.",
-            {"reason": "schema_unusable"},
-        )
-    if not found:
-        return outcome
-    return Outcome.runtime_error(
-        Code.TOOL_RESULT_INVALID,
-        f"The result does not match the tool's outputSchema: {len(found)} violation(s).",
-        {"reason": "output_schema", "violations": [{"path": v.path, "message": v.message} for v in found]},
-    )
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array"
 
 
 class _OutcomeUnread(Exception):
@@ -208,6 +135,8 @@ class Invoker:
         max_in_flight: int = 20_000,
         *,
         observer: InvocationObserver | None = None,
+        validation: Validation | None = None,
+        quotas: Quotas | None = None,
         cancels: CancelBoard | None = None,
     ) -> None:
         """`cancels`: where cancellations go for the replica that runs the invocation, when replicas
@@ -215,6 +144,8 @@ class Invoker:
         self._catalog = catalog
         self._dispatcher = dispatcher
         self.ledger = ledger
+        self._validation = validation or Validation()
+        self._quotas = quotas or Quotas(None)
         self._observer: InvocationObserver = observer or NoInvocationObserver()
         # Above this many calls waiting here, new ones are refused (OVERLOADED)
         # rather than slowing every call down.
@@ -225,6 +156,8 @@ class Invoker:
         # join. They go on when their caller leaves, so that a caller whose own
         # deadline passed can retry and join them.
         self._running: dict[str, asyncio.Future[Outcome]] = {}
+        # Places given back for calls whose callers left (held here until done).
+        self._giving_back: set[asyncio.Future[None]] = set()
         # The task dispatching each invocation this process runs, to stop it when it is cancelled,
         # and those being stopped so.
         self._dispatching: dict[str, asyncio.Task[Any]] = {}
@@ -242,6 +175,7 @@ class Invoker:
         leaves_early: bool = True,
         on_invocation: Announce | None = None,
         sessions: Container[str] | None = None,
+        caller: str | None = None,
         on_progress: ProgressSink | None = None,
     ) -> InvokeResult:
         """Run, join or replay `call`, after applying the caller's `confirmed` deliveries.
@@ -255,6 +189,7 @@ class Invoker:
         anew or joined), so that a caller who gives up still knows what to
         reconcile and which attachment to confirm.
         `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
+        `caller`: who calls (a token's subject; None: unauthenticated), for the rate per caller.
         `on_progress` gets the progress reports of the invocation while the call
         waits for it, when this process runs it (best effort).
         """
@@ -275,6 +210,7 @@ class Invoker:
             raise ToolmeshError(Code.SHUTTING_DOWN)
         if self._in_flight >= self._max_in_flight:
             raise ToolmeshError(Code.OVERLOADED, "", {"maxInFlight": str(self._max_in_flight)})
+        self._quotas.take_call(caller)
         observed = self._observer.call(call)
         self._in_flight += 1
         try:
@@ -310,11 +246,34 @@ class Invoker:
         invalid = (
             arguments
             if isinstance(arguments, Outcome)
-            else check_parsed_arguments(tool, arguments, len(call.arguments_json))
+            else await self._validation.arguments(tool, arguments, call.arguments_json)
         )
         if invalid is not None:
             await self._confirm(confirmed)
             return InvokeResult("", invalid)
+        return await self._invoke_valid(
+            call,
+            tool,
+            arguments=arguments,
+            idempotency_key=idempotency_key,
+            leaves_early=leaves_early,
+            confirmed=confirmed,
+            on_invocation=on_invocation,
+            on_progress=on_progress,
+        )
+
+    async def _invoke_valid(
+        self,
+        call: ToolCall,
+        tool: ToolSpec,
+        *,
+        arguments: jsontext.JsonValue,
+        idempotency_key: str,
+        leaves_early: bool,
+        confirmed: Sequence[Delivered],
+        on_invocation: Announce | None,
+        on_progress: ProgressSink | None,
+    ) -> InvokeResult:
         tool_request_id = new_tool_request_id()
         request = ToolRequest(
             session_id=call.session_id,
@@ -325,56 +284,83 @@ class Invoker:
             timeout_ms=tool.effective_timeout_ms,
             redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
         )
-        claiming = self.ledger.claim(
-            call,
-            tool_request_id,
-            tool.effective_timeout_ms,
-            idempotency_key,
-            self._observer.trace_context(),
-            arguments=arguments,
-            confirmed=confirmed,
-        )
-        claim = await self._claim(claiming, request, tool, leaves_early)
+        lease = self._quotas.in_flight(call.session_id, tool.effective_timeout_ms)
+
+        async def claiming() -> Claim:
+            # The session's place first, in the same step as the claim: a caller that leaves
+            # during either leaves both to go on (see _claim).
+            await lease.take()
+            try:
+                return await self.ledger.claim(
+                    call,
+                    tool_request_id,
+                    tool.effective_timeout_ms,
+                    idempotency_key,
+                    self._observer.trace_context(),
+                    arguments=arguments,
+                    confirmed=confirmed,
+                )
+            except BaseException:
+                await lease.give_back()
+                raise
+
+        claim = await self._claim(claiming(), request, tool, leaves_early, lease)
         record = claim.record
         if on_invocation is not None and record.outcome is None:
             await on_invocation(record.tool_request_id, claim.attachment_id)
         if on_progress is None or record.outcome is not None:
-            return await self._attach(claim, request, tool, leaves_early)
+            return await self._attach(claim, request, tool, leaves_early, lease)
         listeners = self._listeners.setdefault(record.tool_request_id, [])
         listeners.append(on_progress)
         try:
-            return await self._attach(claim, request, tool, leaves_early)
+            return await self._attach(claim, request, tool, leaves_early, lease)
         finally:
             listeners.remove(on_progress)
             if not listeners:
                 self._listeners.pop(record.tool_request_id, None)
 
     async def _attach(
-        self, claim: Claim, request: ToolRequest, tool: ToolSpec, leaves_early: bool
+        self, claim: Claim, request: ToolRequest, tool: ToolSpec, leaves_early: bool, lease: Lease
     ) -> InvokeResult:
-        """The outcome of the claimed invocation: run anew, replayed, or joined."""
+        """The outcome of the claimed invocation: run anew, replayed, or joined.
+
+        A new invocation gives its session's place back when it ends, whoever waits for it;
+        a call that replays or joins one, when it has the outcome.
+        """
         record = claim.record
         tool_request_id = request.tool_request_id
         attachment_id = claim.attachment_id
         with self._observer.invocation(record.tool_request_id):
             if claim.is_new:
-                outcome = await self._start(request, tool, record, leaves_early, attachment_id)
-                return InvokeResult(tool_request_id, outcome, attachment_id=attachment_id)
-            if record.outcome is not None:
-                with self._observer.attached(record, "replayed"):
-                    log.info("replayed an unconfirmed outcome")
-                    return InvokeResult(
-                        record.tool_request_id, record.outcome, replayed=True, attachment_id=attachment_id
-                    )
-            with self._observer.attached(record, "joined"):
-                log.info("joined a running invocation")
-                outcome = await self._outcome_of(
-                    record.tool_request_id, tool.effective_timeout_ms, attachment_id
+                outcome = await self._start(
+                    request, tool, record, leaves_early, attachment_id=attachment_id, lease=lease
                 )
-                return InvokeResult(record.tool_request_id, outcome, joined=True, attachment_id=attachment_id)
+                return InvokeResult(tool_request_id, outcome, attachment_id=attachment_id)
+            try:
+                if record.outcome is not None:
+                    with self._observer.attached(record, "replayed"):
+                        log.info("replayed an unconfirmed outcome")
+                        return InvokeResult(
+                            record.tool_request_id, record.outcome, replayed=True, attachment_id=attachment_id
+                        )
+                with self._observer.attached(record, "joined"):
+                    log.info("joined a running invocation")
+                    outcome = await self._outcome_of(
+                        record.tool_request_id, tool.effective_timeout_ms, attachment_id
+                    )
+                    return InvokeResult(
+                        record.tool_request_id, outcome, joined=True, attachment_id=attachment_id
+                    )
+            finally:
+                await lease.give_back()
 
     async def _claim(
-        self, claiming: Coroutine[Any, Any, Claim], request: ToolRequest, tool: ToolSpec, leaves_early: bool
+        self,
+        claiming: Coroutine[Any, Any, Claim],
+        request: ToolRequest,
+        tool: ToolSpec,
+        leaves_early: bool,
+        lease: Lease,
     ) -> Claim:
         """The ledger's claim. One whose caller may leave (a unary RPC) goes on without it: a claim
         that made a new invocation must run it, or exact retries would join one that nobody runs."""
@@ -384,23 +370,27 @@ class Invoker:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            task.add_done_callback(partial(self._claimed_without_caller, request, tool))
+            task.add_done_callback(partial(self._claimed_without_caller, request, tool, lease))
             raise
 
     def _claimed_without_caller(
-        self, request: ToolRequest, tool: ToolSpec, claiming: asyncio.Future[Claim]
+        self, request: ToolRequest, tool: ToolSpec, lease: Lease, claiming: asyncio.Future[Claim]
     ) -> None:
         if claiming.cancelled() or claiming.exception() is not None:
-            return
+            return  # the claim gave its place back
         claim = claiming.result()
         if claim.is_new:
-            self._run_detached(request, tool, claim.record)
+            self._run_detached(request, tool, claim.record, lease)
+        else:  # joined or replayed, and nobody waits for it
+            giving_back = asyncio.ensure_future(lease.give_back())
+            self._giving_back.add(giving_back)
+            giving_back.add_done_callback(self._giving_back.discard)
 
     def _run_detached(
-        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease
     ) -> asyncio.Task[Outcome]:
         """Run a new invocation in a task of its own, which goes on whoever waits for it."""
-        task = asyncio.create_task(self._run(request, tool, claimed))
+        task = asyncio.create_task(self._run_and_give_back(request, tool, claimed, lease))
         self._running[request.tool_request_id] = task
         task.add_done_callback(partial(self._ended, request.tool_request_id))
         return task
@@ -411,19 +401,21 @@ class Invoker:
         tool: ToolSpec,
         claimed: InvocationRecord,
         leaves_early: bool,
+        *,
         attachment_id: str,
+        lease: Lease,
     ) -> Outcome:
         """Run a new invocation; identical calls meanwhile wait on it in `_running`."""
         tool_request_id = request.tool_request_id
         try:
             if leaves_early:
-                return await asyncio.shield(self._run_detached(request, tool, claimed))
+                return await asyncio.shield(self._run_detached(request, tool, claimed, lease))
         except _OutcomeUnread as unread:
             raise unread.error(attachment_id) from None
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._running[tool_request_id] = ran
         try:
-            outcome = await self._run(request, tool, claimed)
+            outcome = await self._run_and_give_back(request, tool, claimed, lease)
         except asyncio.CancelledError:
             ran.cancel()
             raise
@@ -443,6 +435,14 @@ class Invoker:
 
     def _ended(self, tool_request_id: str, _: object) -> None:
         self._running.pop(tool_request_id, None)
+
+    async def _run_and_give_back(
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease
+    ) -> Outcome:
+        try:
+            return await self._run(request, tool, claimed)
+        finally:
+            await lease.give_back()
 
     async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
         self._observer.in_flight(1)
@@ -473,7 +473,7 @@ class Invoker:
         finally:
             self._dispatching.pop(tool_request_id, None)
             self._observer.in_flight(-1)
-        outcome = check_result(tool, outcome)
+        outcome = await self._validation.result(tool, outcome)
         if not await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed):
             return CANCELLED  # cancelled as the host answered: the ledger's outcome is everyone's
         return outcome

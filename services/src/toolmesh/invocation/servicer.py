@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from toolmesh.auth.grants import Role
-from toolmesh.auth.guard import scope
+from toolmesh.auth.guard import caller, scope
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.wire import ATTACHMENT_ID_METADATA, TOOL_REQUEST_ID_METADATA, progress_to_pb
 from toolmesh.invocation.call_stream import CallStream
@@ -81,6 +81,7 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
                 deliveries_from_pb(request.confirmed_tool_request_ids, request.confirmed_attachments),
                 on_invocation=announcer.waiting,
                 sessions=scope(Role.CALL),
+                caller=caller(),
             )
         finally:
             await announcer.settled()
@@ -89,7 +90,9 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
     async def InvokeTools(
         self, request_iterator: AsyncIterator[invocation_pb2.InvokeToolsRequest], context: ServicerContext
     ) -> AsyncIterator[invocation_pb2.InvokeToolsResponse]:
-        async for response in relay(CallStream(self._invoker, scope(Role.CALL)), request_iterator):
+        async for response in relay(
+            CallStream(self._invoker, scope(Role.CALL), caller=caller()), request_iterator
+        ):
             yield response
 
     async def ConfirmDelivery(

@@ -6,6 +6,10 @@ security = security_of(args)
 run(
     "registry",
     lambda: start_registry(
-        args.listen, stores_of(args), security=security, internal_address=args.internal_listen
+        args.listen,
+        stores_of(args),
+        security=security,
+        internal_address=args.internal_listen,
+        limits=args.limits,
     ),
 )

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import MAX_TOOLS_PER_SESSION
 from toolmesh.core.names import require_id, require_tool_name
-from toolmesh.core.schemas import compile_schema
 from toolmesh.core.tools import ToolAnnotations, ToolSet, ToolSpec, check_timeout
+from toolmesh.server.limits import DEFAULT_LIMITS, Limits
+from toolmesh.server.schema_cost import check_schema
 from toolmesh.store.base import Store, VersionConflict, Versioned
 
 
@@ -17,7 +18,7 @@ def _key(session_id: str) -> str:
     return f"registry:tools:{session_id}"
 
 
-def _encode(tools: Sequence[ToolSpec]) -> bytes:
+def encode_tools(tools: Sequence[ToolSpec]) -> bytes:
     records = [
         {
             "name": tool.name,
@@ -56,10 +57,10 @@ def _decode(stored: Versioned | None) -> ToolSet:
     )
 
 
-def check_tools(tools: Sequence[ToolSpec]) -> None:
-    """Refuse the whole list if any tool is malformed: names, timeouts, schemas."""
-    if len(tools) > MAX_TOOLS_PER_SESSION:
-        raise ToolmeshError(Code.INVALID_REQUEST, f"A session holds at most {MAX_TOOLS_PER_SESSION} tools.")
+def check_tools(tools: Sequence[ToolSpec], limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse the whole list if any tool is malformed (names, timeouts, schemas) or over the limits."""
+    if len(tools) > limits.tools_per_session:
+        raise limits.over("tools_per_session", f"A session holds at most {limits.tools_per_session} tools.")
     seen: set[str] = set()
     for tool in tools:
         require_tool_name(tool.name)
@@ -69,23 +70,31 @@ def check_tools(tools: Sequence[ToolSpec]) -> None:
             )
         seen.add(tool.name)
         check_timeout(tool)
-        compile_schema(tool.input_schema_json, tool=tool.name, which="inputSchema", require_object=True)
+        check_schema(tool.input_schema_json, limits, tool=tool.name, which="inputSchema", require_object=True)
         if tool.output_schema_json:
-            compile_schema(
-                tool.output_schema_json, tool=tool.name, which="outputSchema", require_object=False
+            check_schema(
+                tool.output_schema_json, limits, tool=tool.name, which="outputSchema", require_object=False
             )
 
 
 class Registry:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, limits: Limits = DEFAULT_LIMITS) -> None:
         self._store = store
+        self._limits = limits
 
     async def put_tools(
         self, session_id: str, tools: Sequence[ToolSpec], expected_revision: int | None = None
     ) -> int:
         require_id(session_id, "session_id")
-        check_tools(tools)
-        encoded = _encode(tools)
+        # In a thread: checking a list of large schemas takes milliseconds per tool, and the
+        # event loop goes on serving other sessions meanwhile.
+        await asyncio.to_thread(check_tools, tools, self._limits)
+        encoded = encode_tools(tools)
+        if len(encoded) > self._limits.registry_bytes_per_session:
+            raise self._limits.over(
+                "registry_bytes_per_session",
+                f"A session's tools take at most {self._limits.registry_bytes_per_session} bytes.",
+            )
         current = await self._store.get(_key(session_id))
         current_revision = 0 if current is None else current.version
         if expected_revision is not None and expected_revision != current_revision:

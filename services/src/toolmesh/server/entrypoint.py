@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from toolmesh.client.config import DEFAULT_PORTS
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
-from toolmesh.server import security
+from toolmesh.server import limits, security
 from toolmesh.server.runtime import CannotListen, RunningServer, serve_until_signalled
 from toolmesh.server.security import Security
 from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
@@ -50,12 +50,15 @@ def parse_args(
             f"default 127.0.0.1:{INTERNAL_PORTS[dependency]})",
         )
     security.add_arguments(parser)
+    limits.add_arguments(parser)
     if extend is not None:
         extend(parser)
     add_store_arguments(parser)
     args = parser.parse_args()
     try:
         describe_store(store_url(args.store))
+        # Unknown or malformed limits stop the service here, before it serves anything.
+        args.limits = limits.from_args(args)
     except ValueError as error:
         parser.error(str(error))
     return args

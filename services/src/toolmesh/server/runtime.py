@@ -24,6 +24,7 @@ from toolmesh.auth.guard import Listener, admission, serves
 from toolmesh.core.channels import TRANSPORT_OPTIONS
 from toolmesh.server.decoding import decoding
 from toolmesh.server.instrument import OpenStreams, instrumented
+from toolmesh.server.limits import DEFAULT_LIMITS, Limits
 from toolmesh.server.reflection import enable_reflection
 from toolmesh.server.security import LOOPBACK, Security
 
@@ -37,6 +38,18 @@ SERVER_OPTIONS = [
     # share its connections with the first without a word. A port in use must be an error.
     ("grpc.so_reuseport", 0),
 ]
+
+
+def server_options(limits: Limits) -> list[tuple[str, Any]]:
+    """SERVER_OPTIONS with the received message size bounded by the `message_bytes` limit.
+
+    gRPC refuses a larger message from its length prefix, before reading it, with
+    RESOURCE_EXHAUSTED (its own status: no ErrorInfo can be attached that early).
+    """
+    return [
+        *(option for option in SERVER_OPTIONS if option[0] != "grpc.max_receive_message_length"),
+        ("grpc.max_receive_message_length", limits.message_bytes),
+    ]
 
 
 class CannotListen(OSError):
@@ -123,6 +136,7 @@ async def start_server(
     *,
     security: Security = LOOPBACK,
     internal_address: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RunningServer:
     """Start a server on `address` (port 0 picks a free port) and return it with its port.
 
@@ -136,8 +150,15 @@ async def start_server(
         security.check_internal(internal_address)
     # One set of open streams for both listeners: stopping the server ends them all.
     streams = OpenStreams()
+    options = server_options(limits)
     public = await _listen(
-        services, address, Listener.PUBLIC, security, security.public_credentials(), streams=streams
+        services,
+        address,
+        Listener.PUBLIC,
+        security,
+        security.public_credentials(),
+        streams=streams,
+        options=options,
     )
     internal = None
     if internal_wanted:
@@ -150,6 +171,7 @@ async def start_server(
                 security,
                 security.internal_credentials(),
                 streams=streams,
+                options=options,
             )
         except BaseException:
             await public.server.stop(0)
@@ -167,8 +189,9 @@ async def _listen(
     credentials: grpc.ServerCredentials | None,
     *,
     streams: OpenStreams,
+    options: list[tuple[str, Any]],
 ) -> Listening:
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=options)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, decoding(server))
 

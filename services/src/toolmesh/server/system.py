@@ -20,10 +20,13 @@ from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.observability import InvocationTelemetry
+from toolmesh.invocation.quotas import Quotas
 from toolmesh.invocation.remote import RoutedDispatcher, cached_registry_catalog
 from toolmesh.invocation.servicer import invocation_service
+from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
+from toolmesh.server.limits import DEFAULT_LIMITS, Limits
 from toolmesh.server.runtime import CannotListen, RunningServer, start_server
 from toolmesh.server.security import LOOPBACK, Security
 from toolmesh.store.backends import MEMORY, Stores, open_stores
@@ -40,15 +43,17 @@ async def start_registry(
     *,
     security: Security = LOOPBACK,
     internal_address: str = INTERNAL_ADDRESS,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RunningServer:
     """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory)."""
     stores = stores or open_stores()
     try:
         running = await start_server(
-            [registry_service(Registry(stores.store))],
+            [registry_service(Registry(stores.store, limits))],
             address,
             security=security,
             internal_address=internal_address,
+            limits=limits,
         )
     except CannotListen:
         await stores.close()
@@ -68,6 +73,7 @@ async def start_bridge(
     internal_address: str = INTERNAL_ADDRESS,
     stores: Stores | None = None,
     advertise: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[RunningServer, Router]:
     """The bridge on `address`, its internal listener (Dispatch, for the invocation service) on
     `internal_address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
@@ -81,16 +87,18 @@ async def start_bridge(
     """
     if web_address is not None:
         security.check_public(web_address)
-    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry())
+    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry(), limits=limits)
     lists = (
         RegistryToolLists(registry_target, security.peer_credentials())
         if registry_target is not None
         else None
     )
-    declarations = Declarations(router, lists)
+    declarations = Declarations(router, lists, limits)
     recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger))
     service = bridge_service(router, declarations, recorder)
-    running = await start_server([service], address, security=security, internal_address=internal_address)
+    running = await start_server(
+        [service], address, security=security, internal_address=internal_address, limits=limits
+    )
     if stores is not None:
         host = internal_address.rsplit(":", 1)[0]
         routes = Routes(stores.store, advertise or f"{host}:{running.internal_port}", router)
@@ -103,7 +111,14 @@ async def start_bridge(
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
-        app = web_app(router, declarations, web_origins, security.verifier, recorder)
+        app = web_app(
+            router,
+            declarations,
+            web_origins,
+            security.verifier,
+            recorder,
+            read_max_bytes=limits.message_bytes,
+        )
         try:
             web = await start_web_server(app, web_address, security.tls)
         except CannotListen:
@@ -132,6 +147,7 @@ async def start_invocation(
     policy: LedgerPolicy | None = None,
     max_in_flight: int = 20_000,
     security: Security = LOOPBACK,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RunningServer:
     """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
 
@@ -148,8 +164,16 @@ async def start_invocation(
     )
     # Replicas sharing the ledger hear of each other's cancellations through the store.
     cancels = CancelBoard(stores.store) if stores.shared else None
+    validation = Validation(limits)
     invoker = Invoker(
-        catalog, dispatcher, ledger, max_in_flight, observer=InvocationTelemetry(), cancels=cancels
+        catalog,
+        dispatcher,
+        ledger,
+        max_in_flight,
+        observer=InvocationTelemetry(),
+        validation=validation,
+        quotas=Quotas(stores.store, limits),
+        cancels=cancels,
     )
     following_ready = asyncio.Event()
     following = asyncio.create_task(invoker.follow_cancellations(following_ready))
@@ -162,6 +186,7 @@ async def start_invocation(
             await following
 
     closers = [
+        validation.aclose,
         stop_following,
         catalog.aclose,
         registry_channel.close,
@@ -170,7 +195,7 @@ async def start_invocation(
         stores.close,
     ]
     try:
-        running = await start_server([invocation_service(invoker)], address, security=security)
+        running = await start_server([invocation_service(invoker)], address, security=security, limits=limits)
     except CannotListen:
         for close in closers:
             await close()
@@ -241,6 +266,7 @@ async def start_local_system(
     security: Security = LOOPBACK,
     store_url: str = MEMORY,
     store_prefix: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> LocalSystem:
     """All three services; their internal listeners on free loopback ports, used only by each other.
 
@@ -250,7 +276,7 @@ async def start_local_system(
     for port in (registry_port, invocation_port, bridge_port, web_port):
         security.check_public(f"{host}:{port}")
     registry = await start_registry(
-        f"{host}:{registry_port}", open_stores(store_url, store_prefix), security=security
+        f"{host}:{registry_port}", open_stores(store_url, store_prefix), security=security, limits=limits
     )
     try:
         bridge, router = await start_bridge(
@@ -261,6 +287,7 @@ async def start_local_system(
             web_origins=web_origins,
             security=security,
             stores=None if store_url == MEMORY else open_stores(store_url, store_prefix),
+            limits=limits,
         )
     except BaseException:
         await registry.stop(0)
@@ -274,6 +301,7 @@ async def start_local_system(
             policy=policy,
             max_in_flight=max_in_flight,
             security=security,
+            limits=limits,
         )
     except BaseException:
         await bridge.stop(0)
@@ -289,6 +317,7 @@ async def start_replicas(
     store_prefix: str | None = None,
     *,
     security: Security = LOOPBACK,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> list[RunningServer]:
     """`count` more replicas of each service beside `system`, on free ports, keeping their state in
     the same shared store (a Redis: replicas share nothing else). Each invocation replica uses its
@@ -297,7 +326,7 @@ async def start_replicas(
     try:
         for _ in range(count):
             registry = await start_registry(
-                f"{system.host}:0", open_stores(store_url, store_prefix), security=security
+                f"{system.host}:0", open_stores(store_url, store_prefix), security=security, limits=limits
             )
             started.append(registry)
             registry_internal = f"127.0.0.1:{registry.internal_port}"
@@ -306,6 +335,7 @@ async def start_replicas(
                 registry_target=registry_internal,
                 security=security,
                 stores=open_stores(store_url, store_prefix),
+                limits=limits,
             )
             started.append(bridge)
             invocation = await start_invocation(
@@ -314,6 +344,7 @@ async def start_replicas(
                 f"{system.host}:0",
                 stores=open_stores(store_url, store_prefix),
                 security=security,
+                limits=limits,
             )
             started.append(invocation)
     except BaseException:

@@ -12,7 +12,7 @@ from typing import Any
 
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
-from toolmesh.server import security
+from toolmesh.server import limits, security
 from toolmesh.server.entrypoint import add_store_arguments
 from toolmesh.server.runtime import CannotListen, serve_until_signalled
 from toolmesh.server.system import start_local_system, start_replicas
@@ -39,6 +39,7 @@ def add_parser(commands: Any) -> None:
     )
     add_web_arguments(parser)
     security.add_arguments(parser)
+    limits.add_arguments(parser)
     add_store_arguments(parser)
     parser.add_argument(
         "--replicas",
@@ -59,6 +60,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         description = describe_store(url)
         protection = security.from_args(args)
+        settings = limits.from_args(args)
         system = await start_local_system(
             host=args.host,
             registry_port=args.registry_port,
@@ -69,10 +71,11 @@ async def run(args: argparse.Namespace) -> int:
             security=protection,
             store_url=url,
             store_prefix=args.store_prefix,
+            limits=settings,
         )
         try:
             replicas = await start_replicas(
-                system, args.replicas - 1, url, args.store_prefix, security=protection
+                system, args.replicas - 1, url, args.store_prefix, security=protection, limits=settings
             )
         except BaseException:
             await system.stop(0)

@@ -66,6 +66,18 @@ class Store(Protocol):
         """
         ...
 
+    async def acquire_lease(self, key: str, lease_id: str, limit: int, ttl_s: float) -> bool:
+        """Hold one of at most `limit` leases under `key`, as `lease_id`, for `ttl_s` or until released.
+
+        False (nothing held) when `limit` unexpired leases are held already. A
+        lease whose holder died lapses after its `ttl_s`, so counts never leak.
+        """
+        ...
+
+    async def release_lease(self, key: str, lease_id: str) -> None:
+        """Give the lease back (nothing when it lapsed or was never held)."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -140,9 +140,12 @@ class InMemoryStore:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._table: Table[bytes] = Table(clock)
+        self._clock = clock
+        # Each key's held leases and when each lapses; a key goes when it holds none.
+        self._leases: dict[str, dict[str, float]] = {}
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self._table) + len(self._leases)
 
     @property
     def watched_keys(self) -> int:
@@ -186,8 +189,27 @@ class InMemoryStore:
         entry = self._table.live(key)
         return None if entry is None else Versioned(entry.value, entry.version)
 
+    async def acquire_lease(self, key: str, lease_id: str, limit: int, ttl_s: float) -> bool:
+        now = self._clock()
+        held = {lease: until for lease, until in self._leases.get(key, {}).items() if until > now}
+        if len(held) >= limit and lease_id not in held:
+            self._leases[key] = held
+            return False
+        held[lease_id] = now + ttl_s
+        self._leases[key] = held
+        return True
+
+    async def release_lease(self, key: str, lease_id: str) -> None:
+        held = self._leases.get(key)
+        if held is None:
+            return
+        held.pop(lease_id, None)
+        if not held:
+            del self._leases[key]
+
     async def close(self) -> None:
         self._table.clear()
+        self._leases.clear()
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,25 @@ local found = redis.call('HMGET', KEYS[1], 'v', 'n')
 return {found[1], found[2], redis.call('PTTL', KEYS[1])}
 """)
 
+# Leases: a sorted set of lease ids scored by when each lapses (the server's clock, in ms).
+_ACQUIRE_LEASE = Script("""
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false
+    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 1
+""")
+
+_RELEASE_LEASE = Script("""
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 0
+""")
+
 
 def milliseconds(seconds: float | None) -> str:
     """A ttl as a script argument: whole milliseconds, at least 1; '' for none."""
@@ -170,6 +189,13 @@ class RedisStore:
         if version is None:
             return None, None
         return Versioned(value, int(version)), expires_in(int(pttl))
+
+    async def acquire_lease(self, key: str, lease_id: str, limit: int, ttl_s: float) -> bool:
+        held = await self._run(_ACQUIRE_LEASE, [self._key(key)], [lease_id, str(limit), milliseconds(ttl_s)])
+        return bool(held)
+
+    async def release_lease(self, key: str, lease_id: str) -> None:
+        await self._run(_RELEASE_LEASE, [self._key(key)], [lease_id])
 
     def watch(self, key: str) -> AsyncGenerator[Versioned | None, None]:
         channel = self._key(key).encode()

@@ -86,10 +86,13 @@ class BridgeService(Protocol):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens; when it expires, the stream
-        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-        "expired"): open a new one ahead of it (replaces_host_session_id).
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -137,8 +140,9 @@ class BridgeService(Protocol):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """
@@ -399,10 +403,13 @@ class BridgeServiceClient(ConnectClient):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens; when it expires, the stream
-        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-        "expired"): open a new one ahead of it (replaces_host_session_id).
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,
@@ -484,8 +491,9 @@ class BridgeServiceClient(ConnectClient):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """
@@ -692,10 +700,13 @@ class BridgeServiceSync(Protocol):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens; when it expires, the stream
-        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-        "expired"): open a new one ahead of it (replaces_host_session_id).
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -743,8 +754,9 @@ class BridgeServiceSync(Protocol):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """
@@ -1003,10 +1015,13 @@ class BridgeServiceClientSync(ConnectClientSync):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens; when it expires, the stream
-        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-        "expired"): open a new one ahead of it (replaces_host_session_id).
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
         return self.execute_server_stream(
             request=request,
@@ -1088,8 +1103,9 @@ class BridgeServiceClientSync(ConnectClientSync):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """

@@ -86,6 +86,9 @@ class Code(enum.StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     WRONG_LISTENER = "WRONG_LISTENER"
+    # Limits (toolmesh.server.limits): a request over a fixed bound, or a quota used up for now.
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     # An InvokeTools stream whose caller stopped reading its results.
     RESULTS_NOT_READ = "RESULTS_NOT_READ"
     # Seen by a caller that received no outcome at all.
@@ -263,6 +266,18 @@ _TABLE: dict[Code, ErrorSpec] = {
         message="This RPC is not served on this port: internal RPCs only on the internal listener, "
         "the others only on the public one.",
     ),
+    Code.LIMIT_EXCEEDED: ErrorSpec(
+        status=S.INVALID_ARGUMENT,
+        retryable=False,
+        caller_fault=True,
+        message="The request is over one of the service's limits; ErrorInfo names the limit and its value.",
+    ),
+    Code.QUOTA_EXCEEDED: ErrorSpec(
+        status=S.RESOURCE_EXHAUSTED,
+        retryable=True,
+        message="A quota is used up for now; retry after the delay in RetryInfo. "
+        "ErrorInfo names the quota and its value.",
+    ),
     Code.RESULTS_NOT_READ: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED,
         retryable=True,
@@ -308,13 +323,15 @@ class ToolmeshError(Exception):
     code: Code
     detail: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    # How long to wait before the same call may pass (QUOTA_EXCEEDED): sent as google.rpc.RetryInfo.
+    retry_delay_s: float | None = None
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Exception's own reduce rebuilds from `args` (the message), which is not a code.
-        return (type(self), (self.code, self.detail, self.metadata), self.__dict__)
+        return (type(self), (self.code, self.detail, self.metadata, self.retry_delay_s), self.__dict__)
 
     @property
     def message(self) -> str:

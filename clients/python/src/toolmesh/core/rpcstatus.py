@@ -27,7 +27,7 @@ def status_of(code: grpc.StatusCode) -> Status:
 
 
 def to_grpc_status(error: ToolmeshError) -> grpc.Status:
-    return grpc_status(error.code, error.message, error.metadata)
+    return grpc_status(error.code, error.message, error.metadata, error.retry_delay_s)
 
 
 # What an error's trailers may hold: a request's own (unbounded) id quoted back in full made
@@ -36,14 +36,24 @@ MAX_METADATA_VALUE_CHARS = 256
 MAX_MESSAGE_CHARS = 1024
 
 
-def grpc_status(code: Code, message: str, metadata: Mapping[str, str]) -> grpc.Status:
-    """The status (with ErrorInfo) a call failing with `code` carries; long texts are cut."""
+def grpc_status(
+    code: Code, message: str, metadata: Mapping[str, str], retry_delay_s: float | None = None
+) -> grpc.Status:
+    """The status (with ErrorInfo, and RetryInfo given a delay) a call failing with `code` carries;
+    long texts are cut."""
     message = _cut(message, MAX_MESSAGE_CHARS)
     metadata = {key: _cut(value, MAX_METADATA_VALUE_CHARS) for key, value in metadata.items()}
     info = error_details_pb2.ErrorInfo(reason=code.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=ERROR_TABLE[code].status, message=message, details=[detail])
+    details = [detail]
+    if retry_delay_s is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(max(0, round(retry_delay_s * 1e9)))
+        retry_detail = any_pb2.Any()
+        retry_detail.Pack(retry)
+        details.append(retry_detail)
+    status = status_pb2.Status(code=ERROR_TABLE[code].status, message=message, details=details)
     status_for_grpc: grpc.Status = rpc_status.to_status(status)
     return status_for_grpc
 
@@ -75,6 +85,18 @@ def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | Non
         info = error_details_pb2.ErrorInfo()
         if detail.Unpack(info):  # False for a detail of another type
             return info
+    return None
+
+
+def retry_delay_s(error: grpc.aio.AioRpcError) -> float | None:
+    """The delay a failed call's RetryInfo asks for before the same call is sent again, if any."""
+    status = rich_status(error)
+    if status is None:
+        return None
+    for detail in status.details:
+        retry = error_details_pb2.RetryInfo()
+        if detail.Unpack(retry):
+            return float(retry.retry_delay.ToNanoseconds()) / 1e9
     return None
 
 

@@ -3,7 +3,10 @@
 Validation runs on every tool call, so it uses jsonschema-rs (a compiled
 validator, about a hundred times faster here than a pure-Python one), compiled
 once per schema text. It never fetches a remote `$ref`: a schema that refers
-outside itself is refused when it is registered.
+outside itself is refused when it is registered. Patterns use jsonschema-rs's
+linear-time regex engine only: a pattern that needs backtracking (lookaround,
+backreferences) makes the schema unusable, so no argument can make a pattern
+take more than linear time.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ DIALECTS: dict[str, type[Validator]] = {
     "json-schema.org/draft-07/schema": jsonschema_rs.Draft7Validator,
 }
 DEFAULT_DIALECT: type[Validator] = jsonschema_rs.Draft202012Validator
+# The linear-time engine, each compiled pattern bounded (a{1000}{1000} is refused, not built).
+LINEAR_PATTERNS = jsonschema_rs.RegexOptions(size_limit=1024 * 1024, dfa_size_limit=2 * 1024 * 1024)
 
 
 def _dialect(schema: dict[str, Any]) -> type[Validator] | None:
@@ -37,20 +42,22 @@ def _dialect(schema: dict[str, Any]) -> type[Validator] | None:
     return DIALECTS.get(bare)
 
 
-def compile_schema(text: str, *, tool: str, which: str, require_object: bool) -> Validator:
+def compile_schema(
+    text: str, *, tool: str, which: str, require_object: bool, max_bytes: int = MAX_SCHEMA_BYTES
+) -> Validator:
     """Check a schema and return its validator; raise ToolmeshError(INVALID_SCHEMA) when it is refused."""
-    return _compile(text, tool, which, require_object)
+    return _compile(text, tool, which, require_object, max_bytes)
 
 
 @functools.lru_cache(maxsize=2048)
-def _compile(text: str, tool: str, which: str, require_object: bool) -> Validator:
+def _compile(text: str, tool: str, which: str, require_object: bool, max_bytes: int) -> Validator:
     def refuse(detail: str) -> ToolmeshError:
         return ToolmeshError(
             Code.INVALID_SCHEMA, f"{tool}: {which} {detail}", {"tool": tool, "schema": which}
         )
 
-    if len(text.encode()) > MAX_SCHEMA_BYTES:
-        raise refuse(f"is larger than {MAX_SCHEMA_BYTES} bytes.")
+    if len(text.encode()) > max_bytes:
+        raise refuse(f"is larger than {max_bytes} bytes.")
     try:
         schema = jsontext.parse(text)
     except jsontext.NotPlainJson:
@@ -69,7 +76,7 @@ def _compile(text: str, tool: str, which: str, require_object: bool) -> Validato
         if declared != "object" and not (isinstance(declared, list) and "object" in declared):
             raise refuse("must describe an object (type: object).")
     try:
-        return validator_class(schema, offline=True)
+        return validator_class(schema, offline=True, pattern_options=LINEAR_PATTERNS)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
         # e.g. a $ref to something outside the schema: never fetched.
         raise refuse(f"cannot be used: {str(exc).splitlines()[0]}") from None

@@ -78,10 +78,13 @@ class BridgeServiceStub:
     host and the others end with TOOL_HOST_DISCONNECTED.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-    handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-    The token is checked when the stream opens; when it expires, the stream
-    ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-    "expired"): open a new one ahead of it (replaces_host_session_id).
+    handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+    when the session has host_sessions_per_session (64) host sessions open on
+    this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+    reason SHUTTING_DOWN when the server stops. The token is checked when the
+    stream opens; when it expires, the stream ends with UNAUTHENTICATED
+    (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+    of it (replaces_host_session_id).
     """
     SubmitToolResult: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -123,8 +126,9 @@ class BridgeServiceStub:
     OpenHostSession.
 
     Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-    INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+    INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+    (nothing is declared);
     UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
     the declaration is kept, and the bridge puts it once the registry answers).
     """
@@ -239,10 +243,13 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     host and the others end with TOOL_HOST_DISCONNECTED.
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-    handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-    The token is checked when the stream opens; when it expires, the stream
-    ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-    "expired"): open a new one ahead of it (replaces_host_session_id).
+    handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+    when the session has host_sessions_per_session (64) host sessions open on
+    this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+    reason SHUTTING_DOWN when the server stops. The token is checked when the
+    stream opens; when it expires, the stream ends with UNAUTHENTICATED
+    (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+    of it (replaces_host_session_id).
     """
     SubmitToolResult: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultRequest, _bridge_pb2.SubmitToolResultResponse]  # type: ignore[assignment]
     """SubmitToolResult hands the outcome of one tool request back to the bridge.
@@ -284,8 +291,9 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     OpenHostSession.
 
     Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-    INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+    or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+    INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+    (nothing is declared);
     UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
     the declaration is kept, and the bridge puts it once the registry answers).
     """
@@ -403,10 +411,13 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         host and the others end with TOOL_HOST_DISCONNECTED.
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-        handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-        The token is checked when the stream opens; when it expires, the stream
-        ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-        "expired"): open a new one ahead of it (replaces_host_session_id).
+        handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+        when the session has host_sessions_per_session (64) host sessions open on
+        this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+        reason SHUTTING_DOWN when the server stops. The token is checked when the
+        stream opens; when it expires, the stream ends with UNAUTHENTICATED
+        (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+        of it (replaces_host_session_id).
         """
 
     @_abc_1.abstractmethod
@@ -460,8 +471,9 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         OpenHostSession.
 
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-        INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+        or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+        INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+        (nothing is declared);
         UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
         the declaration is kept, and the bridge puts it once the registry answers).
         """

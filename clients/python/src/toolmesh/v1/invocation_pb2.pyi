@@ -384,7 +384,9 @@ class CallError(_message.Message):
     """For people, as InvokeTool's status message."""
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """The message's variables, as the ErrorInfo metadata of InvokeTool."""
+        """The message's variables, as the ErrorInfo metadata of InvokeTool. For
+        QUOTA_EXCEEDED, "retryDelayMs" is the delay InvokeTool's RetryInfo carries.
+        """
 
     def __init__(
         self,

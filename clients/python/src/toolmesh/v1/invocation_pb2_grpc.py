@@ -175,7 +175,12 @@ class InvocationServiceServicer:
         (the store failed while the call waited for an outcome another process
         records there; the tool may have run; an exact retry joins or replays it
         once the store is back; metadata toolRequestId, attachmentId) or
-        SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED.
+        SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED, or
+        QUOTA_EXCEEDED with RetryInfo (ErrorInfo "limit": calls_in_flight_per_session,
+        10,000 calls of one session waiting for their outcome at once, counted
+        across replicas on a shared store; or calls_per_second_per_caller, 500 per
+        second with bursts of 1,000 per token subject, per replica, when tokens
+        are verified).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

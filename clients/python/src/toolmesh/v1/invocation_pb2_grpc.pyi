@@ -97,7 +97,12 @@ class InvocationServiceStub:
     (the store failed while the call waited for an outcome another process
     records there; the tool may have run; an exact retry joins or replays it
     once the store is back; metadata toolRequestId, attachmentId) or
-    SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED.
+    SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED, or
+    QUOTA_EXCEEDED with RetryInfo (ErrorInfo "limit": calls_in_flight_per_session,
+    10,000 calls of one session waiting for their outcome at once, counted
+    across replicas on a shared store; or calls_per_second_per_caller, 500 per
+    second with bursts of 1,000 per token subject, per replica, when tokens
+    are verified).
     """
     InvokeTools: _grpc.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -273,7 +278,12 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     (the store failed while the call waited for an outcome another process
     records there; the tool may have run; an exact retry joins or replays it
     once the store is back; metadata toolRequestId, attachmentId) or
-    SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED.
+    SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED, or
+    QUOTA_EXCEEDED with RetryInfo (ErrorInfo "limit": calls_in_flight_per_session,
+    10,000 calls of one session waiting for their outcome at once, counted
+    across replicas on a shared store; or calls_per_second_per_caller, 500 per
+    second with bursts of 1,000 per token subject, per replica, when tokens
+    are verified).
     """
     InvokeTools: _aio.StreamStreamMultiCallable[_invocation_pb2.InvokeToolsRequest, _invocation_pb2.InvokeToolsResponse]  # type: ignore[assignment]
     """InvokeTools makes many calls on one long-lived stream, for callers that
@@ -452,7 +462,12 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         (the store failed while the call waited for an outcome another process
         records there; the tool may have run; an exact retry joins or replays it
         once the store is back; metadata toolRequestId, attachmentId) or
-        SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED.
+        SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED, or
+        QUOTA_EXCEEDED with RetryInfo (ErrorInfo "limit": calls_in_flight_per_session,
+        10,000 calls of one session waiting for their outcome at once, counted
+        across replicas on a shared store; or calls_per_second_per_caller, 500 per
+        second with bursts of 1,000 per token subject, per replica, when tokens
+        are verified).
         """
 
     @_abc_1.abstractmethod

@@ -32,7 +32,8 @@ class PutToolsRequest(_message.Message):
     """When set, the put only happens if the current revision equals it."""
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ToolDefinition]:
-        """The session's whole new list: at most 512 tools, names unique. Empty
+        """The session's whole new list: at most tools_per_session (512) tools,
+        names unique, at most registry_bytes_per_session (2 MiB) as stored. Empty
         removes every tool.
         """
 

@@ -104,8 +104,11 @@ class RegistryServiceServicer:
 
         Errors: INVALID_ARGUMENT with reason INVALID_SCHEMA (a schema that is not
         JSON, not an object, or of an unsupported dialect), INVALID_REQUEST (bad
-        session id, bad or duplicate tool name); ABORTED with reason
-        REVISION_CONFLICT when expected_revision is set and is not current.
+        session id, bad or duplicate tool name), LIMIT_EXCEEDED (ErrorInfo
+        "limit": tools_per_session, registry_bytes_per_session, schema_bytes,
+        schema_depth, schema_expansion, schema_ref_cycles or schema_patterns;
+        see tool.proto); ABORTED with reason REVISION_CONFLICT when
+        expected_revision is set and is not current.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -59,8 +59,11 @@ class RegistryServiceStub:
 
     Errors: INVALID_ARGUMENT with reason INVALID_SCHEMA (a schema that is not
     JSON, not an object, or of an unsupported dialect), INVALID_REQUEST (bad
-    session id, bad or duplicate tool name); ABORTED with reason
-    REVISION_CONFLICT when expected_revision is set and is not current.
+    session id, bad or duplicate tool name), LIMIT_EXCEEDED (ErrorInfo
+    "limit": tools_per_session, registry_bytes_per_session, schema_bytes,
+    schema_depth, schema_expansion, schema_ref_cycles or schema_patterns;
+    see tool.proto); ABORTED with reason REVISION_CONFLICT when
+    expected_revision is set and is not current.
     """
     ListTools: _grpc.UnaryUnaryMultiCallable[_registry_pb2.ListToolsRequest, _registry_pb2.ListToolsResponse]
     """ListTools returns a session's tools and revision. A session nobody has
@@ -116,8 +119,11 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
 
     Errors: INVALID_ARGUMENT with reason INVALID_SCHEMA (a schema that is not
     JSON, not an object, or of an unsupported dialect), INVALID_REQUEST (bad
-    session id, bad or duplicate tool name); ABORTED with reason
-    REVISION_CONFLICT when expected_revision is set and is not current.
+    session id, bad or duplicate tool name), LIMIT_EXCEEDED (ErrorInfo
+    "limit": tools_per_session, registry_bytes_per_session, schema_bytes,
+    schema_depth, schema_expansion, schema_ref_cycles or schema_patterns;
+    see tool.proto); ABORTED with reason REVISION_CONFLICT when
+    expected_revision is set and is not current.
     """
     ListTools: _aio.UnaryUnaryMultiCallable[_registry_pb2.ListToolsRequest, _registry_pb2.ListToolsResponse]  # type: ignore[assignment]
     """ListTools returns a session's tools and revision. A session nobody has
@@ -176,8 +182,11 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: INVALID_ARGUMENT with reason INVALID_SCHEMA (a schema that is not
         JSON, not an object, or of an unsupported dialect), INVALID_REQUEST (bad
-        session id, bad or duplicate tool name); ABORTED with reason
-        REVISION_CONFLICT when expected_revision is set and is not current.
+        session id, bad or duplicate tool name), LIMIT_EXCEEDED (ErrorInfo
+        "limit": tools_per_session, registry_bytes_per_session, schema_bytes,
+        schema_depth, schema_expansion, schema_ref_cycles or schema_patterns;
+        see tool.proto); ABORTED with reason REVISION_CONFLICT when
+        expected_revision is set and is not current.
         """
 
     @_abc_1.abstractmethod

@@ -63,8 +63,22 @@ class ToolAnnotations(_message.Message):
     - JSON travels as text (fields ending in _json): UTF-8, plain JSON only (no
       NaN or Infinity).
     - Arguments are at most 1 MiB (1,048,576 bytes) of JSON text, a result at
-      most 1 MiB, a schema at most 256 KiB. A gRPC message is at most 4 MiB.
-    - A session holds at most 512 tools. A tool's timeout is at most 900,000 ms.
+      most 1 MiB. A tool's timeout is at most 900,000 ms.
+    - Limits an operator sets (`--limit name=value`, env TOOLMESH_LIMITS; the
+      defaults here): a received gRPC message at most message_bytes (4 MiB +
+      64 KiB; over it gRPC itself fails the call with RESOURCE_EXHAUSTED); a
+      session at most tools_per_session (512) tools, its list at most
+      registry_bytes_per_session (2 MiB) as stored; a schema at most
+      schema_bytes (256 KiB), nesting at most schema_depth (32) deep, visiting at
+      most schema_expansion (10,000) subschemas per value with every $ref, anyOf,
+      oneOf and allOf expanded, with no $ref cycle and with patterns the
+      linear-time regex engine takes (no lookaround or backreferences).
+    - A request over a limit fails with INVALID_ARGUMENT, reason LIMIT_EXCEEDED;
+      a quota used up for now (calls in flight per session, calls per second per
+      token, host sessions per session) with RESOURCE_EXHAUSTED, reason
+      QUOTA_EXCEEDED, retryable after the google.rpc.RetryInfo delay (also in
+      ErrorInfo metadata "retryDelayMs"). Either way ErrorInfo metadata "limit"
+      names the limit and "value" its value, never the offending content.
     - A failed RPC carries a google.rpc.ErrorInfo (domain "toolmesh") whose
       reason is a code of toolmesh's error table and whose metadata keys are
       lowerCamelCase (toolRequestId, sessionId, field, ...).
@@ -122,8 +136,12 @@ class ToolDefinition(_message.Message):
     """Optional. What the tool does, for people and models."""
     input_schema_json: _builtins.str
     """Required. JSON Schema (2020-12, or draft-07 when "$schema" says so) of
-    the arguments, as JSON text, at most 256 KiB. It must describe an object
-    (type "object"). A "$ref" outside the schema is refused, never fetched.
+    the arguments, as JSON text, at most schema_bytes (256 KiB). It must
+    describe an object (type "object"). A "$ref" outside the schema (other
+    than a JSON Pointer or $anchor within it) is refused, never fetched. The
+    schema limits above apply (LIMIT_EXCEEDED naming the rule); validating a
+    call against it takes at most validation_timeout_ms (1,000 ms), or the
+    call's outcome is TOOL_ARGS_INVALID (details.reason "validation_time_limit").
     """
     output_schema_json: _builtins.str
     """Optional JSON Schema of the result, as JSON text; empty when absent. When

@@ -800,10 +800,13 @@ export const BridgeService: GenService<{
    * host and the others end with TOOL_HOST_DISCONNECTED.
    *
    * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
-   * handler name); UNAVAILABLE with reason SHUTTING_DOWN when the server stops.
-   * The token is checked when the stream opens; when it expires, the stream
-   * ends with UNAUTHENTICATED (reason UNAUTHENTICATED, metadata reason
-   * "expired"): open a new one ahead of it (replaces_host_session_id).
+   * handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
+   * when the session has host_sessions_per_session (64) host sessions open on
+   * this bridge replica already (ErrorInfo "limit" names it); UNAVAILABLE with
+   * reason SHUTTING_DOWN when the server stops. The token is checked when the
+   * stream opens; when it expires, the stream ends with UNAUTHENTICATED
+   * (reason UNAUTHENTICATED, metadata reason "expired"): open a new one ahead
+   * of it (replaces_host_session_id).
    *
    * @generated from rpc toolmesh.v1.BridgeService.OpenHostSession
    */
@@ -859,8 +862,9 @@ export const BridgeService: GenService<{
    * OpenHostSession.
    *
    * Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
-   * or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA or
-   * INVALID_REQUEST, as for RegistryService.PutTools (nothing is declared);
+   * or it has ended); INVALID_ARGUMENT with reason INVALID_SCHEMA,
+   * INVALID_REQUEST or LIMIT_EXCEEDED, as for RegistryService.PutTools
+   * (nothing is declared);
    * UNAVAILABLE with reason REGISTRY_UNAVAILABLE (the registry did not answer:
    * the declaration is kept, and the bridge puts it once the registry answers).
    *

@@ -297,7 +297,8 @@ export type CallError = Message<"toolmesh.v1.CallError"> & {
   message: string;
 
   /**
-   * The message's variables, as the ErrorInfo metadata of InvokeTool.
+   * The message's variables, as the ErrorInfo metadata of InvokeTool. For
+   * QUOTA_EXCEEDED, "retryDelayMs" is the delay InvokeTool's RetryInfo carries.
    *
    * @generated from field: map<string, string> metadata = 3;
    */
@@ -798,7 +799,12 @@ export const InvocationService: GenService<{
    * (the store failed while the call waited for an outcome another process
    * records there; the tool may have run; an exact retry joins or replays it
    * once the store is back; metadata toolRequestId, attachmentId) or
-   * SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED.
+   * SHUTTING_DOWN; RESOURCE_EXHAUSTED with reason OVERLOADED, or
+   * QUOTA_EXCEEDED with RetryInfo (ErrorInfo "limit": calls_in_flight_per_session,
+   * 10,000 calls of one session waiting for their outcome at once, counted
+   * across replicas on a shared store; or calls_per_second_per_caller, 500 per
+   * second with bursts of 1,000 per token subject, per replica, when tokens
+   * are verified).
    *
    * @generated from rpc toolmesh.v1.InvocationService.InvokeTool
    */

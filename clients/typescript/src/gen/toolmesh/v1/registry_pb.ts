@@ -26,7 +26,8 @@ export type PutToolsRequest = Message<"toolmesh.v1.PutToolsRequest"> & {
   sessionId: string;
 
   /**
-   * The session's whole new list: at most 512 tools, names unique. Empty
+   * The session's whole new list: at most tools_per_session (512) tools,
+   * names unique, at most registry_bytes_per_session (2 MiB) as stored. Empty
    * removes every tool.
    *
    * @generated from field: repeated toolmesh.v1.ToolDefinition tools = 2;
@@ -242,8 +243,11 @@ export const RegistryService: GenService<{
    *
    * Errors: INVALID_ARGUMENT with reason INVALID_SCHEMA (a schema that is not
    * JSON, not an object, or of an unsupported dialect), INVALID_REQUEST (bad
-   * session id, bad or duplicate tool name); ABORTED with reason
-   * REVISION_CONFLICT when expected_revision is set and is not current.
+   * session id, bad or duplicate tool name), LIMIT_EXCEEDED (ErrorInfo
+   * "limit": tools_per_session, registry_bytes_per_session, schema_bytes,
+   * schema_depth, schema_expansion, schema_ref_cycles or schema_patterns;
+   * see tool.proto); ABORTED with reason REVISION_CONFLICT when
+   * expected_revision is set and is not current.
    *
    * @generated from rpc toolmesh.v1.RegistryService.PutTools
    */

@@ -73,8 +73,12 @@ export type ToolDefinition = Message<"toolmesh.v1.ToolDefinition"> & {
 
   /**
    * Required. JSON Schema (2020-12, or draft-07 when "$schema" says so) of
-   * the arguments, as JSON text, at most 256 KiB. It must describe an object
-   * (type "object"). A "$ref" outside the schema is refused, never fetched.
+   * the arguments, as JSON text, at most schema_bytes (256 KiB). It must
+   * describe an object (type "object"). A "$ref" outside the schema (other
+   * than a JSON Pointer or $anchor within it) is refused, never fetched. The
+   * schema limits above apply (LIMIT_EXCEEDED naming the rule); validating a
+   * call against it takes at most validation_timeout_ms (1,000 ms), or the
+   * call's outcome is TOOL_ARGS_INVALID (details.reason "validation_time_limit").
    *
    * @generated from field: string input_schema_json = 3;
    */
