@@ -175,7 +175,7 @@ class Gateway:
             watched.connections.add(connection)
             # Closed when the MCP session ends: DELETE, the transport's idle timeout, stdio closed.
             connection.exit_stack.callback(self._let_go, session_id, watched, connection)
-        self._unless_held_expire(session_id, watched)
+        self._restart_idle_clock(session_id, watched)
         if watched.task is None or watched.task.done():
             # Started in this request's context: it watches with this caller's token.
             watched.task = asyncio.create_task(self._watch(session_id, watched))
@@ -198,7 +198,7 @@ class Gateway:
         if not watched.held:
             self._end_watch(session_id, watched)
 
-    def _unless_held_expire(self, session_id: str, watched: _Watched) -> None:
+    def _restart_idle_clock(self, session_id: str, watched: _Watched) -> None:
         """Restart the idle clock of a watch nothing holds; a held watch has none."""
         if watched.expiry is not None:
             watched.expiry.cancel()
@@ -344,13 +344,13 @@ class Gateway:
     ) -> types.SubscriptionsListenResult:
         session_id, watched = self.enter(ctx)
         watched.listening += 1
-        self._unless_held_expire(session_id, watched)
+        self._restart_idle_clock(session_id, watched)
         try:
             return await watched.listen(ctx, params)
         finally:
             watched.listening -= 1
             if not watched.held and self._watched.get(session_id) is watched:
-                self._unless_held_expire(session_id, watched)
+                self._restart_idle_clock(session_id, watched)
 
     # -- list_changed -----------------------------------------------------
     async def _watch(self, session_id: str, watched: _Watched) -> None:
