@@ -13,6 +13,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 
 MARKERS = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
 server: MCPServer = MCPServer("toolmesh-test-mcp-server", log_level="WARNING")
@@ -42,6 +43,11 @@ async def slow(marker: str) -> str:
 async def progressing(ctx: Context[Any]) -> str:
     await ctx.report_progress(3, 4, "three of four")
     return "finished"
+
+
+@server.tool(description="Answers with a JSON-RPC error")
+def rpc_error() -> str:
+    raise MCPError(code=-32001, message="the server refused")
 
 
 def extra(x: int) -> int:

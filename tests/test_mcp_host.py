@@ -14,6 +14,7 @@ import pytest_asyncio
 
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
+from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
 from toolmesh.server.system import LocalSystem
@@ -70,7 +71,7 @@ async def test_the_mcp_servers_tools_are_declared(
 
     async def declared() -> dict[str, ToolSpec] | None:
         tools = {tool.name: tool for tool in (await registry.list_tools(SESSION)).tools}
-        return tools if {"add", "fail", "slow", "grow", "progressing"} <= set(tools) else None
+        return tools if {"add", "fail", "slow", "grow", "progressing", "rpc_error"} <= set(tools) else None
 
     tools = await eventually(declared)
     add = tools["add"]
@@ -93,6 +94,19 @@ async def test_calls_reach_the_mcp_server(
     assert refused.outcome is not None and refused.outcome.failure is not None
     # toolmesh checks the MCP server's own schema before anything runs.
     assert refused.outcome.failure.code == Code.TOOL_ARGS_INVALID.value
+
+
+async def test_a_json_rpc_error_from_the_mcp_server_is_mcp_error(
+    mcp_host: HostProcess, clients: tuple[RegistryClient, InvocationClient]
+) -> None:
+    """The MCP server answers tools/call with a JSON-RPC error: the caller gets the domain error MCP_ERROR."""
+    _, calls = clients
+    result = await calls.invoke(SESSION, "rpc_error", {}, turn_id="t6")
+    assert result.outcome is not None and result.outcome.failure is not None
+    failure = result.outcome.failure
+    assert failure.kind is ErrorKind.DOMAIN
+    assert failure.code == "MCP_ERROR" and failure.message == "the server refused"
+    assert failure.details == {"jsonrpcCode": -32001}
 
 
 async def test_toolmeshs_deadline_cancels_the_mcp_servers_call(

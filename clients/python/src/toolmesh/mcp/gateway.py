@@ -11,6 +11,13 @@ same arguments sends another `toolmesh/idempotencyKey` in `_meta`.
 When the session's tools change (WatchTools), connected clients are told:
 notifications/tools/list_changed on handshake-era connections, a
 ToolsListChanged event on `subscriptions/listen` streams (2026-07-28).
+One watch per session, held by its open MCP sessions (handshake-era
+connections) and listen streams: when the last of them closes (DELETE, the
+transport's idle timeout, stdio closed), the watch ends. A watch that nothing
+holds (opened by a 2026-07-28 request, which has no connection) ends after
+WATCH_IDLE_S without requests. At most `max_watches` watches live at once: a
+request that would open one more first ends the watches nothing holds, and is
+refused with OVERLOADED (retryable) when every watch is held.
 
 Who may call: the caller's own bearer token goes to the registry and the
 invocation service with each request (over HTTP, its Authorization header;
@@ -42,10 +49,10 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
-from toolmesh.core.errors import ERROR_TABLE
+from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code
-from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool, refused
+from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool, refusal, refused
 from toolmesh.mcp.tasks import TaskMiddleware, capabilities
 
 log = logging.getLogger("toolmesh.mcp")
@@ -57,6 +64,10 @@ caller_token: contextvars.ContextVar[str | None] = contextvars.ContextVar("calle
 REWATCH_S = 1.0
 # How long a cancelled MCP call waits for CancelInvocation.
 CANCEL_TIMEOUT_S = 5.0
+# How long a watch that no MCP session or listen stream holds lives after the session's last request.
+WATCH_IDLE_S = 60.0
+# The most sessions watched at once: each is a WatchTools stream to the registry.
+MAX_WATCHES = 1000
 
 
 def current_token() -> str:
@@ -72,9 +83,18 @@ class _Watched:
     """One session's tools as the gateway watches them, and who is told when they change."""
 
     bus: InMemorySubscriptionBus = field(default_factory=InMemorySubscriptionBus)
-    # Handshake-era connections that read this session's tools.
-    connections: weakref.WeakSet[Connection] = field(default_factory=weakref.WeakSet)
+    # Handshake-era connections that read this session's tools, until each closes.
+    connections: set[Connection] = field(default_factory=set)
+    # Open subscriptions/listen requests.
+    listening: int = 0
     task: asyncio.Task[None] | None = None
+    # Ends a watch nothing holds once idle (set while nothing holds it).
+    expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether an open MCP session or listen stream still needs this watch."""
+        return bool(self.connections) or self.listening > 0
 
     def __post_init__(self) -> None:
         self.listen = ListenHandler(self.bus)
@@ -94,12 +114,17 @@ class Gateway:
         invocation: InvocationClient,
         session_of: SessionOf,
         token_of: Callable[[ServerRequestContext[Any, Any]], str | None] | None = None,
+        *,
+        watch_idle_s: float = WATCH_IDLE_S,
+        max_watches: int = MAX_WATCHES,
     ) -> None:
         self._registry = registry
         self.invocation = invocation
         self._session_of = session_of
         self._token_of = token_of
         self._watched: dict[str, _Watched] = {}
+        self._watch_idle_s = watch_idle_s
+        self._max_watches = max_watches
         # Each handshake-era connection serves one session: the first it named.
         self._bound: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
         self.tasks = TaskMiddleware(self)
@@ -120,13 +145,15 @@ class Gateway:
     async def close(self) -> None:
         """Stop watching the sessions' tools, and waiting for the calls of tasks."""
         await self.tasks.close()
-        for watched in self._watched.values():
-            watched.listen.close()
-            if watched.task is not None:
-                watched.task.cancel()
         tasks = [w.task for w in self._watched.values() if w.task is not None]
+        for session_id, watched in list(self._watched.items()):
+            self._end_watch(session_id, watched)
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._watched.clear()
+
+    @property
+    def watched_sessions(self) -> frozenset[str]:
+        """The sessions whose tools are watched now (one WatchTools stream each)."""
+        return frozenset(self._watched)
 
     # -- requests ---------------------------------------------------------
     def enter(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str, _Watched]:
@@ -143,13 +170,58 @@ class Gateway:
                 raise MCPError(types.INVALID_REQUEST, "This MCP session serves another toolmesh session.")
         watched = self._watched.get(session_id)
         if watched is None:
-            watched = self._watched[session_id] = _Watched()
-        if handshake and connection is not None:
+            watched = self._watched[session_id] = self._new_watch()
+        if handshake and connection is not None and connection not in watched.connections:
             watched.connections.add(connection)
+            # Closed when the MCP session ends: DELETE, the transport's idle timeout, stdio closed.
+            connection.exit_stack.callback(self._let_go, session_id, watched, connection)
+        self._restart_idle_clock(session_id, watched)
         if watched.task is None or watched.task.done():
             # Started in this request's context: it watches with this caller's token.
             watched.task = asyncio.create_task(self._watch(session_id, watched))
         return session_id, watched
+
+    def _new_watch(self) -> _Watched:
+        """A new watch, within `max_watches`: the watches nothing holds end first; else OVERLOADED."""
+        if len(self._watched) >= self._max_watches:
+            for session_id, watched in list(self._watched.items()):
+                if not watched.held:
+                    self._end_watch(session_id, watched)
+        if len(self._watched) >= self._max_watches:
+            log.warning("too many sessions watched", extra={"max_watches": self._max_watches})
+            raise refusal(Code.OVERLOADED)
+        return _Watched()
+
+    def _let_go(self, session_id: str, watched: _Watched, connection: Connection) -> None:
+        """A connection closed: the watch ends when nothing else holds it."""
+        watched.connections.discard(connection)
+        if not watched.held:
+            self._end_watch(session_id, watched)
+
+    def _restart_idle_clock(self, session_id: str, watched: _Watched) -> None:
+        """Restart the idle clock of a watch nothing holds; a held watch has none."""
+        if watched.expiry is not None:
+            watched.expiry.cancel()
+            watched.expiry = None
+        if not watched.held:
+            loop = asyncio.get_running_loop()
+            watched.expiry = loop.call_later(self._watch_idle_s, self._expire, session_id, watched)
+
+    def _expire(self, session_id: str, watched: _Watched) -> None:
+        watched.expiry = None
+        if not watched.held:
+            self._end_watch(session_id, watched)
+
+    def _end_watch(self, session_id: str, watched: _Watched) -> None:
+        """Stop watching the session's tools and forget it (the next request starts another watch)."""
+        if self._watched.get(session_id) is watched:
+            del self._watched[session_id]
+        if watched.expiry is not None:
+            watched.expiry.cancel()
+            watched.expiry = None
+        watched.listen.close()
+        if watched.task is not None:
+            watched.task.cancel()
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -270,8 +342,15 @@ class Gateway:
     async def _listen(
         self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        _, watched = self.enter(ctx)
-        return await watched.listen(ctx, params)
+        session_id, watched = self.enter(ctx)
+        watched.listening += 1
+        self._restart_idle_clock(session_id, watched)
+        try:
+            return await watched.listen(ctx, params)
+        finally:
+            watched.listening -= 1
+            if not watched.held and self._watched.get(session_id) is watched:
+                self._restart_idle_clock(session_id, watched)
 
     # -- list_changed -----------------------------------------------------
     async def _watch(self, session_id: str, watched: _Watched) -> None:

@@ -163,8 +163,11 @@ MCP_TOOL_ERROR = "MCP_TOOL_ERROR"
 def refused(error: grpc.aio.AioRpcError) -> MCPError:
     """A refused RPC as a JSON-RPC error, with the error table's code; never the request's values."""
     code = error_code(error)
-    if code is None:
-        code = Code.TRANSPORT_FAILED
+    return refusal(Code.TRANSPORT_FAILED if code is None else code)
+
+
+def refusal(code: Code) -> MCPError:
+    """A request refused for `code` as a JSON-RPC error, with the error table's message and retryability."""
     row = ERROR_TABLE[code]
     number = types.INVALID_PARAMS if code is Code.INVALID_REQUEST else types.INTERNAL_ERROR
     if code in (Code.UNAUTHENTICATED, Code.PERMISSION_DENIED):

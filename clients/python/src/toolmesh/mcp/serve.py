@@ -21,6 +21,9 @@ from toolmesh.mcp.gateway import Gateway
 # The endpoint of a session: POST (and GET, DELETE) as streamable HTTP says.
 ENDPOINT = "/sessions/{session_id}/mcp"
 BEARER_PREFIX = "bearer "
+# An MCP session with no request in flight and no open GET stream for this long is closed (the MCP
+# SDK's default, said here because it also ends the session's tools watch when it was the last).
+MCP_SESSION_IDLE_S = 30 * 60.0
 
 
 async def serve_stdio(gateway: Gateway) -> None:
@@ -76,7 +79,9 @@ def security_settings(host: str, allowed_origins: list[str]) -> TransportSecurit
 
 def http_app(gateway: Gateway, settings: TransportSecuritySettings) -> Starlette:
     """The ASGI app: /sessions/{session_id}/mcp, one streamable HTTP endpoint per session."""
-    manager = StreamableHTTPSessionManager(app=gateway.server, security_settings=settings)
+    manager = StreamableHTTPSessionManager(
+        app=gateway.server, security_settings=settings, session_idle_timeout=MCP_SESSION_IDLE_S
+    )
     return Starlette(
         routes=[Route(ENDPOINT, endpoint=StreamableHTTPASGIApp(manager))],
         lifespan=lambda _app: manager.run(),
