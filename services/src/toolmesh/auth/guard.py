@@ -17,12 +17,12 @@ from typing import Any
 from toolmesh.auth.grants import Grant, Role
 from toolmesh.auth.policy import INTERNAL, PUBLIC
 from toolmesh.auth.tokens import Verifier, refused
+from toolmesh.core.bearer import bearer_token_of
 from toolmesh.core.errors import Code, ToolmeshError
 
 Admit = Callable[[Any, Any], Awaitable[None]]
 
 _GRANT: ContextVar[Grant | None] = ContextVar("toolmesh_grant", default=None)
-BEARER = "bearer "
 
 
 class Listener(enum.Enum):
@@ -92,8 +92,9 @@ def admission(full_method: str, listener: Listener, verifier: Verifier | None) -
 def bearer_token(metadata: Any) -> str:
     for key, value in metadata or ():
         if key == "authorization":
-            if isinstance(value, str) and value[:7].lower() == BEARER:
-                return value[7:].strip()
+            token = bearer_token_of(value) if isinstance(value, str) else None
+            if token is not None:
+                return token
             raise refused("malformed", "The authorization header must be `Bearer <token>`.")
     raise refused("missing", "Send `authorization: Bearer <token>` metadata.")
 

@@ -9,13 +9,13 @@ mutual TLS for the internal one) or the operator passes --insecure.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 from dataclasses import dataclass, field
 
 import grpc
 
 from toolmesh.auth.tokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, Verifier, keys_from, read_secret
+from toolmesh.core.channels import is_loopback_host
 from toolmesh.core.tls import TlsFiles
 from toolmesh.server.tls import server_credentials
 
@@ -85,13 +85,7 @@ def is_loopback(address: str) -> bool:
     """Whether `address` (host:port, [v6]:port, unix:path) can only be reached from this machine."""
     if address.startswith(("unix:", "unix-abstract:")):
         return True
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(address.rsplit(":", 1)[0].strip("[]"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -238,6 +238,7 @@ class RedisLedgerStore:
         lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         keys = [self._identities + identity, self._records + tool_request_id, *self._named(confirmed)]
+        terms = self._lease(lease)
         args: list[bytes | str] = [
             tool_request_id,
             record,
@@ -245,12 +246,12 @@ class RedisLedgerStore:
             identity,
             self._records,
             self._identities,
-            *self._lease(lease),
+            *terms,
             *_pairs(confirmed),
         ]
         found = await self._run(_CLAIM, keys, args)
         if found == 0:
-            raise LeaseRefused(self._lease(lease)[0])
+            raise LeaseRefused(terms[0])
         return (
             None if found is None else StoredInvocation(found[0].decode(), found[1], False, found[2].decode())
         )
@@ -268,6 +269,7 @@ class RedisLedgerStore:
         lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
         keys = [self._keys + key, self._records + tool_request_id, *self._named(confirmed)]
+        terms = self._lease(lease)
         args: list[bytes | str] = [
             tool_request_id,
             record,
@@ -276,14 +278,14 @@ class RedisLedgerStore:
             self._records,
             milliseconds(key_ttl_s),
             self._identities,
-            *self._lease(lease),
+            *terms,
             *_pairs(confirmed),
         ]
         found = await self._run(_CLAIM_KEYED, keys, args)
         if found is None:
             return None
         if found == 0:
-            raise LeaseRefused(self._lease(lease)[0])
+            raise LeaseRefused(terms[0])
         if found[0] == 0:
             raise KeyReused(found[1].decode())
         return StoredInvocation(found[1].decode(), found[2], found[3] == 1, found[4].decode())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -69,22 +70,26 @@ def invocation_json(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
 
 async def run_show(args: argparse.Namespace) -> int:
     """Print one invocation as JSON; returns 0, 1 when the ledger has no such invocation, or 75/2."""
-    try:
-        credentials = access.credentials(args)
-    except (OSError, ValueError) as exc:
-        return usage_error("invocations", str(exc))
-    target = address("invocation", args.invocation)
-    async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
-        try:
-            invocation = await client.get_invocation(args.tool_request_id)
-        except grpc.aio.AioRpcError as error:
-            return print_rpc_error(error, "invocation", target)
-    print(json.dumps(invocation_json(invocation), indent=2, ensure_ascii=False))
-    return 0
+
+    async def show(client: InvocationClient) -> str:
+        invocation = await client.get_invocation(args.tool_request_id)
+        return json.dumps(invocation_json(invocation), indent=2, ensure_ascii=False)
+
+    return await _ask(args, show)
 
 
 async def run_cancel(args: argparse.Namespace) -> int:
     """Cancel one invocation and print whether it was; returns 0, 1 for an unknown id, or 75/2."""
+
+    async def cancel(client: InvocationClient) -> str:
+        cancelled = await client.cancel_invocation(args.tool_request_id)
+        return json.dumps({"toolRequestId": args.tool_request_id, "cancelled": cancelled})
+
+    return await _ask(args, cancel)
+
+
+async def _ask(args: argparse.Namespace, ask: Callable[[InvocationClient], Awaitable[str]]) -> int:
+    """Ask the invocation service with `ask` and print its answer; a refusal is printed as the RPC error."""
     try:
         credentials = access.credentials(args)
     except (OSError, ValueError) as exc:
@@ -92,8 +97,8 @@ async def run_cancel(args: argparse.Namespace) -> int:
     target = address("invocation", args.invocation)
     async with InvocationClient(target, credentials=credentials, token=access.token(args)) as client:
         try:
-            cancelled = await client.cancel_invocation(args.tool_request_id)
+            answer = await ask(client)
         except grpc.aio.AioRpcError as error:
             return print_rpc_error(error, "invocation", target)
-    print(json.dumps({"toolRequestId": args.tool_request_id, "cancelled": cancelled}))
+    print(answer)
     return 0

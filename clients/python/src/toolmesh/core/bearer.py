@@ -17,9 +17,18 @@ from collections.abc import Awaitable, Callable, Sequence
 
 ENV_TOKEN = "TOOLMESH_TOKEN"
 HEADER = "authorization"
+# The scheme of the header's value, compared without regard to case (RFC 9110).
+SCHEME = "bearer "
 
 TokenSource = str | Callable[[], str | Awaitable[str]]
 Metadata = Sequence[tuple[str, str]]
+
+
+def bearer_token_of(header: str) -> str | None:
+    """The token of an `authorization` header's value, None when it is not `Bearer <token>`."""
+    if header[: len(SCHEME)].lower() != SCHEME:
+        return None
+    return header[len(SCHEME) :].strip()
 
 
 def token_from_env(flag: str | None = None) -> str | None:

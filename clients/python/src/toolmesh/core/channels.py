@@ -5,6 +5,8 @@ Calls on them are traced where they are made (telemetry.client_call).
 
 from __future__ import annotations
 
+import ipaddress
+
 import grpc
 
 from toolmesh.core.limits import MAX_MESSAGE_BYTES, RECONNECT_BACKOFF_FIRST_MS, RECONNECT_BACKOFF_MAX_MS
@@ -35,3 +37,13 @@ def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None
     if credentials is not None:
         return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (a name or an address, without a port) names this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

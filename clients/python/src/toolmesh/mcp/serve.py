@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -16,11 +15,12 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from toolmesh.core.bearer import bearer_token_of
+from toolmesh.core.channels import is_loopback_host
 from toolmesh.mcp.gateway import Gateway
 
 # The endpoint of a session: POST (and GET, DELETE) as streamable HTTP says.
 ENDPOINT = "/sessions/{session_id}/mcp"
-BEARER_PREFIX = "bearer "
 # An MCP session with no request in flight and no open GET stream for this long is closed (the MCP
 # SDK's default, said here because it also ends the session's tools watch when it was the last).
 MCP_SESSION_IDLE_S = 30 * 60.0
@@ -43,19 +43,7 @@ def token_of_header(ctx: ServerRequestContext[Any, Any]) -> str | None:
     """The bearer token of an HTTP request's Authorization header (None without one)."""
     request = ctx.request
     header: str = request.headers.get("authorization", "") if request is not None else ""
-    if header.lower().startswith(BEARER_PREFIX):
-        return header[len(BEARER_PREFIX) :].strip() or None
-    return None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or an address) names this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return bearer_token_of(header) or None
 
 
 def security_settings(host: str, allowed_origins: list[str]) -> TransportSecuritySettings:
@@ -64,7 +52,7 @@ def security_settings(host: str, allowed_origins: list[str]) -> TransportSecurit
     On loopback, loopback names and origins are allowed (with `allowed_origins`);
     elsewhere, the bound host and the given origins.
     """
-    if is_loopback(host):
+    if is_loopback_host(host):
         hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
         origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
     else:
