@@ -237,12 +237,11 @@ class Gateway:
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         session_id, _ = self.enter(ctx)
-        started: list[str] = []
-        known = asyncio.Event()
+        named: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         def announce(tool_request_id: str) -> None:
-            started.append(tool_request_id)
-            known.set()
+            if not named.done():
+                named.set_result(tool_request_id)
 
         async def progressed(progress: ToolProgress) -> None:
             await ctx.session.report_progress(progress.progress, progress.total, progress.message)
@@ -265,23 +264,17 @@ class Gateway:
             # notifications/cancelled, or the client went away: the invocation stops, unless
             # another caller joined it (the service decides).
             with anyio.move_on_after(CANCEL_TIMEOUT_S, shield=True):
-                await self._cancel_when_known(call, known, started)
+                await self._cancel_when_named(call, named)
             call.cancel()
             raise
         return call_tool_result(result)
 
-    async def _cancel_when_known(
-        self, call: asyncio.Future[CallResult], known: asyncio.Event, started: list[str]
-    ) -> None:
-        """Cancel the call's invocation once its id is known, unless the call ended first."""
-        waiting = asyncio.ensure_future(known.wait())
-        either: set[asyncio.Future[Any]] = {waiting, call}
-        try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiting.cancel()
-        if started and not call.done():
-            await self._cancel(started[0])
+    async def _cancel_when_named(self, call: asyncio.Future[CallResult], named: asyncio.Future[str]) -> None:
+        """Cancel the call's invocation once the service named it, unless the call ended first."""
+        either: set[asyncio.Future[Any]] = {named, call}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if named.done() and not call.done():
+            await self._cancel(named.result())
 
     async def invoke(
         self,
