@@ -299,23 +299,8 @@ class InvocationClient:
                 )
                 response = await call
         except grpc.aio.AioRpcError as error:
-            self._confirmations.give_back(_carried_by(request))
-            code = error_code(error)
-            if _callers_fault(code):
-                raise
             # The service names the invocation before its outcome: a call that gets none still knows it.
-            announced, attachment_id = _announced(error.initial_metadata())
-            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
-                return CallResult(announced, None, Code.CALLER_DEADLINE_EXCEEDED, attachment_id=attachment_id)
-            info = error_info(error)
-            named, named_attachment = _named_in(info.metadata if info is not None else {})
-            return CallResult(
-                announced or named,
-                None,
-                code or Code.TRANSPORT_FAILED,
-                error.details() or "",
-                attachment_id=attachment_id or named_attachment,
-            )
+            return self._no_outcome(request, error, *_announced(error.initial_metadata()))
         return _answered(response)
 
     async def _run(
@@ -350,19 +335,39 @@ class InvocationClient:
                     stream.cancel()  # the caller gave up: the invocation goes on, as after a unary call
                     raise
         except grpc.aio.AioRpcError as error:
-            self._confirmations.give_back(_carried_by(request))
-            code = error_code(error)
-            if _callers_fault(code):
-                raise
-            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
-                return CallResult(started, None, Code.CALLER_DEADLINE_EXCEEDED, attachment_id=attachment_id)
-            detail = error.details() or ""
-            return CallResult(
-                started, None, code or Code.TRANSPORT_FAILED, detail, attachment_id=attachment_id
-            )
+            return self._no_outcome(request, error, started, attachment_id)
         self._confirmations.give_back(_carried_by(request))
         ended = "The stream ended without an outcome."
         return CallResult(started, None, Code.TRANSPORT_FAILED, ended, attachment_id=attachment_id)
+
+    def _no_outcome(
+        self,
+        request: invocation_pb2.InvokeToolRequest,
+        error: grpc.aio.AioRpcError,
+        tool_request_id: str | None,
+        attachment_id: str | None,
+    ) -> CallResult:
+        """A call that ended in `error` without an outcome, naming the invocation when it is known.
+
+        Raises `error` when the request was at fault. The ids are those the service sent before
+        the error, else those its ErrorInfo names.
+        """
+        self._confirmations.give_back(_carried_by(request))
+        code = error_code(error)
+        if _callers_fault(code):
+            raise error
+        if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
+            code = Code.CALLER_DEADLINE_EXCEEDED
+            return CallResult(tool_request_id, None, code, attachment_id=attachment_id)
+        info = error_info(error)
+        named, named_attachment = _named_in(info.metadata if info is not None else {})
+        return CallResult(
+            tool_request_id or named,
+            None,
+            code or Code.TRANSPORT_FAILED,
+            error.details() or "",
+            attachment_id=attachment_id or named_attachment,
+        )
 
     async def _call_on_stream(
         self, request: invocation_pb2.InvokeToolRequest, timeout: float | None, *, renewed: bool = False
