@@ -23,12 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolHost
 from toolmesh.invocation import servicer as invocation_servicer
 from toolmesh.invocation.messages import call_from_pb, response_to_pb
-from toolmesh.server.system import LocalSystem, start_local_system
 
 SESSION = "bench-early-id"
 TOOL = ToolSpec("noop", "", '{"type":"object"}')

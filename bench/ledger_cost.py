@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolmesh.contracts.ledger import Claim, InvocationRecord, InvocationState, Ledger
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.ledger import Claim, InvocationRecord, InvocationState, Ledger
 from toolmesh.invocation.observability import InvocationTelemetry
 from toolmesh.store.ledger import Delivered, LeaseTerms
 from toolmesh.store.memory import MemoryLedgerStore

@@ -33,10 +33,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from toolmesh.assembly.system import start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolHost
-from toolmesh.server.system import start_local_system
 
 SESSION = "bench-ledger"
 ROOT = Path(__file__).resolve().parent.parent

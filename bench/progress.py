@@ -22,10 +22,10 @@ import statistics
 import time
 from typing import Any
 
+from toolmesh.assembly.system import start_local_system
 from toolmesh.client import InvocationClient, RegistryClient, ToolProgress
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import start_local_system
 
 SESSION = "bench-progress"
 FLOOD = 20

@@ -2,7 +2,7 @@
 
 - Python stubs and their mypy .pyi land in the client distribution's tree, as
   the package toolmesh.v1 (clients/python/src/toolmesh/v1).
-- The protos' descriptors with their comments (services/src/toolmesh/server/
+- The protos' descriptors with their comments (services/src/toolmesh/runtime/
   descriptors.binpb), which the servers' reflection serves.
 - The Connect and gRPC-Web routes of the bridge's web port (protoc-gen-connectrpc,
   on the same protobuf messages) land in the server distribution's tree
@@ -33,7 +33,7 @@ TYPESCRIPT = ROOT / "clients" / "typescript"
 PYTHON_TREE = Path("toolmesh") / "v1"
 CONNECT_FILE = Path("toolmesh") / "v1" / "bridge_connect.py"
 # In the server distribution: the servers' reflection serves it.
-DESCRIPTORS_FILE = Path("toolmesh") / "server" / "descriptors.binpb"
+DESCRIPTORS_FILE = Path("toolmesh") / "runtime" / "descriptors.binpb"
 TYPESCRIPT_TREE = Path("src") / "gen"
 # Only the bridge is served over Connect and gRPC-Web.
 CONNECT_PROTOS = ["toolmesh/v1/bridge.proto"]

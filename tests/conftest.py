@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh_testing import HostProcess, start_host_process
 
 KINDS = ("unit", "integration")

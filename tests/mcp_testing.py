@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from mcp import StdioServerParameters
 
-from toolmesh.server.system import LocalSystem
+from toolmesh.assembly.system import LocalSystem
 from toolmesh_testing import TESTS, toolmesh_command
 
 

@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from scripted_model import Hold, ScriptedModel, answer, before, failure, raw, running_model, tool_calls
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.assistant import (
     TEXT_LIMIT,
     TURN_TABLE,
@@ -38,7 +39,6 @@ from toolmesh.assistant.grpc_channel import GrpcToolChannel
 from toolmesh.assistant.model import FunctionTool, ModelReply
 from toolmesh.client import RegistryClient
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import HostProcess, start_host_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -13,9 +13,9 @@ import pytest
 import pytest_asyncio
 from scripted_model import Hold, ScriptedModel, answer, failure, running_model, tool_calls
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import RegistryClient
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import TESTS, HostProcess, start_host_process, toolmesh_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

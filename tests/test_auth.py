@@ -20,11 +20,11 @@ from toolmesh.auth.command import parse_ttl
 from toolmesh.auth.grants import Grant, Role, Sessions
 from toolmesh.auth.policy import INTERNAL, PUBLIC
 from toolmesh.auth.tokens import JwksFile, SharedSecret, Verifier, keys_from, mint
+from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tls import TlsFiles
-from toolmesh.invocation.ledger import Ledger
-from toolmesh.server.security import Security, Unprotected, is_loopback
+from toolmesh.runtime.security import Security, Unprotected, is_loopback
 from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, registry_pb2
 

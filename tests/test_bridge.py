@@ -10,10 +10,10 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import start_bridge
 from toolmesh.core.errors import Code
 from toolmesh.core.limits import MAX_RESULT_BYTES
 from toolmesh.core.rpcstatus import error_code
-from toolmesh.server.system import start_bridge
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

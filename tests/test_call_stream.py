@@ -16,12 +16,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.rpcstatus import error_code, grpc_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, free_port, logged, start_service_process
 

@@ -14,11 +14,11 @@ import pytest
 import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.core.tools import ToolSpec
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
 from toolmesh.v1 import invocation_pb2
 from toolmesh_testing import (

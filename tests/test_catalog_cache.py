@@ -30,8 +30,8 @@ from toolmesh.invocation.catalog_cache import (
 from toolmesh.invocation.remote import RemoteCatalog, cached_registry_catalog, registry_watch_source
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import RegistryServicer
-from toolmesh.server.rpc_types import ServicerContext
-from toolmesh.server.runtime import RunningServer, Service, start_server
+from toolmesh.runtime.rpc_types import ServicerContext
+from toolmesh.runtime.server import RunningServer, Service, start_server
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
 from toolmesh_testing import eventually

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import RegistryClient
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import TESTS, HostProcess, eventually, free_port, run_cli, toolmesh_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

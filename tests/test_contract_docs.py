@@ -11,7 +11,7 @@ from google.protobuf import descriptor_pb2
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-DESCRIPTORS = ROOT / "services" / "src" / "toolmesh" / "server" / "descriptors.binpb"
+DESCRIPTORS = ROOT / "services" / "src" / "toolmesh" / "runtime" / "descriptors.binpb"
 
 # Paths into a FileDescriptorProto (descriptor.proto's field numbers).
 MESSAGES, ENUMS, SERVICES = 4, 5, 6

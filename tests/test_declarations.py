@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
+from toolmesh.assembly.system import LocalSystem, start_bridge, start_local_system, start_registry
 from toolmesh.bridge.declarations import merge
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
@@ -17,7 +18,6 @@ from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolAnnotations, ToolSet, ToolSpec
 from toolmesh.core.wire import tool_to_pb
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import LocalSystem, start_bridge, start_local_system, start_registry
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import eventually
 

@@ -26,11 +26,11 @@ import pytest
 import yaml
 from opentelemetry.sdk import environment_variables as otel_environment_variables
 
+from toolmesh.assembly.entrypoint import INTERNAL_PORTS
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client.config import DEFAULT_PORTS
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.server.entrypoint import INTERNAL_PORTS
-from toolmesh.server.runtime import serve_until_signalled
-from toolmesh.server.system import LocalSystem
+from toolmesh.runtime.server import serve_until_signalled
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -212,7 +212,7 @@ def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(servi
 @pytest.mark.asyncio(loop_scope="module")
 async def test_health_names_probed_are_the_ones_the_servers_serve(system: LocalSystem) -> None:
     """Each probe's service name, asked of the real server it probes, is SERVING."""
-    from toolmesh.server.healthcheck import SERVING, check  # noqa: PLC0415
+    from toolmesh.runtime.healthcheck import SERVING, check  # noqa: PLC0415
 
     for service in SERVICES:
         target = getattr(system, f"{service}_target")
@@ -234,7 +234,7 @@ def probe_command(service: str) -> list[str]:
     return [
         "python",
         "-m",
-        "toolmesh.server.healthcheck",
+        "toolmesh.runtime.healthcheck",
         "--server-name",
         service,
         f"127.0.0.1:{DEFAULT_PORTS[service]}",
@@ -247,8 +247,8 @@ async def test_probe_command_passes_against_a_server_that_serves_tls(tmp_path: P
     """The probe, run with the container's TLS environment, is SERVING; without it, it is refused."""
     from trust_testing import Pki  # noqa: PLC0415
 
-    from toolmesh.server.security import Security  # noqa: PLC0415
-    from toolmesh.server.system import start_registry  # noqa: PLC0415
+    from toolmesh.assembly.system import start_registry  # noqa: PLC0415
+    from toolmesh.runtime.security import Security  # noqa: PLC0415
 
     pki = Pki.make(tmp_path)
     files = pki.issue("registry", "registry")  # as the registry's certificate names it in a cluster

@@ -15,8 +15,9 @@ from typing import Any
 import grpc
 import pytest
 
-from toolmesh.bridge.routes import route_key
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.contracts.routes import route_key
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code, error_info
@@ -24,7 +25,6 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.invocation import remote
 from toolmesh.invocation.remote import RemoteDispatcher, RoutedDispatcher
-from toolmesh.server.system import start_bridge, start_invocation, start_registry
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, free_port, start_service_process

@@ -12,12 +12,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import HostProcess, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

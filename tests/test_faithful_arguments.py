@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.limits import FULL_VIOLATION_REPORT_CHARS, MAX_REPORTED_VIOLATIONS, MAX_VIOLATION_TEXT
 from toolmesh.core.tools import ToolSpec
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import HostProcess, start_host_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from bench.fuzz import METHODS, Prober, Tally, Targets, run_method, serving
-from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.v1 import bridge_pb2, tool_pb2
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""`python -m toolmesh.server.healthcheck`, the containers' health check, against real servers."""
+"""`python -m toolmesh.runtime.healthcheck`, the containers' health check, against real servers."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from toolmesh.server.healthcheck import SERVICE_UNKNOWN, SERVING, UNREACHABLE, check
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_registry
+from toolmesh.assembly.system import start_registry
+from toolmesh.runtime.healthcheck import SERVICE_UNKNOWN, SERVING, UNREACHABLE, check
+from toolmesh.runtime.server import RunningServer
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ async def run_healthcheck(*args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "toolmesh.server.healthcheck",
+        "toolmesh.runtime.healthcheck",
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -11,15 +11,15 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.ledger import Ledger
-from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import HostProcess, eventually, start_host_process

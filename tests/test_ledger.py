@@ -17,12 +17,12 @@ import pytest
 import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
+from toolmesh.contracts.ledger import LedgerPolicy
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
-from toolmesh.invocation.ledger import LedgerPolicy
-from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.store.backends import MEMORY
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import HostProcess, eventually, logged, run_cli, start_host_process

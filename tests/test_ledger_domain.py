@@ -16,10 +16,10 @@ import pytest_asyncio
 from redis.asyncio import Redis
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.contracts.ledger import CancelVerdict, InvocationState, Ledger, LedgerPolicy, identity_of
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
-from toolmesh.invocation.ledger import CancelVerdict, InvocationState, Ledger, LedgerPolicy, identity_of
 from toolmesh.store.backends import open_stores
 from toolmesh.store.ledger import Delivered, LeaseRefused, LeaseTerms, LedgerStore
 from toolmesh.store.memory import MemoryLedgerStore

@@ -21,6 +21,7 @@ import pytest
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from trust_testing import SECRET
 
+from toolmesh.assembly.system import LocalSystem, start_local_system, start_replicas
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.core.errors import Code, ToolmeshError
@@ -29,10 +30,9 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.quotas import LEASE_GRACE_S, Quotas
 from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import encode_tools as registry_record
-from toolmesh.server.limits import DEFAULT_LIMITS, ENV_LIMITS, Limits, limits_from
-from toolmesh.server.schema_cost import CYCLE_RULE, PATTERN_RULE, check_schema
-from toolmesh.server.security import Security
-from toolmesh.server.system import LocalSystem, start_local_system, start_replicas
+from toolmesh.rules.limits import DEFAULT_LIMITS, ENV_LIMITS, Limits, limits_from
+from toolmesh.rules.schema_cost import CYCLE_RULE, PATTERN_RULE, check_schema
+from toolmesh.runtime.security import Security
 from toolmesh.store.backends import open_stores
 from toolmesh.store.ledger import LeaseTerms
 from toolmesh.store.memory import InMemoryStore

@@ -17,12 +17,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.v1 import bridge_pb2, invocation_pb2
 from toolmesh_testing import logged
 

@@ -15,11 +15,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcp_testing import http_gateway
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.security import Security
-from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.runtime.security import Security
 from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mcp_testing import services_env
-from toolmesh.server.system import LocalSystem
+from toolmesh.assembly.system import LocalSystem
 from toolmesh_testing import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

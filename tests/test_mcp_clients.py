@@ -19,8 +19,8 @@ import pytest_asyncio
 from conformance_tools import serve_conformance_tools
 
 from mcp_testing import http_gateway, services_env
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.host import ToolHost
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import TESTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -19,12 +19,12 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ToolsListChanged
 
 from mcp_testing import gateway_stdio, http_gateway
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import InvocationClient
 from toolmesh.core.errors import Code
 from toolmesh.core.tools import ToolAnnotations
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, META_REPLAYED, META_TOOL_REQUEST_ID, NO_OUTCOME
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

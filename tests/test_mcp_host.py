@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import TESTS, HostProcess, eventually, run_cli, toolmesh_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

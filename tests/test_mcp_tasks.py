@@ -14,8 +14,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcp_testing import http_gateway
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -21,12 +21,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcp_testing import http_gateway
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.mcp.gateway import Gateway, current_token
 from toolmesh.mcp.serve import serve_http, session_of_path, token_of_header
-from toolmesh.server.system import LocalSystem
 from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -30,7 +30,7 @@ from toolmesh.core import otel
 from toolmesh.core.errors import Code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import HostError, ToolContext, ToolHost
-from toolmesh.server.runtime import Service, start_server
+from toolmesh.runtime.server import Service, start_server
 from toolmesh.v1 import bridge_pb2, invocation_pb2, registry_pb2, registry_pb2_grpc
 from toolmesh_testing import ServiceProcess, eventually, start_service_process
 
@@ -198,7 +198,7 @@ async def _send(
 @pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="function")
 async def test_in_process_logs_and_spans_hold_no_value(caplog: pytest.LogCaptureFixture) -> None:
-    from toolmesh.server.system import start_local_system  # noqa: PLC0415
+    from toolmesh.assembly.system import start_local_system  # noqa: PLC0415
 
     exporter = tracing()
     caplog.set_level(logging.DEBUG)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from toolmesh.server.system import LocalSystem
+from toolmesh.assembly.system import LocalSystem
 from toolmesh_testing import TESTS, HostProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]

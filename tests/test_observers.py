@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 
 from toolmesh.bridge.router import HostSession, Router
+from toolmesh.contracts.ledger import InvocationRecord, Ledger
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.ledger import InvocationRecord, Ledger
 from toolmesh.store.memory import MemoryLedgerStore
 
 pytestmark = pytest.mark.unit

@@ -73,7 +73,16 @@ def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
             [sys.executable, "-c", probe], check=True, capture_output=True, text=True
         ).stdout.replace("'", '"')
     )
-    server_packages = ("server", "store", "registry", "invocation", "bridge")
+    server_packages = (
+        "runtime",
+        "rules",
+        "contracts",
+        "assembly",
+        "store",
+        "registry",
+        "invocation",
+        "bridge",
+    )
     assert not [m for m in loaded if m.startswith(tuple(f"toolmesh.{p}" for p in server_packages))]
     assert not [m for m in loaded if m.startswith(("opentelemetry.sdk", "jsonschema_rs", "grpc_health.v1"))]
     assert not [m for m in loaded if m.startswith(("httpx", "redis"))]
@@ -83,7 +92,7 @@ def test_importing_the_host_sdk_and_client_loads_no_server_code() -> None:
 @pytest.mark.parametrize(
     "modules",
     [
-        ["toolmesh.core.errors", "toolmesh.invocation.ledger"],
+        ["toolmesh.core.errors", "toolmesh.contracts.ledger"],
         # The services' domain modules: the transport and the telemetry sit behind their seams.
         [
             "toolmesh.invocation.invoker",

@@ -13,12 +13,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import InvocationClient, RegistryClient, ToolProgress
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import LocalSystem
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, run_cli
 

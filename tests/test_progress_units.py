@@ -10,6 +10,7 @@ import pytest
 from toolmesh.bridge.progress import ProgressGate
 from toolmesh.bridge.router import Router
 from toolmesh.cli.call import progress_line
+from toolmesh.contracts.ledger import CancelVerdict, InvocationState, Ledger
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import PROGRESS_MESSAGE_MAX_CHARS
@@ -18,7 +19,6 @@ from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.ledger import CancelVerdict, InvocationState, Ledger
 from toolmesh.invocation.ports import ProgressSink
 from toolmesh.store.base import Versioned
 from toolmesh.store.memory import InMemoryStore, MemoryLedgerStore

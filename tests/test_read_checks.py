@@ -17,11 +17,11 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import LocalSystem
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
 from toolmesh_testing import eventually, start_host_process
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from toolmesh.assembly.system import start_invocation
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.limits import RECONNECT_BACKOFF_MAX_MS
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolHost
-from toolmesh.server.system import start_invocation
 from toolmesh_testing import ServiceProcess, eventually, free_port, start_service_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -11,10 +11,10 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import start_registry
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code, error_info
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_registry
+from toolmesh.runtime.server import RunningServer
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc, tool_pb2
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -12,8 +12,8 @@ import pytest
 import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_registry
+from toolmesh.assembly.system import start_registry
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc, tool_pb2
 

@@ -17,11 +17,11 @@ import pytest_asyncio
 from redis.asyncio import Redis
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
-from toolmesh.invocation.ledger import Ledger
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import Stores, open_stores
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import (

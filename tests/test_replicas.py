@@ -18,16 +18,16 @@ import pytest
 import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.bridge.router import Router
-from toolmesh.bridge.routes import route_of
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
+from toolmesh.contracts.routes import route_of
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.remote import RoutedDispatcher
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import Stores, open_stores
 from toolmesh_testing import (
     TESTS,

@@ -10,7 +10,7 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from toolmesh.server.system import LocalSystem
+from toolmesh.assembly.system import LocalSystem
 from toolmesh_testing import health_check, reflection_info, start_service_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

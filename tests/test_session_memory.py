@@ -15,11 +15,11 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.core.errors import Code
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.invocation.catalog_cache import DEFAULT_MAX_SESSIONS, WatchedCatalog, unavailable
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import Stores, open_stores
 from toolmesh.store.memory import InMemoryStore, MemoryLedgerStore
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc, registry_pb2, registry_pb2_grpc

@@ -9,9 +9,9 @@ from typing import Any
 import grpc
 import pytest
 
+from toolmesh.assembly.system import start_local_system
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code
-from toolmesh.server.system import start_local_system
 from toolmesh.v1 import (
     bridge_pb2,
     bridge_pb2_grpc,

@@ -20,12 +20,12 @@ import pytest_asyncio
 from redis.asyncio import Redis
 from redis_testing import RedisServer
 
+from toolmesh.assembly.system import LocalSystem, start_invocation, start_local_system
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import LocalSystem, start_invocation, start_local_system
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
 from toolmesh.v1 import invocation_pb2, registry_pb2, registry_pb2_grpc
 from toolmesh_testing import HostProcess, eventually, free_port, logged, start_host_process

@@ -18,7 +18,9 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, UNREAD_RESULTS_MAX_BYTES
@@ -28,8 +30,6 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.ledger import Ledger
-from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import eventually, logged

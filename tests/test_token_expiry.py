@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 from trust_testing import SECRET, token
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.auth.tokens import SharedSecret, Verifier
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.bearer import renew_in
@@ -23,8 +24,7 @@ from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.security import Security
-from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.runtime.security import Security
 from toolmesh.v1 import (
     bridge_pb2,
     bridge_pb2_grpc,

@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core import otel, telemetry
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.server.system import LocalSystem, start_local_system
 from toolmesh_testing import eventually, logged
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]

@@ -29,6 +29,7 @@ import pytest_asyncio
 from google.rpc import error_details_pb2
 from trust_testing import SECRET, Pki, rsa_jwk, token
 
+from toolmesh.assembly.system import LocalSystem, start_local_system, start_registry
 from toolmesh.assistant import AssistantError, ToolServices
 from toolmesh.assistant.errors import TurnCode
 from toolmesh.assistant.grpc_channel import GrpcToolChannel
@@ -39,8 +40,7 @@ from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import HostError, ToolContext, ToolHost
-from toolmesh.server.security import Security
-from toolmesh.server.system import LocalSystem, start_local_system, start_registry
+from toolmesh.runtime.security import Security
 from toolmesh.v1 import (
     bridge_pb2,
     bridge_pb2_grpc,

@@ -18,12 +18,12 @@ import pytest
 import pytest_asyncio
 
 from bench.browser import BrowserDriver, build_test_page
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.client import CallResult, InvocationClient, RegistryClient, ToolProgress
 from toolmesh.core.errors import Code
 from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.tools import ToolSet, ToolSpec
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.runtime.server import RunningServer
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import eventually, free_port, run_cli
 

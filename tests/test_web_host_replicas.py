@@ -11,8 +11,8 @@ import pytest
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 
 from bench.browser import BrowserDriver, build_test_page
+from toolmesh.assembly.system import start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
-from toolmesh.server.system import start_invocation, start_registry
 from toolmesh.store.backends import open_stores
 from toolmesh_testing import ServiceProcess, eventually, free_port, start_service_process
 

@@ -20,11 +20,11 @@ import pytest_asyncio
 from trust_testing import SECRET, token
 
 from bench.browser import BrowserDriver, build_test_page
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.auth.tokens import SharedSecret, Verifier
 from toolmesh.client import InvocationClient
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.security import Security
-from toolmesh.server.system import start_bridge, start_invocation, start_registry
+from toolmesh.runtime.security import Security
+from toolmesh.runtime.server import RunningServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from google.rpc import error_details_pb2
 
+from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.bridge.web import web_origins
-from toolmesh.server.system import LocalSystem, start_local_system
 
 ALLOWED = "http://app.example:5173"
 SERVICE = "/toolmesh.v1.BridgeService/"

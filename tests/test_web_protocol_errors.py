@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from google.rpc import error_details_pb2, status_pb2
 
-from toolmesh.server.system import LocalSystem, start_local_system
+from toolmesh.assembly.system import LocalSystem, start_local_system
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

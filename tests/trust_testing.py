@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.core.tls import TlsFiles
-from toolmesh.server.security import Security
+from toolmesh.runtime.security import Security
 
 SECRET = b"a test secret that is long enough for HS256"
 

@@ -14,8 +14,8 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from toolmesh.server.runtime import serve_until_signalled
-from toolmesh.server.system import start_local_system
+from toolmesh.assembly.system import start_local_system
+from toolmesh.runtime.server import serve_until_signalled
 
 HERE = Path(__file__).resolve().parent
 BUILT = HERE.parent / "build" / "example"

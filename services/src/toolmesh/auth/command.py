@@ -13,8 +13,16 @@ import sys
 from typing import Any
 
 from toolmesh.auth.grants import Role
-from toolmesh.auth.tokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, mint, read_secret
-from toolmesh.server.security import ENV_AUDIENCE, ENV_ISSUER, ENV_SECRET, ENV_SECRET_FILE
+from toolmesh.auth.tokens import (
+    DEFAULT_AUDIENCE,
+    DEFAULT_ISSUER,
+    ENV_AUDIENCE,
+    ENV_ISSUER,
+    ENV_SECRET,
+    ENV_SECRET_FILE,
+    mint,
+    read_secret,
+)
 
 EXIT_USAGE = 2
 TTL = re.compile(r"(\d+)([smhd]?)")

@@ -1,4 +1,4 @@
-"""Applying the policy to each call as it arrives (used by toolmesh.server.instrument).
+"""Applying the policy to each call as it arrives (used by toolmesh.runtime.instrument).
 
 An admission is made once per RPC method and listener; per call it reads the
 bearer token from the metadata, verifies it (verified tokens are cached) and

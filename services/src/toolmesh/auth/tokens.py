@@ -25,6 +25,13 @@ from toolmesh.core.errors import Code, ToolmeshError
 
 DEFAULT_ISSUER = "toolmesh"
 DEFAULT_AUDIENCE = "toolmesh"
+
+# Where the services and `toolmesh token` read their token settings from.
+ENV_SECRET = "TOOLMESH_AUTH_SECRET"
+ENV_SECRET_FILE = "TOOLMESH_AUTH_SECRET_FILE"
+ENV_JWKS = "TOOLMESH_AUTH_JWKS"
+ENV_ISSUER = "TOOLMESH_AUTH_ISSUER"
+ENV_AUDIENCE = "TOOLMESH_AUTH_AUDIENCE"
 # Clocks of issuers and servers may disagree this much.
 LEEWAY_S = 30.0
 # HS256 wants a key at least as long as its hash (RFC 7518 3.2).

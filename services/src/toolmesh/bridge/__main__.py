@@ -1,10 +1,10 @@
 import argparse
 import os
 
+from toolmesh.assembly.entrypoint import dependency_address, parse_args, run, security_of, stores_of
+from toolmesh.assembly.system import start_bridge
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
-from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of, stores_of
-from toolmesh.server.runtime import RunningServer
-from toolmesh.server.system import start_bridge
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import MEMORY, store_url
 
 ADVERTISE_ENV = "TOOLMESH_ADVERTISE_ADDR"

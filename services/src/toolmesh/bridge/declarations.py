@@ -24,8 +24,8 @@ from toolmesh.bridge.router import HostSession, Router
 from toolmesh.core.backoff import Backoff
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tools import ToolSet, ToolSpec
-from toolmesh.registry.registry import check_tools
-from toolmesh.server.limits import DEFAULT_LIMITS, Limits
+from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
+from toolmesh.rules.tool_lists import check_tools
 
 log = logging.getLogger("toolmesh.bridge")
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Container
 
-from toolmesh.bridge.router import HostSession, check_outcome
+from toolmesh.bridge.acceptance import check_outcome
+from toolmesh.bridge.router import HostSession, Router
+from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
-from toolmesh.invocation.ledger import Ledger
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -62,3 +64,25 @@ class OutcomeRecorder:
         if self._writes:
             await asyncio.wait(set(self._writes))
         await self.ledger.aclose()
+
+
+async def accept(
+    router: Router,
+    recorder: OutcomeRecorder | None,
+    host_session_id: str,
+    tool_request_id: str,
+    outcome: Outcome,
+    *,
+    sessions: Container[str] | None,
+) -> None:
+    """Take a host's outcome: the router settles a request this replica sent; with `recorder` (a
+    shared ledger), one it never sent was sent by a replica that died while the host ran it, and
+    is recorded in the ledger while its invocation runs (OutcomeRecorder.adopt).
+
+    `sessions`: those the host may serve (None: all). Raises ToolmeshError as Router.submit does.
+    """
+    if recorder is None or router.knows(tool_request_id):
+        router.submit(host_session_id, tool_request_id, outcome, sessions)
+        return
+    host = router.submitting_host(host_session_id, tool_request_id, sessions)
+    await recorder.adopt(host, tool_request_id, outcome)

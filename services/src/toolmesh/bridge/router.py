@@ -24,16 +24,16 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from toolmesh.bridge.acceptance import check_outcome
 from toolmesh.bridge.progress import ProgressGate, ProgressSink
 from toolmesh.bridge.reading import READ_CHECK_AFTER_S, ReadChecks, Reading
-from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
-from toolmesh.core.errors import Code, ToolmeshError, code_for_reason
-from toolmesh.core.limits import MAX_RESULT_BYTES, READ_CHECK_TIMEOUT_MS
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
-from toolmesh.core.outcome import ErrorKind, Outcome
+from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
-from toolmesh.server.limits import DEFAULT_LIMITS, Limits
+from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -536,6 +536,21 @@ class Router:
             pending.progress.offer(replace(progress, message=message or None))
         return ProgressVerdict.ACCEPTED, truncated
 
+    def submitting_host(
+        self, host_session_id: str, tool_request_id: str, sessions: Container[str] | None = None
+    ) -> HostSession:
+        """The open host session handing in an outcome for `tool_request_id`; as `host`, with
+        both ids in the error's metadata."""
+        host = self._hosts.get(host_session_id)
+        if host is None or (sessions is not None and host.session_id not in sessions):
+            metadata = {"hostSessionId": host_session_id, "toolRequestId": tool_request_id}
+            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)
+        return host
+
+    def knows(self, tool_request_id: str) -> bool:
+        """Whether this replica sent the request (it is pending, or ended lately)."""
+        return tool_request_id in self._pending or tool_request_id in self._ended
+
     def submit(
         self,
         host_session_id: str,
@@ -549,9 +564,7 @@ class Router:
         another is unknown to it.
         """
         metadata = {"hostSessionId": host_session_id, "toolRequestId": tool_request_id}
-        host = self._hosts.get(host_session_id)
-        if host is None or (sessions is not None and host.session_id not in sessions):
-            raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)
+        host = self.submitting_host(host_session_id, tool_request_id, sessions)
         pending = self._pending.get(tool_request_id)
         if pending is None:
             ended = self._ended.get(tool_request_id)
@@ -572,52 +585,3 @@ class Router:
             host.checks.answer(pending.after_check)
         self._end(pending, EndReason.ANSWERED)
         pending.settle(outcome)
-
-
-def check_outcome(outcome: Outcome, metadata: dict[str, str]) -> None:
-    """Raise a ToolmeshError for an outcome the bridge refuses from a host (its result, its error code)."""
-    _check_result(outcome, metadata)
-    _check_error_code(outcome, metadata)
-
-
-def _check_result(outcome: Outcome, metadata: dict[str, str]) -> None:
-    if outcome.result_json is None:
-        return
-    size = len(outcome.result_json.encode())
-    if size > MAX_RESULT_BYTES:
-        raise ToolmeshError(
-            Code.RESULT_TOO_LARGE,
-            f"{size} bytes, the limit is {MAX_RESULT_BYTES}.",
-            {**metadata, "size": str(size), "limit": str(MAX_RESULT_BYTES)},
-        )
-    try:
-        jsontext.parse(outcome.result_json)
-    except jsontext.NotPlainJson:
-        raise ToolmeshError(Code.RESULT_NOT_JSON, "", metadata) from None
-
-
-# The runtime codes a host may answer with; every other runtime code is the runtime's own to give.
-HOST_RUNTIME_CODES = frozenset(
-    {Code.TOOL_HANDLER_NOT_FOUND, Code.TOOL_HANDLER_ERROR, Code.TOOL_RESULT_INVALID}
-)
-
-
-def _check_error_code(outcome: Outcome, metadata: dict[str, str]) -> None:
-    """Refuse an error a host may not give: one that would pass for the runtime's own."""
-    failure = outcome.failure
-    if failure is None:
-        return
-    allowed = ", ".join(sorted(HOST_RUNTIME_CODES))
-    if failure.kind is ErrorKind.RUNTIME and code_for_reason(failure.code) not in HOST_RUNTIME_CODES:
-        raise ToolmeshError(
-            Code.INVALID_REQUEST,
-            f"A host's runtime error code must be one of {allowed}.",
-            {**metadata, "field": "outcome.error.code"},
-        )
-    if failure.kind is ErrorKind.DOMAIN and code_for_reason(failure.code) is not None:
-        raise ToolmeshError(
-            Code.INVALID_REQUEST,
-            f"A domain error's code must not be a runtime code such as {failure.code}: "
-            "choose a code of the application's own.",
-            {**metadata, "field": "outcome.error.code"},
-        )

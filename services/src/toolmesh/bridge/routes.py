@@ -1,12 +1,9 @@
-"""Which bridge replica holds hosts of which session: routes in the shared store, with expiry.
+"""This replica's routes: it names itself in the shared store for every session it holds a host of.
 
-Each bridge replica writes `bridge:route:<session>` = its advertise address
-(the internal listener the invocation service can reach) for every session it
-holds a host of, refreshes it every `refresh_s` and lets it expire after
-`ttl_s`, so a replica that died stops being named within `ttl_s`. When the last
-host of a session leaves, the replica removes the route if it still names it
-(one conditional delete: Store.delete_if_value).
-The invocation service reads the route to pick the replica to dispatch to.
+Written for every host that opens, refreshed every `refresh_s` and left to
+expire after `ttl_s` (toolmesh.contracts.routes). When the last host of a
+session leaves, the replica removes the route if it still names it (one
+conditional delete: Store.delete_if_value).
 """
 
 from __future__ import annotations
@@ -18,24 +15,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 from toolmesh.bridge.router import HostSession, Router
+from toolmesh.contracts.routes import REFRESH_S, ROUTE_TTL_S, route_key
 from toolmesh.core.errors import ToolmeshError
 from toolmesh.store.base import Store
 
 log = logging.getLogger("toolmesh.bridge")
-
-ROUTE_PREFIX = "bridge:route:"
-ROUTE_TTL_S = 10.0
-REFRESH_S = 3.0
-
-
-def route_key(session_id: str) -> str:
-    return f"{ROUTE_PREFIX}{session_id}"
-
-
-async def route_of(store: Store, session_id: str) -> str | None:
-    """The address of the bridge replica holding a host of the session, or None."""
-    found = await store.get(route_key(session_id))
-    return None if found is None else found.value.decode()
 
 
 class Routes:

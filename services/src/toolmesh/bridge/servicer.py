@@ -13,15 +13,14 @@ from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import scope
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
-from toolmesh.bridge.outcomes import OutcomeRecorder
+from toolmesh.bridge.outcomes import OutcomeRecorder, accept
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
-from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.progress import ProgressVerdict, ToolProgress
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
-from toolmesh.server.relay import relay
-from toolmesh.server.rpc_types import ServicerContext
-from toolmesh.server.runtime import Service
+from toolmesh.runtime.relay import relay
+from toolmesh.runtime.rpc_types import ServicerContext
+from toolmesh.runtime.server import Service
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
 _PROGRESS_STATUS = {
@@ -73,32 +72,20 @@ async def host_events(
         router.close_host(host)
 
 
-def submit(
-    router: Router, request: bridge_pb2.SubmitToolResultRequest, sessions: Container[str] | None
-) -> bridge_pb2.SubmitToolResultResponse:
-    """`sessions`: those the host may serve (None: all); another's host session is unknown to it."""
-    outcome = outcome_from_pb(request.outcome)
-    telemetry.record_outcome(outcome)
-    router.submit(request.host_session_id, request.tool_request_id, outcome, sessions)
-    return bridge_pb2.SubmitToolResultResponse()
-
-
-async def submit_or_adopt(
+async def submit(
     router: Router,
     recorder: OutcomeRecorder | None,
     request: bridge_pb2.SubmitToolResultRequest,
     sessions: Container[str] | None,
 ) -> bridge_pb2.SubmitToolResultResponse:
-    """`submit`; with `recorder` (a shared ledger), a result for a request this replica does not
-    hold is recorded there while its invocation runs (OutcomeRecorder.adopt)."""
-    try:
-        return submit(router, request, sessions)
-    except ToolmeshError as error:
-        if error.code is not Code.REQUEST_UNKNOWN or recorder is None:
-            raise
-    # Sent by a replica that died while the host ran it: the ledger says whether it still runs.
-    host = router.host(request.host_session_id, sessions)
-    await recorder.adopt(host, request.tool_request_id, outcome_from_pb(request.outcome))
+    """A host's outcome, decoded once and taken by `outcomes.accept` (adopted through `recorder`
+    when another replica sent the request). `sessions`: those the host may serve (None: all);
+    another's host session is unknown to it."""
+    outcome = outcome_from_pb(request.outcome)
+    telemetry.record_outcome(outcome)
+    await accept(
+        router, recorder, request.host_session_id, request.tool_request_id, outcome, sessions=sessions
+    )
     return bridge_pb2.SubmitToolResultResponse()
 
 
@@ -152,7 +139,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     async def SubmitToolResult(
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
-        return await submit_or_adopt(self._router, self._recorder, request, scope(Role.HOST))
+        return await submit(self._router, self._recorder, request, scope(Role.HOST))
 
     async def DeclareHostTools(
         self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext

@@ -43,14 +43,14 @@ from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
-from toolmesh.bridge.servicer import answer_read_check, declare, host_events, report_progress, submit_or_adopt
+from toolmesh.bridge.servicer import answer_read_check, declare, host_events, report_progress, submit
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
 from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
-from toolmesh.server.decoding import undecodable
-from toolmesh.server.instrument import until_token_expires
-from toolmesh.server.runtime import CannotListen
+from toolmesh.runtime.decoding import undecodable
+from toolmesh.runtime.instrument import until_token_expires
+from toolmesh.runtime.server import CannotListen
 from toolmesh.v1 import bridge_pb2
 from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
 
@@ -158,7 +158,7 @@ class WebBridge(BridgeService):
     ) -> bridge_pb2.SubmitToolResultResponse:
         try:
             await _admit(self._admit["SubmitToolResult"], request, ctx)
-            return await submit_or_adopt(self._router, self._recorder, request, scope(Role.HOST))
+            return await submit(self._router, self._recorder, request, scope(Role.HOST))
         except Exception as exc:
             _fail("SubmitToolResult", exc)
 

@@ -1,5 +1,5 @@
-from toolmesh.server.entrypoint import dependency_address, parse_args, run, security_of, stores_of
-from toolmesh.server.system import start_invocation
+from toolmesh.assembly.entrypoint import dependency_address, parse_args, run, security_of, stores_of
+from toolmesh.assembly.system import start_invocation
 
 args = parse_args("invocation", ("registry", "bridge"))
 security = security_of(args)

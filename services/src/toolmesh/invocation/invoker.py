@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from toolmesh.contracts.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
@@ -19,7 +20,6 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.cancels import CancelBoard
-from toolmesh.invocation.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger
 from toolmesh.invocation.ports import (
     Dispatcher,
     InvocationObserver,

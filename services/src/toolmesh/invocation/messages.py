@@ -6,11 +6,11 @@ from collections.abc import Iterable
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from toolmesh.contracts.ledger import InvocationRecord, InvocationState
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.names import require_id
 from toolmesh.core.wire import outcome_to_pb
 from toolmesh.invocation.invoker import InvokeResult
-from toolmesh.invocation.ledger import InvocationRecord, InvocationState
 from toolmesh.store.ledger import Delivered
 from toolmesh.v1 import invocation_pb2
 

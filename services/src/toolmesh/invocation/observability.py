@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
+from toolmesh.contracts.ledger import InvocationRecord
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.outcome import ErrorKind, Outcome
-from toolmesh.invocation.ledger import InvocationRecord
 
 log = logging.getLogger("toolmesh.invocation")
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from toolmesh.contracts.ledger import InvocationRecord
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
-from toolmesh.invocation.ledger import InvocationRecord
 
 # Told each progress report of a running request (best effort, never about its outcome).
 ProgressSink = Callable[[ToolProgress], None]

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from toolmesh.core.errors import ToolmeshError
-from toolmesh.server.limits import DEFAULT_LIMITS, Limits
+from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 from toolmesh.store.base import Store
 from toolmesh.store.ledger import LeaseTerms
 

@@ -12,8 +12,8 @@ from functools import partial
 
 import grpc
 
-from toolmesh.bridge.routes import route_of
 from toolmesh.client.registry import RegistryClient
+from toolmesh.contracts.routes import route_of
 from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.channels import open_channel
@@ -290,7 +290,7 @@ class RoutedDispatcher:
     """Tool requests to the bridge replica that holds a host of their session.
 
     Each bridge replica writes its address under the sessions it holds hosts of
-    (toolmesh.bridge.routes); a request goes to the replica its session's route
+    (toolmesh.contracts.routes); a request goes to the replica its session's route
     names, over one DispatchToolRequests stream per replica, opened on demand and
     closed after `idle_s` without requests. Without a route it goes to
     `default_target`, which answers TOOL_HOST_UNAVAILABLE when it holds no host either.

@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import caller, scope
+from toolmesh.contracts.ledger import CancelVerdict
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.wire import ATTACHMENT_ID_METADATA, TOOL_REQUEST_ID_METADATA, progress_to_pb
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.ledger import CancelVerdict
 from toolmesh.invocation.messages import call_from_pb, deliveries_from_pb, record_to_pb, response_to_pb
 from toolmesh.invocation.run_events import Started, run_events
-from toolmesh.server.relay import relay
-from toolmesh.server.rpc_types import ServicerContext
-from toolmesh.server.runtime import Service
+from toolmesh.runtime.relay import relay
+from toolmesh.runtime.rpc_types import ServicerContext
+from toolmesh.runtime.server import Service
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 
 # A call still waiting this long has its invocation's id sent ahead of the outcome.

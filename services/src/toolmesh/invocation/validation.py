@@ -22,8 +22,8 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.core.schemas import Violation, compile_schema, violations
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.validation_pool import Job, OutOfMemory, SchemaUnusable, TimedOut, ValidationPool
-from toolmesh.server.limits import DEFAULT_LIMITS, Limits
-from toolmesh.server.schema_cost import schema_cost
+from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
+from toolmesh.rules.schema_cost import schema_cost
 
 log = logging.getLogger("toolmesh.invocation")
 

@@ -1,5 +1,5 @@
-from toolmesh.server.entrypoint import parse_args, run, security_of, stores_of
-from toolmesh.server.system import start_registry
+from toolmesh.assembly.entrypoint import parse_args, run, security_of, stores_of
+from toolmesh.assembly.system import start_registry
 
 args = parse_args("registry")
 security = security_of(args)

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.names import require_id, require_tool_name
-from toolmesh.core.tools import ToolAnnotations, ToolSet, ToolSpec, check_timeout
-from toolmesh.server.limits import DEFAULT_LIMITS, Limits
-from toolmesh.server.schema_cost import check_schema
+from toolmesh.core.tools import ToolAnnotations, ToolSet, ToolSpec
+from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
+from toolmesh.rules.tool_lists import check_tools
 from toolmesh.store.base import Store, VersionConflict, Versioned
 
 
@@ -55,26 +55,6 @@ def _decode(stored: Versioned | None) -> ToolSet:
             for record in records
         ),
     )
-
-
-def check_tools(tools: Sequence[ToolSpec], limits: Limits = DEFAULT_LIMITS) -> None:
-    """Refuse the whole list if any tool is malformed (names, timeouts, schemas) or over the limits."""
-    if len(tools) > limits.tools_per_session:
-        raise limits.over("tools_per_session", f"A session holds at most {limits.tools_per_session} tools.")
-    seen: set[str] = set()
-    for tool in tools:
-        require_tool_name(tool.name)
-        if tool.name in seen:
-            raise ToolmeshError(
-                Code.INVALID_REQUEST, f"The tool name {tool.name} appears twice.", {"tool": tool.name}
-            )
-        seen.add(tool.name)
-        check_timeout(tool)
-        check_schema(tool.input_schema_json, limits, tool=tool.name, which="inputSchema", require_object=True)
-        if tool.output_schema_json:
-            check_schema(
-                tool.output_schema_json, limits, tool=tool.name, which="outputSchema", require_object=False
-            )
 
 
 class Registry:

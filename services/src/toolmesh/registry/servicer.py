@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 from toolmesh.core.wire import tool_from_pb, tool_to_pb
 from toolmesh.registry.registry import Registry
-from toolmesh.server.rpc_types import ServicerContext
-from toolmesh.server.runtime import Service
+from toolmesh.runtime.rpc_types import ServicerContext
+from toolmesh.runtime.server import Service
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
 
 

@@ -1,0 +1,1 @@
+"""Shared state behind one interface: tools, ledger records and routes, in memory or on Redis."""

@@ -1,7 +1,7 @@
 """The one store interface behind toolmesh's state.
 
 A small versioned key-value store with expiry and change notification. The
-registry, the invocation ledger and (later) host routing keep their records
+registry, the invocation ledger and host routing keep their records
 in it as bytes, so that an in-memory store (the embedded default) and a shared
 one (Redis, for replicas) can serve them alike, held to the same contract tests.
 """

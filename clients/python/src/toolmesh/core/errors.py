@@ -86,7 +86,7 @@ class Code(enum.StrEnum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     WRONG_LISTENER = "WRONG_LISTENER"
-    # Limits (toolmesh.server.limits): a request over a fixed bound, or a quota used up for now.
+    # Limits (toolmesh.rules.limits): a request over a fixed bound, or a quota used up for now.
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     # An InvokeTools stream whose caller stopped reading its results.

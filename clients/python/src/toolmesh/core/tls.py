@@ -3,7 +3,7 @@
 A client (the CLI, a host, a caller) uses TLS when it is given a CA (to trust
 the services' certificates) or asks for it with `--tls` / TOOLMESH_TLS=1 (the
 system's roots); a certificate and key make it present a client certificate.
-Services read the same variables for their own certificate (toolmesh.server.tls).
+Services read the same variables for their own certificate (toolmesh.runtime.tls).
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable
 from toolmesh.client.config import DEFAULT_PORTS
 from toolmesh.core import otel
 from toolmesh.core.logs import configure_logging
-from toolmesh.server import limits, security
-from toolmesh.server.runtime import CannotListen, RunningServer, serve_until_signalled
-from toolmesh.server.security import Security
+from toolmesh.rules import limits
+from toolmesh.runtime import security
+from toolmesh.runtime.security import Security
+from toolmesh.runtime.server import CannotListen, RunningServer, serve_until_signalled
 from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
 
 # Internal listeners (registry lookups, bridge dispatch): loopback unless told otherwise.

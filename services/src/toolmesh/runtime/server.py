@@ -22,11 +22,11 @@ from grpc_health.v1.health import aio as health_aio
 
 from toolmesh.auth.guard import Listener, admission, serves
 from toolmesh.core.channels import TRANSPORT_OPTIONS
-from toolmesh.server.decoding import decoding
-from toolmesh.server.instrument import OpenStreams, instrumented
-from toolmesh.server.limits import DEFAULT_LIMITS, Limits
-from toolmesh.server.reflection import enable_reflection
-from toolmesh.server.security import LOOPBACK, Security
+from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
+from toolmesh.runtime.decoding import decoding
+from toolmesh.runtime.instrument import OpenStreams, instrumented
+from toolmesh.runtime.reflection import enable_reflection
+from toolmesh.runtime.security import LOOPBACK, Security
 
 log = logging.getLogger("toolmesh.server")
 

@@ -10,7 +10,7 @@ Here each method's decoder never raises: a message that does not decode
 becomes UNDECODABLE, and the method's handler answers it. A unary request
 fails with INVALID_ARGUMENT and ErrorInfo INVALID_REQUEST. In a request stream
 the message ends what the caller sends: the stream takes nothing after it,
-answers what is still open, then fails the same way (toolmesh.server.relay).
+answers what is still open, then fails the same way (toolmesh.runtime.relay).
 Either way one WARNING line per method says so, at most every LOG_INTERVAL_S,
 with how many were refused since the last line.
 """
@@ -26,7 +26,7 @@ import grpc
 
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import to_grpc_status
-from toolmesh.server.rpc_types import ServicerContext
+from toolmesh.runtime.rpc_types import ServicerContext
 
 log = logging.getLogger("toolmesh.server")
 

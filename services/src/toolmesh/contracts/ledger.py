@@ -440,11 +440,6 @@ class Ledger:
         with contextlib.suppress(ToolmeshError):
             await self._store.release_lease(lease.key, tool_request_id)
 
-    @property
-    def unrecorded(self) -> int:
-        """How many finished invocations wait for the store to take their outcome."""
-        return len(self._unrecorded)
-
     async def confirm(
         self, tool_request_id: str, sessions: Container[str] | None = None, attachment_id: str = ""
     ) -> None:

@@ -32,7 +32,7 @@ import jsonschema_rs
 from toolmesh.core import jsontext
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.schemas import LINEAR_PATTERNS, compile_schema
-from toolmesh.server.limits import Limits
+from toolmesh.rules.limits import Limits
 
 # Keywords whose value is one subschema, a list of them, or a map of names to them.
 _ONE = (

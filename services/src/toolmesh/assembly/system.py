@@ -15,10 +15,10 @@ from toolmesh.bridge.router import Router
 from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import start_web_server, web_app
+from toolmesh.contracts.ledger import Ledger, LedgerPolicy
 from toolmesh.core.channels import open_channel
 from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation.observability import InvocationTelemetry
 from toolmesh.invocation.quotas import Quotas
 from toolmesh.invocation.remote import RoutedDispatcher, cached_registry_catalog
@@ -26,9 +26,9 @@ from toolmesh.invocation.servicer import invocation_service
 from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
-from toolmesh.server.limits import DEFAULT_LIMITS, Limits
-from toolmesh.server.runtime import CannotListen, RunningServer, start_server
-from toolmesh.server.security import LOOPBACK, Security
+from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
+from toolmesh.runtime.security import LOOPBACK, Security
+from toolmesh.runtime.server import CannotListen, RunningServer, start_server
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
 # How long a starting invocation replica waits to follow other replicas' cancellations.
@@ -80,7 +80,7 @@ async def start_bridge(
 
     With `stores` (closed when it stops), it writes there the routes of the sessions it holds
     hosts of, under `advertise` (default: its internal listener's address), for invocation
-    replicas to find it (toolmesh.bridge.routes).
+    replicas to find it (toolmesh.contracts.routes).
 
     With `registry_target` (the registry's internal listener), hosts may declare their tools
     (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own.

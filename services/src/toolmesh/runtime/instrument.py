@@ -30,7 +30,7 @@ from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.rpcstatus import to_grpc_status
-from toolmesh.server.rpc_types import ServicerContext
+from toolmesh.runtime.rpc_types import ServicerContext
 
 log = logging.getLogger("toolmesh.server")
 

@@ -27,7 +27,7 @@ _V1_FILE = "grpc/reflection/v1/reflection.proto"
 
 def _commented_files() -> dict[str, bytes]:
     """Our .proto files, serialized with their comments, by file name."""
-    raw = files("toolmesh.server").joinpath("descriptors.binpb").read_bytes()
+    raw = files("toolmesh.runtime").joinpath("descriptors.binpb").read_bytes()
     return {
         file.name: file.SerializeToString() for file in descriptor_pb2.FileDescriptorSet.FromString(raw).file
     }

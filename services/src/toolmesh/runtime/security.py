@@ -14,16 +14,21 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from toolmesh.auth.tokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, Verifier, keys_from, read_secret
+from toolmesh.auth.tokens import (
+    DEFAULT_AUDIENCE,
+    DEFAULT_ISSUER,
+    ENV_AUDIENCE,
+    ENV_ISSUER,
+    ENV_JWKS,
+    ENV_SECRET,
+    ENV_SECRET_FILE,
+    Verifier,
+    keys_from,
+    read_secret,
+)
 from toolmesh.core.channels import is_loopback_host
 from toolmesh.core.tls import TlsFiles
-from toolmesh.server.tls import server_credentials
-
-ENV_SECRET = "TOOLMESH_AUTH_SECRET"
-ENV_SECRET_FILE = "TOOLMESH_AUTH_SECRET_FILE"
-ENV_JWKS = "TOOLMESH_AUTH_JWKS"
-ENV_ISSUER = "TOOLMESH_AUTH_ISSUER"
-ENV_AUDIENCE = "TOOLMESH_AUTH_AUDIENCE"
+from toolmesh.runtime.tls import server_credentials
 
 
 class Unprotected(ValueError):

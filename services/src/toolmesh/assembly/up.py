@@ -10,12 +10,13 @@ import argparse
 import sys
 from typing import Any
 
+from toolmesh.assembly.entrypoint import add_store_arguments
+from toolmesh.assembly.system import start_local_system, start_replicas
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
-from toolmesh.server import limits, security
-from toolmesh.server.entrypoint import add_store_arguments
-from toolmesh.server.runtime import CannotListen, serve_until_signalled
-from toolmesh.server.system import start_local_system, start_replicas
+from toolmesh.rules import limits
+from toolmesh.runtime import security
+from toolmesh.runtime.server import CannotListen, serve_until_signalled
 from toolmesh.store.backends import MEMORY, describe_store, store_url
 
 EXIT_CONFIG = 2

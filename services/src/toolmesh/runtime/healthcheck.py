@@ -1,4 +1,4 @@
-"""A container health check: `python -m toolmesh.server.healthcheck ADDRESS [SERVICE]`.
+"""A container health check: `python -m toolmesh.runtime.healthcheck ADDRESS [SERVICE]`.
 
 Asks the standard gRPC health service at ADDRESS about SERVICE (the full
 service name, e.g. toolmesh.v1.RegistryService; "" asks about the whole
@@ -88,7 +88,7 @@ def check(address: str, service: str = "", timeout_s: float = 2.0, server_name: 
 def main(argv: list[str] | None = None) -> int:
     """Check once; print the status; 0 when SERVING, 1 otherwise."""
     parser = argparse.ArgumentParser(
-        prog="python -m toolmesh.server.healthcheck",
+        prog="python -m toolmesh.runtime.healthcheck",
         description="Exit 0 when a gRPC server reports a service SERVING, 1 otherwise.",
     )
     parser.add_argument("address", help="host:port of the server")

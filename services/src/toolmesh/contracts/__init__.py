@@ -1,0 +1,1 @@
+"""What the invocation service and the bridge share: the ledger of invocations and the route records."""
