@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
-from bench.browser import TYPESCRIPT, BrowserDriver, build_test_page
 from bench.host import READY
 from bench.measure import Call, sequential, throughput
 from bench.stack import NOOP_SCHEMA
+from browser_driver import TYPESCRIPT, BrowserDriver, build_test_page
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
 

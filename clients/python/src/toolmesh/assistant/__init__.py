@@ -4,9 +4,9 @@ from toolmesh.assistant.assistant import Assistant
 from toolmesh.assistant.config import ModelEndpoint, ToolServices, TurnLimits
 from toolmesh.assistant.confirmation import Confirm, ConfirmationRequest
 from toolmesh.assistant.errors import TURN_TABLE, AssistantError, TurnCode
-from toolmesh.assistant.messages import Message, Role, ToolCallRequest
+from toolmesh.assistant.messages import Author, Message, ToolCallRequest
 from toolmesh.assistant.results import TEXT_LIMIT, ToolResult
-from toolmesh.assistant.state import AssistantState, Status
+from toolmesh.assistant.state import AssistantState, AssistantStatus
 
 __all__ = [
     "TEXT_LIMIT",
@@ -14,12 +14,12 @@ __all__ = [
     "Assistant",
     "AssistantError",
     "AssistantState",
+    "AssistantStatus",
+    "Author",
     "Confirm",
     "ConfirmationRequest",
     "Message",
     "ModelEndpoint",
-    "Role",
-    "Status",
     "ToolCallRequest",
     "ToolResult",
     "ToolServices",

@@ -15,7 +15,7 @@ from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.grpc_channel import GrpcToolChannel
 from toolmesh.assistant.messages import Message
 from toolmesh.assistant.model import ChatModel
-from toolmesh.assistant.state import AssistantState, StateStore, Status, Subscriber
+from toolmesh.assistant.state import AssistantState, AssistantStatus, StateStore, Subscriber
 from toolmesh.assistant.turn import Turn, TurnDeps
 from toolmesh.core.exceptions import exception_fields
 
@@ -97,7 +97,7 @@ class Assistant:
         UNSUPPORTED_WEBMCP, INVALID_SCHEMA, ...; INTERNAL for a bug). If the caller
         of `send` is itself cancelled, the turn is cancelled and CancelledError raised.
         """
-        if self._store.state.status is Status.DISPOSED:
+        if self._store.state.status is AssistantStatus.DISPOSED:
             raise AssistantError(TurnCode.ABORTED, "The assistant was disposed.")
         if self._task is not None:
             raise AssistantError(TurnCode.BUSY)

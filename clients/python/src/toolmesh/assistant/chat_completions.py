@@ -11,7 +11,7 @@ import httpx
 
 from toolmesh.assistant.config import ModelEndpoint
 from toolmesh.assistant.errors import AssistantError, TurnCode
-from toolmesh.assistant.messages import Message, Role, ToolCallRequest
+from toolmesh.assistant.messages import Author, Message, ToolCallRequest
 from toolmesh.assistant.model import FunctionTool, ModelReply
 from toolmesh.core import jsontext
 
@@ -97,10 +97,10 @@ def request_body(
 
 
 def _message(message: Message) -> dict[str, Any]:
-    if message.role is Role.TOOL:
+    if message.role is Author.TOOL:
         assert message.call is not None
         return {"role": "tool", "tool_call_id": message.call.id, "content": message.text}
-    if message.role is Role.USER or not message.tool_calls:
+    if message.role is Author.USER or not message.tool_calls:
         return {"role": message.role.value, "content": message.text}
     return {
         "role": "assistant",

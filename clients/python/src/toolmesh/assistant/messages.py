@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from toolmesh.assistant.results import ToolResult
 
 
-class Role(enum.StrEnum):
+class Author(enum.StrEnum):
     """Who wrote a message: the person, the model, or a tool's result."""
 
     USER = "user"
@@ -29,7 +29,7 @@ class ToolCallRequest:
 class Message:
     """One message of the conversation; make them with `user`, `assistant` and `tool`."""
 
-    role: Role
+    role: Author
     text: str = ""
     # The model's tool calls (assistant messages).
     tool_calls: tuple[ToolCallRequest, ...] = ()
@@ -40,24 +40,24 @@ class Message:
     @classmethod
     def user(cls, text: str) -> Message:
         """What the person typed."""
-        return cls(Role.USER, text)
+        return cls(Author.USER, text)
 
     @classmethod
     def assistant(cls, text: str, tool_calls: tuple[ToolCallRequest, ...] = ()) -> Message:
         """The model's reply: its text and the tool calls it asked for."""
-        return cls(Role.ASSISTANT, text, tool_calls)
+        return cls(Author.ASSISTANT, text, tool_calls)
 
     @classmethod
     def tool(cls, call: ToolCallRequest, result: ToolResult) -> Message:
         """The answer to one tool call; its text is what the model reads."""
-        return cls(Role.TOOL, result.text, call=call, result=result)
+        return cls(Author.TOOL, result.text, call=call, result=result)
 
 
 def unanswered_calls(messages: tuple[Message, ...]) -> list[ToolCallRequest]:
     """Tool calls of the last assistant message that no tool message answers yet."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
-        if message.role is Role.ASSISTANT:
+        if message.role is Author.ASSISTANT:
             answered = {m.call.id for m in messages[index + 1 :] if m.call is not None}
             return [call for call in message.tool_calls if call.id not in answered]
     return []

@@ -21,7 +21,7 @@ from toolmesh.core.exceptions import exception_fields
 log = logging.getLogger("toolmesh.assistant")
 
 
-class Status(enum.StrEnum):
+class AssistantStatus(enum.StrEnum):
     """Whether a turn is running, none is, or the assistant was disposed."""
 
     IDLE = "idle"
@@ -33,7 +33,7 @@ class Status(enum.StrEnum):
 class AssistantState:
     """One immutable snapshot of an assistant, as subscribers receive it."""
 
-    status: Status = Status.IDLE
+    status: AssistantStatus = AssistantStatus.IDLE
     messages: tuple[Message, ...] = ()
     # The error that ended the last turn; None after a turn that answered.
     error: AssistantError | None = None
@@ -76,7 +76,7 @@ class StateStore:
         self._set(
             replace(
                 self._state,
-                status=Status.RUNNING,
+                status=AssistantStatus.RUNNING,
                 messages=(*self._state.messages, message),
                 error=None,
                 turn_id=turn_id,
@@ -107,7 +107,7 @@ class StateStore:
     def dispose(self) -> None:
         """Mark the state disposed and drop every subscriber."""
         self._generation += 1
-        self._set(replace(self._state, status=Status.DISPOSED))
+        self._set(replace(self._state, status=AssistantStatus.DISPOSED))
         self._subscribers.clear()
 
     def _end(self, error: AssistantError | None) -> None:
@@ -119,7 +119,7 @@ class StateStore:
                 Message.tool(call, ToolResult.failure(error.code, "The call was not run.", cause="not_run"))
                 for call in unanswered_calls(messages)
             )
-        self._set(replace(self._state, status=Status.IDLE, messages=messages, error=error))
+        self._set(replace(self._state, status=AssistantStatus.IDLE, messages=messages, error=error))
 
     def _set(self, state: AssistantState) -> None:
         self._state = state

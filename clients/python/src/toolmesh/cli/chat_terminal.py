@@ -19,9 +19,9 @@ from toolmesh.assistant import (
     Assistant,
     AssistantError,
     AssistantState,
+    Author,
     ConfirmationRequest,
     ModelEndpoint,
-    Role,
     ToolServices,
     TurnLimits,
 )
@@ -138,7 +138,7 @@ class Transcript:
                 except jsontext.NotPlainJson:
                     arguments = "(not JSON)"
                 say(f"  → {call.name} {arguments}")
-            if message.role is Role.TOOL and message.call is not None and message.result is not None:
+            if message.role is Author.TOOL and message.call is not None and message.result is not None:
                 result = message.result
                 if result.code is None:
                     shown = result.data if result.data is not None else result.text

@@ -13,9 +13,7 @@ from toolmesh.cli import access
 from toolmesh.cli.arguments import add_address
 from toolmesh.cli.output import print_rpc_error, usage_error
 from toolmesh.client.config import address
-from toolmesh.client.invocation import InvocationClient, outcome_json
-from toolmesh.core.wire import outcome_from_pb
-from toolmesh.v1 import invocation_pb2
+from toolmesh.client.invocation import InvocationClient
 
 
 def add_parser(commands: Any) -> None:
@@ -48,32 +46,12 @@ def add_parser(commands: Any) -> None:
     cancel.set_defaults(run=run_cancel)
 
 
-def invocation_json(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
-    """An invocation in the shape `tool-call` prints: `toolRequestId`, then `result` or `error` once ended."""
-    shown: dict[str, Any] = {
-        "toolRequestId": invocation.tool_request_id,
-        "sessionId": invocation.session_id,
-        "turnId": invocation.turn_id,
-        "toolName": invocation.tool_name,
-        "state": invocation_pb2.InvocationState.Name(invocation.state)
-        .removeprefix("INVOCATION_STATE_")
-        .lower(),
-        "delivered": invocation.delivered,
-        "createdAt": invocation.created_at.ToJsonString(),
-        "finishedAt": invocation.finished_at.ToJsonString() if invocation.HasField("finished_at") else None,
-    }
-    if invocation.HasField("outcome"):
-        outcome = outcome_from_pb(invocation.outcome)
-        shown |= {"ok": outcome.ok, **outcome_json(outcome)}
-    return shown
-
-
 async def run_show(args: argparse.Namespace) -> int:
     """Print one invocation as JSON; returns 0, 1 when the ledger has no such invocation, or 75/2."""
 
     async def show(client: InvocationClient) -> str:
         invocation = await client.get_invocation(args.tool_request_id)
-        return json.dumps(invocation_json(invocation), indent=2, ensure_ascii=False)
+        return json.dumps(invocation.to_json(), indent=2, ensure_ascii=False)
 
     return await _ask(args, show)
 

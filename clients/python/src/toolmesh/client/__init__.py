@@ -2,6 +2,14 @@
 
 from toolmesh.client.invocation import CallResult, InvocationClient
 from toolmesh.client.registry import RegistryClient
+from toolmesh.client.views import Invocation, InvocationState
 from toolmesh.core.progress import ToolProgress
 
-__all__ = ["CallResult", "InvocationClient", "RegistryClient", "ToolProgress"]
+__all__ = [
+    "CallResult",
+    "Invocation",
+    "InvocationClient",
+    "InvocationState",
+    "RegistryClient",
+    "ToolProgress",
+]

@@ -16,12 +16,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.client.call_link import CallLink
 from toolmesh.client.confirmations import Delivery, PendingConfirmations
+from toolmesh.client.views import Invocation, outcome_json
 from toolmesh.core import correlation, jsontext, telemetry
 from toolmesh.core.bearer import Bearer, TokenSource, renew_in
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
-from toolmesh.core.outcome import ErrorKind, Outcome
+from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code, error_info, grpc_status, token_expired
 from toolmesh.core.stream_link import StreamBroken
@@ -92,23 +93,6 @@ class CallResult:
             **self._attachment(),
             **outcome_json(self.outcome),
         }
-
-
-def outcome_json(outcome: Outcome) -> dict[str, Any]:
-    """`{"result": value}` or `{"error": {code, kind, message, retryable, details}}`, as the CLI prints it."""
-    failure = outcome.failure
-    if failure is None:
-        assert outcome.result_json is not None
-        return {"result": jsontext.parse(outcome.result_json)}
-    return {
-        "error": {
-            "code": failure.code,
-            "kind": "domain" if failure.kind is ErrorKind.DOMAIN else "runtime",
-            "message": failure.message,
-            "retryable": failure.retryable,
-            "details": failure.details,
-        }
-    }
 
 
 log = logging.getLogger("toolmesh.client")
@@ -464,8 +448,10 @@ class InvocationClient:
             return False
         return True
 
-    async def get_invocation(self, tool_request_id: str) -> invocation_pb2.Invocation:
+    async def get_invocation(self, tool_request_id: str) -> Invocation:
         """The ledger's view of one invocation: state, outcome, delivery and times.
+
+        `to_json()` gives the shape `toolmesh invocations show` prints; `message`, the wire message.
 
         For reconciling after a call ended without an outcome. This client's
         pending confirmations are sent first, so the view includes them. Raises
@@ -480,7 +466,7 @@ class InvocationClient:
                 timeout=LOOKUP_TIMEOUT_S,
                 metadata=await self._bearer.metadata(metadata),
             )
-        return response.invocation
+        return Invocation.from_pb(response.invocation)
 
     async def cancel_invocation(self, tool_request_id: str) -> bool:
         """Stop a running invocation: it ends with TOOL_CANCELLED and its handler is told to stop.

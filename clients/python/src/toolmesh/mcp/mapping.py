@@ -9,7 +9,8 @@ import grpc
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from toolmesh.client.invocation import CallResult, outcome_json
+from toolmesh.client.invocation import CallResult
+from toolmesh.client.views import outcome_json
 from toolmesh.core import jsontext
 from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.limits import MAX_TOOL_TIMEOUT_MS

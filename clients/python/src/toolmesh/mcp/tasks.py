@@ -16,7 +16,6 @@ this is a middleware that answers them before the SDK's dispatch.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -25,11 +24,10 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from toolmesh.client.invocation import CallResult
+from toolmesh.client.views import Invocation, InvocationState
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code
-from toolmesh.core.wire import outcome_from_pb
 from toolmesh.mcp.mapping import call_tool_result, no_outcome_error, refused
-from toolmesh.v1 import invocation_pb2
 
 if TYPE_CHECKING:
     from toolmesh.mcp.gateway import Gateway
@@ -43,11 +41,11 @@ FIRST_POLL_S = 0.05
 RELATED_TASK_META = "io.modelcontextprotocol/related-task"
 
 _STATUS = {
-    invocation_pb2.INVOCATION_STATE_RUNNING: "working",
-    invocation_pb2.INVOCATION_STATE_COMPLETED: "completed",
-    invocation_pb2.INVOCATION_STATE_TIMED_OUT: "failed",
-    invocation_pb2.INVOCATION_STATE_FAILED: "failed",
-    invocation_pb2.INVOCATION_STATE_CANCELLED: "cancelled",
+    InvocationState.RUNNING: "working",
+    InvocationState.COMPLETED: "completed",
+    InvocationState.TIMED_OUT: "failed",
+    InvocationState.FAILED: "failed",
+    InvocationState.CANCELLED: "cancelled",
 }
 
 
@@ -119,7 +117,7 @@ class TaskMiddleware:
             tool_request_id = result.tool_request_id
         return {"task": _task(await self._invocation(session_id, tool_request_id))}
 
-    async def _invocation(self, session_id: str, task_id: str) -> invocation_pb2.Invocation:
+    async def _invocation(self, session_id: str, task_id: str) -> Invocation:
         """The ledger's invocation of this task; "unknown task" when it has none of this session."""
         try:
             invocation = await self._gateway.invocation.get_invocation(task_id)
@@ -135,19 +133,20 @@ class TaskMiddleware:
     async def _result(self, session_id: str, task_id: str) -> HandlerResult:
         wait_s = FIRST_POLL_S
         invocation = await self._invocation(session_id, task_id)
-        while invocation.state == invocation_pb2.INVOCATION_STATE_RUNNING:
+        while invocation.state is InvocationState.RUNNING:
             # The ledger has no watch for one id: ask again, less often as it goes on.
             await asyncio.sleep(wait_s)
             wait_s = min(wait_s * 2, POLL_INTERVAL_MS / 1000)
             invocation = await self._invocation(session_id, task_id)
-        result = call_tool_result(CallResult(task_id, outcome_from_pb(invocation.outcome)))
+        assert invocation.outcome is not None  # an ended invocation has its outcome
+        result = call_tool_result(CallResult(task_id, invocation.outcome))
         dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         dumped["_meta"] = {**dumped.get("_meta", {}), RELATED_TASK_META: {"taskId": task_id}}
         return dumped
 
     async def _cancel(self, session_id: str, task_id: str) -> HandlerResult:
         invocation = await self._invocation(session_id, task_id)
-        if invocation.state != invocation_pb2.INVOCATION_STATE_RUNNING:
+        if invocation.state is not InvocationState.RUNNING:
             raise MCPError(
                 types.INVALID_PARAMS,
                 f"Cannot cancel a task in terminal status {_task(invocation)['status']}.",
@@ -159,13 +158,9 @@ class TaskMiddleware:
         return _task(await self._invocation(session_id, task_id))
 
 
-def _task(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
-    created = invocation.created_at.ToDatetime(tzinfo=UTC).isoformat()
-    updated = (
-        invocation.finished_at.ToDatetime(tzinfo=UTC).isoformat()
-        if invocation.HasField("finished_at")
-        else created
-    )
+def _task(invocation: Invocation) -> dict[str, Any]:
+    created = invocation.created_at.isoformat()
+    updated = created if invocation.finished_at is None else invocation.finished_at.isoformat()
     task: dict[str, Any] = {
         "taskId": invocation.tool_request_id,
         "status": _STATUS.get(invocation.state, "working"),
@@ -174,10 +169,11 @@ def _task(invocation: invocation_pb2.Invocation) -> dict[str, Any]:
         "ttl": TASK_TTL_MS,
         "pollInterval": POLL_INTERVAL_MS,
     }
-    if invocation.HasField("outcome") and invocation.outcome.HasField("error"):
+    failure = None if invocation.outcome is None else invocation.outcome.failure
+    if failure is not None:
         # An error of the tool (isError in its result) fails the task, as MCP says.
         task["status"] = "cancelled" if task["status"] == "cancelled" else "failed"
-        task["statusMessage"] = invocation.outcome.error.code
+        task["statusMessage"] = failure.code
     return task
 
 

@@ -1,0 +1,314 @@
+"""Replicas that die mid-call on one Redis: the call still runs once and its outcome is not lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+
+from redis_testing import SHARED_URL, delete_prefixed, new_prefix
+from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
+from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.contracts.ledger import Ledger
+from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.runtime.server import RunningServer
+from toolmesh.store.backends import Stores, open_stores
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+from toolmesh_testing import (
+    HostProcess,
+    ServiceProcess,
+    eventually,
+    free_port,
+    start_host_process,
+    start_service_process,
+)
+
+pytestmark = pytest.mark.integration
+
+SESSION = "crashes"
+TOOLS = [ToolSpec("count", "Counts its runs", '{"type": "object"}', timeout_ms=20_000)]
+
+
+def runs(marker_dir: Path, key: str) -> list[str]:
+    """The tool request ids of every execution of `key` (ledger_handlers writes them)."""
+    path = marker_dir / f"runs-{key}"
+    return path.read_text().split() if path.exists() else []
+
+
+@dataclass
+class Replicas:
+    prefix: str
+    registry: RunningServer
+    bridge: RunningServer
+    # Invocation replica A is a process of its own, to kill; B runs here.
+    doomed: ServiceProcess
+    survivor: RunningServer
+    stores: Stores
+    host: HostProcess
+
+
+@pytest_asyncio.fixture
+async def replicas(tmp_path: Path) -> AsyncIterator[Replicas]:
+    prefix = new_prefix()
+    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+    registry_internal = f"127.0.0.1:{registry.internal_port}"
+    bridge, _ = await start_bridge(registry_target=registry_internal, stores=open_stores(SHARED_URL, prefix))
+    bridge_internal = f"127.0.0.1:{bridge.internal_port}"
+    env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
+    doomed = await start_service_process(
+        "invocation", "--registry", registry_internal, "--bridge", bridge_internal, env=env
+    )
+    survivor = await start_invocation(
+        registry_internal, bridge_internal, stores=open_stores(SHARED_URL, prefix)
+    )
+    async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
+        await client.put_tools(SESSION, TOOLS)
+    host = await start_host_process(f"127.0.0.1:{bridge.port}", SESSION, "ledger_handlers:HANDLERS", tmp_path)
+    stores = open_stores(SHARED_URL, prefix)
+    yield Replicas(prefix, registry, bridge, doomed, survivor, stores, host)
+    await host.stop()
+    if doomed.process.returncode is None:
+        doomed.process.kill()
+    await doomed.stop()
+    for server in (survivor, bridge, registry):
+        await server.stop(0.5)
+    await stores.close()
+    await delete_prefixed(SHARED_URL, prefix)
+
+
+async def watchers(prefix: str, tool_request_id: str) -> int:
+    """How many watch the invocation's record (a joiner subscribes to it)."""
+    client = Redis.from_url(SHARED_URL)
+    try:
+        [(_, count)] = await client.pubsub_numsub(f"{prefix}ledger:inv:{tool_request_id}")
+    finally:
+        await client.aclose()
+    return int(count)
+
+
+@pytest.mark.parametrize("retry_when", ["running", "finished"])
+async def test_a_retry_on_another_invocation_replica_gets_the_outcome_of_a_killed_one(
+    replicas: Replicas, tmp_path: Path, retry_when: str
+) -> None:
+    key = uuid.uuid4().hex
+    arguments = {"key": key, "hold": True}
+    async with InvocationClient(replicas.doomed.target) as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "count", arguments, turn_id="t"))
+        [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+        replicas.doomed.process.kill()
+        lost = await calling
+    assert lost.outcome is None and lost.code is not None, lost
+    ledger = Ledger(replicas.stores.ledger)
+    if retry_when == "finished":
+        (tmp_path / f"release-{key}").touch()
+        record = await asyncio.wait_for(ledger.wait_finished(tool_request_id), 10)
+        assert record is not None and record.outcome is not None
+    async with InvocationClient(f"127.0.0.1:{replicas.survivor.port}") as client:
+        retrying = asyncio.create_task(client.invoke(SESSION, "count", arguments, turn_id="t"))
+        if retry_when == "running":
+            # Joined first, released after: the retry waits on the ledger for the bridge's record.
+            await eventually(lambda: watchers(replicas.prefix, tool_request_id))
+            (tmp_path / f"release-{key}").touch()
+        retried = await asyncio.wait_for(retrying, 10)
+    assert retried.outcome is not None and retried.outcome.failure is None, retried
+    assert retried.tool_request_id == tool_request_id
+    assert (retried.joined, retried.replayed) == (retry_when == "running", retry_when == "finished")
+    assert json.loads(retried.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]
+
+
+@dataclass
+class Bridges:
+    prefix: str
+    registry: RunningServer
+    # Two bridge replicas, processes of their own; the host connects to the first one first.
+    bridges: list[ServiceProcess]
+    invocation: RunningServer
+    host: HostProcess
+
+
+@pytest_asyncio.fixture
+async def bridges(tmp_path: Path) -> AsyncIterator[Bridges]:
+    prefix = new_prefix()
+    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+    registry_internal = f"127.0.0.1:{registry.internal_port}"
+    env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
+    replicas = [
+        await start_service_process("bridge", "--registry", registry_internal, env=env) for _ in range(2)
+    ]
+    invocation = await start_invocation(
+        registry_internal, replicas[1].internal_target, stores=open_stores(SHARED_URL, prefix)
+    )
+    async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
+        await client.put_tools(SESSION, TOOLS)
+    targets = ",".join(replica.target for replica in replicas)
+    host = await start_host_process(targets, SESSION, "ledger_handlers:HANDLERS", tmp_path)
+    yield Bridges(prefix, registry, replicas, invocation, host)
+    await host.stop()
+    for replica in replicas:
+        if replica.process.returncode is None:
+            replica.process.kill()
+        await replica.stop()
+    for server in (invocation, registry):
+        await server.stop(0.5)
+    await delete_prefixed(SHARED_URL, prefix)
+
+
+async def test_a_result_outlives_the_bridge_replica_that_sent_the_request(
+    bridges: Bridges, tmp_path: Path
+) -> None:
+    key = uuid.uuid4().hex
+    arguments = {"key": key, "hold": True}
+    async with InvocationClient(f"127.0.0.1:{bridges.invocation.port}") as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "count", arguments, turn_id="t"))
+        [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+        # The bridge replica holding the host (and the request) dies mid-handler.
+        bridges.bridges[0].process.kill()
+        # Connected again, to the other replica, while the handler still runs.
+        await eventually(lambda: [r for r in bridges.host.logs() if r.get("msg") == "host connected"][1:])
+        (tmp_path / f"release-{key}").touch()
+        result = await asyncio.wait_for(calling, 15)
+    assert result.outcome is not None and result.outcome.failure is None, result
+    assert result.tool_request_id == tool_request_id
+    assert json.loads(result.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]
+
+
+READ_ONLY = ToolSpec(
+    "count_read_only",
+    "Counts its runs",
+    '{"type": "object"}',
+    timeout_ms=20_000,
+    annotations=ToolAnnotations(read_only=True),
+)
+# Not redeliverable, with a short deadline: its owner-lost rule ends it soon.
+WRITES = ToolSpec("count_short", "Counts its runs", '{"type": "object"}', timeout_ms=5_000)
+
+
+class SilentHost:
+    """A host that takes requests and starts none (its handlers are all busy): it only reads its
+    stream, so the test knows which requests its bridge replica holds."""
+
+    def __init__(self, bridge_target: str) -> None:
+        self._channel = grpc.aio.insecure_channel(bridge_target)
+        stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
+        opening = bridge_pb2.OpenHostSessionRequest(
+            session_id=SESSION, host_name="silent", handler_names=[READ_ONLY.name, WRITES.name]
+        )
+        self._stream = stub.OpenHostSession(opening)
+        self.opened = asyncio.get_running_loop().create_future()
+        self.received: list[str] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for event in self._stream:
+                if event.HasField("opened") and not self.opened.done():
+                    self.opened.set_result(None)
+                elif event.HasField("tool_request"):
+                    self.received.append(event.tool_request.tool_request_id)
+
+    async def close(self) -> None:
+        self._stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        await self._channel.close()
+
+
+async def test_requests_held_by_a_dead_bridge_replica_go_to_another_when_redeliverable(
+    bridges: Bridges, tmp_path: Path
+) -> None:
+    async with RegistryClient(f"127.0.0.1:{bridges.registry.port}") as registry:
+        await registry.put_tools(SESSION, [*TOOLS, READ_ONLY, WRITES])
+    # The fixture's host serves on replica 0 too: only the silent host may get these requests.
+    await bridges.host.stop()
+    doomed, survivor = bridges.bridges
+    silent = SilentHost(doomed.target)
+    try:
+        await asyncio.wait_for(silent.opened, 10)
+        keys = [uuid.uuid4().hex for _ in range(5)]
+        writes_key = uuid.uuid4().hex
+        async with InvocationClient(f"127.0.0.1:{bridges.invocation.port}") as client:
+            reads = [
+                asyncio.create_task(client.invoke(SESSION, READ_ONLY.name, {"key": key}, turn_id="t"))
+                for key in keys
+            ]
+            writes = asyncio.create_task(
+                client.invoke(SESSION, WRITES.name, {"key": writes_key}, turn_id="t")
+            )
+            # All six reached the silent host through replica 0 (the only one with a route).
+            await eventually(lambda: len(silent.received) == 6)
+            doomed.process.kill()
+            # A host that runs them joins the other replica, which names itself in the route at once.
+            host = await start_host_process(survivor.target, SESSION, "ledger_handlers:HANDLERS", tmp_path)
+            try:
+                results = await asyncio.wait_for(asyncio.gather(*reads), 30)
+                # Not redeliverable, it may have run: not sent again; it ends when its owner is lost.
+                written = await asyncio.wait_for(writes, 30)
+            finally:
+                await host.stop()
+    finally:
+        await silent.close()
+    for key, result in zip(keys, results, strict=True):
+        assert result.outcome is not None and result.outcome.failure is None, result
+        assert runs(tmp_path, key) == [result.tool_request_id]  # once, on the other replica's host
+    assert written.outcome is not None and written.outcome.failure is not None
+    assert written.outcome.failure.code == "TOOL_TIMEOUT"
+    assert (
+        written.outcome.failure.details is not None and written.outcome.failure.details["ownerLost"] is True
+    )
+    assert runs(tmp_path, writes_key) == []
+
+
+async def test_a_call_whose_bridge_is_down_ends_at_once_and_its_exact_retry_runs(tmp_path: Path) -> None:
+    prefix = new_prefix()
+    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+    registry_internal = f"127.0.0.1:{registry.internal_port}"
+    # Its bridge is down (nothing listens there) and no route names another replica yet.
+    invocation = await start_invocation(
+        registry_internal, f"127.0.0.1:{free_port()}", stores=open_stores(SHARED_URL, prefix)
+    )
+    bridge: RunningServer | None = None
+    host: HostProcess | None = None
+    key = uuid.uuid4().hex
+    slow = ToolSpec("count", "Counts its runs", '{"type": "object"}', timeout_ms=60_000)
+    try:
+        async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
+            await client.put_tools(SESSION, [slow])
+        async with InvocationClient(f"127.0.0.1:{invocation.port}") as client:
+            # Well before its 60 s deadline (and the owner-lost grace after it): the request never left.
+            first = await asyncio.wait_for(client.invoke(SESSION, "count", {"key": key}, turn_id="t"), 15)
+            assert first.outcome is not None and first.outcome.failure is not None, first
+            failure = first.outcome.failure
+            assert failure.code == "TOOL_HOST_UNAVAILABLE" and failure.retryable
+            assert failure.details == {"sessionId": SESSION, "bridge": "unreachable"}
+            assert runs(tmp_path, key) == []
+            # A bridge replica with a host comes up; the route takes the exact retry there, and it runs.
+            bridge, _ = await start_bridge(
+                registry_target=registry_internal, stores=open_stores(SHARED_URL, prefix)
+            )
+            host = await start_host_process(
+                f"127.0.0.1:{bridge.port}", SESSION, "ledger_handlers:HANDLERS", tmp_path
+            )
+            await host.wait_for_log(msg="host connected")
+            retry = await client.invoke(SESSION, "count", {"key": key}, turn_id="t")
+    finally:
+        if host is not None:
+            await host.stop()
+        for server in (invocation, bridge, registry):
+            if server is not None:
+                await server.stop(0.5)
+        await delete_prefixed(SHARED_URL, prefix)
+    assert retry.outcome is not None and retry.outcome.failure is None, retry
+    assert not retry.replayed and not retry.joined
+    assert runs(tmp_path, key) == [retry.tool_request_id]

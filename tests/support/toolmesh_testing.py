@@ -1,0 +1,283 @@
+"""Helpers for the tests: awaiting a condition, and real `toolmesh` processes and services."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
+
+# The tests' helper files (handler modules, peers, lock files) and the repository they test.
+SUPPORT = Path(__file__).resolve().parent
+REPO = SUPPORT.parents[1]
+
+T = TypeVar("T")
+
+
+@overload
+async def eventually(
+    condition: Callable[[], Awaitable[T | None]],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    message: str = ...,
+) -> T: ...
+@overload
+async def eventually(
+    condition: Callable[[], T | None], *, timeout: float = ..., interval: float = ..., message: str = ...
+) -> T: ...
+async def eventually(
+    condition: Callable[[], Any],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    message: str = "",
+) -> Any:
+    """Poll `condition` until it holds and return what it returned: a wait for a condition, not a sleep.
+
+    `condition` (plain or async) holds when it returns a truthy value; a falsy
+    value or an AssertionError means "not yet". Once `timeout` seconds have
+    passed, the last AssertionError is raised, or one saying `message`.
+    """
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while True:
+        try:
+            value = condition()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            failure = AssertionError(
+                message or f"never held: {getattr(condition, '__qualname__', condition)}"
+            )
+        except AssertionError as not_yet:
+            failure = not_yet
+        if loop.time() >= give_up:
+            raise failure
+        await asyncio.sleep(interval)
+
+
+def logged(records: Iterable[logging.LogRecord], message: str) -> int:
+    """How many of `records` (e.g. caplog.records) have the message `message`."""
+    return sum(record.getMessage() == message for record in records)
+
+
+@dataclass
+class HostProcess:
+    process: asyncio.subprocess.Process
+    stderr_lines: list[str] = field(default_factory=list)
+    _reader: asyncio.Task[None] | None = None
+
+    def logs(self) -> list[dict[str, Any]]:
+        """The host's JSON log records so far."""
+        records = []
+        for line in self.stderr_lines:
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+        return records
+
+    async def wait_for_log(self, timeout: float = 10.0, **fields: str) -> dict[str, Any]:
+        """The first JSON log record whose fields include `fields`."""
+
+        def found() -> dict[str, Any] | None:
+            for record in self.logs():
+                if all(record.get(key) == value for key, value in fields.items()):
+                    return record
+            if self._reader is not None and self._reader.done():
+                raise RuntimeError(f"host exited without logging {fields}: {self.stderr_lines}")
+            return None
+
+        return await eventually(found, timeout=timeout, message=f"no log record with {fields}")
+
+    async def stop(self) -> int:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        if self._reader is not None:
+            await self._reader
+        assert self.process.returncode is not None
+        return self.process.returncode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+async def start_host_process(
+    bridge_target: str, thread_id: str, handlers: str, marker_dir: Path, env: dict[str, str] | None = None
+) -> HostProcess:
+    env = dict(env or os.environ, TOOLMESH_TEST_MARKERS=str(marker_dir))
+    process = await asyncio.create_subprocess_exec(
+        *toolmesh_command(),
+        "host",
+        "--thread-id",
+        thread_id,
+        "--handlers",
+        handlers,
+        "--bridge",
+        bridge_target,
+        cwd=SUPPORT,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    host = HostProcess(process)
+
+    async def read() -> None:
+        assert process.stderr is not None
+        async for line in process.stderr:
+            host.stderr_lines.append(line.decode(errors="replace"))
+
+    host._reader = asyncio.create_task(read())
+    await host.wait_for_log(msg="host ready", timeout=20)
+    return host
+
+
+def toolmesh_command() -> list[str]:
+    return [sys.executable, "-m", "toolmesh.cli.main"]
+
+
+async def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *toolmesh_command(),
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=SUPPORT,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+@dataclass
+class ServiceProcess:
+    process: asyncio.subprocess.Process
+    port: int
+    output: list[str] = field(default_factory=list)
+    _reader: asyncio.Task[None] | None = None
+    # The internal listener (registry and bridge), for the invocation service.
+    internal_port: int | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def internal_target(self) -> str:
+        assert self.internal_port is not None
+        return f"127.0.0.1:{self.internal_port}"
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(self.process.wait(), 15)
+        if self._reader is not None:
+            await self._reader
+
+
+INTERNAL_LISTENERS = ("registry", "bridge")
+
+
+async def start_service_process(
+    service: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    listen: str = "127.0.0.1:0",
+    internal_listen: str = "127.0.0.1:0",
+) -> ServiceProcess:
+    """`python -m toolmesh.<service> --listen LISTEN [--internal-listen ...] ...`, with its ports and all
+    it prints.
+
+    A bridge's web port is a free one too, unless `args` name it.
+    """
+    if service == "bridge" and "--web-listen" not in args:
+        args = ("--web-listen", "127.0.0.1:0", *args)
+    internal = ["--internal-listen", internal_listen] if service in INTERNAL_LISTENERS else []
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        f"toolmesh.{service}",
+        "--listen",
+        listen,
+        *internal,
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    output: list[str] = []
+    internal_port = None
+    while True:
+        line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
+        if not line:
+            raise AssertionError(f"{service} exited: {output}")
+        output.append(line)
+        if "internal listener on port" in line:
+            internal_port = int(line.rsplit(" ", 1)[1])
+        if "listening on port" in line:
+            break
+    running = ServiceProcess(process, int(line.rsplit(" ", 1)[1]), output, internal_port=internal_port)
+
+    async def read() -> None:
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            output.append(raw.decode(errors="replace"))
+
+    running._reader = asyncio.create_task(read())
+    return running
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# The standard services' methods, made as their generated stubs make them: the stubs'
+# typing leaves the methods out.
+
+
+def health_check(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]:
+    """grpc.health.v1.Health/Check on `channel`."""
+    return channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+
+
+def reflection_info(
+    channel: grpc.aio.Channel, version: str = "v1alpha"
+) -> grpc.aio.StreamStreamMultiCallable[
+    reflection_pb2.ServerReflectionRequest, reflection_pb2.ServerReflectionResponse
+]:
+    """grpc.reflection.<version>.ServerReflection/ServerReflectionInfo on `channel` (v1's messages are
+    v1alpha's on the wire)."""
+    return channel.stream_stream(
+        f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
