@@ -9,6 +9,12 @@ import {
 } from "./gen/toolmesh/v1/bridge_pb.js";
 import { ToolDefinitionSchema, type ToolDefinition, type ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
 import { Codes, errorInfo, type HostError } from "./errors.js";
+import {
+  READ_CHECK_TIMEOUT_MS,
+  RECONNECT_BACKOFF_FIRST_MS,
+  RECONNECT_BACKOFF_MAX_MS,
+  RENEW_AHEAD_MS,
+} from "./gen/tables.js";
 import { convertReturn, runtimeError } from "./results.js";
 
 /** What a handler is told about the call it serves. */
@@ -110,12 +116,8 @@ const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.Resourc
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
-/** As the bridge waits for an answer to a read check (toolmesh.core.limits.READ_CHECK_TIMEOUT_MS). */
-const READ_CHECK_TIMEOUT_MS = 10_000;
 // A progress report the bridge has not answered by then is given up (progress is best effort).
 const PROGRESS_TIMEOUT_MS = 5_000;
-/** A host stream is replaced this long before its token expires, or after two thirds of its remaining life when shorter (as toolmesh.core.bearer.RENEW_AHEAD_S). */
-const RENEW_AHEAD_MS = 30_000;
 
 interface Registered {
   readonly handler: ToolHandler;
@@ -170,7 +172,7 @@ export class ToolHost {
     this.sessionId = options.sessionId;
     this.token = options.token;
     this.hostName = (options.hostName ?? defaultHostName()).slice(0, 128);
-    this.maxBackoffMs = options.maxBackoffMs ?? 1_000;
+    this.maxBackoffMs = options.maxBackoffMs ?? RECONNECT_BACKOFF_MAX_MS;
     this.clients = transportsFor(options).map((transport) => createClient(BridgeService, transport));
   }
 
@@ -271,11 +273,11 @@ export class ToolHost {
   }
 
   private async run(): Promise<void> {
-    let backoff = 100;
+    let backoff = RECONNECT_BACKOFF_FIRST_MS;
     while (!this.stopping) {
       try {
         await this.serveOnce();
-        backoff = 100;
+        backoff = RECONNECT_BACKOFF_FIRST_MS;
       } catch (error) {
         // The stream failed or went silent: reconnect below; a refusal is said once.
         this.refused(error);
