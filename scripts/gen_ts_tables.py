@@ -112,7 +112,7 @@ def _constant(name: str, value: float, comment: list[str]) -> list[str]:
     if value != int(value):
         raise SystemExit(f"{name} is not a whole number: {value}")
     lines = ["", "/**", *(f" * {text}".rstrip() for text in comment), " */"] if comment else []
-    return [*lines, f"export const {name} = {int(value)};"]
+    return [*lines, f"export const {name}: number = {int(value)};"]
 
 
 def render_limits() -> str:

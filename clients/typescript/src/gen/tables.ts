@@ -255,21 +255,21 @@ export const ERROR_TABLE = {
 export type ErrorCode = keyof typeof ERROR_TABLE;
 
 // toolmesh.core.limits: the limits every part of toolmesh shares.
-export const DEFAULT_TOOL_TIMEOUT_MS = 60000;
-export const MAX_TOOL_TIMEOUT_MS = 900000;
+export const DEFAULT_TOOL_TIMEOUT_MS: number = 60000;
+export const MAX_TOOL_TIMEOUT_MS: number = 900000;
 
 /**
  * Results and arguments larger than this travel as an application-owned id.
  */
-export const MAX_RESULT_BYTES = 1048576;
-export const MAX_ARGUMENTS_BYTES = 1048576;
-export const MAX_TOOLS_PER_SESSION = 512;
-export const MAX_SCHEMA_BYTES = 262144;
+export const MAX_RESULT_BYTES: number = 1048576;
+export const MAX_ARGUMENTS_BYTES: number = 1048576;
+export const MAX_TOOLS_PER_SESSION: number = 512;
+export const MAX_SCHEMA_BYTES: number = 262144;
 
 /**
  * gRPC messages must carry the largest result plus its envelope.
  */
-export const MAX_MESSAGE_BYTES = 4194304;
+export const MAX_MESSAGE_BYTES: number = 4194304;
 
 /**
  * A TOOL_ARGS_INVALID outcome lists at most this many schema violations, each
@@ -278,9 +278,9 @@ export const MAX_MESSAGE_BYTES = 4194304;
  * FULL_VIOLATION_REPORT_CHARS get their first violation only: finding them all
  * costs time in proportion to their number.
  */
-export const MAX_REPORTED_VIOLATIONS = 20;
-export const MAX_VIOLATION_TEXT = 200;
-export const FULL_VIOLATION_REPORT_CHARS = 8192;
+export const MAX_REPORTED_VIOLATIONS: number = 20;
+export const MAX_VIOLATION_TEXT: number = 200;
+export const FULL_VIOLATION_REPORT_CHARS: number = 8192;
 
 /**
  * Calls in one InvokeToolsRequest; requests and cancellations together in one
@@ -288,7 +288,7 @@ export const FULL_VIOLATION_REPORT_CHARS = 8192;
  * INVALID_REQUEST (after the calls already taken are answered). Senders batch
  * at most this many, and so do the services in their responses.
  */
-export const MAX_CALLS_PER_MESSAGE = 1000;
+export const MAX_CALLS_PER_MESSAGE: number = 1000;
 
 /**
  * An InvokeTools stream whose caller reads its results slower than its calls
@@ -298,8 +298,8 @@ export const MAX_CALLS_PER_MESSAGE = 1000;
  * earlier kept ending) it drops them and ends the stream with RESULTS_NOT_READ.
  * The dropped outcomes stay in the ledger: an exact retry replays them.
  */
-export const UNREAD_RESULTS_PAUSE_BYTES = 1048576;
-export const UNREAD_RESULTS_MAX_BYTES = 16777216;
+export const UNREAD_RESULTS_PAUSE_BYTES: number = 1048576;
+export const UNREAD_RESULTS_MAX_BYTES: number = 16777216;
 
 /**
  * Reconnecting to a service that went away: the first retry after
@@ -308,8 +308,8 @@ export const UNREAD_RESULTS_MAX_BYTES = 16777216;
  * however long it was gone. Channels (gRPC's own backoff), host sessions and the
  * bridge's re-declarations all follow it.
  */
-export const RECONNECT_BACKOFF_FIRST_MS = 100;
-export const RECONNECT_BACKOFF_MAX_MS = 1000;
+export const RECONNECT_BACKOFF_FIRST_MS: number = 100;
+export const RECONNECT_BACKOFF_MAX_MS: number = 1000;
 
 /**
  * Read checks (BridgeService.AnswerReadCheck): the bridge sends one when a host
@@ -321,8 +321,8 @@ export const RECONNECT_BACKOFF_MAX_MS = 1000;
  * merely busy is not (a result it submits for a request sent after the check
  * answers it too).
  */
-export const READ_CHECK_AFTER_MS = 500;
-export const READ_CHECK_TIMEOUT_MS = 10000;
+export const READ_CHECK_AFTER_MS: number = 500;
+export const READ_CHECK_TIMEOUT_MS: number = 10000;
 
 /**
  * Progress reports (BridgeService.ReportToolProgress): a report's message is cut
@@ -330,12 +330,12 @@ export const READ_CHECK_TIMEOUT_MS = 10000;
  * report per tool request every PROGRESS_INTERVAL_MS (the latest of those made
  * meanwhile), so a chatty handler costs its callers at most ten reports a second.
  */
-export const PROGRESS_MESSAGE_MAX_CHARS = 512;
-export const PROGRESS_INTERVAL_MS = 100;
+export const PROGRESS_MESSAGE_MAX_CHARS: number = 512;
+export const PROGRESS_INTERVAL_MS: number = 100;
 
 /**
  * A long-lived stream is opened again this long before its token expires (or a third of the
  * token's remaining life, when that is shorter), so that it never reaches the expiry.
  * (toolmesh.core.bearer.RENEW_AHEAD_S, in ms.)
  */
-export const RENEW_AHEAD_MS = 30000;
+export const RENEW_AHEAD_MS: number = 30000;
