@@ -9,7 +9,8 @@
   (services/src/toolmesh/v1/bridge_connect.py): only the servers need connectrpc.
 - The TypeScript messages and service descriptors (protoc-gen-es through
   `buf generate`) land in clients/typescript/src/gen; they need `npm ci` in
-  clients/typescript first.
+  clients/typescript first. Beside them, src/gen/tables.ts: the error table and
+  the limits from toolmesh.core (scripts/gen_ts_tables.py).
 
 `--check` regenerates into a temporary folder and fails when a committed tree differs.
 """
@@ -35,6 +36,8 @@ CONNECT_FILE = Path("toolmesh") / "v1" / "bridge_connect.py"
 # In the server distribution: the servers' reflection serves it.
 DESCRIPTORS_FILE = Path("toolmesh") / "runtime" / "descriptors.binpb"
 TYPESCRIPT_TREE = Path("src") / "gen"
+# Writes src/gen/tables.ts, the error table and limits from toolmesh.core.
+TS_TABLES = ROOT / "scripts" / "gen_ts_tables.py"
 # Only the bridge is served over Connect and gRPC-Web.
 CONNECT_PROTOS = ["toolmesh/v1/bridge.proto"]
 
@@ -98,6 +101,8 @@ def generate_typescript(out: Path) -> None:
         check=True,
         cwd=TYPESCRIPT,
     )
+    # After buf, which empties src/gen (clean: true in buf.gen.yaml).
+    subprocess.run([sys.executable, str(TS_TABLES), "--out", str(out)], check=True)
 
 
 def differences(left: Path, right: Path) -> list[str]:

@@ -1,35 +1,38 @@
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { ConnectError } from "@connectrpc/connect";
+import type { ErrorCode } from "./gen/tables.js";
+
+/** An object naming each of `codes` by itself, as the table spells them. */
+function named<const C extends ErrorCode>(...codes: C[]): { readonly [K in C]: K } {
+  return Object.fromEntries(codes.map((code) => [code, code])) as { readonly [K in C]: K };
+}
 
 /**
  * The codes of toolmesh's error table that a host meets. The table itself
- * (status, retryability, message) lives with the runtime; these names match it.
+ * (status, retryability, message) lives with the runtime; src/gen/tables.ts is
+ * generated from it.
  */
-export const Codes = {
-  TOOL_HANDLER_NOT_FOUND: "TOOL_HANDLER_NOT_FOUND",
-  TOOL_HANDLER_ERROR: "TOOL_HANDLER_ERROR",
-  TOOL_RESULT_INVALID: "TOOL_RESULT_INVALID",
-  SUBMIT_TOOL_RESULT_FAILED: "SUBMIT_TOOL_RESULT_FAILED",
-  TRANSPORT_FAILED: "TRANSPORT_FAILED",
-  RESULT_NOT_JSON: "RESULT_NOT_JSON",
-  RESULT_TOO_LARGE: "RESULT_TOO_LARGE",
-  REQUEST_ENDED: "REQUEST_ENDED",
-  SHUTTING_DOWN: "SHUTTING_DOWN",
-  INVALID_SCHEMA: "INVALID_SCHEMA",
-  INVALID_REQUEST: "INVALID_REQUEST",
-  REGISTRY_UNAVAILABLE: "REGISTRY_UNAVAILABLE",
-  HOST_SESSION_UNKNOWN: "HOST_SESSION_UNKNOWN",
-  UNAUTHENTICATED: "UNAUTHENTICATED",
-  PERMISSION_DENIED: "PERMISSION_DENIED",
-  WRONG_LISTENER: "WRONG_LISTENER",
-} as const;
+export const Codes = named(
+  "TOOL_HANDLER_NOT_FOUND",
+  "TOOL_HANDLER_ERROR",
+  "TOOL_RESULT_INVALID",
+  "SUBMIT_TOOL_RESULT_FAILED",
+  "TRANSPORT_FAILED",
+  "RESULT_NOT_JSON",
+  "RESULT_TOO_LARGE",
+  "REQUEST_ENDED",
+  "SHUTTING_DOWN",
+  "INVALID_SCHEMA",
+  "INVALID_REQUEST",
+  "REGISTRY_UNAVAILABLE",
+  "HOST_SESSION_UNKNOWN",
+  "UNAUTHENTICATED",
+  "PERMISSION_DENIED",
+  "WRONG_LISTENER",
+);
 
-/** The table's messages for the codes the SDK writes into outcomes itself. */
-export const MESSAGES = {
-  TOOL_HANDLER_NOT_FOUND: "The handler host has no handler for this tool.",
-  TOOL_HANDLER_ERROR: "The tool's handler failed.",
-  TOOL_RESULT_INVALID: "The tool's handler returned a value that is not plain JSON, or too much.",
-} as const;
+/** The codes the SDK writes into outcomes itself, with the table's message and retryability. */
+export type RuntimeErrorCode = "TOOL_HANDLER_NOT_FOUND" | "TOOL_HANDLER_ERROR" | "TOOL_RESULT_INVALID";
 
 /**
  * What `onError` callbacks receive. Never carries arguments, results or an

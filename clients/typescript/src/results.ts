@@ -1,9 +1,10 @@
 import { create } from "@bufbuild/protobuf";
 import { ErrorKind, type ToolOutcome, ToolOutcomeSchema } from "./gen/toolmesh/v1/tool_pb.js";
-import { Codes, MESSAGES } from "./errors.js";
+import { Codes, type RuntimeErrorCode } from "./errors.js";
+import { ERROR_TABLE, MAX_RESULT_BYTES } from "./gen/tables.js";
 
-/** Results and arguments larger than this travel as an application-owned id (as in toolmesh's limits). */
-export const MAX_RESULT_BYTES = 1024 * 1024;
+/** Results and arguments larger than this travel as an application-owned id (toolmesh.core.limits). */
+export { MAX_RESULT_BYTES };
 
 /** A value JSON cannot carry as it is. `path` points at the first offending part. */
 export class NotPlainJson extends Error {
@@ -64,20 +65,16 @@ export interface Converted {
 }
 
 /** An outcome of a runtime error written by the SDK (TOOL_HANDLER_ERROR, ...). */
-export function runtimeError(
-  code: keyof typeof MESSAGES,
-  detail: string,
-  details: Record<string, unknown>,
-): ToolOutcome {
+export function runtimeError(code: RuntimeErrorCode, detail: string, details: Record<string, unknown>): ToolOutcome {
   return create(ToolOutcomeSchema, {
     outcome: {
       case: "error",
       value: {
         kind: ErrorKind.RUNTIME,
         code,
-        message: `${MESSAGES[code]} ${detail}`.trim(),
+        message: `${ERROR_TABLE[code].message} ${detail}`.trim(),
         detailsJson: JSON.stringify(details),
-        retryable: false,
+        retryable: ERROR_TABLE[code].retryable,
       },
     },
   });

@@ -1,0 +1,611 @@
+import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
+import {
+  BridgeService,
+  CancelReason,
+  type ToolRequest,
+  type ToolRequestCancelled,
+} from "./gen/toolmesh/v1/bridge_pb.js";
+import type { ToolDefinition, ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
+import { Codes, errorInfo, type HostError } from "./errors.js";
+import { READ_CHECK_TIMEOUT_MS, RECONNECT_BACKOFF_FIRST_MS, RENEW_AHEAD_MS } from "./gen/tables.js";
+import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
+import { convertReturn, runtimeError } from "./results.js";
+import { Waiters } from "./waiters.js";
+
+/**
+ * Where the engine is:
+ * - idle: not started yet;
+ * - connecting: opening a stream to the current bridge replica, no host session yet;
+ * - declaring: a host session is open and the declared tools are on their way;
+ * - ready: a host session is open and its tools declared (start() resolves);
+ * - backoff: the stream ended; waiting before trying the next replica;
+ * - closing: stop() came while a host session was open; it is open until its aborted stream ends;
+ * - stopping: stop() came; no host session, the loop winds down;
+ * - stopped: the loop ended after stop().
+ */
+export type EngineState =
+  | "idle"
+  | "connecting"
+  | "declaring"
+  | "ready"
+  | "backoff"
+  | "closing"
+  | "stopping"
+  | "stopped";
+
+/**
+ * What moves the engine: start() and stop(); a stream's host session opened (the
+ * first, or a renewal's), the current session's tools declared, the current
+ * stream ended or failed; the backoff passed; the loop ended.
+ */
+type Trigger = "start" | "stop" | "opened" | "declared" | "ended" | "retry" | "exit";
+
+/** Every transition. A trigger a state does not list leaves it as it is. */
+const TRANSITIONS: { readonly [S in EngineState]: Readonly<Partial<Record<Trigger, EngineState>>> } = {
+  idle: { start: "connecting", stop: "stopped" },
+  connecting: { opened: "declaring", ended: "backoff", stop: "stopping" },
+  declaring: { opened: "declaring", declared: "ready", ended: "backoff", stop: "closing" },
+  ready: { opened: "declaring", ended: "backoff", stop: "closing" },
+  backoff: { retry: "connecting", stop: "stopping" },
+  // start() again before the aborted stream ended: its session counts until then, but start() waits
+  // for the next one's declaration.
+  closing: { start: "declaring", ended: "stopping" },
+  // A stream that began opening after stop() (its token was still being asked for) was not aborted
+  // with the others: its session counts as open until it ends.
+  stopping: { start: "connecting", opened: "closing", exit: "stopped" },
+  stopped: { start: "connecting" },
+};
+
+const CONNECTED: ReadonlySet<EngineState> = new Set(["declaring", "ready", "closing"]);
+const STOP_REQUESTED: ReadonlySet<EngineState> = new Set(["closing", "stopping", "stopped"]);
+
+/** What those waiting on the engine hear of: each trigger, and each refusal of the host. */
+type EngineEvent = { readonly trigger: Trigger } | { readonly trigger: "refused"; readonly refusal: HostError };
+
+/** What the engine asks of the host's registrations. */
+export interface Registrations {
+  /** The tools with a handler of their own, sorted. */
+  handlerNames(): string[];
+  hasGenericHandler(): boolean;
+  /** The tool's own handler, else the generic one. */
+  handlerFor(toolName: string): ToolHandler | undefined;
+  /** The declared tools' definitions. */
+  definitions(): ToolDefinition[];
+  /** Tell the onError callbacks. */
+  report(error: HostError): void;
+}
+
+export interface EngineOptions {
+  readonly sessionId: string;
+  readonly hostName: string;
+  /** One per bridge replica. */
+  readonly transports: readonly Transport[];
+  readonly maxBackoffMs: number;
+  readonly token: ToolHostOptions["token"];
+}
+
+/** The bridge refused the host itself: its token, or where it connected. */
+const REFUSALS = new Set<string>([Codes.UNAUTHENTICATED, Codes.PERMISSION_DENIED, Codes.WRONG_LISTENER]);
+
+/** Submits that fail in transport are tried again until the call's deadline, this much past it at most. */
+const SUBMIT_GRACE_MS = 5_000;
+const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.ResourceExhausted, Code.Unknown]);
+/** Missing this many heartbeats in a row means the bridge is gone. */
+const MISSED_HEARTBEATS = 3;
+const DECLARE_TIMEOUT_MS = 10_000;
+// A progress report the bridge has not answered by then is given up (progress is best effort).
+const PROGRESS_TIMEOUT_MS = 5_000;
+
+interface Active {
+  readonly controller: AbortController;
+  ended: boolean;
+}
+
+/**
+ * A ToolHost's connection to the bridge: the host session's stream, renewed
+ * ahead of its token's expiry and opened again (on the next replica, with
+ * backoff) whenever it drops or the bridge's heartbeats stop; the tool requests
+ * it receives, run by their handlers; their outcomes handed back, on the next
+ * connection when their stream was lost meanwhile.
+ */
+export class HostEngine {
+  private current: EngineState = "idle";
+  private readonly waiters = new Waiters<EngineEvent>();
+  /** The loop of the latest start(). */
+  private running: Promise<void> | undefined;
+  /** One client per bridge replica; `turn` is the one connected to (or tried) now. */
+  private readonly clients: Client<typeof BridgeService>[];
+  private turn = 0;
+  /** The current host session's id; empty while not connected. */
+  private session = "";
+  /** The open streams: the current one, and those a renewal replaced that still hold requests. */
+  private readonly streams = new Set<AbortController>();
+  /** The host sessions whose streams are open: a result goes to the one its request came on. */
+  private readonly openSessions = new Set<string>();
+  private readonly active = new Map<string, Active>();
+  private declaring: Promise<void> = Promise.resolve();
+  private hadDeclarations = false;
+  /** Why the bridge refuses the host, until it takes it; reported once per refusal. */
+  private refusal: HostError | undefined;
+
+  constructor(
+    private readonly options: EngineOptions,
+    private readonly host: Registrations,
+  ) {
+    this.clients = options.transports.map((transport) => createClient(BridgeService, transport));
+  }
+
+  get state(): EngineState {
+    return this.current;
+  }
+
+  get hostSessionId(): string {
+    return this.session;
+  }
+
+  /** Whether a host session is open now. */
+  get connected(): boolean {
+    return CONNECTED.has(this.current);
+  }
+
+  private get stopRequested(): boolean {
+    return STOP_REQUESTED.has(this.current);
+  }
+
+  /** The one place the state changes; everyone waiting hears of the trigger. */
+  private apply(trigger: Trigger): void {
+    this.current = TRANSITIONS[this.current][trigger] ?? this.current;
+    this.waiters.release({ trigger });
+  }
+
+  /** A call, not a property read: TypeScript would take a state read after an await for the one read before. */
+  private is(state: EngineState): boolean {
+    return this.current === state;
+  }
+
+  private get client(): Client<typeof BridgeService> {
+    return this.clients[this.turn] ?? this.clients[0]!;
+  }
+
+  /** Connect in the background, reconnecting whenever the stream drops, until stop(). */
+  start(): void {
+    const loopEnded = this.current === "idle" || this.current === "stopped";
+    this.apply("start");
+    if (loopEnded) {
+      this.running = this.run();
+    }
+  }
+
+  /**
+   * Resolves once a host session is open and its tools declared; rejects after
+   * `timeoutMs`, or when the bridge refuses the host.
+   */
+  async ready(timeoutMs: number): Promise<void> {
+    if (this.current === "ready") {
+      return;
+    }
+    const event = await this.waiters.wait(timeoutMs, (e) => e.trigger === "declared" || e.trigger === "refused");
+    if (event === undefined) {
+      throw new Error(`toolmesh: no host session within ${timeoutMs} ms; still trying`);
+    }
+    if (event.trigger === "refused") {
+      throw new Error(`toolmesh: the bridge refused the host: ${event.refusal.code} ${event.refusal.message}`);
+    }
+  }
+
+  /** Close the host session, abort every running handler's signal, and stop reconnecting. */
+  async stop(): Promise<void> {
+    this.apply("stop");
+    this.streams.forEach((stream) => stream.abort());
+    for (const active of this.active.values()) {
+      active.ended = true;
+      active.controller.abort(new DOMException("The tool host stopped.", "AbortError"));
+    }
+    await this.running;
+  }
+
+  private async run(): Promise<void> {
+    let backoff = RECONNECT_BACKOFF_FIRST_MS;
+    for (;;) {
+      try {
+        await this.serveOnce();
+        backoff = RECONNECT_BACKOFF_FIRST_MS;
+      } catch (error) {
+        // The stream failed or went silent: reconnect below; a refusal is said once.
+        this.refused(error);
+      } finally {
+        this.session = "";
+        this.apply("ended");
+      }
+      if (this.is("stopping")) {
+        break;
+      }
+      // The next replica, if there are several: this one may be gone.
+      this.turn = (this.turn + 1) % this.clients.length;
+      // stop() cuts the wait short: it would last as long as the backoff.
+      await this.waiters.wait(backoff * (0.5 + Math.random() / 2), (e) => e.trigger === "stop");
+      if (this.is("stopping")) {
+        break;
+      }
+      this.apply("retry");
+      backoff = Math.min(backoff * 2, this.options.maxBackoffMs);
+    }
+    this.apply("exit");
+  }
+
+  /** The token to send now (the callback's current one), if any. */
+  private async currentToken(): Promise<string | undefined> {
+    const token = this.options.token;
+    return typeof token === "function" ? await token() : token;
+  }
+
+  /** The headers of every request: the token, when there is one. */
+  private async headers(token?: string): Promise<Record<string, string>> {
+    token ??= await this.currentToken();
+    return token === undefined ? {} : { authorization: `Bearer ${token}` };
+  }
+
+  private refused(error: unknown): void {
+    const info = errorInfo(error);
+    if (info === undefined || !REFUSALS.has(info.reason)) {
+      return;
+    }
+    if (info.metadata["reason"] === "expired" && this.connected) {
+      return; // a stream that outlived its token: opened again with the current one
+    }
+    const first = this.refusal === undefined;
+    const refusal: HostError = {
+      code: info.reason,
+      message: error instanceof ConnectError ? error.rawMessage : "",
+      sessionId: this.options.sessionId,
+      turnId: "",
+      toolRequestId: "",
+      toolName: "",
+      cause: info.metadata["reason"] ?? "",
+    };
+    this.refusal = refusal;
+    if (first) {
+      this.host.report(refusal);
+    }
+    this.waiters.release({ trigger: "refused", refusal });
+  }
+
+  /**
+   * One connection: a stream, renewed ahead of its token's expiry, until it ends or fails. A
+   * renewal opens a new stream that replaces the current one (replacesHostSessionId): the bridge
+   * sends the old one no new requests and ends it once it answered those it holds, so no call is
+   * lost to it; the old stream is read meanwhile, and its requests' results handed in on it.
+   */
+  private async serveOnce(): Promise<void> {
+    let token = await this.currentToken();
+    let replaces = "";
+    for (;;) {
+      let opened: (hostSessionId: string) => void = () => {};
+      const openedNow = new Promise<string>((resolve) => {
+        opened = resolve;
+      });
+      const reading = this.readStream(token, replaces, opened);
+      const renewal = renewInMs(token);
+      if (renewal === undefined) {
+        return reading;
+      }
+      const renewAt = Date.now() + renewal;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      // Only a stream that opened is renewed: one the bridge refuses ends by itself.
+      const due = openedNow.then(
+        (hostSessionId) =>
+          new Promise<string>((resolve) => {
+            timer = setTimeout(() => resolve(hostSessionId), Math.max(renewAt - Date.now(), 0));
+          }),
+      );
+      const first = await Promise.race([reading.then(() => undefined), due]).finally(() => clearTimeout(timer));
+      if (first === undefined || this.stopRequested) {
+        return reading;
+      }
+      const fresh = await this.currentToken();
+      if (fresh === token) {
+        return reading; // nothing fresher to renew with: the stream ends at expiry and is opened again then
+      }
+      // The old stream is read on until the bridge ends it; how it ends concerns no one.
+      reading.catch(() => {});
+      replaces = first;
+      token = fresh;
+    }
+  }
+
+  private async readStream(
+    token: string | undefined,
+    replaces: string,
+    opened: (hostSessionId: string) => void,
+  ): Promise<void> {
+    const stream = new AbortController();
+    this.streams.add(stream);
+    // This stream's host session: its requests' results go there, even once a renewal took over.
+    let hostSessionId = "";
+    // Until the bridge says how often it beats, allow a generous first wait.
+    let limitMs = 30_000;
+    let last = Date.now();
+    const watchdog = setInterval(
+      () => {
+        if (Date.now() - last > limitMs) {
+          stream.abort(new DOMException("The bridge's heartbeats stopped.", "TimeoutError"));
+        }
+      },
+      Math.min(limitMs / 3, 1_000),
+    );
+    try {
+      const events = this.client.openHostSession(
+        {
+          sessionId: this.options.sessionId,
+          hostName: this.options.hostName,
+          handlerNames: this.host.handlerNames(),
+          hasGenericHandler: this.host.hasGenericHandler(),
+          replacesHostSessionId: replaces,
+        },
+        { signal: stream.signal, headers: await this.headers(token) },
+      );
+      for await (const response of events) {
+        last = Date.now();
+        const event = response.event;
+        switch (event.case) {
+          case "opened": {
+            this.refusal = undefined;
+            hostSessionId = event.value.hostSessionId;
+            this.openSessions.add(hostSessionId);
+            this.session = hostSessionId;
+            limitMs = MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100);
+            this.redeclare();
+            this.apply("opened");
+            opened(hostSessionId);
+            break;
+          }
+          case "toolRequest":
+            this.begin(event.value, hostSessionId);
+            break;
+          case "cancelled":
+            this.cancel(event.value);
+            break;
+          case "heartbeat":
+            if (event.value.readCheck !== 0n) {
+              this.answerReadCheck(hostSessionId, event.value.readCheck);
+            }
+            break;
+          default:
+            break;
+        }
+      }
+    } finally {
+      clearInterval(watchdog);
+      this.streams.delete(stream);
+      this.openSessions.delete(hostSessionId);
+    }
+  }
+
+  /**
+   * Tell the bridge this page reads its stream: it sends requests to hosts
+   * that do. A failure is left alone: the next check asks again.
+   */
+  private answerReadCheck(hostSessionId: string, readCheck: bigint): void {
+    this.headers()
+      .then((headers) =>
+        this.client.answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS, headers }),
+      )
+      .catch(() => {});
+  }
+
+  /** Send one progress report; never rejects (a refusal or a transport failure is forgotten). */
+  private async reportProgress(toolRequestId: string, progress: number, total?: number, message?: string): Promise<void> {
+    try {
+      await this.client.reportToolProgress(
+        { hostSessionId: this.session, toolRequestId, progress, total, message: message ?? "" },
+        { timeoutMs: PROGRESS_TIMEOUT_MS },
+      );
+    } catch {
+      // Progress is optional: the call goes on whatever became of the report.
+    }
+  }
+
+  /** Send the declared tools now (in order after any declaration under way), if connected. */
+  redeclare(): void {
+    this.declaring = this.declaring.then(() => this.declare());
+  }
+
+  private async declare(): Promise<void> {
+    const hostSessionId = this.session;
+    if (!this.connected || hostSessionId === "") {
+      return;
+    }
+    const tools = this.host.definitions();
+    // A host that never declared anything has nothing to withdraw either.
+    if (tools.length > 0 || this.hadDeclarations) {
+      this.hadDeclarations = tools.length > 0;
+      try {
+        await this.client.declareHostTools(
+          { hostSessionId, tools },
+          { timeoutMs: DECLARE_TIMEOUT_MS, headers: await this.headers() },
+        );
+      } catch (error) {
+        const info = errorInfo(error);
+        this.host.report({
+          code: info?.reason ?? Codes.TRANSPORT_FAILED,
+          message: error instanceof ConnectError ? error.rawMessage : "The tools could not be declared.",
+          sessionId: this.options.sessionId,
+          turnId: "",
+          toolRequestId: "",
+          toolName: "",
+          cause: "",
+        });
+      }
+    }
+    if (hostSessionId === this.session) {
+      this.apply("declared");
+    }
+  }
+
+  private begin(request: ToolRequest, hostSessionId: string): void {
+    const controller = new AbortController();
+    const ctx: ToolContext = {
+      sessionId: request.sessionId,
+      turnId: request.turnId,
+      toolRequestId: request.toolRequestId,
+      toolName: request.toolName,
+      deadline: Date.now() + request.timeoutMs,
+      signal: controller.signal,
+      timeRemainingMs() {
+        return Math.max(0, this.deadline - Date.now());
+      },
+      reportProgress: (progress, total, message) => this.reportProgress(request.toolRequestId, progress, total, message),
+    };
+    const active: Active = { controller, ended: false };
+    this.active.set(ctx.toolRequestId, active);
+    void this.serve(request.argumentsJson, ctx, active, hostSessionId).finally(() => {
+      this.active.delete(ctx.toolRequestId);
+    });
+  }
+
+  private cancel(cancelled: ToolRequestCancelled): void {
+    const active = this.active.get(cancelled.toolRequestId);
+    if (active === undefined) {
+      return;
+    }
+    active.ended = true;
+    active.controller.abort(
+      cancelled.reason === CancelReason.TIMEOUT
+        ? new DOMException("The tool call reached its deadline.", "TimeoutError")
+        : new DOMException("The tool call was cancelled.", "AbortError"),
+    );
+  }
+
+  private async serve(argumentsJson: string, ctx: ToolContext, active: Active, hostSessionId: string): Promise<void> {
+    const outcome = await this.execute(argumentsJson, ctx);
+    if (outcome === undefined) {
+      return;
+    }
+    if (active.ended) {
+      this.notDelivered(ctx); // ended meanwhile: the bridge would refuse it
+      return;
+    }
+    await this.submit(outcome, ctx, hostSessionId);
+  }
+
+  /** A result the handler produced after its call ended: not sent, and said so. */
+  private notDelivered(ctx: ToolContext): void {
+    this.host.report({
+      ...ids(ctx),
+      code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+      message: "The call ended before the handler returned.",
+      cause: this.stopRequested ? Codes.SHUTTING_DOWN : Codes.REQUEST_ENDED,
+    });
+  }
+
+  /** Run the handler; undefined when the call ended (its signal aborted) before it settled. */
+  private async execute(argumentsJson: string, ctx: ToolContext): Promise<ToolOutcome | undefined> {
+    const handler = this.host.handlerFor(ctx.toolName);
+    if (handler === undefined) {
+      return runtimeError("TOOL_HANDLER_NOT_FOUND", `No handler for ${ctx.toolName}.`, { tool: ctx.toolName });
+    }
+    let value: unknown;
+    try {
+      value = await handler(JSON.parse(argumentsJson) as ToolArguments, ctx);
+    } catch (thrown) {
+      if (ctx.signal.aborted) {
+        return undefined; // it gave up as it was told to
+      }
+      // The caller gets a compact error: the exception's name, never its text or stack.
+      const name = thrown instanceof Error ? thrown.name : typeof thrown;
+      this.host.report({ ...ids(ctx), code: Codes.TOOL_HANDLER_ERROR, message: name, cause: "" });
+      return runtimeError("TOOL_HANDLER_ERROR", "", { tool: ctx.toolName, exception: name });
+    }
+    if (ctx.signal.aborted) {
+      this.notDelivered(ctx); // it returned after being told to stop: its value goes nowhere
+      return undefined;
+    }
+    const converted = convertReturn(value);
+    if (converted.refusedBecause !== undefined) {
+      const failure = converted.outcome.outcome;
+      this.host.report({
+        ...ids(ctx),
+        code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+        message: failure.case === "error" ? failure.value.message : "",
+        cause: converted.refusedBecause,
+      });
+    }
+    return converted.outcome;
+  }
+
+  /**
+   * Hand the outcome to the bridge, trying transport failures again until the
+   * call's deadline. When the stream broke meanwhile (its bridge replica may be
+   * gone), wait for the next connection and hand it in there, naming the same
+   * request under the new host session. Sending the same outcome twice is safe:
+   * the bridge keeps one outcome per request and says whether it was this one.
+   */
+  private async submit(outcome: ToolOutcome, ctx: ToolContext, hostSessionId: string): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      if (!this.openSessions.has(hostSessionId)) {
+        await this.connection(ctx.timeRemainingMs());
+        hostSessionId = this.session || hostSessionId;
+      }
+      try {
+        await this.client.submitToolResult(
+          { hostSessionId, toolRequestId: ctx.toolRequestId, outcome },
+          { timeoutMs: Math.max(ctx.timeRemainingMs(), 1_000) + SUBMIT_GRACE_MS, headers: await this.headers() },
+        );
+        return;
+      } catch (error) {
+        const info = errorInfo(error);
+        if (attempt > 1 && info?.reason === Codes.REQUEST_ENDED && info.metadata["ended"] === "answered") {
+          return; // an earlier attempt got through; its answer was lost on the way back
+        }
+        const transient = error instanceof ConnectError && TRANSIENT.has(error.code) && info === undefined;
+        if (transient && ctx.timeRemainingMs() > 0 && !this.stopRequested) {
+          await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
+          continue;
+        }
+        this.host.report({
+          ...ids(ctx),
+          code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+          message: error instanceof ConnectError ? error.rawMessage : "",
+          cause: info?.reason ?? Codes.TRANSPORT_FAILED,
+        });
+        return;
+      }
+    }
+  }
+
+  /** Resolves once a host session is open, or after `timeoutMs`, or when the host stops. */
+  private connection(timeoutMs: number): Promise<unknown> {
+    if (this.connected || this.stopRequested) {
+      return Promise.resolve();
+    }
+    return this.waiters.wait(timeoutMs, (e) => e.trigger === "opened" || e.trigger === "stop");
+  }
+}
+
+/**
+ * Milliseconds until a stream opened with `token` should be replaced; undefined: never (no token,
+ * or one without `exp`). The JWT's `exp` is read without verifying it: the bridge verifies the
+ * token, the host only schedules its own stream's renewal with it.
+ */
+function renewInMs(token: string | undefined, now: number = Date.now()): number | undefined {
+  const payload = token?.split(".");
+  if (payload?.length !== 3) {
+    return undefined;
+  }
+  let exp: unknown;
+  try {
+    const base64 = payload[1]!.replace(/-/g, "+").replace(/_/g, "/");
+    exp = (JSON.parse(atob(base64 + "=".repeat((4 - (base64.length % 4)) % 4))) as { exp?: unknown }).exp;
+  } catch {
+    return undefined;
+  }
+  if (typeof exp !== "number" || !Number.isFinite(exp)) {
+    return undefined;
+  }
+  const remaining = exp * 1000 - now;
+  return Math.max(remaining - Math.min(RENEW_AHEAD_MS, remaining / 3), 0);
+}
+
+function ids(ctx: ToolContext): Pick<HostError, "sessionId" | "turnId" | "toolRequestId" | "toolName"> {
+  return { sessionId: ctx.sessionId, turnId: ctx.turnId, toolRequestId: ctx.toolRequestId, toolName: ctx.toolName };
+}
