@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from toolmesh.core.bearer import TokenSource
 from toolmesh.core.errors import Code
 from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
-from toolmesh.host.engine import ActiveCall, Handler, HostEngine, Registered, Registrations, log
+from toolmesh.host.engine import ActiveCall, Handler, HostEngine, Registered, Registrations
+
+log = logging.getLogger("toolmesh.host")
 
 
 @dataclass(frozen=True, slots=True)
