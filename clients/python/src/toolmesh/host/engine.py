@@ -1,17 +1,22 @@
-"""ToolHost: one handler host connected to the bridge for one session."""
+"""The engine behind ToolHost: the stream to the bridge, the calls it brings, and their submits.
+
+Private to toolmesh.host (ToolHost is its only user). Its life is one state
+machine: `State` names where it is, `Trigger` what moved it, `_MOVES` every
+move, and `HostEngine._on` is the one place the state changes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import inspect
 import json
 import logging
-import socket
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import grpc
 from opentelemetry.trace import SpanKind
@@ -26,7 +31,7 @@ from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import capped_message
 from toolmesh.core.rpcstatus import error_code, error_info, status_of, token_expired
-from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ProgressReporter, ToolContext
 from toolmesh.host.results import convert_return
@@ -35,6 +40,117 @@ from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 log = logging.getLogger("toolmesh.host")
 # A progress report the bridge has not answered by then is given up (progress is best effort).
 PROGRESS_TIMEOUT_S = 5.0
+# Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
+MAX_CONCURRENT_SUBMITS = 256
+SUBMIT_GRACE_S = 5.0
+# How long stop() lets results already on their way to the bridge arrive.
+STOP_GRACE_S = 2.0
+# Missing this many heartbeats in a row means the bridge is gone.
+_MISSED_HEARTBEATS = 3
+# The bridge refused the host itself: its token, or the address it was given.
+_REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
+DECLARE_TIMEOUT_S = 10.0
+READ_CHECK_TIMEOUT_S = READ_CHECK_TIMEOUT_MS / 1000
+
+Handler = Callable[[dict[str, Any], ToolContext], Any]
+
+
+class State(enum.Enum):
+    """Where the engine is in its life."""
+
+    IDLE = "idle"
+    """Created; `run()` has not begun."""
+    CONNECTING = "connecting"
+    """A stream is being opened; the bridge has not said it opened the host session."""
+    SERVING = "serving"
+    """A stream is open: tool requests arrive on it."""
+    RENEWING = "renewing"
+    """A new stream is opening ahead of the token's expiry, to replace the open one (which still answers)."""
+    BACKING_OFF = "backing_off"
+    """The stream ended, failed or fell silent; waiting before trying the next replica."""
+    CLOSING = "closing"
+    """`stop()` came while a stream was open; it is being cancelled (and counts as open until it ends)."""
+    DRAINING = "draining"
+    """`stop()` came and no stream is open: handlers are cancelled, submits get STOP_GRACE_S."""
+    STOPPED = "stopped"
+    """`stop()` finished; an owned channel is closed."""
+
+
+class Trigger(enum.Enum):
+    """What moves the engine from one state to another."""
+
+    CONNECT = "connect"
+    """The run loop opens a stream."""
+    OPENED = "opened"
+    """The bridge said a stream's host session is open."""
+    RENEW = "renew"
+    """The open stream's token is about to expire: a new stream replaces it."""
+    ENDED = "ended"
+    """The run loop's stream ended (however: EOF, an error, silence, a cancellation)."""
+    STOP = "stop"
+    """`stop()` was called."""
+    DRAINED = "drained"
+    """`stop()` has finished the calls and closed what it owns."""
+
+
+# Every move; a trigger not listed for a state leaves it where it is.
+_MOVES: dict[tuple[State, Trigger], State] = {
+    (State.IDLE, Trigger.CONNECT): State.CONNECTING,
+    (State.BACKING_OFF, Trigger.CONNECT): State.CONNECTING,
+    (State.CONNECTING, Trigger.OPENED): State.SERVING,
+    (State.RENEWING, Trigger.OPENED): State.SERVING,
+    # A stream that opened although stop() came as it was being opened: it is closed with the rest.
+    (State.DRAINING, Trigger.OPENED): State.CLOSING,
+    (State.SERVING, Trigger.RENEW): State.RENEWING,
+    # The replacing stream did not open before its own token's renewal time: replaced in turn.
+    (State.RENEWING, Trigger.RENEW): State.RENEWING,
+    (State.CONNECTING, Trigger.ENDED): State.BACKING_OFF,
+    (State.SERVING, Trigger.ENDED): State.BACKING_OFF,
+    (State.RENEWING, Trigger.ENDED): State.BACKING_OFF,
+    (State.CLOSING, Trigger.ENDED): State.DRAINING,
+    (State.IDLE, Trigger.STOP): State.DRAINING,
+    (State.CONNECTING, Trigger.STOP): State.DRAINING,
+    (State.BACKING_OFF, Trigger.STOP): State.DRAINING,
+    (State.SERVING, Trigger.STOP): State.CLOSING,
+    (State.RENEWING, Trigger.STOP): State.CLOSING,
+    (State.CLOSING, Trigger.DRAINED): State.STOPPED,
+    (State.DRAINING, Trigger.DRAINED): State.STOPPED,
+}
+# A stream is open (`connected`): requests may arrive, results go to its host session.
+_OPEN = frozenset({State.SERVING, State.RENEWING, State.CLOSING})
+# stop() was called.
+_STOPPING = frozenset({State.CLOSING, State.DRAINING, State.STOPPED})
+
+
+class Reporter(Protocol):
+    """Hands a failure the caller cannot see to the host's `on_error` callbacks."""
+
+    def __call__(self, code: Code, message: str, *, cause: str = "", **ids: str) -> None:
+        """Report `code`; `ids` name the session (and turn, tool request, tool) it concerns."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A handler as registered."""
+
+    handler: Handler
+    # Decided once: an async handler runs on the loop, a plain one in a worker thread.
+    is_async: bool
+
+    @classmethod
+    def of(cls, handler: Handler) -> Registered:
+        """Register `handler`."""
+        return cls(handler, inspect.iscoroutinefunction(handler))
+
+
+@dataclass(slots=True)
+class Registrations:
+    """What the host serves, written by ToolHost's registration and read by the engine as it serves."""
+
+    handlers: dict[str, Registered] = field(default_factory=dict)
+    generic: Registered | None = None
+    # The tools declared to the session each time the host connects.
+    declared: dict[str, ToolSpec] = field(default_factory=dict)
 
 
 class _Sent:
@@ -47,46 +163,6 @@ class _Sent:
 
 
 _SENT = _Sent()
-
-Handler = Callable[[dict[str, Any], ToolContext], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class HostError:
-    """What went wrong on the host side of one call, as `on_error` callbacks receive it.
-
-    `code` is TOOL_HANDLER_ERROR (a handler raised; `message` is the exception's
-    type) or SUBMIT_TOOL_RESULT_FAILED (the result could not be handed to the
-    bridge; `cause` says why). Carries ids only: never arguments, results or
-    exception text.
-    """
-
-    code: Code
-    message: str
-    session_id: str
-    turn_id: str = ""
-    tool_request_id: str = ""
-    tool_name: str = ""
-    # For SUBMIT_TOOL_RESULT_FAILED: the bridge's reason (REQUEST_ENDED, ...),
-    # TRANSPORT_FAILED / RESULT_NOT_JSON / RESULT_TOO_LARGE, or SHUTTING_DOWN
-    # (stop() came first), INTERNAL (the SDK itself failed; its log says how).
-    cause: str = ""
-
-
-ErrorCallback = Callable[[HostError], None]
-
-
-class BridgeUnreachable(TimeoutError):
-    """No connection to the bridge was made in time; the message names its address and the last failure."""
-
-    def __init__(self, target: str, waited_s: float | None, last_failure: str) -> None:
-        within = f" within {waited_s:g} s" if waited_s is not None else ""
-        cause = f" (last failure: {last_failure})" if last_failure else ""
-        super().__init__(
-            f"Could not connect to the toolmesh bridge at {target}{within}{cause}. "
-            "Is it running? `toolmesh up` (or ./scripts/up) starts it."
-        )
-        self.target = target
 
 
 class _Silence:
@@ -114,19 +190,10 @@ class _Silence:
                 return
 
 
-@dataclass(frozen=True, slots=True)
-class _Registered:
-    handler: Handler
-    # Decided once: an async handler runs on the loop, a plain one in a worker thread.
-    is_async: bool
-
-    @classmethod
-    def of(cls, handler: Handler) -> _Registered:
-        return cls(handler, inspect.iscoroutinefunction(handler))
-
-
 @dataclass(slots=True)
-class _ActiveCall:
+class ActiveCall:
+    """A tool request whose handler or submit is still running."""
+
     task: asyncio.Task[None]
     ctx: ToolContext
     cancellable: bool
@@ -136,42 +203,24 @@ class _ActiveCall:
     submitting: bool = False
 
 
-# Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
-MAX_CONCURRENT_SUBMITS = 256
-SUBMIT_GRACE_S = 5.0
-# How long stop() lets results already on their way to the bridge arrive.
-STOP_GRACE_S = 2.0
-# Missing this many heartbeats in a row means the bridge is gone.
-_MISSED_HEARTBEATS = 3
-# The bridge refused the host itself: its token, or the address it was given.
-_REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
-DECLARE_TIMEOUT_S = 10.0
-READ_CHECK_TIMEOUT_S = READ_CHECK_TIMEOUT_MS / 1000
+class HostEngine:
+    """The stream to the bridge for one session, and the calls it brings.
 
-
-class ToolHost:
-    """One handler host: serves one session's tools from application code, over the bridge.
-
-    For applications that own tools. Register handlers with `on_tool` / `on_any`,
-    then either `await host.serve()` (connects, then serves until `stop()` or
-    until its task is cancelled, e.g. by Ctrl-C under `asyncio.run`), or
-    `start()` / `async with host:` (connects and returns, serving in the
-    background until `stop()` or the end of the block). The host keeps a
-    stream to the bridge open, reconnecting when it drops, runs each tool
-    request it receives and hands the outcome back. A handler's failures never
-    reach the caller as exceptions: they become runtime errors of the call (see
-    `on_tool`), and problems the caller cannot see are reported to `on_error`.
+    Opens the stream (to the next replica after one breaks), renews it ahead of
+    its token's expiry, runs each tool request with the handler `tools` names
+    and submits its outcome (on the next connection when its stream broke), and
+    stops. Failures the caller cannot see go to `report`. ToolHost documents
+    the behaviour; `State` and `_MOVES` say how it moves.
 
     Args:
-        bridge_target: The bridge's address, `host:port`; or several replicas' addresses separated
-            by commas: the host connects to one and, when its stream breaks, to the next. A result
-            whose bridge replica was lost while the handler ran is handed in on the next connection.
-        session_id: The session whose tools this host serves.
-        host_name: How the bridge's logs name this host; default `<hostname>:python`.
-        channel: A channel to use instead of opening one (the host then does not close it).
-        credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
-        token: A token naming the session with the role host: text, or a callback (sync or
-            async) asked before each call, so that a long-lived host can refresh it.
+        bridge_target: One address, or several replicas' addresses separated by commas.
+        session_id: The session whose tools are served.
+        host_name: How the bridge's logs name this host.
+        channel: A channel to use instead of opening one (then not closed here).
+        credentials: TLS for the channels it opens.
+        token: The host's token, or a callback giving it.
+        tools: The handlers and declared tools, as registered.
+        report: Where failures the caller cannot see go.
     """
 
     def __init__(
@@ -179,17 +228,20 @@ class ToolHost:
         bridge_target: str,
         session_id: str,
         *,
-        host_name: str | None = None,
-        channel: grpc.aio.Channel | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-        token: TokenSource | None = None,
+        host_name: str,
+        channel: grpc.aio.Channel | None,
+        credentials: grpc.ChannelCredentials | None,
+        token: TokenSource | None,
+        tools: Registrations,
+        report: Reporter,
     ) -> None:
         self.session_id = session_id
-        self.bridge_target = bridge_target
-        self.host_name = host_name or f"{socket.gethostname()}:python"
+        self.host_name = host_name
+        self._tools = tools
+        self._report = report
+        self.state = State.IDLE
         # Why the last attempt to open the stream failed, for BridgeUnreachable.
-        self._last_failure = ""
-        self._closed = False
+        self.last_failure = ""
         self._own_channel = channel is None
         targets = [target.strip() for target in bridge_target.split(",") if target.strip()]
         self._channels = [channel] if channel is not None else [open_channel(t, credentials) for t in targets]
@@ -199,17 +251,13 @@ class ToolHost:
         self._bearer = Bearer(token)
         # Set while the bridge refuses the host (`_refusal` says why); cleared once it takes it.
         self._refused_now = asyncio.Event()
-        self._refusal: HostError | None = None
-        self._handlers: dict[str, _Registered] = {}
-        self._declared: dict[str, ToolSpec] = {}
+        self._refusal: tuple[Code, str] | None = None
         # Set once a host session is open and its tools were declared (or there were none).
         self._ready = asyncio.Event()
-        self._generic: _Registered | None = None
-        self._error_callbacks: list[ErrorCallback] = []
-        self._active: dict[str, _ActiveCall] = {}
+        # Mirror the state for waiters (`_on` keeps them): a stream is open; stop() was called.
         self._connected = asyncio.Event()
-        self._stopping = False
         self._stop_requested = asyncio.Event()
+        self.active: dict[str, ActiveCall] = {}
         self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
         self._answering: set[asyncio.Task[None]] = set()
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
@@ -217,131 +265,42 @@ class ToolHost:
         self._retiring: set[asyncio.Task[None]] = set()
         # The host sessions whose streams are open: a result goes to the one its request came on.
         self._open_sessions: set[str] = set()
-        self._runner: asyncio.Task[None] | None = None
         self.host_session_id = ""
 
-    # -- registration -----------------------------------------------------
-    def on_tool(
-        self,
-        name: str,
-        handler: Handler,
-        *,
-        description: str | None = None,
-        input_schema: dict[str, Any] | None = None,
-        output_schema: dict[str, Any] | None = None,
-        timeout_ms: int = 0,
-        annotations: ToolAnnotations | None = None,
-    ) -> None:
-        """Serve the tool `name` with `handler(args, ctx)`. Register before `start()`.
+    # -- the state machine ------------------------------------------------
+    def _on(self, trigger: Trigger) -> None:
+        """Move as `_MOVES` says for `trigger`, and keep the events that mirror the state."""
+        self.state = _MOVES.get((self.state, trigger), self.state)
+        if self.state in _OPEN:
+            self._connected.set()
+        else:
+            self._connected.clear()
+        if self.state in _STOPPING:
+            self._stop_requested.set()
+        if trigger is Trigger.ENDED:
+            self._ready.clear()
 
-        `args` is the call's JSON object, `ctx` its ToolContext. An async handler
-        runs on the event loop and is cancelled when the runtime says stop; a sync
-        one runs in a worker thread and should watch `ctx.cancellation`. The handler
-        returns a JSON value (the result) or `{"error": {"code", "message",
-        "details"?, "retryable"?}}` (a domain error). Anything it raises becomes
-        TOOL_HANDLER_ERROR for the caller (only the exception's type is sent); a
-        value that is not plain JSON or is larger than MAX_RESULT_BYTES becomes
-        TOOL_RESULT_INVALID, and is reported to `on_error`.
-
-        With a `description`, the tool is also declared: its definition goes into
-        the session's list each time the host connects (DeclareHostTools), so no
-        separate `tools put` is needed, and it comes back by itself when the
-        registry restarts. `input_schema` defaults to `{"type": "object"}`. A
-        declaration the bridge refuses (INVALID_SCHEMA, ...) is reported to `on_error`.
-        """
-        self._handlers[name] = _Registered.of(handler)
-        if description is not None:
-            self._declared[name] = ToolSpec(
-                name=name,
-                description=description,
-                input_schema_json=json.dumps(
-                    input_schema if input_schema is not None else {"type": "object"}
-                ),
-                output_schema_json="" if output_schema is None else json.dumps(output_schema),
-                timeout_ms=timeout_ms,
-                annotations=annotations or ToolAnnotations(),
-            )
-
-    async def declare_tools(self, tools: Sequence[ToolSpec]) -> None:
-        """Replace the tools this host declares with `tools`: sent now when connected, else on connecting.
-
-        For hosts whose tools change while they serve (an MCP server's list, say);
-        `on_tool(..., description=...)` declares a fixed tool. A tool declared
-        before and left out now is withdrawn from the session's list. A refusal
-        is reported to `on_error`, as for `on_tool`.
-        """
-        self._declared = {spec.name: spec for spec in tools}
-        if self.connected and self.host_session_id:
-            await self._declare(self.host_session_id)
-
-    def on_any(self, handler: Handler) -> None:
-        """Serve every tool without a named handler; `ctx.tool_name` says which.
-
-        The bridge prefers hosts with a named handler for a tool. Without either,
-        a call gets TOOL_HANDLER_NOT_FOUND. The handler behaves as in `on_tool`.
-        """
-        self._generic = _Registered.of(handler)
-
-    def on_error(self, callback: ErrorCallback) -> None:
-        """Call `callback(HostError)` for each failure the caller cannot see from here.
-
-        That is a handler that raised, a result that could not be sent as it was,
-        and a result the bridge refused or could not be reached for (after
-        retrying transport failures until the call's deadline), or that `stop()`
-        kept from arriving. Every handler run ends either with its result handed
-        to the bridge or with such a report, whatever arrives when (a
-        cancellation once the handler has finished does not stop its submit).
-        A callback that raises is logged and does not stop the others.
-        """
-        self._error_callbacks.append(callback)
-
-    # -- lifecycle --------------------------------------------------------
     @property
     def connected(self) -> bool:
-        """Whether the stream to the bridge is open now (the bridge said it opened the session)."""
-        return self._connected.is_set()
+        """Whether a stream is open now (the bridge said it opened the session)."""
+        return self.state in _OPEN
 
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        """Wait until the stream to the bridge is open.
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop()` was called."""
+        return self.state in _STOPPING
 
-        Raises:
-            TimeoutError: not connected after `timeout` seconds.
-            ToolmeshError: the bridge refused the host first (UNAUTHENTICATED,
-                PERMISSION_DENIED, WRONG_LISTENER); it keeps trying meanwhile.
-        """
+    async def until_connected(self, timeout: float | None) -> None:
+        """Wait until a stream is open; see `_until`."""
         await self._until(self._connected, timeout)
 
-    async def start(self, timeout: float | None = 10.0) -> None:
-        """Connect in the background, reconnecting whenever the stream drops; wait for the first connection.
+    async def until_ready(self, timeout: float | None) -> None:
+        """Wait until a stream is open and its tools were declared; see `_until`."""
+        await self._until(self._ready, timeout)
 
-        Returns once connected: the host then serves in the background until
-        `stop()` (a script that only awaits `start()` ends, and serves nothing:
-        use `serve()` there). Raises BridgeUnreachable (a TimeoutError naming
-        the bridge's address) when no connection was made within `timeout`,
-        and ToolmeshError when the bridge refused the host (its token does not
-        name the session with the role host, or has expired); the host keeps
-        trying until `stop()` (a token callback may give a better token).
-        """
-        self._runner = asyncio.create_task(self.run())
-        try:
-            await self._until(self._ready, timeout)
-        except TimeoutError:
-            raise BridgeUnreachable(self.bridge_target, timeout, self._last_failure) from None
-
-    async def serve(self, timeout: float | None = 10.0) -> None:
-        """Connect, then serve until `stop()` is called or this task is cancelled; stop cleanly either way.
-
-        The call to make at the end of a host program: `asyncio.run(main())`
-        with `await host.serve()` in `main` serves until Ctrl-C or SIGTERM
-        handling calls `stop()`. Raises BridgeUnreachable (after stopping) when
-        the first connection is not made within `timeout`, ToolmeshError when
-        the bridge refused the host.
-        """
-        try:
-            await self.start(timeout)
-            await self._stop_requested.wait()
-        finally:
-            await self.stop()
+    async def until_stop_requested(self) -> None:
+        """Wait until `stop()` is called."""
+        await self._stop_requested.wait()
 
     async def _until(self, event: asyncio.Event, timeout: float | None) -> None:
         """Wait for `event`, or raise ToolmeshError as soon as the bridge refuses the host."""
@@ -356,24 +315,19 @@ class ToolHost:
                 wait.cancel()
         refusal = self._refusal
         if not event.is_set() and refusal is not None:
-            raise ToolmeshError(refusal.code, refusal.message)
+            raise ToolmeshError(*refusal)
 
     async def run(self) -> None:
-        """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent.
-
-        Reconnects after a jittered backoff (0.1 s doubling up to 1 s, so that a
-        bridge that comes back is reached within about a second). A stream
-        counts as silent when the bridge sends nothing for three heartbeat
-        intervals. Failures are logged, never raised. `start()` runs this in a task.
-        """
+        """Serve until `stop()`: open the stream, and open it again whenever it ends or falls silent."""
         backoff = Backoff()
-        while not self._stopping:
+        while not self.stopping:
+            self._on(Trigger.CONNECT)
             try:
                 await self._serve_once()
                 backoff.reset()
             except grpc.aio.AioRpcError as error:
-                self._last_failure = f"{error.code().name}: {error.details()}"
-                if self._connected.is_set() and token_expired(error):
+                self.last_failure = f"{error.code().name}: {error.details()}"
+                if self.connected and token_expired(error):
                     # The stream outlived its token (one without `exp` is not renewed ahead): reopen soon.
                     log.info("host stream's token expired; reopening", extra={"session_id": self.session_id})
                     backoff.reset()
@@ -386,10 +340,9 @@ class ToolHost:
             except TimeoutError:
                 log.warning("bridge heartbeats stopped; reconnecting", extra={"session_id": self.session_id})
             finally:
-                self._connected.clear()
-                self._ready.clear()
+                self._on(Trigger.ENDED)
                 self._call = None
-            if self._stopping:
+            if self.stopping:
                 break
             self._turn = (self._turn + 1) % len(self._channels)
             self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channels[self._turn])
@@ -405,35 +358,27 @@ class ToolHost:
         first = self._refusal is None
         # The details start with the table's message; keep what the bridge added.
         detail = (error.details() or "").removeprefix(ERROR_TABLE[code].message).strip()
-        self._refusal = HostError(code, detail, self.session_id)
+        self._refusal = (code, detail)
         self._refused_now.set()
         if first:  # once until the next connection: a host that keeps trying does not flood on_error
-            self._report(self._refusal)
+            self._report(code, detail, session_id=self.session_id)
 
-    async def stop(self) -> None:
-        """Close the stream, cancel the handlers still running, finish submits, close an owned channel.
+    async def stop(self, runner: asyncio.Task[None] | None) -> None:
+        """Close the stream, wait for `runner` (the task running `run()`), end the calls, close channels.
 
-        Results being handed to the bridge get up to STOP_GRACE_S to arrive.
-        Every call whose result does not reach the bridge (its handler was
-        cancelled, or its submit did not finish in time) is reported to
-        `on_error` as SUBMIT_TOOL_RESULT_FAILED with cause SHUTTING_DOWN. A sync
-        handler's thread cannot be cancelled: it finishes, and its result is not
-        sent. Returns without waiting out a reconnect backoff. Stopping twice is
-        harmless.
+        See ToolHost.stop; a second call returns at once.
         """
-        if self._closed:
+        if self.stopping:
             return
-        self._closed = True
-        self._stopping = True
-        self._stop_requested.set()
+        self._on(Trigger.STOP)
         if self._call is not None:
             self._call.cancel()
         for retiring in list(self._retiring):
             retiring.cancel()
-        if self._runner is not None:
+        if runner is not None:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._runner
-        calls = list(self._active.values())
+                await runner
+        calls = list(self.active.values())
         for call in calls:
             if not call.submitting:
                 call.task.cancel()
@@ -448,13 +393,7 @@ class ToolHost:
         if self._own_channel:
             for channel in self._channels:
                 await channel.close()
-
-    async def __aenter__(self) -> ToolHost:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
+        self._on(Trigger.DRAINED)
 
     # -- the stream -------------------------------------------------------
     async def _serve_once(self) -> None:
@@ -471,8 +410,8 @@ class ToolHost:
                 bridge_pb2.OpenHostSessionRequest(
                     session_id=self.session_id,
                     host_name=self.host_name,
-                    handler_names=sorted(self._handlers),
-                    has_generic_handler=self._generic is not None,
+                    handler_names=sorted(self._tools.handlers),
+                    has_generic_handler=self._tools.generic is not None,
                     replaces_host_session_id=replaces,
                 ),
                 metadata=Bearer.with_token(token),
@@ -486,9 +425,10 @@ class ToolHost:
             done, _ = await asyncio.wait({reading}, timeout=renewal)
             if done:
                 return reading.result()
-            if not self._connected.is_set():
+            if not self.connected:
                 await reading  # never opened: nothing to take over from
                 return
+            self._on(Trigger.RENEW)
             # Keep reading the old stream for the requests it holds, until the bridge ends it.
             replaces = self.host_session_id
             self._retiring.add(reading)
@@ -536,13 +476,13 @@ class ToolHost:
             silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
             self._refusal = None
             self._refused_now.clear()
-            self._connected.set()
+            self._on(Trigger.OPENED)
             log.info(
                 "host connected",
                 extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
             )
-            if self._declared:
-                declaring = asyncio.create_task(self._declare(self.host_session_id))
+            if self._tools.declared:
+                declaring = asyncio.create_task(self.declare(self.host_session_id))
                 declaring.add_done_callback(lambda _: self._ready.set())
             else:
                 self._ready.set()
@@ -571,13 +511,14 @@ class ToolHost:
             status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else "CLOSED"
             log.debug("answering a read check failed", extra={"grpc_status": status})
 
-    async def _declare(self, host_session_id: str) -> None:
+    async def declare(self, host_session_id: str) -> None:
         """Send the declared tools; a refusal goes to the error callbacks.
 
         After REGISTRY_UNAVAILABLE the bridge keeps the declaration and puts it later.
         """
         request = bridge_pb2.DeclareHostToolsRequest(
-            host_session_id=host_session_id, tools=[tool_to_pb(spec) for spec in self._declared.values()]
+            host_session_id=host_session_id,
+            tools=[tool_to_pb(spec) for spec in self._tools.declared.values()],
         )
         try:
             with telemetry.client_call("toolmesh.v1.BridgeService/DeclareHostTools") as metadata:
@@ -588,7 +529,7 @@ class ToolHost:
             info = error_info(error)
             code = (code_for_reason(info.reason) if info is not None else None) or Code.TRANSPORT_FAILED
             log.warning("declaring tools failed", extra={"session_id": self.session_id, "code": code.value})
-            self._report(HostError(code, error.details() or "", self.session_id))
+            self._report(code, error.details() or "", session_id=self.session_id)
 
     def _begin(self, request: bridge_pb2.ToolRequest, host_session_id: str) -> None:
         ctx = ToolContext(
@@ -599,14 +540,14 @@ class ToolHost:
             deadline=time.monotonic() + request.timeout_ms / 1000,
             reporter=self._progress_reporter(request.tool_request_id),
         )
-        handler = self._handlers.get(ctx.tool_name) or self._generic
+        handler = self._tools.handlers.get(ctx.tool_name) or self._tools.generic
         task = asyncio.create_task(
             self._serve(handler, request.arguments_json, ctx, host_session_id, dict(request.trace_context))
         )
         # Async handlers are cancelled on the runtime's word; a sync handler's
         # thread cannot be, so it finishes and its late result is refused.
-        self._active[ctx.tool_request_id] = _ActiveCall(task, ctx, handler is not None and handler.is_async)
-        task.add_done_callback(lambda _: self._active.pop(ctx.tool_request_id, None))
+        self.active[ctx.tool_request_id] = ActiveCall(task, ctx, handler is not None and handler.is_async)
+        task.add_done_callback(lambda _: self.active.pop(ctx.tool_request_id, None))
 
     def _progress_reporter(self, tool_request_id: str) -> ProgressReporter:
         """What `ctx.report_progress` calls for the request.
@@ -665,7 +606,7 @@ class ToolHost:
             )
 
     def _cancel(self, cancelled: bridge_pb2.ToolRequestCancelled) -> None:
-        active = self._active.get(cancelled.tool_request_id)
+        active = self.active.get(cancelled.tool_request_id)
         if active is None:
             return
         reason = "timeout" if cancelled.reason == bridge_pb2.CANCEL_REASON_TIMEOUT else "cancelled"
@@ -676,7 +617,7 @@ class ToolHost:
 
     async def _serve(
         self,
-        handler: _Registered | None,
+        handler: Registered | None,
         arguments_json: str,
         ctx: ToolContext,
         host_session_id: str,
@@ -697,14 +638,14 @@ class ToolHost:
             if outcome is None:
                 span.set_attribute("toolmesh.cancelled", True)
                 return
-            active = self._active.get(ctx.tool_request_id)
+            active = self.active.get(ctx.tool_request_id)
             if active is not None:
                 active.submitting = True
             telemetry.record_outcome(outcome)
             await self._submit(outcome, ctx, host_session_id)
 
     async def _execute(
-        self, registered: _Registered | None, arguments_json: str, ctx: ToolContext
+        self, registered: Registered | None, arguments_json: str, ctx: ToolContext
     ) -> Outcome | None:
         """Run the handler; None when it was cancelled and produced nothing."""
         if registered is None:
@@ -722,7 +663,7 @@ class ToolHost:
                 if inspect.isawaitable(value):
                     value = await value
         except asyncio.CancelledError:
-            if self._stopping:
+            if self.stopping:
                 self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped while the handler ran.")
                 return None
             if ctx.cancelled:  # the runtime said stop: the caller has its outcome, nothing was produced
@@ -735,19 +676,17 @@ class ToolHost:
                 "tool handler raised",
                 extra=_ids(ctx) | {"code": Code.TOOL_HANDLER_ERROR.value} | exception_fields(exc),
             )
-            self._report(HostError(Code.TOOL_HANDLER_ERROR, type(exc).__name__, **_ids(ctx)))
+            self._report(Code.TOOL_HANDLER_ERROR, type(exc).__name__, **_ids(ctx))
             return Outcome.runtime_error(
                 Code.TOOL_HANDLER_ERROR, "", {"tool": ctx.tool_name, "exception": type(exc).__name__}
             )
         converted = convert_return(value)
         if converted.refused_because is not None:
             self._report(
-                HostError(
-                    Code.SUBMIT_TOOL_RESULT_FAILED,
-                    converted.outcome.failure.message if converted.outcome.failure else "",
-                    cause=converted.refused_because.value,
-                    **_ids(ctx),
-                )
+                Code.SUBMIT_TOOL_RESULT_FAILED,
+                converted.outcome.failure.message if converted.outcome.failure else "",
+                cause=converted.refused_because.value,
+                **_ids(ctx),
             )
         return converted.outcome
 
@@ -818,7 +757,7 @@ class ToolHost:
                 # No code of ours: the transport's own failure, retried while the table says it may pass.
                 transient = reason is None and status_of(error.code()) in RETRYABLE_STATUSES
                 retry = transient and ctx.time_remaining() > 0
-                if retry and not self._stopping:
+                if retry and not self.stopping:
                     await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                     continue
                 cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
@@ -828,16 +767,7 @@ class ToolHost:
                 return cause, error.details() or ""
 
     def _submit_failed(self, ctx: ToolContext, cause: str, detail: str) -> None:
-        self._report(HostError(Code.SUBMIT_TOOL_RESULT_FAILED, detail, cause=cause, **_ids(ctx)))
-
-    def _report(self, error: HostError) -> None:
-        for callback in self._error_callbacks:
-            try:
-                callback(error)
-            except Exception as exc:
-                log.error(
-                    "on_error callback raised", extra={"code": error.code.value} | exception_fields(exc)
-                )
+        self._report(Code.SUBMIT_TOOL_RESULT_FAILED, detail, cause=cause, **_ids(ctx))
 
 
 def _ids(ctx: ToolContext) -> dict[str, str]:
