@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,13 @@ def new_prefix() -> str:
     return f"test:{uuid.uuid4().hex}:"
 
 
+def _unbound_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 async def delete_prefixed(url: str, prefix: str) -> None:
     """Remove every key under `prefix` (what one test wrote)."""
     client = Redis.from_url(url)
@@ -34,11 +42,16 @@ async def delete_prefixed(url: str, prefix: str) -> None:
 
 @dataclass
 class RedisServer:
-    """A redis-server of a test's own, on a free port, persisting to `directory` (append-only file,
-    fsync on every write), so that it can be killed and started again with its data."""
+    """A redis-server of a test's own, persisting to `directory` (append-only file, fsync on every
+    write), so that it can be killed and started again with its data, on the same port.
 
-    port: int
+    redis-server cannot bind port 0 and report the port it got, so with `port` 0 the first start
+    tries free ports until one binds (another process may take a port between its choice and
+    the bind); a restart keeps the port.
+    """
+
     directory: Path
+    port: int = 0
     process: asyncio.subprocess.Process | None = None
 
     @property
@@ -46,12 +59,26 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def start(self) -> None:
+        if self.port:
+            await self._launch(self.port)
+            return
+        for _ in range(10):
+            try:
+                await self._launch(_unbound_port())
+                return
+            except AssertionError:
+                if self.process is None or self.process.returncode is None:
+                    raise  # not a bind failure: it is up but does not answer
+                self.port = 0  # it exited: the port was taken, try another
+        raise AssertionError("redis-server found no free port in 10 tries")
+
+    async def _launch(self, port: int) -> None:
         binary = shutil.which("redis-server")
         assert binary is not None, "redis-server is not installed"
         self.process = await asyncio.create_subprocess_exec(
             binary,
             "--port",
-            str(self.port),
+            str(port),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -65,6 +92,7 @@ class RedisServer:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
+        self.port = port
         await self.wait_ready()
 
     async def wait_ready(self, timeout_s: float = 10.0) -> None:

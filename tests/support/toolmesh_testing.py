@@ -176,6 +176,8 @@ class ServiceProcess:
     _reader: asyncio.Task[None] | None = None
     # The internal listener (registry and bridge), for the invocation service.
     internal_port: int | None = None
+    # The bridge's web port (Connect, gRPC-Web), when it serves pages.
+    web_port: int | None = None
 
     @property
     def target(self) -> str:
@@ -201,16 +203,24 @@ async def start_service_process(
     service: str,
     *args: str,
     env: dict[str, str] | None = None,
-    listen: str = "127.0.0.1:0",
-    internal_listen: str = "127.0.0.1:0",
+    listen: str | None = None,
+    internal_listen: str | None = None,
+    ports: dict[str, int] | None = None,
 ) -> ServiceProcess:
     """`python -m toolmesh.<service> --listen LISTEN [--internal-listen ...] ...`, with its ports and all
     it prints.
 
-    A bridge's web port is a free one too, unless `args` name it.
+    Every listener binds port 0 and reports the port it got, unless told otherwise. With `ports`,
+    the service listens where `ports` says (`<service>`, `<service>-internal`, `<service>-web`;
+    a name missing: port 0) and the ports it bound are written back, so that a restart with the
+    same `ports` comes back on the same addresses. A bridge's web port is a free one too, unless
+    `args` name it.
     """
+    known = {} if ports is None else ports
+    listen = listen or f"127.0.0.1:{known.get(service, 0)}"
+    internal_listen = internal_listen or f"127.0.0.1:{known.get(f'{service}-internal', 0)}"
     if service == "bridge" and "--web-listen" not in args:
-        args = ("--web-listen", "127.0.0.1:0", *args)
+        args = ("--web-listen", f"127.0.0.1:{known.get('bridge-web', 0)}", *args)
     internal = ["--internal-listen", internal_listen] if service in INTERNAL_LISTENERS else []
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -226,7 +236,7 @@ async def start_service_process(
     )
     assert process.stdout is not None
     output: list[str] = []
-    internal_port = None
+    internal_port = web_port = None
     while True:
         line = (await asyncio.wait_for(process.stdout.readline(), 20)).decode()
         if not line:
@@ -234,9 +244,18 @@ async def start_service_process(
         output.append(line)
         if "internal listener on port" in line:
             internal_port = int(line.rsplit(" ", 1)[1])
+        if "serves pages" in line:
+            web_port = int(line.rsplit(" ", 1)[1])
         if "listening on port" in line:
             break
-    running = ServiceProcess(process, int(line.rsplit(" ", 1)[1]), output, internal_port=internal_port)
+    running = ServiceProcess(
+        process, int(line.rsplit(" ", 1)[1]), output, internal_port=internal_port, web_port=web_port
+    )
+    if ports is not None:
+        ports[service] = running.port
+        for suffix, port in (("internal", internal_port), ("web", web_port)):
+            if port is not None:
+                ports[f"{service}-{suffix}"] = port
 
     async def read() -> None:
         assert process.stdout is not None
@@ -247,11 +266,17 @@ async def start_service_process(
     return running
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+# Bound, never listening, held until the process ends: a connection there is refused at once,
+# and no other server can take the port meanwhile (a port bound then closed could be taken).
+_CLOSED: list[socket.socket] = []
+
+
+def closed_address() -> str:
+    """An address on this machine where nothing listens, nor will while the tests run."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _CLOSED.append(sock)
+    return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 # The standard services' methods, made as their generated stubs make them: the stubs'

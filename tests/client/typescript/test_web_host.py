@@ -25,7 +25,7 @@ from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.runtime.server import RunningServer
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
-from toolmesh_testing import eventually, free_port, run_cli
+from toolmesh_testing import eventually, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -54,16 +54,21 @@ class WebStack:
 
     @classmethod
     async def start(cls, origins: list[str]) -> WebStack:
-        registry_port, bridge_port, web_port, internal_port = (
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
+        """Every server on port 0; the ports they bound are kept for the restarts."""
+        registry = await start_registry()
+        bridge = await cls._bridge(0, 0, registry.port, origins, 0)
+        assert bridge.web_port is not None and bridge.internal is not None
+        invocation = await start_invocation(f"127.0.0.1:{registry.port}", f"127.0.0.1:{bridge.internal_port}")
+        return cls(
+            registry,
+            bridge,
+            invocation,
+            registry.port,
+            bridge.port,
+            bridge.web_port,
+            origins,
+            bridge.internal_port,
         )
-        registry = await start_registry(f"127.0.0.1:{registry_port}")
-        bridge = await cls._bridge(bridge_port, web_port, registry_port, origins, internal_port)
-        invocation = await start_invocation(f"127.0.0.1:{registry_port}", f"127.0.0.1:{internal_port}")
-        return cls(registry, bridge, invocation, registry_port, bridge_port, web_port, origins, internal_port)
 
     @staticmethod
     async def _bridge(

@@ -14,7 +14,7 @@ from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from toolmesh.assembly.system import start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.store.backends import open_stores
-from toolmesh_testing import ServiceProcess, eventually, free_port, start_service_process
+from toolmesh_testing import ServiceProcess, eventually, start_service_process
 
 pytestmark = pytest.mark.integration
 
@@ -28,17 +28,14 @@ async def test_a_page_hands_its_result_to_the_other_bridge_replica_when_its_own_
     registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
     registry_internal = f"127.0.0.1:{registry.internal_port}"
     env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
-    web_ports = [free_port(), free_port()]
     bridges: list[ServiceProcess] = []
     invocation = None
     try:
-        for port in web_ports:
+        for _ in range(2):
             bridge = await start_service_process(
                 "bridge",
                 "--registry",
                 registry_internal,
-                "--web-listen",
-                f"127.0.0.1:{port}",
                 "--web-origins",
                 driver.origins[0],
                 env=env,
@@ -48,7 +45,7 @@ async def test_a_page_hands_its_result_to_the_other_bridge_replica_when_its_own_
         invocation = await start_invocation(
             registry_internal, bridges[1].internal_target, stores=open_stores(SHARED_URL, prefix)
         )
-        base_urls = ",".join(f"http://127.0.0.1:{port}" for port in web_ports)
+        base_urls = ",".join(f"http://127.0.0.1:{bridge.web_port}" for bridge in bridges)
         opened = await driver.open("p", {"session": SESSION, "baseUrl": base_urls})
         assert opened == {"started": True, "startError": ""}
 

@@ -21,7 +21,7 @@ from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.limits import RECONNECT_BACKOFF_MAX_MS
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolHost
-from toolmesh_testing import ServiceProcess, eventually, free_port, start_service_process
+from toolmesh_testing import ServiceProcess, eventually, start_service_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -37,8 +37,7 @@ def on_ports(service: str, ports: dict[str, int], *args: str) -> Callable[[], Aw
         return await start_service_process(
             service,
             *args,
-            listen=f"127.0.0.1:{ports[service]}",
-            internal_listen=f"127.0.0.1:{ports[service + '-internal']}",
+            ports=ports,
         )
 
     return start
@@ -46,11 +45,12 @@ def on_ports(service: str, ports: dict[str, int], *args: str) -> Callable[[], Aw
 
 @pytest.mark.timeout(120)
 async def test_calls_succeed_within_a_second_or_so_of_registry_and_bridge_coming_back() -> None:
-    ports = {name: free_port() for name in ("registry", "registry-internal", "bridge", "bridge-internal")}
-    registry_internal = f"127.0.0.1:{ports['registry-internal']}"
+    ports: dict[str, int] = {}  # bound on the first start, kept for the restarts
     start_registry = on_ports("registry", ports)
+    registry = await start_registry()
+    registry_internal = registry.internal_target
     start_bridge = on_ports("bridge", ports, "--registry", registry_internal)
-    registry, bridge = await start_registry(), await start_bridge()
+    bridge = await start_bridge()
     invocation = await start_invocation(registry_internal, f"127.0.0.1:{ports['bridge-internal']}")
     host = ToolHost(bridge.target, SESSION)
     host.on_tool("echo", lambda args, ctx: args)

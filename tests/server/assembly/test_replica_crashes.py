@@ -27,8 +27,8 @@ from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import (
     HostProcess,
     ServiceProcess,
+    closed_address,
     eventually,
-    free_port,
     start_host_process,
     start_service_process,
 )
@@ -276,7 +276,7 @@ async def test_a_call_whose_bridge_is_down_ends_at_once_and_its_exact_retry_runs
     registry_internal = f"127.0.0.1:{registry.internal_port}"
     # Its bridge is down (nothing listens there) and no route names another replica yet.
     invocation = await start_invocation(
-        registry_internal, f"127.0.0.1:{free_port()}", stores=open_stores(SHARED_URL, prefix)
+        registry_internal, closed_address(), stores=open_stores(SHARED_URL, prefix)
     )
     bridge: RunningServer | None = None
     host: HostProcess | None = None

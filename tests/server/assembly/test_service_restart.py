@@ -20,7 +20,7 @@ from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from toolmesh.client import CallResult, InvocationClient, InvocationState, RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.core.tools import ToolSpec
-from toolmesh_testing import ServiceProcess, free_port, start_host_process, start_service_process
+from toolmesh_testing import ServiceProcess, start_host_process, start_service_process
 
 SESSION = "restart"
 TOOLS = [ToolSpec("count", "Counts its runs", '{"type": "object"}', timeout_ms=10_000)]
@@ -36,23 +36,21 @@ async def prefix() -> AsyncIterator[str]:
 
 
 async def start_services(prefix: str, ports: dict[str, int]) -> list[ServiceProcess]:
-    """The three services on these ports (public, and internal for registry and bridge)."""
+    """The three services on `ports` (public, and internal for registry and bridge; a name missing:
+    port 0), the ports they bound written back."""
     store = ["--store", SHARED_URL, "--store-prefix", prefix]
     registry, bridge = await asyncio.gather(
         *(
             start_service_process(
                 name,
                 *store,
-                listen=f"127.0.0.1:{ports[name]}",
-                internal_listen=f"127.0.0.1:{ports[f'{name}-internal']}",
+                ports=ports,
             )
             for name in ("registry", "bridge")
         )
     )
     dependencies = ["--registry", registry.internal_target, "--bridge", bridge.internal_target]
-    invocation = await start_service_process(
-        "invocation", *dependencies, *store, listen=f"127.0.0.1:{ports['invocation']}"
-    )
+    invocation = await start_service_process("invocation", *dependencies, *store, ports=ports)
     return [registry, bridge, invocation]
 
 
@@ -83,8 +81,7 @@ async def until_host_serves(client: InvocationClient) -> CallResult:
 
 @pytest.mark.timeout(120)
 async def test_every_service_killed_and_restarted(prefix: str, marker_dir: Path) -> None:
-    names = ("registry", "registry-internal", "bridge", "bridge-internal", "invocation")
-    ports = {name: free_port() for name in names}
+    ports: dict[str, int] = {}  # bound on the first start, kept for the restart
     services = await start_services(prefix, ports)
     target = f"127.0.0.1:{ports['invocation']}"
     host = await start_host_process(

@@ -23,7 +23,7 @@ from toolmesh.core.rpcstatus import error_code, grpc_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import eventually, free_port, logged, start_service_process
+from toolmesh_testing import eventually, logged, start_service_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -171,12 +171,12 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reconnects(
     system: tuple[LocalSystem, Counted],
 ) -> None:
     local, counted = system
-    port = free_port()
+    ports: dict[str, int] = {}  # bound on the first start, kept for the restart
     args = ["--registry", local.registry_internal_target, "--bridge", local.bridge_internal_target]
-    invocation = await start_service_process("invocation", *args, listen=f"127.0.0.1:{port}")
+    invocation = await start_service_process("invocation", *args, ports=ports)
     before = counted.runs
     try:
-        async with InvocationClient(f"127.0.0.1:{port}", multiplex=True) as client:
+        async with InvocationClient(invocation.target, multiplex=True) as client:
             held = asyncio.ensure_future(client.invoke(SESSION, "counted", {"key": "broken"}, turn_id="turn"))
             await counted.ran_past(before)  # the call is held on the stream
             invocation.process.kill()  # gone without a word: the stream breaks under the held call
@@ -184,7 +184,7 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reconnects(
             broken = await asyncio.wait_for(held, 5)
             assert broken.outcome is None and broken.code is Code.TRANSPORT_FAILED
             assert broken.to_json()["error"]["retryable"] is True
-            invocation = await start_service_process("invocation", *args, listen=f"127.0.0.1:{port}")
+            invocation = await start_service_process("invocation", *args, ports=ports)
             answered = await client.invoke(SESSION, "echo", {"again": True}, turn_id="turn")
             assert answered.outcome is not None and answered.outcome.result_json == '{"again":true}'
     finally:

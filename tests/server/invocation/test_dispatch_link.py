@@ -27,7 +27,7 @@ from toolmesh.invocation import remote
 from toolmesh.invocation.remote import RemoteDispatcher, RoutedDispatcher
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import eventually, free_port, start_service_process
+from toolmesh_testing import closed_address, eventually, start_service_process
 
 pytestmark = pytest.mark.integration
 
@@ -47,10 +47,9 @@ def tool_request(request_id: str, session: str = "link", timeout_ms: int = 5000)
 
 async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconnects() -> None:
     registry = await start_registry()
-    bridge_port, internal_port = free_port(), free_port()
-    listen, internal_listen = f"127.0.0.1:{bridge_port}", f"127.0.0.1:{internal_port}"
-    bridge = await start_service_process("bridge", listen=listen, internal_listen=internal_listen)
-    invocation = await start_invocation(f"127.0.0.1:{registry.internal_port}", f"127.0.0.1:{internal_port}")
+    ports: dict[str, int] = {}  # bound on the first start, kept for the restart
+    bridge = await start_service_process("bridge", ports=ports)
+    invocation = await start_invocation(f"127.0.0.1:{registry.internal_port}", bridge.internal_target)
     started = asyncio.Event()
 
     async def wait(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -58,7 +57,7 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await asyncio.sleep(30)
         return {}
 
-    host = ToolHost(f"127.0.0.1:{bridge_port}", "restart")
+    host = ToolHost(bridge.target, "restart")
     host.on_tool("wait", wait)
     host.on_tool("echo", lambda args, ctx: args)
     client = InvocationClient(f"127.0.0.1:{invocation.port}")
@@ -74,7 +73,7 @@ async def test_a_bridge_that_dies_fails_the_held_calls_and_the_next_call_reconne
         await bridge.stop()
         broken = await asyncio.wait_for(held, 10)
         assert broken.outcome is None and broken.code is Code.BRIDGE_UNAVAILABLE
-        bridge = await start_service_process("bridge", listen=listen, internal_listen=internal_listen)
+        bridge = await start_service_process("bridge", ports=ports)
         await host.wait_connected(20)
         answered = await client.invoke("restart", "echo", {"again": True}, turn_id="t2")
         assert answered.outcome is not None and answered.outcome.result_json == '{"again":true}'
@@ -224,7 +223,7 @@ async def test_requests_ready_together_go_out_in_one_message() -> None:
 
 
 async def test_a_bridge_that_refuses_connections_was_sent_nothing() -> None:
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")  # nothing listens there
+    channel = grpc.aio.insecure_channel(closed_address())  # nothing listens there
     dispatcher = RemoteDispatcher(channel)
     try:
         with pytest.raises(remote.BridgeLost) as lost:
@@ -277,12 +276,12 @@ async def test_a_request_that_never_left_goes_to_another_replica_when_there_is_o
     try:
         await host.start(timeout=5)
         # The session's route names a replica that is down; the default holds the host.
-        await store.put(route_key("moved"), f"127.0.0.1:{free_port()}".encode(), ttl_s=60)
+        await store.put(route_key("moved"), closed_address().encode(), ttl_s=60)
         outcome = await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_moved", session="moved")), 10)
         assert outcome.ok and outcome.result_json == '{"served":true}'
         # Down, and no other replica to try: it ends at once, saying nothing ran.
-        await store.put(route_key("stranded"), f"127.0.0.1:{free_port()}".encode(), ttl_s=60)
-        stranded = RoutedDispatcher(store, f"127.0.0.1:{free_port()}")
+        await store.put(route_key("stranded"), closed_address().encode(), ttl_s=60)
+        stranded = RoutedDispatcher(store, closed_address())
         try:
             alone = await asyncio.wait_for(
                 stranded.dispatch(tool_request("tr_alone", session="stranded")), 10

@@ -102,11 +102,12 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
             sys.exit(1)
         if server.internal is not None:
             print(f"toolmesh {service} internal listener on port {server.internal.port}", flush=True)
-        print(f"toolmesh {service} listening on port {server.port}", flush=True)
         if server.web_port is not None:
             print(
                 f"toolmesh {service} serves pages (Connect, gRPC-Web) on port {server.web_port}", flush=True
             )
+        # Last: the line that says the service is ready, once every port is known.
+        print(f"toolmesh {service} listening on port {server.port}", flush=True)
         await serve_until_signalled([server])
 
     try:
