@@ -1,8 +1,8 @@
-"""Render the error tables into README.md between their markers.
+"""Render the error tables into the docs' error-code page between their markers.
 
 Two tables: the runtime's (toolmesh.core.errors) and the assistant's turn codes
-(toolmesh.assistant.errors). `--check` fails when README.md's copies differ
-from the tables.
+(toolmesh.assistant.errors). `--check` fails when docs/reference/errors.md's
+copies differ from the tables (the tests run it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from toolmesh.assistant.errors import TURN_TABLE
 from toolmesh.core.errors import ERROR_TABLE
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "errors.md"
 
 
 def _yes(flag: bool) -> str:
@@ -41,7 +41,7 @@ def render_turn_codes() -> str:
     return "\n".join(rows)
 
 
-# Each table's markers in README.md, and what goes between them.
+# Each table's markers in the page, and what goes between them.
 TABLES = {"error-table": render_errors, "turn-code-table": render_turn_codes}
 
 
@@ -62,21 +62,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    text = README.read_text()
+    text = PAGE.read_text()
     missing = [name for name in TABLES if any(marker not in text for marker in markers(name))]
     if missing:
-        print(f"{README} lacks the markers of {', '.join(missing)}", file=sys.stderr)
+        print(f"{PAGE} lacks the markers of {', '.join(missing)}", file=sys.stderr)
         return 1
     updated = with_tables(text)
     if args.check:
         if updated != text:
             print(
-                "README.md's error tables are stale: run `python scripts/render_error_table.py`",
+                "docs/reference/errors.md's error tables are stale: "
+                "run `python scripts/render_error_table.py`",
                 file=sys.stderr,
             )
             return 1
         return 0
-    README.write_text(updated)
+    PAGE.write_text(updated)
     return 0
 
 

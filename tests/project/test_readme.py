@@ -1,5 +1,5 @@
-"""The README as a user meets it: its rendered tables agree with the code, its walkthrough and its
-Python host program run as they are against `toolmesh up`."""
+"""The README and the docs as a user meets them: the rendered error tables agree with the code, the
+README's walkthrough and the Python host guide's program run as they are against `toolmesh up`."""
 
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+PYTHON_HOST_GUIDE = (ROOT / "docs" / "guides" / "python-host.md").read_text()
 # The addresses the README shows (the defaults); the tests' system listens elsewhere.
 DEFAULT_BRIDGE = "127.0.0.1:7403"
 
 
-def test_readme_error_tables_are_rendered_from_the_tables() -> None:
+def test_docs_error_tables_are_rendered_from_the_tables() -> None:
     script = ROOT / "scripts" / "render_error_table.py"
     result = subprocess.run(
         [sys.executable, str(script), "--check"], check=False, capture_output=True, text=True
@@ -36,9 +37,10 @@ def test_readme_error_tables_are_rendered_from_the_tables() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def block_after(heading: str, language: str) -> str:
-    """The first ```language block of the README after `heading`."""
-    section = README[README.index(f"\n{heading}\n") :]
+def block_after(heading: str, language: str, document: str = README) -> str:
+    """The first ```language block of the document (the README unless told) after `heading`."""
+    document = f"\n{document}"
+    section = document[document.index(f"\n{heading}\n") :]
     start = section.index(f"```{language}\n") + len(language) + 4
     return section[start : section.index("\n```", start) + 1]
 
@@ -111,7 +113,7 @@ def _gone(pid: int) -> bool:
 
 @in_module_loop
 async def test_the_python_host_program_serves_until_ctrl_c(up: dict[str, str], tmp_path: Path) -> None:
-    program = block_after("## Serving tools from Python", "python")
+    program = block_after("# Serving tools from Python", "python", PYTHON_HOST_GUIDE)
     bridge = up["TOOLMESH_BRIDGE_ADDR"]
     (tmp_path / "notes_host.py").write_text(program.replace(DEFAULT_BRIDGE, bridge))
     process = await asyncio.create_subprocess_exec(
