@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.runtime.security import Security
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
-from toolmesh_testing import refused_start, start_service_process
+from toolmesh_testing import SUPPORT, refused_start, start_service_process, toolmesh_command
 from trust_testing import SECRET, SERVICE_TOKEN, SERVICE_URI, Pki, token
 
 pytestmark = pytest.mark.integration
@@ -295,3 +296,34 @@ async def test_separate_processes_share_a_configured_service_token(tmp_path: Pat
         assert SERVICE_TOKEN not in "".join(registry.output)
     finally:
         await registry.stop()
+
+
+async def test_up_says_what_guards_its_internal_ports() -> None:
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("TOOLMESH_")}
+    ports = [f"--{name}-port" for name in ("registry", "invocation", "bridge", "web")]
+    process = await asyncio.create_subprocess_exec(
+        *toolmesh_command(),
+        "up",
+        *(item for port in ports for item in (port, "0")),
+        env=clean | {"TOOLMESH_AUTH_SECRET": SECRET.decode()},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=SUPPORT,
+    )
+    assert process.stdout is not None
+    try:
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("Press Ctrl-C"):
+            lines.append((await asyncio.wait_for(process.stdout.readline(), 20)).decode())
+        (internal,) = [line for line in lines if line.split()[0] == "internal"]
+        assert "services only: guarded by a service token generated for this process" in internal
+        registry_internal = internal.split()[1].rstrip(",")
+        async with grpc.aio.insecure_channel(registry_internal) as channel:
+            stub = registry_pb2_grpc.RegistryServiceStub(channel)
+            admin = (("authorization", f"Bearer {token(Role.ADMIN, '*')}"),)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.PutTools(PUT_EMPTY, metadata=admin, timeout=10)
+            assert error_code(refused.value) is Code.UNAUTHENTICATED
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 15) == 0
