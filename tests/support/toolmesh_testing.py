@@ -279,6 +279,27 @@ def closed_address() -> str:
     return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
+async def refused_start(service: str, *args: str, env: dict[str, str]) -> tuple[int | None, str]:
+    """`python -m toolmesh.<service>` on free loopback ports that is expected to exit at once:
+    its exit code and stderr."""
+    internal = ["--internal-listen", "127.0.0.1:0"] if service in INTERNAL_LISTENERS else []
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        f"toolmesh.{service}",
+        "--listen",
+        "127.0.0.1:0",
+        *internal,
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=SUPPORT,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode, stderr.decode()
+
+
 # The standard services' methods, made as their generated stubs make them: the stubs'
 # typing leaves the methods out.
 

@@ -33,6 +33,7 @@ from toolmesh.assistant import AssistantError, ToolServices
 from toolmesh.assistant.errors import TurnCode
 from toolmesh.assistant.grpc_channel import GrpcToolChannel
 from toolmesh.auth.grants import Role
+from toolmesh.auth.service import SERVICE_TOKEN_HEADER
 from toolmesh.auth.tokens import JwksUrl, Verifier
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code, ToolmeshError
@@ -383,7 +384,7 @@ async def test_a_host_cannot_submit_to_another_sessions_host_session(secured: Se
         assert_refused(own, Code.REQUEST_UNKNOWN)  # past authorization: the request id is what is wrong
 
 
-async def test_internal_rpcs_are_served_only_on_the_internal_listener_with_a_client_certificate(
+async def test_internal_rpcs_are_served_only_on_the_internal_listener_to_services(
     secured: Secured,
 ) -> None:
     tool_request = bridge_pb2.ToolRequest(
@@ -411,11 +412,21 @@ async def test_internal_rpcs_are_served_only_on_the_internal_listener_with_a_cli
         with pytest.raises(grpc.aio.AioRpcError) as handshake:
             await bridge_pb2_grpc.BridgeServiceStub(channel).DispatchToolRequest(dispatch, timeout=10)
         assert handshake.value.code() is grpc.StatusCode.UNAVAILABLE
-    async with secured.channel(internal, client_cert=True) as channel:
+    async with secured.channel(internal, client_cert=True) as channel:  # a tenant's certificate
         stub = bridge_pb2_grpc.BridgeServiceStub(channel)
-        response = await stub.DispatchToolRequest(dispatch, timeout=10)
+        refused = await failure(stub.DispatchToolRequest(dispatch, metadata=metadata(Role.ADMIN, "*")))
+        assert_refused(refused, Code.UNAUTHENTICATED)  # tests/server/auth/test_internal_listener.py
+    service_token = secured.system.security.service_token
+    assert service_token is not None
+    service = secured.pki.files("server").channel_credentials()  # names the service identity
+    async with grpc.aio.secure_channel(internal, service) as channel:
+        stub = bridge_pb2_grpc.BridgeServiceStub(channel)
+        as_service = ((SERVICE_TOKEN_HEADER, service_token),)
+        response = await stub.DispatchToolRequest(dispatch, metadata=as_service, timeout=10)
         assert response.outcome.error.code == "TOOL_HOST_UNAVAILABLE"  # served: nobody hosts that session
-        opened = stub.OpenHostSession(bridge_pb2.OpenHostSessionRequest(session_id=VICTIM))
+        opened = stub.OpenHostSession(
+            bridge_pb2.OpenHostSessionRequest(session_id=VICTIM), metadata=as_service
+        )
         assert_refused(await failure(opened), Code.WRONG_LISTENER)
 
 

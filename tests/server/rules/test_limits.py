@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,7 +43,7 @@ from toolmesh.v1 import (
     registry_pb2_grpc,
     tool_pb2,
 )
-from toolmesh_testing import SUPPORT, eventually, run_cli
+from toolmesh_testing import eventually, refused_start, run_cli
 from trust_testing import SECRET
 
 OBJECT = '{"type": "object"}'
@@ -122,24 +121,9 @@ def test_bad_settings_are_refused(setting: str, needle: str) -> None:
 @pytest.mark.integration
 async def test_a_service_with_an_unknown_limit_does_not_start() -> None:
     env = {**os.environ, ENV_LIMITS: "tools_per_session=5"}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolmesh.registry",
-        "--listen",
-        "127.0.0.1:0",
-        "--internal-listen",
-        "127.0.0.1:0",
-        "--limit",
-        "no_such_limit=3",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=SUPPORT,
-    )
-    _, stderr = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 2
-    assert "unknown limit 'no_such_limit'" in stderr.decode()
+    code, stderr = await refused_start("registry", "--limit", "no_such_limit=3", env=env)
+    assert code == 2
+    assert "unknown limit 'no_such_limit'" in stderr
 
 
 @pytest.mark.integration

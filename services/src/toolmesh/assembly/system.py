@@ -16,7 +16,6 @@ from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import start_web_server, web_app
 from toolmesh.contracts.ledger import Ledger, LedgerPolicy
-from toolmesh.core.channels import open_channel
 from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.observability import InvocationTelemetry
@@ -88,11 +87,9 @@ async def start_bridge(
     if web_address is not None:
         security.check_public(web_address)
     router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry(), limits=limits)
-    lists = (
-        RegistryToolLists(registry_target, security.peer_credentials())
-        if registry_target is not None
-        else None
-    )
+    if registry_target is not None:
+        security.check_peer()
+    lists = RegistryToolLists(registry_target, security.peer_channel) if registry_target is not None else None
     declarations = Declarations(router, lists, limits)
     recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger))
     service = bridge_service(router, declarations, recorder)
@@ -154,14 +151,13 @@ async def start_invocation(
     It keeps its ledger in `stores` (closed when it stops; default: its own memory).
     """
     security.check_public(address)
+    security.check_peer()
     stores = stores or open_stores()
-    registry_channel = open_channel(registry_target, security.peer_credentials())
+    registry_channel = security.peer_channel(registry_target)
     ledger = Ledger(stores.ledger, policy or LedgerPolicy())
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
-    dispatcher = RoutedDispatcher(
-        stores.store, bridge_target, security.peer_credentials(), recorded=stores.shared
-    )
+    dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_channel, recorded=stores.shared)
     # Replicas sharing the ledger hear of each other's cancellations through the store.
     cancels = CancelBoard(stores.store) if stores.shared else None
     validation = Validation(limits)
@@ -215,6 +211,8 @@ class LocalSystem:
     host: str
     # The web port serves HTTPS (the services have a certificate).
     web_tls: bool = False
+    # How the services are secured, their service token included (start_replicas uses it too).
+    security: Security = LOOPBACK
 
     @property
     def registry_target(self) -> str:
@@ -270,9 +268,12 @@ async def start_local_system(
 ) -> LocalSystem:
     """All three services; their internal listeners on free loopback ports, used only by each other.
 
-    The registry and the invocation service keep their state at `store_url`. Raises
-    CannotListen (having stopped those started) when a port is taken.
+    The registry and the invocation service keep their state at `store_url`. With tokens on and no
+    service token configured, the services get a random one (Security.with_service_token), so
+    that their internal listeners admit each other only. Raises CannotListen (having stopped
+    those started) when a port is taken.
     """
+    security = security.with_service_token()
     for port in (registry_port, invocation_port, bridge_port, web_port):
         security.check_public(f"{host}:{port}")
     registry = await start_registry(
@@ -307,7 +308,9 @@ async def start_local_system(
         await bridge.stop(0)
         await registry.stop(0)
         raise
-    return LocalSystem(registry, invocation, bridge, router, host, web_tls=security.serves_tls)
+    return LocalSystem(
+        registry, invocation, bridge, router, host, web_tls=security.serves_tls, security=security
+    )
 
 
 async def start_replicas(
@@ -316,12 +319,14 @@ async def start_replicas(
     store_url: str,
     store_prefix: str | None = None,
     *,
-    security: Security = LOOPBACK,
+    security: Security | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> list[RunningServer]:
     """`count` more replicas of each service beside `system`, on free ports, keeping their state in
     the same shared store (a Redis: replicas share nothing else). Each invocation replica uses its
-    own registry replica and, for sessions without a route, its own bridge replica."""
+    own registry replica and, for sessions without a route, its own bridge replica. Their security
+    is the system's (its service token included) unless given."""
+    security = system.security if security is None else security
     started: list[RunningServer] = []
     try:
         for _ in range(count):

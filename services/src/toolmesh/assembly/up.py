@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from toolmesh.assembly.entrypoint import add_store_arguments
-from toolmesh.assembly.system import start_local_system, start_replicas
+from toolmesh.assembly.system import LocalSystem, start_local_system, start_replicas
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.rules import limits
@@ -52,6 +52,24 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def internal_ports(system: LocalSystem) -> str:
+    return f"{system.registry_internal_target}, {system.bridge_internal_target}"
+
+
+def internal_guard(protection: security.Security, *, generated: bool) -> str:
+    """What guards the internal listeners, in words (never the token)."""
+    credential = protection.service
+    if not credential.required:
+        return "unguarded (loopback, no tokens)"
+    parts = []
+    if credential.identity is not None:
+        suffix = "<name>" if credential.prefix else ""
+        parts.append(f"a client certificate naming {credential.identity}{suffix}")
+    if credential.token is not None:
+        parts.append("a service token generated for this process" if generated else "the service token")
+    return "guarded by " + " and ".join(parts)
+
+
 async def run(args: argparse.Namespace) -> int:
     """Run the services until SIGTERM or Ctrl-C; returns 0, 1 when a port is taken, 2 for bad settings."""
     url = store_url(args.store)
@@ -60,7 +78,9 @@ async def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     try:
         description = describe_store(url)
-        protection = security.from_args(args)
+        configured = security.from_args(args)
+        # With tokens and no service token configured, one for this process only.
+        protection = configured.with_service_token()
         settings = limits.from_args(args)
         system = await start_local_system(
             host=args.host,
@@ -76,7 +96,7 @@ async def run(args: argparse.Namespace) -> int:
         )
         try:
             replicas = await start_replicas(
-                system, args.replicas - 1, url, args.store_prefix, security=protection, limits=settings
+                system, args.replicas - 1, url, args.store_prefix, limits=settings
             )
         except BaseException:
             await system.stop(0)
@@ -91,6 +111,7 @@ async def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"toolmesh up: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    generated = protection.service_token is not configured.service_token
     print(f"toolmesh is up ({description})")
     print(f"  registry    {system.registry_target}")
     print(f"  invocation  {system.invocation_target}")
@@ -102,6 +123,8 @@ async def run(args: argparse.Namespace) -> int:
         print(f"invocation {system.host}:{invocation.port}  bridge {system.host}:{bridge.port}")
     if protection.verifier is not None:
         print("  tokens required (mint one with `toolmesh token`)")
+    guard = internal_guard(protection, generated=generated)
+    print(f"  internal    {internal_ports(system)}  (services only: {guard})")
     print("Press Ctrl-C to stop.", flush=True)
     # Callers first, as in LocalSystem.stop.
     await serve_until_signalled([*reversed(replicas), *system.servers], grace=2.0)

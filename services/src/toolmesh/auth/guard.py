@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Container, Iterable
 from contextvars import ContextVar
 from typing import Any
 
 from toolmesh.auth.grants import Grant, Role
 from toolmesh.auth.policy import INTERNAL, PUBLIC
+from toolmesh.auth.service import ServiceCredential
 from toolmesh.auth.tokens import Verifier, refused
 from toolmesh.core.bearer import bearer_token_of
 from toolmesh.core.errors import Code, ToolmeshError
@@ -58,11 +59,26 @@ def serves(full_method: str, listener: Listener) -> bool:
     return full_method in (PUBLIC if listener is Listener.PUBLIC else INTERNAL)
 
 
-def admission(full_method: str, listener: Listener, verifier: Verifier | None) -> Admit | None:
-    """What a call to `full_method` on `listener` must pass; None when nothing is checked."""
+def admission(
+    full_method: str,
+    listener: Listener,
+    verifier: Verifier | None,
+    service: ServiceCredential | None = None,
+    peer_uris: Callable[[Any], Iterable[str]] | None = None,
+) -> Admit | None:
+    """What a call to `full_method` on `listener` must pass; None when nothing is checked.
+
+    On the internal listener, the `service` credential (its token, and the identity that
+    `peer_uris(context)`, the URIs of the peer's certificate, must include); tenants' tokens
+    count for nothing there.
+    """
     if not serves(full_method, listener):
         return _wrong_listener(full_method, listener)
-    if listener is Listener.INTERNAL or verifier is None:
+    if listener is Listener.INTERNAL:
+        if service is None or not service.required:
+            return None
+        return _service_only(full_method, service, peer_uris)
+    if verifier is None:
         return None
     rule = PUBLIC[full_method]
     session_of = operator.attrgetter(rule.session_field) if rule.session_field else None
@@ -97,6 +113,18 @@ def bearer_token(metadata: Any) -> str:
                 return token
             raise refused("malformed", "The authorization header must be `Bearer <token>`.")
     raise refused("missing", "Send `authorization: Bearer <token>` metadata.")
+
+
+def _service_only(
+    full_method: str, service: ServiceCredential, peer_uris: Callable[[Any], Iterable[str]] | None
+) -> Admit:
+    def uris_of(context: Any) -> Callable[[], Iterable[str]]:
+        return lambda: () if peer_uris is None else peer_uris(context)
+
+    async def admit(request: Any, context: Any) -> None:
+        service.check(full_method, context.invocation_metadata(), uris_of(context))
+
+    return admit
 
 
 def _wrong_listener(full_method: str, listener: Listener) -> Admit:

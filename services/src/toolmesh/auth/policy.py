@@ -9,7 +9,7 @@ another session's invocation is not found, another session's call on a
 stream is refused alone.
 
 Internal RPCs are served only on the internal listener, to other toolmesh
-services (mutual TLS when configured), never where callers and hosts connect.
+services (their service credential: toolmesh.auth.service), never where callers and hosts connect.
 
 An RPC in neither table is served nowhere (a test checks every RPC is here).
 """

@@ -7,19 +7,23 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from toolmesh.client.registry import RegistryClient
+from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSet, ToolSpec
+from toolmesh.runtime.peers import Connect
 
 # What the registry may refuse a put for; anything else means it did not answer.
 _REFUSALS = {Code.REVISION_CONFLICT, Code.INVALID_SCHEMA, Code.INVALID_REQUEST}
 
 
 class RegistryToolLists:
-    """`target`: the registry's internal listener; `credentials`: the bridge's mutual TLS, if any."""
+    """`target`: the registry's internal listener; `connect` opens the bridge's channel to it (its
+    mutual TLS and service token, if any; default plaintext)."""
 
-    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None = None) -> None:
-        self._client = RegistryClient(target, credentials=credentials)
+    def __init__(self, target: str, connect: Connect = open_channel) -> None:
+        self._channel = connect(target)
+        self._client = RegistryClient(target, channel=self._channel)
 
     async def get(self, session_id: str) -> ToolSet:
         try:
@@ -44,6 +48,7 @@ class RegistryToolLists:
 
     async def aclose(self) -> None:
         await self._client.close()
+        await self._channel.close()
 
 
 def _translated(error: grpc.aio.AioRpcError) -> ToolmeshError:

@@ -31,6 +31,7 @@ from toolmesh.invocation.catalog_cache import (
     unavailable,
 )
 from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere, ProgressSink
+from toolmesh.runtime.peers import Connect
 from toolmesh.store.base import Store
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
 
@@ -275,8 +276,8 @@ def _size(item: bridge_pb2.ToolRequest | str) -> int:
 class _Bridge:
     """One bridge replica's channel and dispatch stream, and how many requests ride it now."""
 
-    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None) -> None:
-        self.channel = open_channel(target, credentials)
+    def __init__(self, target: str, connect: Connect) -> None:
+        self.channel = connect(target)
         self.dispatcher = RemoteDispatcher(self.channel)
         self.busy = 0
         self.idle: asyncio.TimerHandle | None = None
@@ -306,7 +307,7 @@ class RoutedDispatcher:
         self,
         store: Store,
         default_target: str,
-        credentials: grpc.ChannelCredentials | None = None,
+        connect: Connect = open_channel,
         *,
         idle_s: float = LINK_IDLE_S,
         recorded: bool = False,
@@ -316,7 +317,7 @@ class RoutedDispatcher:
         self._route_cache_s = route_cache_s
         self._recorded = recorded
         self._default = default_target
-        self._credentials = credentials
+        self._connect = connect
         self._idle_s = idle_s
         self._bridges: dict[str, _Bridge] = {}
         # Each session's route as last read, and when (time.monotonic()).
@@ -421,7 +422,7 @@ class RoutedDispatcher:
     async def _send(self, target: str, request: ToolRequest, on_progress: ProgressSink | None) -> Outcome:
         bridge = self._bridges.get(target)
         if bridge is None:
-            bridge = self._bridges[target] = _Bridge(target, self._credentials)
+            bridge = self._bridges[target] = _Bridge(target, self._connect)
         if bridge.idle is not None:
             bridge.idle.cancel()
             bridge.idle = None

@@ -4,16 +4,30 @@ Plaintext without authentication is the embedded default, on loopback only.
 Like Redis's protected mode, a listener on any other address is refused at
 startup unless it is protected (TLS and tokens for the public listener,
 mutual TLS for the internal one) or the operator passes --insecure.
+
+The internal listeners admit toolmesh services only (toolmesh.auth.service):
+under mutual TLS, a client certificate naming a service identity; with a
+service token, that token; with tokens on and no mutual TLS, a service token
+is required (a tenant's token or certificate is never enough).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
+from toolmesh.auth.service import (
+    DEFAULT_SERVICE_IDENTITY,
+    ENV_SERVICE_IDENTITY,
+    ENV_SERVICE_TOKEN,
+    ENV_SERVICE_TOKEN_FILE,
+    ServiceCredential,
+    generate_service_token,
+    read_service_token,
+)
 from toolmesh.auth.tokens import (
     DEFAULT_AUDIENCE,
     DEFAULT_ISSUER,
@@ -28,6 +42,7 @@ from toolmesh.auth.tokens import (
 )
 from toolmesh.core.channels import is_loopback_host
 from toolmesh.core.tls import TlsFiles
+from toolmesh.runtime.peers import certificate_uris, open_peer_channel
 from toolmesh.runtime.tls import server_credentials
 
 
@@ -43,6 +58,50 @@ class Security:
     verifier: Verifier | None = None
     # The operator accepts serving off loopback without protection.
     insecure: bool = False
+    # What the services send each other's internal listeners, compared there in constant time.
+    service_token: str | None = field(default=None, repr=False)
+    # Under mutual TLS, the URI SAN (or prefix ending in "/") service certificates carry.
+    service_identity: str = DEFAULT_SERVICE_IDENTITY
+
+    @property
+    def service(self) -> ServiceCredential:
+        """What a caller of an internal RPC must show."""
+        identity = self.service_identity if self.mutual_tls else None
+        return ServiceCredential(self.service_token, identity)
+
+    def with_service_token(self) -> Security:
+        """For services started together in one process: a random service token when tokens are
+        on and none is configured, so that they admit each other and no one else."""
+        if self.verifier is None or self.service_token is not None:
+            return self
+        return replace(self, service_token=generate_service_token())
+
+    def check_service(self) -> None:
+        """Raise Unprotected when tokens are on but nothing tells services from tenants internally."""
+        if self.verifier is not None and not self.mutual_tls and self.service_token is None:
+            raise Unprotected(
+                "refusing to serve the internal listeners with tokens but without a service credential: "
+                "any process that reaches them could run any session's tools. Configure "
+                f"--service-token-file (env {ENV_SERVICE_TOKEN_FILE} or {ENV_SERVICE_TOKEN}), the same "
+                "for every service, or mutual TLS (--tls-cert, --tls-key, --tls-ca)."
+            )
+
+    def check_peer(self) -> None:
+        """For a service that calls internal listeners: raise Unprotected when they would refuse it
+        (no service token with tokens on; under mutual TLS, a certificate without the identity)."""
+        self.check_service()
+        if not self.mutual_tls:
+            return
+        assert self.tls.cert is not None
+        if not ServiceCredential(identity=self.service_identity).names_service(
+            certificate_uris(self.tls.cert.read_bytes())
+        ):
+            raise Unprotected(
+                f"the certificate {self.tls.cert} names no service identity ({self.service_identity}"
+                f"{'<name>' if self.service_identity.endswith('/') else ''} as a URI subject alternative "
+                "name): the other services' internal listeners would refuse it. Issue the services' "
+                "certificates with it, or set --service-identity to the one they carry."
+            )
 
     @property
     def serves_tls(self) -> bool:
@@ -82,6 +141,10 @@ class Security:
         """For this service's own calls to the others' internal listeners: mutual TLS when configured."""
         return self.tls.channel_credentials() if self.serves_tls else None
 
+    def peer_channel(self, target: str) -> grpc.aio.Channel:
+        """A channel to another service's internal listener, with this service's credentials."""
+        return open_peer_channel(target, self.peer_credentials(), self.service_token)
+
 
 LOOPBACK = Security()
 
@@ -116,6 +179,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--auth-audience", help=f"required token audience (env {ENV_AUDIENCE}; default {DEFAULT_AUDIENCE})"
     )
     group.add_argument(
+        "--service-token-file",
+        help="file holding the token the services show each other's internal listeners, the same for "
+        f"every service, 32 characters or more (env {ENV_SERVICE_TOKEN_FILE}, or the token itself in "
+        f"{ENV_SERVICE_TOKEN}); required with tokens unless mutual TLS",
+    )
+    group.add_argument(
+        "--service-identity",
+        help="under mutual TLS, the URI subject alternative name the services' certificates carry, or a "
+        f'prefix ending in "/" (env {ENV_SERVICE_IDENTITY}; default {DEFAULT_SERVICE_IDENTITY})',
+    )
+    group.add_argument(
         "--insecure",
         action="store_true",
         help="serve off loopback without TLS and authentication (anyone who can reach it may do anything)",
@@ -139,4 +213,14 @@ def from_args(args: argparse.Namespace) -> Security:
             issuer=args.auth_issuer or os.environ.get(ENV_ISSUER) or DEFAULT_ISSUER,
             audience=args.auth_audience or os.environ.get(ENV_AUDIENCE) or DEFAULT_AUDIENCE,
         )
-    return Security(tls, verifier, args.insecure)
+    service_token = read_service_token(None, args.service_token_file)
+    ServiceCredential(service_token)  # refuses a short one
+    return Security(
+        tls,
+        verifier,
+        args.insecure,
+        service_token=service_token,
+        service_identity=args.service_identity
+        or os.environ.get(ENV_SERVICE_IDENTITY)
+        or DEFAULT_SERVICE_IDENTITY,
+    )

@@ -2,7 +2,8 @@
 
 A service with internal RPCs (policy.INTERNAL) also gets an internal listener:
 a second server on its own port that serves only those, to other toolmesh
-services. The public listener refuses them (WRONG_LISTENER), and the other way round.
+services (their service credential checked on every call: toolmesh.auth.service).
+The public listener refuses them (WRONG_LISTENER), and the other way round.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from toolmesh.core.channels import TRANSPORT_OPTIONS
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 from toolmesh.runtime.decoding import decoding
 from toolmesh.runtime.instrument import OpenStreams, instrumented
+from toolmesh.runtime.peers import peer_uris
 from toolmesh.runtime.reflection import enable_reflection
 from toolmesh.runtime.security import LOOPBACK, Security
 
@@ -148,6 +150,7 @@ async def start_server(
     if internal_wanted:
         assert internal_address is not None
         security.check_internal(internal_address)
+        security.check_service()
     # One set of open streams for both listeners: stopping the server ends them all.
     streams = OpenStreams()
     options = server_options(limits)
@@ -195,8 +198,10 @@ async def _listen(
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, decoding(server))
 
+    credential = security.service
+
     def admit(full_method: str) -> Any:
-        return admission(full_method, listener, security.verifier)
+        return admission(full_method, listener, security.verifier, credential, peer_uris)
 
     for service in services:
         service.add_to_server(
