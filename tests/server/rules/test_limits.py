@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -27,7 +28,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.quotas import LEASE_GRACE_S, Quotas
 from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import encode_tools as registry_record
-from toolmesh.rules.limits import DEFAULT_LIMITS, ENV_LIMITS, Limits, limits_from
+from toolmesh.rules.limits import DEFAULT_LIMITS, ENV_LIMITS, NAMES, Limits, limits_from
 from toolmesh.rules.schema_cost import CYCLE_RULE, PATTERN_RULE, check_schema
 from toolmesh.runtime.security import Security
 from toolmesh.store.backends import open_stores
@@ -74,6 +75,23 @@ def refused_by(error: ToolmeshError, code: Code, limit: str) -> ToolmeshError:
 
 
 # Settings ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_every_limit_is_in_the_readme_table_with_its_default() -> None:
+    readme = (SUPPORT.parents[1] / "README.md").read_text()
+    table = readme.split("### Limits", 1)[1].split("Where each quota is counted", 1)[0]
+    documented: dict[str, str] = {}
+    for row in table.splitlines():
+        if row.startswith("| `"):
+            cells = [cell.strip() for cell in row.strip("|").split("|")]
+            names = re.findall(r"^`(\w+)`|, `(\w+)`", cells[0])
+            for pair in names:
+                documented["".join(pair)] = cells[1] if len(names) == 1 else ""
+    assert set(NAMES) <= set(documented), set(NAMES) - set(documented)
+    for name in NAMES:
+        if documented[name]:
+            assert documented[name] == f"{getattr(DEFAULT_LIMITS, name):,}", name
 
 
 @pytest.mark.unit
