@@ -55,11 +55,13 @@ class SilentHost:
             metadata=metadata,
         )
         self.requests = 0
+        self.host_session_id = ""
         self._reader: asyncio.Task[None] | None = None
 
     async def open(self) -> SilentHost:
         async for event in self.stream:
             if event.WhichOneof("event") == "opened":
+                self.host_session_id = event.opened.host_session_id
                 break
         self._reader = asyncio.ensure_future(self._read())
         return self

@@ -29,6 +29,7 @@ from toolmesh.host import ToolHost
 from toolmesh.rules.limits import Limits
 from toolmesh.runtime.security import Security
 from toolmesh.v1 import (
+    bridge_pb2,
     bridge_pb2_grpc,
     invocation_pb2,
     invocation_pb2_grpc,
@@ -246,3 +247,37 @@ async def test_registry_bytes_per_grant_hold_over_a_prefix_grants_sessions() -> 
         refused_as(raised, "registry_bytes_per_grant", "5000")
         for session in ("alpha-1", "alpha-2"):
             await put(session, bearer("alpha", Role.ADMIN, "alpha-*"))
+
+
+async def test_declared_tools_count_against_the_hosts_grant_in_the_bridge() -> None:
+    """A host declares its tools through the bridge, which puts them on the registry's internal
+    listener (no grant there): the bridge counts them against the host's grant."""
+    settings = limits(registry_bytes_per_grant=3000)
+    async with secured(settings) as system, channels(system) as (_, bridge, _):
+        big = [tool("t", json.dumps({"type": "object", "description": "d" * 2000}))]
+        attacker = bearer("bravo", Role.HOST, "bravo*")
+        hosts = [await SilentHost(bridge, f"bravo-{n}", attacker).open() for n in (1, 2)]
+
+        async def declare(host: SilentHost, metadata: Metadata) -> None:
+            request = bridge_pb2.DeclareHostToolsRequest(host_session_id=host.host_session_id, tools=big)
+            await bridge.DeclareHostTools(request, metadata=metadata)
+
+        await declare(hosts[0], attacker)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await declare(hosts[1], attacker)
+        refused_as(raised, "registry_bytes_per_grant", "3000")
+        victim = bearer("alpha", Role.HOST, "alpha")
+        alpha = await SilentHost(bridge, "alpha", victim).open()
+        await declare(alpha, victim)
+        hosts[0].close()  # its declaration's bytes go with it
+        await eventually(lambda: _declares(declare, hosts[1], attacker))
+        for host in [*hosts, alpha]:
+            host.close()
+
+
+async def _declares(declare: Any, host: SilentHost, metadata: Metadata) -> bool:
+    try:
+        await declare(host, metadata)
+    except grpc.aio.AioRpcError:
+        return False
+    return True
