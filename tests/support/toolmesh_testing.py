@@ -20,6 +20,10 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from toolmesh.core.calls import ToolRequest
+from toolmesh.core.outcome import Outcome
+from toolmesh.core.tools import ToolSpec
+
 # The tests' helper files (handler modules, peers, lock files) and the repository they test.
 SUPPORT = Path(__file__).resolve().parent
 REPO = SUPPORT.parents[1]
@@ -327,3 +331,23 @@ def reflection_info(
         request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
         response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
     )
+
+
+class OneTool:
+    """A catalog with every tool there is (any name), for unit tests of the invoker alone."""
+
+    async def get_tool(self, session_id: str, name: str) -> ToolSpec | None:
+        return ToolSpec(name, "", '{"type": "object"}', timeout_ms=5000)
+
+
+class SlowHost:
+    """Stands in for the bridge in a unit test of the invoker alone: calls wait until `release`."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = 0
+
+    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
+        self.started += 1
+        await self.release.wait()
+        return Outcome.success("1")

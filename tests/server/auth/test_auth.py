@@ -43,6 +43,7 @@ def claims(**changes: Any) -> dict[str, Any]:
         "exp": time.time() + 60,
         "roles": ["call"],
         "sessions": ["s"],
+        "sub": "tester",
     }
     return base | changes
 

@@ -685,7 +685,7 @@ async def test_jwks_url_keys_are_fetched_off_the_loop(tmp_path: Path) -> None:
     with https_jwks(pki, {"keys": [jwk]}) as url:
         trust = ssl.create_default_context(cafile=str(pki.ca_file))
         checking = Verifier(JwksUrl(url, ssl_context=trust))
-        claims = {"iss": "toolmesh", "aud": "toolmesh", "exp": time.time() + 60}
+        claims = {"iss": "toolmesh", "aud": "toolmesh", "exp": time.time() + 60, "sub": "idp-user"}
         token = jwt.encode(
             claims | {"roles": ["host"], "sessions": ["h"]}, private, algorithm="RS256", headers={"kid": "k1"}
         )

@@ -14,33 +14,14 @@ import pytest_asyncio
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.contracts.ledger import Ledger
-from toolmesh.core.calls import ToolCall, ToolRequest
+from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
-from toolmesh_testing import HostProcess, eventually, start_host_process
-
-
-class OneTool:
-    async def get_tool(self, session_id: str, name: str) -> ToolSpec | None:
-        return ToolSpec(name, "", '{"type": "object"}', timeout_ms=5000)
-
-
-class SlowHost:
-    """Stands in for the bridge in a unit test of the invoker alone."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.started = 0
-
-    async def dispatch(self, request: ToolRequest, on_progress: object = None) -> Outcome:
-        self.started += 1
-        await self.release.wait()
-        return Outcome.success("1")
+from toolmesh_testing import HostProcess, OneTool, SlowHost, eventually, start_host_process
 
 
 def call(n: int) -> ToolCall:

@@ -8,49 +8,40 @@ value and never the offending content; everyone else goes on as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import json
 import os
-from collections.abc import AsyncIterator
+import re
 from typing import Any
 
 import grpc
 import pytest
 
+from limits_testing import SilentHost, limits, status_of, system_with, tool
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
-from toolmesh.assembly.system import LocalSystem, start_local_system, start_replicas
+from toolmesh.assembly.system import start_local_system, start_replicas
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.rpcstatus import error_code, error_info, retry_delay_s
+from toolmesh.core.rpcstatus import error_code, retry_delay_s
 from toolmesh.core.tools import ToolSpec
 from toolmesh.invocation.quotas import LEASE_GRACE_S, Quotas
 from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import encode_tools as registry_record
-from toolmesh.rules.limits import DEFAULT_LIMITS, ENV_LIMITS, Limits, limits_from
+from toolmesh.rules.limits import DEFAULT_LIMITS, ENV_LIMITS, NAMES, Limits, limits_from
 from toolmesh.rules.schema_cost import CYCLE_RULE, PATTERN_RULE, check_schema
 from toolmesh.runtime.security import Security
 from toolmesh.store.backends import open_stores
 from toolmesh.store.ledger import LeaseTerms
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import (
-    bridge_pb2,
     bridge_pb2_grpc,
     invocation_pb2,
     invocation_pb2_grpc,
     registry_pb2,
     registry_pb2_grpc,
-    tool_pb2,
 )
-from toolmesh_testing import eventually, refused_start, run_cli
+from toolmesh_testing import REPO, eventually, refused_start, run_cli
 from trust_testing import SECRET
-
-OBJECT = '{"type": "object"}'
-
-
-def limits(**settings: int) -> Limits:
-    return dataclasses.replace(DEFAULT_LIMITS, **settings)
 
 
 def nested_any_of(depth: int) -> str:
@@ -83,6 +74,23 @@ def refused_by(error: ToolmeshError, code: Code, limit: str) -> ToolmeshError:
 
 
 # Settings ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_every_limit_is_in_the_docs_table_with_its_default() -> None:
+    page = (REPO / "docs" / "operations" / "limits.md").read_text()
+    table = page.split("Where each quota is counted", 1)[0]
+    documented: dict[str, str] = {}
+    for row in table.splitlines():
+        if row.startswith("| `"):
+            cells = [cell.strip() for cell in row.strip("|").split("|")]
+            names = re.findall(r"^`(\w+)`|, `(\w+)`", cells[0])
+            for pair in names:
+                documented["".join(pair)] = cells[1] if len(names) == 1 else ""
+    assert set(NAMES) <= set(documented), set(NAMES) - set(documented)
+    for name in NAMES:
+        if documented[name]:
+            assert documented[name] == f"{getattr(DEFAULT_LIMITS, name):,}", name
 
 
 @pytest.mark.unit
@@ -282,26 +290,6 @@ def test_calls_in_flight_per_session_are_leases_that_outlive_the_deadline() -> N
 # Over real servers ------------------------------------------------------------------------------
 
 
-def status_of(
-    raised: pytest.ExceptionInfo[grpc.aio.AioRpcError],
-) -> tuple[grpc.StatusCode, Code | None, dict[str, str]]:
-    info = error_info(raised.value)
-    return raised.value.code(), error_code(raised.value), dict(info.metadata) if info else {}
-
-
-@contextlib.asynccontextmanager
-async def system_with(settings: Limits, **options: Any) -> AsyncIterator[LocalSystem]:
-    system = await start_local_system(limits=settings, **options)
-    try:
-        yield system
-    finally:
-        await system.stop(0.5)
-
-
-def tool(name: str, schema: str = OBJECT, timeout_ms: int = 5000) -> tool_pb2.ToolDefinition:
-    return tool_pb2.ToolDefinition(name=name, input_schema_json=schema, timeout_ms=timeout_ms)
-
-
 @pytest.mark.integration
 async def test_the_registry_refuses_what_is_over_its_limits() -> None:
     settings = limits(tools_per_session=3, registry_bytes_per_session=4000)
@@ -350,36 +338,6 @@ async def test_a_message_over_message_bytes_is_resource_exhausted() -> None:
         small = invocation_pb2.InvokeToolRequest(session_id="s", turn_id="t", tool_name="echo")
         answered = await stub.InvokeTool(small)  # the service goes on: no such tool, an outcome
         assert answered.outcome.error.code == Code.TOOL_NOT_FOUND.value
-
-
-class SilentHost:
-    """A raw host session that takes requests and never answers them (calls wait on it)."""
-
-    def __init__(self, stub: Any, session: str) -> None:
-        self.stream = stub.OpenHostSession(
-            bridge_pb2.OpenHostSessionRequest(
-                session_id=session, host_name="silent", has_generic_handler=True
-            )
-        )
-        self.requests = 0
-        self._reader: asyncio.Task[None] | None = None
-
-    async def open(self) -> SilentHost:
-        async for event in self.stream:
-            if event.WhichOneof("event") == "opened":
-                break
-        self._reader = asyncio.ensure_future(self._read())
-        return self
-
-    async def _read(self) -> None:
-        async for event in self.stream:
-            if event.WhichOneof("event") == "tool_request":
-                self.requests += 1
-
-    def close(self) -> None:
-        self.stream.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
 
 
 @pytest.mark.integration

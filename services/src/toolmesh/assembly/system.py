@@ -142,7 +142,7 @@ async def start_invocation(
     *,
     stores: Stores | None = None,
     policy: LedgerPolicy | None = None,
-    max_in_flight: int = 20_000,
+    max_in_flight: int | None = None,
     security: Security = LOOPBACK,
     limits: Limits = DEFAULT_LIMITS,
 ) -> RunningServer:
@@ -260,7 +260,7 @@ async def start_local_system(
     web_origins: Sequence[str] = (),
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
-    max_in_flight: int = 20_000,
+    max_in_flight: int | None = None,
     security: Security = LOOPBACK,
     store_url: str = MEMORY,
     store_prefix: str | None = None,

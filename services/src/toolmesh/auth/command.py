@@ -21,6 +21,7 @@ from toolmesh.auth.tokens import (
     ENV_SECRET,
     ENV_SECRET_FILE,
     mint,
+    new_subject,
     read_secret,
 )
 
@@ -52,7 +53,12 @@ def add_parser(commands: Any) -> None:
         help="a session id, or a prefix ending in * ('*' for every session); repeatable",
     )
     parser.add_argument("--ttl", default="1h", help="lifetime, e.g. 15m, 1h, 7d (default %(default)s)")
-    parser.add_argument("--subject", default="", help="who the token is for (its sub claim, shown in logs)")
+    parser.add_argument(
+        "--subject",
+        default="",
+        help="who the token is for (its sub claim: quotas are counted per subject; default: a new "
+        "random one, printed on stderr)",
+    )
     parser.add_argument("--auth-secret", help=f"the shared secret (env {ENV_SECRET}, preferred)")
     parser.add_argument("--auth-secret-file", help=f"file holding the shared secret (env {ENV_SECRET_FILE})")
     parser.add_argument("--auth-issuer", help=f"issuer (env {ENV_ISSUER}; default {DEFAULT_ISSUER})")
@@ -68,17 +74,21 @@ async def run(args: argparse.Namespace) -> int:
         )
         if secret is None:
             raise ValueError(f"no shared secret: set {ENV_SECRET} (or pass --auth-secret-file)")
+        subject = args.subject.strip() or new_subject()
         token = mint(
             secret,
             roles=[Role(role) for role in args.role],
             sessions=args.session,
             ttl_s=parse_ttl(args.ttl),
-            subject=args.subject,
+            subject=subject,
             issuer=args.auth_issuer or os.environ.get(ENV_ISSUER) or DEFAULT_ISSUER,
             audience=args.auth_audience or os.environ.get(ENV_AUDIENCE) or DEFAULT_AUDIENCE,
         )
     except (OSError, ValueError) as error:
         print(f"toolmesh token: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if not args.subject.strip():
+        # Stdout is the token alone (`$(toolmesh token ...)`); what it is counted as goes to stderr.
+        print(f"toolmesh token: subject {subject}", file=sys.stderr)
     print(token)
     return 0

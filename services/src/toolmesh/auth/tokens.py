@@ -1,16 +1,19 @@
 """Signed, expiring bearer tokens (JWT): verifying them into Grants, and minting them for development.
 
 Claims: `iss`, `aud`, `exp` (required), `nbf` and `iat` (checked when present),
-`sub`, `roles` (a list of call / host / admin) and `sessions` (a list of exact
-session ids or prefixes ending in `*`). Keys: an HS256 shared secret (the
-embedded default), or the public keys of a JWKS document, from a file
-(re-read when it changes) or a URL (PyJWT's PyJWKClient, which caches it).
+`sub` (required, not empty: the grant key every per-grant share and rate is
+counted by, so that tokens without one cannot share a quota), `roles` (a list
+of call / host / admin) and `sessions` (a list of exact session ids or
+prefixes ending in `*`). Keys: an HS256 shared secret (the embedded default),
+or the public keys of a JWKS document, from a file (re-read when it changes)
+or a URL (PyJWT's PyJWKClient, which caches it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -181,6 +184,9 @@ def _grant_of(claims: dict[str, Any], leeway_s: float) -> Grant:
     subject = claims.get("sub", "")
     if not isinstance(roles, list) or not isinstance(sessions, list) or not isinstance(subject, str):
         raise refused("claims", "The token must carry roles and sessions lists.")
+    if not subject.strip():
+        # Quotas and shares are counted per subject: tokens without one would all share one.
+        raise refused("no_subject", "The token must name its subject (sub): quotas are counted by it.")
     try:
         parsed_roles = frozenset(Role(role) for role in roles)
         parsed_sessions = Sessions.parse(sessions)
@@ -195,12 +201,16 @@ def mint(
     roles: Iterable[Role],
     sessions: Iterable[str],
     ttl_s: float,
-    subject: str = "",
+    subject: str | None = None,
     issuer: str = DEFAULT_ISSUER,
     audience: str = DEFAULT_AUDIENCE,
     now: float | None = None,
 ) -> str:
-    """An HS256 token for development and the embedded default. Raises ValueError for a bad session."""
+    """An HS256 token for development and the embedded default. Raises ValueError for a bad session.
+
+    `subject`: its `sub`; None or empty: a new one (`new_subject`), so that no two tokens minted
+    without one share a quota.
+    """
     session_list = list(sessions)
     Sessions.parse(session_list)
     SharedSecret(secret)
@@ -208,7 +218,7 @@ def mint(
     claims = {
         "iss": issuer,
         "aud": audience,
-        "sub": subject,
+        "sub": subject or new_subject(),
         "iat": issued,
         "nbf": issued,
         "exp": issued + int(ttl_s),
@@ -216,6 +226,11 @@ def mint(
         "sessions": session_list,
     }
     return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def new_subject() -> str:
+    """A subject of its own for a token minted without one (random: it names nobody)."""
+    return f"sub-{secrets.token_hex(8)}"
 
 
 def read_secret(value: str | None, file: str | None) -> bytes | None:

@@ -25,7 +25,8 @@ from toolmesh.core.backoff import Backoff
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
-from toolmesh.rules.tool_lists import check_tools
+from toolmesh.rules.shares import Shares
+from toolmesh.rules.tool_lists import check_tools, tools_bytes
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -91,6 +92,10 @@ class Declarations:
         self._limits = limits
         self._lists = lists
         self._sessions: dict[str, _Session] = {}
+        # What the tools each host session declares take, counted against its grant's share (the
+        # registry counts these puts, which come on its internal listener, against no grant).
+        self._bytes = Shares(limits, "registry_bytes", "registry_bytes_per_grant", what="bytes of tool lists")
+        self._declared: dict[str, int] = {}
         router.closed_hooks.append(self._forget)
 
     async def declare(
@@ -107,6 +112,7 @@ class Declarations:
         await asyncio.to_thread(check_tools, tools, self._limits)  # as the registry does
         if self._lists is None:
             raise ToolmeshError(Code.REGISTRY_UNAVAILABLE, "This bridge has no registry address.")
+        self._count(host, tools_bytes(tools))
         session = self._sessions.setdefault(host.session_id, _Session())
         previous = session.hosts.pop(host_session_id, ())
         session.hosts[host_session_id] = tuple(tools)
@@ -120,7 +126,21 @@ class Declarations:
         )
         return await self._sync(host.session_id, session, self._lists)
 
+    def _count(self, host: HostSession, size: int) -> None:
+        """Count `size` bytes declared by `host` instead of what it declared before. Raises
+        QUOTA_EXCEEDED / OVERLOADED, counting what it counted before, when they do not fit."""
+        prior = self._declared.pop(host.host_session_id, 0)
+        self._bytes.give_back(host.grant, prior)
+        try:
+            self._bytes.take(host.grant, size)
+        except ToolmeshError:
+            self._bytes.take(host.grant, prior)  # held a moment ago: it fits
+            self._declared[host.host_session_id] = prior
+            raise
+        self._declared[host.host_session_id] = size
+
     def _forget(self, host: HostSession) -> None:
+        self._bytes.give_back(host.grant, self._declared.pop(host.host_session_id, 0))
         session = self._sessions.get(host.session_id)
         if session is None or session.hosts.pop(host.host_session_id, None) is None:
             return

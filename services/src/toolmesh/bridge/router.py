@@ -34,6 +34,7 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
+from toolmesh.rules.shares import Shares
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -98,6 +99,8 @@ class HostSession:
     closed: bool = False
     # Another host session took over from it: no new requests; its stream ends once it has none.
     retiring: bool = False
+    # The grant key of the token that opened it (None without authentication): its share.
+    grant: str | None = None
     _beat: asyncio.TimerHandle | None = None
 
     def preference(self, tool_name: str) -> int:
@@ -214,6 +217,14 @@ class Router:
         # Called with each host session that ends, after its requests are settled.
         self.closed_hooks: list[Callable[[HostSession], None]] = []
         self._shutting_down = False
+        # Host sessions open here: per grant (its token's subject, over all its sessions) and in all.
+        self._open = Shares(
+            limits,
+            "host_sessions",
+            "host_sessions_per_grant",
+            what="host sessions",
+            retry_delay_s=heartbeat_s,
+        )
 
     def open_host(
         self,
@@ -222,8 +233,11 @@ class Router:
         handler_names: Iterable[str],
         has_generic_handler: bool,
         replaces: str = "",
+        *,
+        grant: str | None = None,
     ) -> HostSession:
-        """A new host session; `replaces`: one of the same session it takes over from (or "")."""
+        """A new host session; `replaces`: one of the same session it takes over from (or "");
+        `grant`: the grant key of the host's token (its subject; None without authentication)."""
         if self._shutting_down:
             # A host opening now would be cut off at once: let it find a bridge that stays.
             raise ToolmeshError(Code.SHUTTING_DOWN)
@@ -239,12 +253,14 @@ class Router:
         names = frozenset(handler_names)
         for name in names:
             require_tool_name(name)
+        self._open.take(grant)
         host = HostSession(
             host_session_id=f"hs_{secrets.token_hex(12)}",
             session_id=session_id,
             host_name=host_name[:128],
             handler_names=names,
             has_generic_handler=has_generic_handler,
+            grant=grant,
         )
         self._hosts[host.host_session_id] = host
         self._by_session.setdefault(session_id, []).append(host)
@@ -345,6 +361,7 @@ class Router:
         if host.closed:
             return
         host.closed = True
+        self._open.give_back(host.grant)
         host.stop_heartbeats()
         host.checks.cancel()
         self._observer.host_closed(host)

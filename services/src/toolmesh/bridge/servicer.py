@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Container
 from dataclasses import replace
 
 from toolmesh.auth.grants import Role
-from toolmesh.auth.guard import scope
+from toolmesh.auth.guard import caller, scope
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.outcomes import OutcomeRecorder, accept
@@ -45,6 +45,7 @@ async def host_events(
         request.handler_names,
         request.has_generic_handler,
         request.replaces_host_session_id,
+        grant=caller(),
     )
     try:
         yield bridge_pb2.OpenHostSessionResponse(

@@ -30,6 +30,7 @@ from toolmesh.invocation.ports import (
 )
 from toolmesh.invocation.quotas import Lease, Quotas
 from toolmesh.invocation.validation import Validation, validate_now
+from toolmesh.rules.shares import Shares
 from toolmesh.store.ledger import Delivered, LeaseRefused
 
 log = logging.getLogger("toolmesh.invocation")
@@ -132,7 +133,7 @@ class Invoker:
         catalog: ToolCatalog,
         dispatcher: Dispatcher,
         ledger: Ledger,
-        max_in_flight: int = 20_000,
+        max_in_flight: int | None = None,
         *,
         observer: InvocationObserver | None = None,
         validation: Validation | None = None,
@@ -140,17 +141,24 @@ class Invoker:
         cancels: CancelBoard | None = None,
     ) -> None:
         """`cancels`: where cancellations go for the replica that runs the invocation, when replicas
-        share the ledger (None: this process runs every invocation it records)."""
+        share the ledger (None: this process runs every invocation it records).
+        `max_in_flight`: calls waiting here at once (default: the `calls_in_flight` limit)."""
         self._catalog = catalog
         self._dispatcher = dispatcher
         self.ledger = ledger
         self._validation = validation or Validation()
         self._quotas = quotas or Quotas(None)
         self._observer: InvocationObserver = observer or NoInvocationObserver()
-        # Above this many calls waiting here, new ones are refused (OVERLOADED)
-        # rather than slowing every call down.
-        self._max_in_flight = max_in_flight
-        self._in_flight = 0
+        # Calls waiting here: past a grant's share that grant's new ones are refused
+        # (QUOTA_EXCEEDED), past the process-wide bound everyone's (OVERLOADED), rather
+        # than slowing every call down.
+        self._waiting = Shares(
+            self._quotas.limits,
+            "calls_in_flight",
+            "calls_in_flight_per_grant",
+            what="calls waiting for their outcome",
+            total=max_in_flight,
+        )
         self._stopping = False
         # Outcomes of the invocations this process runs, for identical calls to
         # join. They go on when their caller leaves, so that a caller whose own
@@ -206,12 +214,11 @@ class Invoker:
             confirmed = await self.ledger.permitted(confirmed, sessions)
         if self._stopping:
             raise ToolmeshError(Code.SHUTTING_DOWN)
-        if self._in_flight >= self._max_in_flight:
-            raise ToolmeshError(Code.OVERLOADED, "", {"maxInFlight": str(self._max_in_flight)})
-        self._quotas.take_call(caller)
-        observed = self._observer.call(call)
-        self._in_flight += 1
+        # The caller's grant is its subject: a prefix grant's sessions share one grant's places.
+        self._waiting.take(caller)
         try:
+            self._quotas.take_call(caller)
+            observed = self._observer.call(call)
             with observed:
                 result = await self._invoke(
                     call, idempotency_key, leaves_early, confirmed, on_invocation, on_progress=on_progress
@@ -219,7 +226,7 @@ class Invoker:
                 observed.answered(result.tool_request_id, result.outcome)
             return result
         finally:
-            self._in_flight -= 1
+            self._waiting.give_back(caller)
 
     async def _invoke(
         self,

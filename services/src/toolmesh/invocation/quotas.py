@@ -54,6 +54,10 @@ class Quotas:
         self._clock = clock
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
 
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
     def take_call(self, caller: str | None) -> None:
         """Count one call of `caller` (None: unauthenticated, not counted); QUOTA_EXCEEDED past its rate."""
         if caller is None:

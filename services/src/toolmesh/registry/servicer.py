@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from toolmesh.auth.guard import caller
 from toolmesh.core.wire import tool_from_pb, tool_to_pb
 from toolmesh.registry.registry import Registry
 from toolmesh.runtime.rpc_types import ServicerContext
@@ -20,7 +21,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     ) -> registry_pb2.PutToolsResponse:
         expected = request.expected_revision if request.HasField("expected_revision") else None
         revision = await self._registry.put_tools(
-            request.session_id, [tool_from_pb(tool) for tool in request.tools], expected
+            request.session_id, [tool_from_pb(tool) for tool in request.tools], expected, grant=caller()
         )
         return registry_pb2.PutToolsResponse(revision=revision)
 
@@ -41,7 +42,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def WatchTools(
         self, request: registry_pb2.WatchToolsRequest, context: ServicerContext
     ) -> AsyncIterator[registry_pb2.WatchToolsResponse]:
-        async for tools in self._registry.watch(request.session_id):
+        async for tools in self._registry.watch(request.session_id, caller()):
             yield registry_pb2.WatchToolsResponse(
                 revision=tools.revision, tools=[tool_to_pb(t) for t in tools.tools]
             )

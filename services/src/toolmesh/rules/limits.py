@@ -45,11 +45,29 @@ class Limits:
     schema_expansion: int = 10_000
     # Registry: bytes of one session's whole tool list as stored.
     registry_bytes_per_session: int = 2 * MIB
+    # Registry: bytes of the tool lists one grant (token subject) put, per registry replica.
+    registry_bytes_per_grant: int = 64 * MIB
+    # Registry: bytes of the tool lists put through one registry replica (OVERLOADED past it).
+    registry_bytes: int = 1024 * MIB
+    # Registry: watches (WatchTools streams) one grant holds open at once, per registry replica.
+    watches_per_grant: int = 1_024
+    # Registry: watches open at once on one registry replica (OVERLOADED past it).
+    watches: int = 16_384
     # Bridge: host sessions open at once for one session (per bridge replica).
     host_sessions_per_session: int = 64
+    # Bridge: host sessions one grant holds open at once, over all its sessions (per replica).
+    host_sessions_per_grant: int = 256
+    # Bridge: host sessions open at once on one bridge replica (OVERLOADED past it).
+    host_sessions: int = 4_096
     # Invocation: calls of one session waiting for their outcome at once (across replicas);
     # as many as one session is built to hold (10,000 held calls, bench "scale").
     calls_in_flight_per_session: int = 10_000
+    # Invocation: calls of one grant waiting for their outcome at once, over all its sessions
+    # (per replica): a prefix grant's sessions share one grant's places.
+    calls_in_flight_per_grant: int = 10_000
+    # Invocation: calls waiting for their outcome at once in one replica (OVERLOADED past it);
+    # larger than one grant's share, so that one grant cannot reach it alone.
+    calls_in_flight: int = 20_000
     # Invocation: calls per second of one token's subject (a token bucket, per replica).
     calls_per_second_per_caller: int = 500
     # Invocation: calls one caller may make at once above its rate (the bucket's size).

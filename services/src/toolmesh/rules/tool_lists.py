@@ -30,3 +30,14 @@ def check_tools(tools: Sequence[ToolSpec], limits: Limits = DEFAULT_LIMITS) -> N
             check_schema(
                 tool.output_schema_json, limits, tool=tool.name, which="outputSchema", require_object=False
             )
+
+
+def tools_bytes(tools: Sequence[ToolSpec]) -> int:
+    """About what a list of tools takes stored: the bytes of its texts (names, descriptions, schemas)."""
+    return sum(
+        len(tool.name.encode())
+        + len(tool.description.encode())
+        + len(tool.input_schema_json.encode())
+        + len(tool.output_schema_json.encode())
+        for tool in tools
+    )
