@@ -196,3 +196,34 @@ const sent: Sent[] = [];
   focusInput: () => (element.shadowRoot!.querySelector("#input") as HTMLElement).focus(),
   stop: () => (element.shadowRoot!.querySelector("#stop") as HTMLButtonElement).click(),
 };
+
+/** The bench: `calls` direct executeTool calls of list_notes, then `calls` turns that each make
+ * that one call through an Assistant (an in-page model: no network), each in ms per call. */
+async function bench(calls: number): Promise<{ directMs: number; turnMs: number }> {
+  const mc = doc.modelContext as { getTools(): Promise<{ name: string }[]>; executeTool(t: unknown, i: object): Promise<unknown> };
+  const listed = (await mc.getTools()).find((t) => t.name === "list_notes");
+  let start = performance.now();
+  for (let i = 0; i < calls; i += 1) await mc.executeTool(listed, {});
+  const directMs = (performance.now() - start) / calls;
+  let round = 0;
+  const benched = new Assistant({
+    tools: webmcp(),
+    model: {
+      async complete() {
+        round += 1;
+        return round % 2 === 1
+          ? { text: "", toolCalls: [{ id: `c${round}`, name: "list_notes", argumentsJson: "{}" }] }
+          : { text: "done", toolCalls: [] };
+      },
+    },
+  });
+  start = performance.now();
+  for (let i = 0; i < calls; i += 1) {
+    await benched.send("list");
+    benched.clear();
+  }
+  const turnMs = (performance.now() - start) / calls;
+  benched.dispose();
+  return { directMs, turnMs };
+}
+(window as unknown as { toolmesh: { bench: typeof bench } }).toolmesh.bench = bench;
