@@ -10,7 +10,8 @@
 - The TypeScript messages and service descriptors (protoc-gen-es through
   `buf generate`) land in clients/typescript/src/gen; they need `npm ci` in
   clients/typescript first. Beside them, src/gen/tables.ts: the error table and
-  the limits from toolmesh.core (scripts/gen_ts_tables.py).
+  the limits from toolmesh.core (scripts/gen_ts_tables.py), and the page
+  assistant's turn-code table, clients/typescript/assistant/src/gen/turns.ts.
 
 `--check` regenerates into a temporary folder and fails when a committed tree differs.
 """
@@ -36,7 +37,10 @@ CONNECT_FILE = Path("toolmesh") / "v1" / "bridge_connect.py"
 # In the server distribution: the servers' reflection serves it.
 DESCRIPTORS_FILE = Path("toolmesh") / "runtime" / "descriptors.binpb"
 TYPESCRIPT_TREE = Path("src") / "gen"
-# Writes src/gen/tables.ts, the error table and limits from toolmesh.core.
+# The page assistant's generated tree (assistant/src/gen/turns.ts, the turn-code table).
+ASSISTANT_TREE = Path("assistant") / "src" / "gen"
+# Writes src/gen/tables.ts, the error table and limits from toolmesh.core, and
+# assistant/src/gen/turns.ts, the turn-code table from toolmesh.assistant.
 TS_TABLES = ROOT / "scripts" / "gen_ts_tables.py"
 # Only the bridge is served over Connect and gRPC-Web.
 CONNECT_PROTOS = ["toolmesh/v1/bridge.proto"]
@@ -135,6 +139,7 @@ def check() -> list[str]:
         for committed, generated in [
             (CLIENT_SRC / PYTHON_TREE, fresh / "python" / PYTHON_TREE),
             (TYPESCRIPT / TYPESCRIPT_TREE, fresh / "typescript" / TYPESCRIPT_TREE),
+            (TYPESCRIPT / ASSISTANT_TREE, fresh / "typescript" / ASSISTANT_TREE),
         ]:
             problems += (
                 differences(committed, generated)

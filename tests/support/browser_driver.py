@@ -18,9 +18,10 @@ from typing import Any
 TYPESCRIPT = Path(__file__).resolve().parents[2] / "clients" / "typescript"
 
 
-def build_test_page() -> None:
-    """Bundle the test page from the package's sources (fails if `npm ci` was not run)."""
-    subprocess.run(["node", "scripts/bundle.mjs", "test"], cwd=TYPESCRIPT, check=True)
+def build_test_page(which: str = "test") -> None:
+    """Bundle a test page from the package's sources (fails if `npm ci` was not run):
+    `test` (@toolmesh/host's) or `assistant-test` (@toolmesh/assistant's)."""
+    subprocess.run(["node", "scripts/bundle.mjs", which], cwd=TYPESCRIPT, check=True)
 
 
 @dataclass
@@ -74,13 +75,26 @@ class BrowserDriver:
         return await future
 
     async def open(
-        self, tab: str, query: dict[str, str], *, origin: int = 0, webmcp: bool = False
+        self, tab: str, query: dict[str, str], *, origin: int = 0, webmcp: bool = False, path: str = "/"
     ) -> dict[str, Any]:
-        """Load the test page in a new tab; it starts a ToolHost from `query` (session, baseUrl, ...)."""
+        """Load a test page in a new tab: `/` starts a ToolHost from `query` (session, baseUrl, ...),
+        `/assistant` an Assistant and its widget (clients/typescript/assistant/test/page.ts)."""
         opened: dict[str, Any] = await self.command(
-            "open", tab=tab, origin=origin, webmcp=webmcp, query=query
+            "open", tab=tab, origin=origin, webmcp=webmcp, query=query, path=path
         )
         return opened
+
+    async def press(self, tab: str, key: str) -> None:
+        """A real key press (playwright's keyboard) on whatever has the focus."""
+        await self.command("press", tab=tab, key=key)
+
+    async def axe(self, tab: str) -> list[dict[str, Any]]:
+        """axe-core's violations on the tab's page, as it is now."""
+        found: list[dict[str, Any]] = await self.command("axe", tab=tab)
+        return found
+
+    async def screenshot(self, tab: str, path: str) -> None:
+        await self.command("screenshot", tab=tab, path=path)
 
     async def eval(self, tab: str, expression: str) -> Any:
         return await self.command("eval", tab=tab, expression=expression)

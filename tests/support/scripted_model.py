@@ -2,7 +2,8 @@
 
 Each request takes the next step of the script: a Reply, or an async callable
 that gets the request body and returns one (it may wait, or change the world
-first). When the script runs out, the server answers HTTP 500.
+first). When the script runs out, the server answers HTTP 500. With `cors=True` it also
+answers preflights and allows every origin, so that a page can call it.
 """
 
 from __future__ import annotations
@@ -83,8 +84,15 @@ def before(action: Callable[[], Awaitable[object]], reply: Reply) -> Step:
     return step
 
 
+CORS_HEADERS = (
+    "Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Headers: content-type\r\n"
+    "Access-Control-Allow-Methods: POST\r\n"
+)
+
+
 class ScriptedModel:
-    def __init__(self) -> None:
+    def __init__(self, *, cors: bool = False) -> None:
+        self.cors = cors
         self.requests: list[Body] = []
         self._steps: deque[Step] = deque()
         self._server: asyncio.Server | None = None
@@ -134,6 +142,10 @@ class ScriptedModel:
                 line.split(":", 1) for line in head.decode("latin-1").split("\r\n")[1:] if ":" in line
             )
             length = int({k.strip().lower(): v.strip() for k, v in headers.items()}.get("content-length", 0))
+            if self.cors and head.startswith(b"OPTIONS "):
+                writer.write(f"HTTP/1.1 204 X\r\n{CORS_HEADERS}Content-Length: 0\r\n\r\n".encode())
+                await writer.drain()
+                continue
             body: Body = json.loads(await reader.readexactly(length))
             self.requests.append(body)
             reply = await self._reply(body, reader)
@@ -141,6 +153,7 @@ class ScriptedModel:
                 return  # the client went away while the step waited
             writer.write(
                 f"HTTP/1.1 {reply.status} X\r\nContent-Type: application/json\r\n"
+                f"{CORS_HEADERS if self.cors else ''}"
                 f"Content-Length: {len(reply.body)}\r\n\r\n".encode()
                 + reply.body
             )
@@ -163,8 +176,8 @@ class ScriptedModel:
 
 
 @contextlib.asynccontextmanager
-async def running_model() -> AsyncIterator[ScriptedModel]:
-    server = await ScriptedModel().start()
+async def running_model(*, cors: bool = False) -> AsyncIterator[ScriptedModel]:
+    server = await ScriptedModel(cors=cors).start()
     try:
         yield server
     finally:

@@ -8,6 +8,10 @@
 //   eval {tab, expression}                     evaluate in the tab, awaited
 //   wait {tab, expression, timeoutMs}          until the expression is truthy
 //   close {tab}
+//   press {tab, key}                           a real key press on the focused element
+//   axe {tab}                                  axe-core's violations on the page
+//   screenshot {tab, path}                     a PNG of the page
+// `open` takes a `path`: "/" the host's test page, "/assistant" the assistant's.
 // Browsers launched with and without WebMCP (--enable-features=WebMCP) as tabs need them.
 import { chromium } from "playwright-core";
 import { readFile } from "node:fs/promises";
@@ -21,7 +25,11 @@ const files = {
   "/": ["page.html", "text/html"],
   "/page.js": ["../../build/test/page.js", "text/javascript"],
   "/page.js.map": ["../../build/test/page.js.map", "application/json"],
+  "/assistant": ["../../assistant/test/page.html", "text/html"],
+  "/assistant.js": ["../../build/assistant-test/page.js", "text/javascript"],
+  "/assistant.js.map": ["../../build/assistant-test/page.js.map", "application/json"],
 };
+const axeSource = path.join(here, "../../node_modules/axe-core/axe.min.js");
 const executablePath = process.env.TOOLMESH_CHROMIUM ?? "/usr/bin/chromium";
 
 async function serve() {
@@ -55,12 +63,12 @@ async function browser(webmcp) {
 }
 
 const commands = {
-  async open({ tab, origin = 0, query = {}, webmcp = false }) {
+  async open({ tab, origin = 0, query = {}, webmcp = false, path: where = "/" }) {
     const page = await (await browser(webmcp)).newPage();
     tabs.set(tab, page);
     const logs = [];
     page.on("pageerror", (error) => logs.push(`pageerror: ${error.message}`));
-    await page.goto(`${origins[origin]}/?${new URLSearchParams(query)}`);
+    await page.goto(`${origins[origin]}${where}?${new URLSearchParams(query)}`);
     // The page has run its start(): resolved or rejected.
     await page.waitForFunction(() => window.toolmesh && (window.toolmesh.started || window.toolmesh.startError), null, {
       timeout: 30_000,
@@ -72,6 +80,23 @@ const commands = {
   },
   async wait({ tab, expression, timeoutMs = 10_000 }) {
     await tabs.get(tab).waitForFunction(expression, null, { timeout: timeoutMs, polling: 20 });
+    return true;
+  },
+  async press({ tab, key }) {
+    await tabs.get(tab).keyboard.press(key);
+    return true;
+  },
+  async axe({ tab }) {
+    const page = tabs.get(tab);
+    if (!(await page.evaluate(() => "axe" in window))) {
+      await page.addScriptTag({ path: axeSource });
+    }
+    return page.evaluate(async () =>
+      (await window.axe.run(document)).violations.map((v) => ({ id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target) })),
+    );
+  },
+  async screenshot({ tab, path: file }) {
+    await tabs.get(tab).screenshot({ path: file });
     return true;
   },
   async close({ tab }) {

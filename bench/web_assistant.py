@@ -1,0 +1,77 @@
+"""@toolmesh/assistant in one run: `python -m bench.web_assistant`.
+
+- Bundle size, minified and gzipped by esbuild in the same run: @toolmesh/host
+  alone (`size`), @toolmesh/host with @toolmesh/assistant and its widget
+  (`assistant-size`; the difference is what the assistant adds on top of the
+  host, target under 30 KB gzipped), and the assistant with its widget alone.
+- A turn's overhead in Debian's Chromium: per call, `executeTool` of a no-op
+  WebMCP tool called directly, against an `Assistant.send()` turn that makes
+  that one call (an in-page model that answers at once, so no network: the
+  difference is the assistant's own work: planning, offering, checking the
+  arguments and the revision, recording the state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from browser_driver import TYPESCRIPT, BrowserDriver, build_test_page
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET_GZIPPED = 30 * 1024
+
+
+def bundle_size(which: str) -> dict[str, int]:
+    out = subprocess.run(
+        ["node", "scripts/bundle.mjs", which], cwd=TYPESCRIPT, check=True, capture_output=True, text=True
+    ).stdout
+    size: dict[str, int] = json.loads(out)
+    return size
+
+
+async def run(calls: int) -> dict[str, Any]:
+    host, both, alone = (bundle_size(w) for w in ("size", "assistant-size", "assistant-alone-size"))
+    await asyncio.to_thread(build_test_page, "assistant-test")
+    driver = await BrowserDriver.start()
+    try:
+        await driver.open("bench", {}, path="/assistant")
+        await driver.eval("bench", "window.toolmesh.bench(50)")  # warm-up
+        turn = await driver.eval("bench", f"window.toolmesh.bench({calls})")
+    finally:
+        await driver.stop()
+    on_top = both["gzippedBytes"] - host["gzippedBytes"]
+    return {
+        "host": host,
+        "hostWithAssistant": both,
+        "assistantAlone": alone,
+        "assistantOnTopOfHostGzippedBytes": on_top,
+        "targetGzippedBytes": TARGET_GZIPPED,
+        "withinTarget": on_top < TARGET_GZIPPED,
+        "calls": calls,
+        "directExecuteToolMs": turn["directMs"],
+        "assistantTurnMs": turn["turnMs"],
+        "overheadPerTurnMs": turn["turnMs"] - turn["directMs"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=500)
+    args = parser.parse_args()
+    figures = asyncio.run(run(args.calls))
+    for name, value in figures.items():
+        print(f"{name:36} {value}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"web_assistant-{int(time.time())}.json").write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

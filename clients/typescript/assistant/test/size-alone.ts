@@ -1,0 +1,3 @@
+// The bench's bundle: @toolmesh/assistant with its widget, everything exported.
+export * from "../src/index.js";
+export * from "../src/widget.js";

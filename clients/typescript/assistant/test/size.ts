@@ -1,0 +1,4 @@
+// The bench's bundle: @toolmesh/host and @toolmesh/assistant with its widget, everything exported.
+export * from "../../src/index.js";
+export * from "../src/index.js";
+export * from "../src/widget.js";
