@@ -28,7 +28,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
-from toolmesh_testing import HostProcess, eventually, free_port, logged, start_host_process
+from toolmesh_testing import HostProcess, eventually, logged, start_host_process
 
 SESSION = "outage"
 TOOLS = [
@@ -38,14 +38,6 @@ TOOLS = [
 ]
 
 pytestmark = pytest.mark.integration
-
-
-@pytest_asyncio.fixture
-async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    server = RedisServer(free_port(), tmp_path)
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest_asyncio.fixture
