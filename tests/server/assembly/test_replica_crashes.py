@@ -149,30 +149,40 @@ class Bridges:
     host: HostProcess
 
 
-@pytest_asyncio.fixture
-async def bridges(tmp_path: Path) -> AsyncIterator[Bridges]:
-    prefix = new_prefix()
-    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+@contextlib.asynccontextmanager
+async def running_bridges(
+    tmp_path: Path, store_url: str, prefix: str, session: str = SESSION, tools: list[ToolSpec] = TOOLS
+) -> AsyncIterator[Bridges]:
+    registry = await start_registry(stores=open_stores(store_url, prefix))
     registry_internal = f"127.0.0.1:{registry.internal_port}"
-    env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
+    env = dict(os.environ, TOOLMESH_STORE=store_url, TOOLMESH_STORE_PREFIX=prefix)
     replicas = [
         await start_service_process("bridge", "--registry", registry_internal, env=env) for _ in range(2)
     ]
     invocation = await start_invocation(
-        registry_internal, replicas[1].internal_target, stores=open_stores(SHARED_URL, prefix)
+        registry_internal, replicas[1].internal_target, stores=open_stores(store_url, prefix)
     )
     async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
-        await client.put_tools(SESSION, TOOLS)
+        await client.put_tools(session, tools)
     targets = ",".join(replica.target for replica in replicas)
-    host = await start_host_process(targets, SESSION, "ledger_handlers:HANDLERS", tmp_path)
-    yield Bridges(prefix, registry, replicas, invocation, host)
-    await host.stop()
-    for replica in replicas:
-        if replica.process.returncode is None:
-            replica.process.kill()
-        await replica.stop()
-    for server in (invocation, registry):
-        await server.stop(0.5)
+    host = await start_host_process(targets, session, "ledger_handlers:HANDLERS", tmp_path)
+    try:
+        yield Bridges(prefix, registry, replicas, invocation, host)
+    finally:
+        await host.stop()
+        for replica in replicas:
+            if replica.process.returncode is None:
+                replica.process.kill()
+            await replica.stop()
+        for server in (invocation, registry):
+            await server.stop(0.5)
+
+
+@pytest_asyncio.fixture
+async def bridges(tmp_path: Path) -> AsyncIterator[Bridges]:
+    prefix = new_prefix()
+    async with running_bridges(tmp_path, SHARED_URL, prefix) as running:
+        yield running
     await delete_prefixed(SHARED_URL, prefix)
 
 
@@ -369,3 +379,33 @@ async def test_an_outcome_arriving_while_redis_and_its_invocation_replica_are_de
     assert json.loads(retried.outcome.result_json or "")["runs"] == 1
     assert runs(tmp_path, key) == [tool_request_id]
     assert logged(caplog.records, "outcome not recorded") == 0
+
+
+@pytest.mark.timeout(90)
+async def test_a_result_handed_in_on_another_bridge_replica_during_a_redis_outage_is_taken(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The bridge replica holding the request dies and the host moves to the other one; Redis is
+    down when the handler ends, so that replica cannot read the ledger to adopt the result: it
+    refuses it with STORE_UNAVAILABLE, and the host tries again until Redis is back: the call gets
+    the one result."""
+    key = uuid.uuid4().hex
+    arguments = {"key": key, "hold": True}
+    async with running_bridges(tmp_path, redis_server.url, "") as bridges:
+        async with InvocationClient(f"127.0.0.1:{bridges.invocation.port}") as client:
+            calling = asyncio.create_task(client.invoke(SESSION, "count", arguments, turn_id="t"))
+            [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+            bridges.bridges[0].process.kill()
+            await eventually(lambda: [r for r in bridges.host.logs() if r.get("msg") == "host connected"][1:])
+            await redis_server.kill()
+            (tmp_path / f"release-{key}").touch()
+            # The bridge replica cannot read the ledger to adopt the result: the host is told to try again.
+            await bridges.host.wait_for_log(msg="submit refused; trying again", cause="STORE_UNAVAILABLE")
+            await redis_server.start()
+            result = await asyncio.wait_for(calling, 30)
+        host_logs = bridges.host.logs()
+    assert result.outcome is not None and result.outcome.failure is None, result
+    assert result.tool_request_id == tool_request_id
+    assert json.loads(result.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]
+    assert [r for r in host_logs if r.get("msg") == "submit failed"] == []

@@ -765,6 +765,8 @@ class HostEngine:
                     transient = status_of(error.code()) in RETRYABLE_STATUSES
                 remaining = ctx.time_remaining()
                 if transient and remaining > 0 and not self.stopping:
+                    if reason is not None:
+                        log.info("submit refused; trying again", extra=_ids(ctx) | {"cause": reason.value})
                     await asyncio.sleep(min(0.05 * 2**attempt, 1.0, remaining))
                     continue
                 cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
