@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from redis_testing import RedisServer
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh_testing import HostProcess, start_host_process
 
@@ -53,3 +54,12 @@ def cli_env(system: LocalSystem) -> Iterator[dict[str, str]]:
         TOOLMESH_BRIDGE_ADDR=system.bridge_target,
     )
     yield env
+
+
+@pytest_asyncio.fixture
+async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
+    """A redis-server of the test's own (RedisServer), to kill and start again."""
+    server = RedisServer(tmp_path)
+    await server.start()
+    yield server
+    await server.stop()

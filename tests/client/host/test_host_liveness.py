@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from scripted_bridge import ScriptedBridge
 
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import to_grpc_status
@@ -25,7 +26,7 @@ from toolmesh_testing import eventually, logged
 pytestmark = pytest.mark.integration
 
 
-class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
+class SilentBridge(ScriptedBridge):
     def __init__(self) -> None:
         self.opened = 0
 
@@ -39,22 +40,6 @@ class SilentBridge(bridge_pb2_grpc.BridgeServiceServicer):
         await asyncio.sleep(60)  # alive on the wire, silent in the protocol
 
     async def SubmitToolResult(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def DispatchToolRequests(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-        yield  # never reached: a stream method is an async generator
-
-    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def ReportToolProgress(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
 
@@ -76,7 +61,7 @@ async def test_host_reconnects_when_heartbeats_stop() -> None:
         await server.stop(0)
 
 
-class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
+class FlakyBridge(ScriptedBridge):
     """Sends one tool request; the first submit fails in transport, later ones answer as told."""
 
     def __init__(self, second_answer: str) -> None:
@@ -108,22 +93,6 @@ class FlakyBridge(bridge_pb2_grpc.BridgeServiceServicer):
             )
             await context.abort(status.code, status.details, status.trailing_metadata)
         return bridge_pb2.SubmitToolResultResponse()
-
-    async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def DispatchToolRequests(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-        yield  # never reached: a stream method is an async generator
-
-    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def ReportToolProgress(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
 
 @pytest.mark.parametrize("second_answer", ["ok", "ended"])

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from scripted_bridge import ScriptedBridge
 
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code, ToolmeshError
@@ -101,7 +102,7 @@ async def test_a_result_the_frozen_bridge_refuses_after_its_timeout_is_reported(
         await host.stop()
 
 
-class RacingBridge(bridge_pb2_grpc.BridgeServiceServicer):
+class RacingBridge(ScriptedBridge):
     """Sends one tool request; holds its submit, cancelling the request meanwhile, then answers as told.
 
     The real bridge does this only when its timer and a submit race (above);
@@ -146,22 +147,6 @@ class RacingBridge(bridge_pb2_grpc.BridgeServiceServicer):
             ToolmeshError(Code.REQUEST_ENDED, "", {"tool_request_id": "tr_1", "ended": "timed_out"})
         )
         await context.abort(status.code, status.details, status.trailing_metadata)
-
-    async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def DispatchToolRequests(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-        yield  # never reached: a stream method is an async generator
-
-    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
-
-    async def ReportToolProgress(self, request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
 
 Racing = tuple[RacingBridge, ToolHost, list[HostError]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
-from redis_testing import SHARED_URL, delete_prefixed, new_prefix
+from redis_testing import SHARED_URL, RedisServer, delete_prefixed, new_prefix
 from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.contracts.ledger import Ledger
@@ -29,6 +30,7 @@ from toolmesh_testing import (
     ServiceProcess,
     closed_address,
     eventually,
+    logged,
     start_host_process,
     start_service_process,
 )
@@ -57,32 +59,42 @@ class Replicas:
     host: HostProcess
 
 
-@pytest_asyncio.fixture
-async def replicas(tmp_path: Path) -> AsyncIterator[Replicas]:
-    prefix = new_prefix()
-    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+@contextlib.asynccontextmanager
+async def running_replicas(
+    tmp_path: Path, store_url: str, prefix: str, session: str = SESSION, tools: list[ToolSpec] = TOOLS
+) -> AsyncIterator[Replicas]:
+    registry = await start_registry(stores=open_stores(store_url, prefix))
     registry_internal = f"127.0.0.1:{registry.internal_port}"
-    bridge, _ = await start_bridge(registry_target=registry_internal, stores=open_stores(SHARED_URL, prefix))
+    bridge, _ = await start_bridge(registry_target=registry_internal, stores=open_stores(store_url, prefix))
     bridge_internal = f"127.0.0.1:{bridge.internal_port}"
-    env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
+    env = dict(os.environ, TOOLMESH_STORE=store_url, TOOLMESH_STORE_PREFIX=prefix)
     doomed = await start_service_process(
         "invocation", "--registry", registry_internal, "--bridge", bridge_internal, env=env
     )
     survivor = await start_invocation(
-        registry_internal, bridge_internal, stores=open_stores(SHARED_URL, prefix)
+        registry_internal, bridge_internal, stores=open_stores(store_url, prefix)
     )
     async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
-        await client.put_tools(SESSION, TOOLS)
-    host = await start_host_process(f"127.0.0.1:{bridge.port}", SESSION, "ledger_handlers:HANDLERS", tmp_path)
-    stores = open_stores(SHARED_URL, prefix)
-    yield Replicas(prefix, registry, bridge, doomed, survivor, stores, host)
-    await host.stop()
-    if doomed.process.returncode is None:
-        doomed.process.kill()
-    await doomed.stop()
-    for server in (survivor, bridge, registry):
-        await server.stop(0.5)
-    await stores.close()
+        await client.put_tools(session, tools)
+    host = await start_host_process(f"127.0.0.1:{bridge.port}", session, "ledger_handlers:HANDLERS", tmp_path)
+    stores = open_stores(store_url, prefix)
+    try:
+        yield Replicas(prefix, registry, bridge, doomed, survivor, stores, host)
+    finally:
+        await host.stop()
+        if doomed.process.returncode is None:
+            doomed.process.kill()
+        await doomed.stop()
+        for server in (survivor, bridge, registry):
+            await server.stop(0.5)
+        await stores.close()
+
+
+@pytest_asyncio.fixture
+async def replicas(tmp_path: Path) -> AsyncIterator[Replicas]:
+    prefix = new_prefix()
+    async with running_replicas(tmp_path, SHARED_URL, prefix) as running:
+        yield running
     await delete_prefixed(SHARED_URL, prefix)
 
 
@@ -137,30 +149,40 @@ class Bridges:
     host: HostProcess
 
 
-@pytest_asyncio.fixture
-async def bridges(tmp_path: Path) -> AsyncIterator[Bridges]:
-    prefix = new_prefix()
-    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+@contextlib.asynccontextmanager
+async def running_bridges(
+    tmp_path: Path, store_url: str, prefix: str, session: str = SESSION, tools: list[ToolSpec] = TOOLS
+) -> AsyncIterator[Bridges]:
+    registry = await start_registry(stores=open_stores(store_url, prefix))
     registry_internal = f"127.0.0.1:{registry.internal_port}"
-    env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
+    env = dict(os.environ, TOOLMESH_STORE=store_url, TOOLMESH_STORE_PREFIX=prefix)
     replicas = [
         await start_service_process("bridge", "--registry", registry_internal, env=env) for _ in range(2)
     ]
     invocation = await start_invocation(
-        registry_internal, replicas[1].internal_target, stores=open_stores(SHARED_URL, prefix)
+        registry_internal, replicas[1].internal_target, stores=open_stores(store_url, prefix)
     )
     async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
-        await client.put_tools(SESSION, TOOLS)
+        await client.put_tools(session, tools)
     targets = ",".join(replica.target for replica in replicas)
-    host = await start_host_process(targets, SESSION, "ledger_handlers:HANDLERS", tmp_path)
-    yield Bridges(prefix, registry, replicas, invocation, host)
-    await host.stop()
-    for replica in replicas:
-        if replica.process.returncode is None:
-            replica.process.kill()
-        await replica.stop()
-    for server in (invocation, registry):
-        await server.stop(0.5)
+    host = await start_host_process(targets, session, "ledger_handlers:HANDLERS", tmp_path)
+    try:
+        yield Bridges(prefix, registry, replicas, invocation, host)
+    finally:
+        await host.stop()
+        for replica in replicas:
+            if replica.process.returncode is None:
+                replica.process.kill()
+            await replica.stop()
+        for server in (invocation, registry):
+            await server.stop(0.5)
+
+
+@pytest_asyncio.fixture
+async def bridges(tmp_path: Path) -> AsyncIterator[Bridges]:
+    prefix = new_prefix()
+    async with running_bridges(tmp_path, SHARED_URL, prefix) as running:
+        yield running
     await delete_prefixed(SHARED_URL, prefix)
 
 
@@ -312,3 +334,78 @@ async def test_a_call_whose_bridge_is_down_ends_at_once_and_its_exact_retry_runs
     assert retry.outcome is not None and retry.outcome.failure is None, retry
     assert not retry.replayed and not retry.joined
     assert runs(tmp_path, key) == [retry.tool_request_id]
+
+
+# A host's outcome arrives while Redis is down and the invocation replica that ran the call is dead:
+# the bridge that got it keeps it and writes it once Redis is back, so the call's exact retry (on
+# another replica) gets that one outcome, not a TOOL_TIMEOUT for a lost owner. Redis is one of the
+# test's own (append-only, fsync on every write), killed with SIGKILL and started again.
+OUTAGE_SESSION = "outcome-outage"
+# Short, so that a lost outcome would show as the owner-lost TOOL_TIMEOUT within the test's time.
+OUTAGE_TOOLS = [ToolSpec("count_short", "Counts its runs", '{"type": "object"}', timeout_ms=4000)]
+
+
+@pytest_asyncio.fixture
+async def on_own_redis(tmp_path: Path, redis_server: RedisServer) -> AsyncIterator[Replicas]:
+    async with running_replicas(tmp_path, redis_server.url, "", OUTAGE_SESSION, OUTAGE_TOOLS) as running:
+        yield running
+
+
+@pytest.mark.timeout(90)
+async def test_an_outcome_arriving_while_redis_and_its_invocation_replica_are_dead_is_kept(
+    on_own_redis: Replicas, redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    key = uuid.uuid4().hex
+    arguments = {"key": key, "hold": True}
+    async with InvocationClient(on_own_redis.doomed.target) as client:
+        calling = asyncio.create_task(client.invoke(OUTAGE_SESSION, "count_short", arguments, turn_id="t"))
+        [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+        await redis_server.kill()
+        on_own_redis.doomed.process.kill()
+        lost = await asyncio.wait_for(calling, 10)
+    assert lost.outcome is None, lost
+    # The handler ends now: its outcome reaches the bridge, which cannot read the ledger.
+    (tmp_path / f"release-{key}").touch()
+    handled = ("outcome kept until the store is back", "outcome not recorded")
+    await eventually(lambda: any(logged(caplog.records, message) for message in handled))
+    await redis_server.start()
+    async with InvocationClient(f"127.0.0.1:{on_own_redis.survivor.port}") as client:
+        retried = await asyncio.wait_for(
+            client.invoke(OUTAGE_SESSION, "count_short", arguments, turn_id="t"), 20
+        )
+    assert retried.outcome is not None and retried.outcome.failure is None, retried
+    assert retried.tool_request_id == tool_request_id and (retried.joined or retried.replayed)
+    assert json.loads(retried.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]
+    assert logged(caplog.records, "outcome not recorded") == 0
+
+
+@pytest.mark.timeout(90)
+async def test_a_result_handed_in_on_another_bridge_replica_during_a_redis_outage_is_taken(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The bridge replica holding the request dies and the host moves to the other one; Redis is
+    down when the handler ends, so that replica cannot read the ledger to adopt the result: it
+    refuses it with STORE_UNAVAILABLE, and the host tries again until Redis is back: the call gets
+    the one result."""
+    key = uuid.uuid4().hex
+    arguments = {"key": key, "hold": True}
+    async with running_bridges(tmp_path, redis_server.url, "") as bridges:
+        async with InvocationClient(f"127.0.0.1:{bridges.invocation.port}") as client:
+            calling = asyncio.create_task(client.invoke(SESSION, "count", arguments, turn_id="t"))
+            [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+            bridges.bridges[0].process.kill()
+            await eventually(lambda: [r for r in bridges.host.logs() if r.get("msg") == "host connected"][1:])
+            await redis_server.kill()
+            (tmp_path / f"release-{key}").touch()
+            # The bridge replica cannot read the ledger to adopt the result: the host is told to try again.
+            await bridges.host.wait_for_log(msg="submit refused; trying again", cause="STORE_UNAVAILABLE")
+            await redis_server.start()
+            result = await asyncio.wait_for(calling, 30)
+        host_logs = bridges.host.logs()
+    assert result.outcome is not None and result.outcome.failure is None, result
+    assert result.tool_request_id == tool_request_id
+    assert json.loads(result.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]
+    assert [r for r in host_logs if r.get("msg") == "submit failed"] == []

@@ -41,14 +41,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest_asyncio.fixture
-async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest_asyncio.fixture
 async def system(redis_server: RedisServer) -> AsyncIterator[LocalSystem]:
     running = await start_local_system(heartbeat_s=0.5, store_url=redis_server.url)
     async with RegistryClient(running.registry_target) as registry:

@@ -233,6 +233,19 @@ def _decode(raw: bytes) -> InvocationRecord:
     )
 
 
+# The store's finish arguments for an invocation ending (Ledger._finished).
+FinishWrite = tuple[bytes, str, float, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Unread:
+    """An outcome kept for an invocation whose record could not be read (the store was out): the
+    record is read once the store is back, and finished then, if still running."""
+
+    outcome: Outcome
+    at: float
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """The result of claiming a call: run it anew, or attach to an existing invocation."""
@@ -253,8 +266,9 @@ class Ledger:
         # Records this process wrote or read recently, by their stored bytes: skips decoding.
         self._decoded: dict[bytes, InvocationRecord] = {}
         # Finishes the store could not take (it was unreachable), by tool request id, tried
-        # again until it takes them: an outcome, once known, is never lost to an outage.
-        self._unrecorded: dict[str, tuple[bytes, str, float, float | None]] = {}
+        # again until it takes them: an outcome, once known, is never lost to an outage. An
+        # _Unread one had no record to finish yet (finish without `claimed`, the store out).
+        self._unrecorded: dict[str, FinishWrite | _Unread] = {}
         self._recorder: asyncio.Task[None] | None = None
 
     def _encode(self, record: InvocationRecord) -> bytes:
@@ -367,13 +381,23 @@ class Ledger:
 
         `claimed` is the record `claim` returned, when the caller has it: it
         saves reading it back (only the claimant finishes an invocation). When
-        the store cannot be reached the outcome is kept here and written as soon
-        as it can be: this never raises STORE_UNAVAILABLE.
+        the store cannot be reached (to read the record or to write it) the
+        outcome is kept here and written as soon as it can be, as conditionally
+        (the first writer wins): this never raises STORE_UNAVAILABLE.
 
         Returns False when a cancellation had ended the invocation first: its outcome is
         TOOL_CANCELLED, not `outcome` (the caller should give that); True otherwise.
         """
-        record = claimed or await self.get(tool_request_id)
+        record = claimed
+        if record is None:
+            try:
+                record = await self.get(tool_request_id)
+            except ToolmeshError as error:
+                if error.code is not Code.STORE_UNAVAILABLE:
+                    raise
+                # Read and finished later, conditionally as now: a finished record stays as it is.
+                self._keep(tool_request_id, _Unread(outcome, self._clock()))
+                return True
         if record is None:
             return True
         write = self._finished(record, outcome)
@@ -382,16 +406,20 @@ class Ledger:
         except ToolmeshError as error:
             if error.code is not Code.STORE_UNAVAILABLE:
                 raise
-            log.warning("outcome kept until the store is back", extra={"tool_request_id": tool_request_id})
-            self._unrecorded[tool_request_id] = write
-            if self._recorder is None or self._recorder.done():
-                self._recorder = asyncio.create_task(self._record_later())
+            self._keep(tool_request_id, write)
             return True
         return written != "cancelled"
 
-    def _finished(self, record: InvocationRecord, outcome: Outcome) -> tuple[bytes, str, float, float | None]:
-        """The arguments of the store's finish for `record` ending with `outcome`."""
-        finished = record.ended_with(outcome, self._clock())
+    def _keep(self, tool_request_id: str, kept: FinishWrite | _Unread) -> None:
+        """Write `kept` once the store is back (the first outcome kept for an invocation wins)."""
+        log.warning("outcome kept until the store is back", extra={"tool_request_id": tool_request_id})
+        self._unrecorded.setdefault(tool_request_id, kept)
+        if self._recorder is None or self._recorder.done():
+            self._recorder = asyncio.create_task(self._record_later())
+
+    def _finished(self, record: InvocationRecord, outcome: Outcome, at: float | None = None) -> FinishWrite:
+        """The arguments of the store's finish for `record` ending with `outcome` (at `at`: now)."""
+        finished = record.ended_with(outcome, self._clock() if at is None else at)
         return (
             self._encode(finished),
             "" if finished.idempotency_key else finished.identity,
@@ -405,9 +433,9 @@ class Ledger:
         given_up_at = time.monotonic() + self.policy.record_retention_s
         while self._unrecorded and time.monotonic() < given_up_at:
             await asyncio.sleep(pause)
-            for tool_request_id, write in list(self._unrecorded.items()):
+            for tool_request_id, kept in list(self._unrecorded.items()):
                 try:
-                    await self._store.finish(tool_request_id, *write)
+                    await self._write_kept(tool_request_id, kept)
                 except ToolmeshError as error:
                     if error.code is Code.STORE_UNAVAILABLE:
                         pause = min(pause * 2, RETRY_CAP_S)
@@ -417,6 +445,14 @@ class Ledger:
         if self._unrecorded:
             log.error("outcomes lost: the store stayed unreachable", extra={"count": len(self._unrecorded)})
             self._unrecorded.clear()
+
+    async def _write_kept(self, tool_request_id: str, kept: FinishWrite | _Unread) -> None:
+        if isinstance(kept, _Unread):
+            record = await self.get(tool_request_id)
+            if record is None or record.finished:
+                return  # gone, or finished by another writer (whose outcome wins)
+            kept = self._finished(record, kept.outcome, kept.at)
+        await self._store.finish(tool_request_id, *kept)
 
     async def cancel(self, record: InvocationRecord) -> CancelVerdict | None:
         """End the running invocation `record` with TOOL_CANCELLED, unless a call joined it or it has

@@ -42,6 +42,9 @@ class Link:
         self._sent = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
+        # The connection a write is under way on: one lost meanwhile is closed once the write ends,
+        # not under it (redis-py would write on a closed socket's None writer).
+        self._writing: AbstractConnection | None = None
 
     def send(self, *args: Any) -> asyncio.Future[Any]:
         """The command's reply, to await; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot answer."""
@@ -61,7 +64,13 @@ class Link:
                 self._waiting.extend(future for _, future in batch)
                 self._sent.set()
                 packed = connection.pack_commands([args for args, _ in batch])
-                await connection.send_packed_command(packed, check_health=False)
+                self._writing = connection
+                try:
+                    await connection.send_packed_command(packed, check_health=False)
+                finally:
+                    self._writing = None
+                if connection is not self._connection:  # the reader lost it meanwhile
+                    await connection.disconnect(nowait=True)
             except Exception as error:  # lost, or anything else: nothing waits for ever
                 if not isinstance(error, LOST):
                     log.error("store connection failed", extra={"error": type(error).__name__})
@@ -82,7 +91,8 @@ class Link:
                 continue
             try:
                 # Bounded by the socket timeout: a reply late by that much fails everything waiting.
-                reply: Any = await connection.read_response(disconnect_on_error=True)
+                # Not disconnected by redis-py on an error: _lose does it, once no write is under way.
+                reply: Any = await connection.read_response(disconnect_on_error=False)
             except ResponseError as error:
                 reply = error
             except Exception as error:  # lost, or a reply it cannot parse: nothing waits for ever
@@ -90,6 +100,8 @@ class Link:
                     log.error("store connection failed", extra={"error": type(error).__name__})
                 if connection is self._connection:
                     await self._lose()
+                elif connection is not self._writing:
+                    await connection.disconnect(nowait=True)
                 return
             future = self._waiting.popleft()
             if future.done():
@@ -111,7 +123,7 @@ class Link:
         reader, self._reader = self._reader, None
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
-        if connection is not None:
+        if connection is not None and connection is not self._writing:
             await connection.disconnect(nowait=True)
 
     async def close(self) -> None:

@@ -75,8 +75,10 @@ class StreamLink(Generic[Item, Message, Response, Result]):
             await self._reader
 
     async def _messages(self) -> AsyncIterator[Message]:
-        while True:
-            yield self._batch(await self._outbox.take())
+        # Ends once the stream has (the outbox closed): gRPC's task reading it would otherwise wait
+        # here for ever, and be destroyed pending when the call is dropped.
+        while items := await self._outbox.take():
+            yield self._batch(items)
 
     async def _read(self) -> None:
         ended = "OK"
@@ -97,6 +99,8 @@ class StreamLink(Generic[Item, Message, Response, Result]):
             raise
         finally:
             self.closed = True
+            self._outbox.clear()
+            self._outbox.close()
             waiting_ones, self._waiting = self._waiting, {}
             for waiting in waiting_ones.values():
                 if not waiting.done():

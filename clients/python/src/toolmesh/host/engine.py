@@ -691,7 +691,9 @@ class HostEngine:
         return converted.outcome
 
     async def _submit(self, outcome: Outcome, ctx: ToolContext, host_session_id: str) -> None:
-        """Hand the outcome to the bridge, retrying transport failures until the call's deadline.
+        """Hand the outcome to the bridge, retrying failures that may pass until the call's deadline.
+
+        Those are the transport's own and refusals whose code is retryable.
 
         Ends with the outcome delivered or a SUBMIT_TOOL_RESULT_FAILED report,
         whatever happens meanwhile: a refusal, a transport that stays down, this
@@ -754,11 +756,18 @@ class HostEngine:
                     and info.metadata.get("ended") == "answered"
                 ):
                     return None, ""  # an earlier attempt got through; its answer was lost on the way back
-                # No code of ours: the transport's own failure, retried while the table says it may pass.
-                transient = reason is None and status_of(error.code()) in RETRYABLE_STATUSES
-                retry = transient and ctx.time_remaining() > 0
-                if retry and not self.stopping:
-                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+                # A refusal whose code is retryable (STORE_UNAVAILABLE: the bridge could not read the
+                # ledger yet), or no code of ours: the transport's own failure, retried while the
+                # table says it may pass, until the call's deadline.
+                if reason is not None:
+                    transient = ERROR_TABLE[reason].retryable
+                else:
+                    transient = status_of(error.code()) in RETRYABLE_STATUSES
+                remaining = ctx.time_remaining()
+                if transient and remaining > 0 and not self.stopping:
+                    if reason is not None:
+                        log.info("submit refused; trying again", extra=_ids(ctx) | {"cause": reason.value})
+                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0, remaining))
                     continue
                 cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
                 log.warning(

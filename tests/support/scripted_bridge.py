@@ -1,0 +1,36 @@
+"""A base for scripted bridges in tests: every BridgeService method refuses (UNIMPLEMENTED) unless
+the test's subclass defines it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from toolmesh.v1 import bridge_pb2_grpc
+
+
+class ScriptedBridge(bridge_pb2_grpc.BridgeServiceServicer):
+    async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+        yield  # never reached: a stream method is an async generator
+
+    async def SubmitToolResult(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def DispatchToolRequests(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+        yield  # never reached: a stream method is an async generator
+
+    async def DeclareHostTools(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def AnswerReadCheck(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def ReportToolProgress(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
