@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx2
@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from mcp_testing import http_gateway
+from mcp_testing import gateway_in_process, http_gateway
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
@@ -113,3 +113,46 @@ async def test_a_refused_caller_does_not_keep_list_changed_from_the_next(secured
                 assert [tool.name for tool in (await client.list_tools()).tools] == ["late"]
             finally:
                 await host.stop()
+
+
+@asynccontextmanager
+async def legacy_client_with(
+    base: str, session: str, token: str | None, **options: Any
+) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with (
+        httpx2.AsyncClient(headers=headers) as http,
+        Client(
+            streamable_http_client(f"{base}/sessions/{session}/mcp", http_client=http),
+            mode="legacy",
+            **options,
+        ) as client,
+    ):
+        yield client
+
+
+async def test_unauthenticated_mcp_sessions_pin_no_watch_and_hear_no_list_changed(
+    secured: LocalSystem,
+) -> None:
+    """Finding 4: refused MCP sessions (no token, another session's token) keep no watch, even at the
+    bound, and never join the watch of the session they name; the tenant's own session is served."""
+    own = mint(SECRET, roles=[Role.CALL], sessions=[SESSION], ttl_s=600)
+    other = mint(SECRET, roles=[Role.CALL], sessions=["another-session"], ttl_s=600)
+    async with gateway_in_process(secured, max_watches=2) as (gateway, base), AsyncExitStack() as attackers:
+        for n, token in enumerate((None, other, None, other)):
+            client = await attackers.enter_async_context(legacy_client_with(base, f"pin-{n}", token))
+            with pytest.raises(MCPError):
+                await client.list_tools()
+            with pytest.raises(MCPError):
+                await client.call_tool("echo", {})
+        assert gateway.watched_sessions == frozenset()
+        for token in (None, other):
+            snooper = await attackers.enter_async_context(legacy_client_with(base, SESSION, token))
+            with pytest.raises(MCPError) as refused:
+                await snooper.list_tools()
+            assert refused.value.data["code"] in ("UNAUTHENTICATED", "PERMISSION_DENIED")
+        assert gateway.watched_sessions == frozenset()
+        async with legacy_client_with(base, SESSION, own) as tenant:
+            assert [tool.name for tool in (await tenant.list_tools()).tools] == ["echo"]
+            assert gateway.watched_sessions == {SESSION}
+            assert gateway.hearing(SESSION) == 1
