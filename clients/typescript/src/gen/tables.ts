@@ -139,13 +139,7 @@ export const ERROR_TABLE = {
     status: "NOT_FOUND",
     retryable: false,
     callerFault: false,
-    message: "No tool request has that id.",
-  },
-  REQUEST_FOREIGN: {
-    status: "PERMISSION_DENIED",
-    retryable: false,
-    callerFault: false,
-    message: "The tool request was sent to another host session.",
+    message: "This host session has no tool request with that id.",
   },
   REQUEST_ENDED: {
     status: "FAILED_PRECONDITION",
