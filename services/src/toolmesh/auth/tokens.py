@@ -5,6 +5,11 @@ Claims: `iss`, `aud`, `exp` (required), `nbf` and `iat` (checked when present),
 session ids or prefixes ending in `*`). Keys: an HS256 shared secret (the
 embedded default), or the public keys of a JWKS document, from a file
 (re-read when it changes) or a URL (PyJWT's PyJWKClient, which caches it).
+
+Verified tokens are cached; at most every KEYS_RECHECK_S a cache hit has the
+key set looked at again (the file's modification time; the URL's document once
+PyJWT's 300 s cache has lapsed), and the cached tokens whose key id left it are
+dropped, so a key removed from the JWKS stops its tokens within that bound.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ MIN_SECRET_BYTES = 32
 MAX_TOKEN_CHARS = 8192
 # Verified tokens kept, so that a caller's every call does not pay a signature check.
 CACHE_SIZE = 4096
+# How often a cache hit has the key set looked at again (a key removed stops its cached tokens).
+KEYS_RECHECK_S = 5.0
 SECRET_ALGORITHMS = ("HS256",)
 
 
@@ -51,6 +58,9 @@ class Keys(Protocol):
     async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
         """The key that must have signed `token`, and the algorithms allowed with it."""
         ...
+
+    # A key set may also say its key ids as they are now (reloaded when changed; None when unknown):
+    # async def key_ids(self) -> frozenset[str] | None. The verifier drops cached tokens of keys gone.
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +89,20 @@ class JwksFile:
         self._stamp = stamp
         return keys
 
-    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+    def _reload_if_changed(self) -> None:
         try:
             if self._path.stat().st_mtime != self._stamp:
                 self._keys = self._read()
         except (OSError, jwt.PyJWKSetError):
             pass  # mid-rotation or gone: keep the keys read last
+
+    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+        self._reload_if_changed()
         return _pick(self._keys, token)
+
+    async def key_ids(self) -> frozenset[str] | None:
+        self._reload_if_changed()
+        return _ids(self._keys)
 
 
 class JwksUrl:
@@ -107,6 +124,17 @@ class JwksUrl:
         except jwt.PyJWKClientError:
             raise refused("unknown_key") from None
         return key.key, (key.algorithm_name,)
+
+    async def key_ids(self) -> frozenset[str] | None:
+        try:
+            keys = await asyncio.to_thread(self._client.get_jwk_set)
+        except jwt.PyJWKClientError:
+            return None  # unreachable for now: keep the tokens verified already
+        return _ids(keys)
+
+
+def _ids(keys: jwt.PyJWKSet) -> frozenset[str]:
+    return frozenset(key.key_id for key in keys.keys if key.key_id)
 
 
 def _pick(keys: jwt.PyJWKSet, token: str) -> tuple[Any, tuple[str, ...]]:
@@ -134,13 +162,18 @@ class Verifier:
         self._audience = audience
         self._leeway_s = leeway_s
         self._clock = clock
-        self._verified: dict[str, Grant] = {}
+        # Each verified token's grant, and the id of the key that signed it (None: no kid).
+        self._verified: dict[str, tuple[Grant, str | None]] = {}
+        self._keys_checked_at = clock()
 
     async def grant(self, token: str) -> Grant:
+        if token in self._verified:
+            await self._recheck_keys()
         cached = self._verified.get(token)
         if cached is not None:
-            if cached.expires_at > self._clock():
-                return cached
+            grant, _ = cached
+            if grant.expires_at > self._clock():
+                return grant
             del self._verified[token]
             raise refused("expired")
         if len(token) > MAX_TOKEN_CHARS:
@@ -171,8 +204,24 @@ class Verifier:
         grant = _grant_of(claims, self._leeway_s)
         if len(self._verified) >= CACHE_SIZE:
             self._verified.clear()
-        self._verified[token] = grant
+        kid = jwt.get_unverified_header(token).get("kid")
+        self._verified[token] = (grant, kid if isinstance(kid, str) else None)
         return grant
+
+    async def _recheck_keys(self) -> None:
+        """At most every KEYS_RECHECK_S: drop the cached tokens whose key left the key set."""
+        key_ids = getattr(self._keys, "key_ids", None)
+        now = self._clock()
+        if key_ids is None or now - self._keys_checked_at < KEYS_RECHECK_S:
+            return
+        self._keys_checked_at = now
+        current: frozenset[str] | None = await key_ids()
+        if current is None:
+            return
+        # A token without a kid was taken by the only key of the set then: checked again too.
+        gone = [token for token, (_, kid) in self._verified.items() if kid is None or kid not in current]
+        for token in gone:
+            del self._verified[token]
 
 
 def _grant_of(claims: dict[str, Any], leeway_s: float) -> Grant:
