@@ -201,6 +201,12 @@ export const ERROR_TABLE = {
     callerFault: true,
     message: "The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
   },
+  AUTH_THROTTLED: {
+    status: "RESOURCE_EXHAUSTED",
+    retryable: true,
+    callerFault: false,
+    message: "Too many failed authentications from this address; retry after the delay in RetryInfo.",
+  },
   PERMISSION_DENIED: {
     status: "PERMISSION_DENIED",
     retryable: false,

@@ -16,7 +16,7 @@ from typing import Any
 
 from toolmesh.auth.grants import Grant, Role
 from toolmesh.auth.policy import INTERNAL, PUBLIC
-from toolmesh.auth.tokens import Verifier, refused
+from toolmesh.auth.tokens import Verifier, client_address, refused
 from toolmesh.core.bearer import bearer_token_of
 from toolmesh.core.errors import Code, ToolmeshError
 
@@ -69,7 +69,8 @@ def admission(full_method: str, listener: Listener, verifier: Verifier | None) -
     roles = rule.roles
 
     async def admit(request: Any, context: Any) -> None:
-        grant = await verifier.grant(bearer_token(context.invocation_metadata()))
+        peer = context.peer() if hasattr(context, "peer") else ""
+        grant = await verifier.grant(bearer_token(context.invocation_metadata()), client_address(peer or ""))
         if roles.isdisjoint(grant.roles):
             raise ToolmeshError(
                 Code.PERMISSION_DENIED,

@@ -10,6 +10,12 @@ Verified tokens are cached; at most every KEYS_RECHECK_S a cache hit has the
 key set looked at again (the file's modification time; the URL's document once
 PyJWT's 300 s cache has lapsed), and the cached tokens whose key id left it are
 dropped, so a key removed from the JWKS stops its tokens within that bound.
+
+Before a token not in the cache is verified (a signature check), its client
+address must have failed authentication less than its share: a token bucket of
+FAILED_AUTH_BURST failures, refilled FAILED_AUTH_PER_S a second; past it, the
+call is refused with AUTH_THROTTLED (RESOURCE_EXHAUSTED, RetryInfo) at the cost
+of a dictionary look-up. Cached (valid) tokens are never throttled.
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ MIN_SECRET_BYTES = 32
 MAX_TOKEN_CHARS = 8192
 # Verified tokens kept, so that a caller's every call does not pay a signature check.
 CACHE_SIZE = 4096
+# Failed authentications per client address before AUTH_THROTTLED: a burst, then a rate.
+FAILED_AUTH_BURST = 100
+FAILED_AUTH_PER_S = 20.0
+# Client addresses whose failures are tracked at most (past it, those back to a full bucket are forgotten).
+MAX_TRACKED_ADDRESSES = 10_000
 # How often a cache hit has the key set looked at again (a key removed stops its cached tokens).
 KEYS_RECHECK_S = 5.0
 SECRET_ALGORITHMS = ("HS256",)
@@ -145,6 +156,55 @@ def _pick(keys: jwt.PyJWKSet, token: str) -> tuple[Any, tuple[str, ...]]:
     return candidates[0].key, (candidates[0].algorithm_name,)
 
 
+class FailedAuthentications:
+    """A token bucket of failed authentications per client address, looked at before any signature check."""
+
+    def __init__(
+        self,
+        burst: int = FAILED_AUTH_BURST,
+        per_s: float = FAILED_AUTH_PER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._burst = float(burst)
+        self._per_s = per_s
+        self._clock = clock
+        # address -> (failures still allowed, when that was counted)
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def _level(self, address: str, now: float) -> float:
+        allowed, at = self._buckets.get(address, (self._burst, now))
+        return min(self._burst, allowed + (now - at) * self._per_s)
+
+    def check(self, address: str) -> None:
+        """Raise AUTH_THROTTLED when `address` has used up its failures for now ("" is never throttled)."""
+        if not address or address not in self._buckets:
+            return
+        level = self._level(address, self._clock())
+        if level < 1:
+            raise ToolmeshError(Code.AUTH_THROTTLED, retry_delay_s=(1 - level) / self._per_s)
+
+    def failed(self, address: str) -> None:
+        if not address:
+            return
+        now = self._clock()
+        if address not in self._buckets and len(self._buckets) >= MAX_TRACKED_ADDRESSES:
+            self._buckets = {
+                key: value for key, value in self._buckets.items() if self._level(key, now) < self._burst
+            }
+            if len(self._buckets) >= MAX_TRACKED_ADDRESSES:
+                self._buckets.clear()
+        self._buckets[address] = (max(0.0, self._level(address, now) - 1), now)
+
+
+def client_address(peer: str) -> str:
+    """The address (no port) of a gRPC peer (`ipv4:1.2.3.4:5`, `ipv6:[::1]:5`) or of `host:port`."""
+    if peer.startswith("unix:"):
+        return "unix"
+    for prefix in ("ipv4:", "ipv6:"):
+        peer = peer.removeprefix(prefix)
+    return peer.rsplit(":", 1)[0].strip("[]") if ":" in peer else peer
+
+
 class Verifier:
     """Turns a bearer token into a Grant, or raises ToolmeshError(UNAUTHENTICATED) saying why not."""
 
@@ -156,8 +216,10 @@ class Verifier:
         audience: str = DEFAULT_AUDIENCE,
         leeway_s: float = LEEWAY_S,
         clock: Callable[[], float] = time.time,
+        failures: FailedAuthentications | None = None,
     ) -> None:
         self._keys = keys
+        self._failures = failures or FailedAuthentications()
         self._issuer = issuer
         self._audience = audience
         self._leeway_s = leeway_s
@@ -166,7 +228,8 @@ class Verifier:
         self._verified: dict[str, tuple[Grant, str | None]] = {}
         self._keys_checked_at = clock()
 
-    async def grant(self, token: str) -> Grant:
+    async def grant(self, token: str, address: str = "") -> Grant:
+        """The token's grant; `address`: the caller's client address, whose failures are counted."""
         if token in self._verified:
             await self._recheck_keys()
         cached = self._verified.get(token)
@@ -176,6 +239,14 @@ class Verifier:
                 return grant
             del self._verified[token]
             raise refused("expired")
+        self._failures.check(address)
+        try:
+            return await self._verify(token)
+        except ToolmeshError:
+            self._failures.failed(address)
+            raise
+
+    async def _verify(self, token: str) -> Grant:
         if len(token) > MAX_TOKEN_CHARS:
             raise refused("malformed", "The token is too long.")
         try:

@@ -146,6 +146,10 @@ class _Headers:
     def invocation_metadata(self) -> list[tuple[str, str]]:
         return [(key.lower(), value) for key, value in self._ctx.request_headers.items()]
 
+    def peer(self) -> str:
+        """The client's `host:port`, as the policy reads a gRPC peer."""
+        return self._ctx.client_address or ""
+
 
 async def _admit(admit: Admit | None, request: Any, ctx: RequestContext[Any, Any]) -> None:
     if admit is not None:

@@ -83,6 +83,7 @@ class Code(enum.StrEnum):
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
     # Who may do what: refused before anything ran.
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    AUTH_THROTTLED = "AUTH_THROTTLED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     WRONG_LISTENER = "WRONG_LISTENER"
     # Limits (toolmesh.rules.limits): a request over a fixed bound, or a quota used up for now.
@@ -247,6 +248,11 @@ _TABLE: dict[Code, ErrorSpec] = {
         retryable=False,
         caller_fault=True,
         message="The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
+    ),
+    Code.AUTH_THROTTLED: ErrorSpec(
+        status=S.RESOURCE_EXHAUSTED,
+        retryable=True,
+        message="Too many failed authentications from this address; retry after the delay in RetryInfo.",
     ),
     Code.PERMISSION_DENIED: ErrorSpec(
         status=S.PERMISSION_DENIED,
