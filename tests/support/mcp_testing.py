@@ -13,6 +13,7 @@ from mcp import StdioServerParameters
 
 from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.host import ToolContext
 from toolmesh.mcp.gateway import Gateway, current_token
 from toolmesh.mcp.serve import serve_http, session_of_path, token_of_header
 from toolmesh_testing import SUPPORT, eventually, toolmesh_command
@@ -108,3 +109,18 @@ async def open_mcp_session(http: httpx2.AsyncClient, url: str) -> str:
     http.headers["Mcp-Session-Id"] = mcp_session
     await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
     return mcp_session
+
+
+class WaitsUntilCancelled:
+    """A tool handler that runs until its call is cancelled: `started` once it runs, `stopped` the reasons."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.stopped: list[str | None] = []
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> None:
+        self.started.set()
+        try:
+            await ctx.cancellation.wait()
+        finally:
+            self.stopped.append(ctx.cancellation.reason)

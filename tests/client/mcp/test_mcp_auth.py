@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from mcp_testing import MCP_HEADERS, gateway_in_process, http_gateway, open_mcp_session
+from mcp_testing import MCP_HEADERS, WaitsUntilCancelled, gateway_in_process, http_gateway, open_mcp_session
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
@@ -168,15 +168,7 @@ async def test_an_mcp_session_id_alone_neither_uses_nor_ends_the_session(
     session = "mcp-auth-owned"
     own = mint(SECRET, roles=[Role.CALL], sessions=[session], ttl_s=600)
     other = mint(SECRET, roles=[Role.CALL], sessions=[session], ttl_s=600, subject="someone-else")
-    started = asyncio.Event()
-    stopped: list[str | None] = []
-
-    async def waits(args: dict[str, Any], ctx: ToolContext) -> None:
-        started.set()
-        try:
-            await ctx.cancellation.wait()
-        finally:
-            stopped.append(ctx.cancellation.reason)
+    waits = WaitsUntilCancelled()
 
     host = ToolHost(
         secured.bridge_target, session, token=mint(SECRET, roles=[Role.HOST], sessions=[session], ttl_s=600)
@@ -195,7 +187,7 @@ async def test_an_mcp_session_id_alone_neither_uses_nor_ends_the_session(
         ):
             session_id = await open_mcp_session(victim, f"{base}{endpoint}")
             calling = asyncio.create_task(victim.post(f"{base}{endpoint}", json=call, timeout=30))
-            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.wait_for(waits.started.wait(), 10)
             for token, code in ((None, "UNAUTHENTICATED"), (other, "PERMISSION_DENIED")):
                 headers = {"Mcp-Session-Id": session_id}
                 if token is not None:
@@ -214,9 +206,9 @@ async def test_an_mcp_session_id_alone_neither_uses_nor_ends_the_session(
                 f"{base}{endpoint}", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
             )
             assert listed.status_code == 200
-            assert stopped == []
+            assert waits.stopped == []
             assert (await victim.delete(f"{base}{endpoint}")).status_code == 200
-            assert await eventually(lambda: stopped) == ["cancelled"]
+            assert await eventually(lambda: waits.stopped) == ["cancelled"]
             calling.cancel()
             await asyncio.gather(calling, return_exceptions=True)
     finally:

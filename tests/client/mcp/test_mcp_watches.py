@@ -20,7 +20,7 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from mcp_testing import MCP_HEADERS, gateway_in_process, http_gateway, open_mcp_session
+from mcp_testing import MCP_HEADERS, WaitsUntilCancelled, gateway_in_process, http_gateway, open_mcp_session
 from toolmesh.assembly.system import LocalSystem
 from toolmesh.core.errors import Code
 from toolmesh.host import ToolContext, ToolHost
@@ -88,15 +88,7 @@ async def test_two_mcp_sessions_of_one_session_share_its_watch_until_both_close(
 
 async def test_a_delete_ends_the_mcp_session_its_watch_and_its_calls(system: LocalSystem) -> None:
     """DELETE: the MCP session is gone (404), its watch ends, its running call is cancelled."""
-    stopped: list[str | None] = []
-    started = asyncio.Event()
-
-    async def waits(args: dict[str, Any], ctx: ToolContext) -> None:
-        started.set()
-        try:
-            await ctx.cancellation.wait()
-        finally:
-            stopped.append(ctx.cancellation.reason)
+    waits = WaitsUntilCancelled()
 
     host = ToolHost(system.bridge_target, "watch-delete")
     host.on_tool("waits", waits, description="waits until cancelled")
@@ -110,11 +102,11 @@ async def test_a_delete_ends_the_mcp_session_its_watch_and_its_calls(system: Loc
         ):
             await open_mcp_session(http, f"{base}{endpoint}")
             calling = asyncio.create_task(http.post(f"{base}{endpoint}", json=call, timeout=30))
-            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.wait_for(waits.started.wait(), 10)
             assert gateway.watched_sessions == {"watch-delete"}
             deleted = await http.delete(f"{base}{endpoint}")
             assert deleted.status_code == 200
-            assert await eventually(lambda: stopped) == ["cancelled"]
+            assert await eventually(lambda: waits.stopped) == ["cancelled"]
             assert await eventually(lambda: not gateway.watched_sessions)
             after = await http.post(
                 f"{base}{endpoint}", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
