@@ -6,11 +6,17 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import httpx2
 from mcp import StdioServerParameters
 
 from toolmesh.assembly.system import LocalSystem
-from toolmesh_testing import SUPPORT, toolmesh_command
+from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.host import ToolContext
+from toolmesh.mcp.gateway import Gateway, current_token
+from toolmesh.mcp.serve import serve_http, session_of_path, token_of_header
+from toolmesh_testing import SUPPORT, eventually, toolmesh_command
 
 
 def services_env(system: LocalSystem, **extra: str) -> dict[str, str]:
@@ -58,3 +64,63 @@ async def http_gateway(system: LocalSystem) -> AsyncIterator[str]:
         if process.returncode is None:
             process.terminate()
         await asyncio.wait_for(process.wait(), 10)
+
+
+@asynccontextmanager
+async def gateway_in_process(system: LocalSystem, **options: Any) -> AsyncIterator[tuple[Gateway, str]]:
+    """The HTTP gateway served from this process; yields it and its base URL."""
+    async with (
+        RegistryClient(system.registry_target, token=current_token) as registry,
+        InvocationClient(system.invocation_target, token=current_token) as invocation,
+    ):
+        gateway = Gateway(registry, invocation, session_of_path, token_of_header, **options)
+        ports: list[int] = []
+        stop = asyncio.Event()
+        serving = asyncio.create_task(
+            serve_http(gateway, "127.0.0.1", 0, allowed_origins=[], on_listening=ports.append, stop=stop)
+        )
+        try:
+            port = await eventually(lambda: ports[0] if ports else None)
+            yield gateway, f"http://127.0.0.1:{port}"
+        finally:
+            stop.set()
+            await serving
+            await gateway.close()
+
+
+# What a 2025-11-25 client sends with each request over streamable HTTP.
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+
+
+async def open_mcp_session(http: httpx2.AsyncClient, url: str) -> str:
+    """The initialize handshake by hand at `url`; the client sends the MCP session id from then on."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    opened = await http.post(url, json=initialize)
+    mcp_session: str = opened.headers["mcp-session-id"]
+    http.headers["Mcp-Session-Id"] = mcp_session
+    await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return mcp_session
+
+
+class WaitsUntilCancelled:
+    """A tool handler that runs until its call is cancelled: `started` once it runs, `stopped` the reasons."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.stopped: list[str | None] = []
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> None:
+        self.started.set()
+        try:
+            await ctx.cancellation.wait()
+        finally:
+            self.stopped.append(ctx.cancellation.reason)

@@ -18,7 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ToolsListChanged
 
-from mcp_testing import gateway_stdio, http_gateway
+from mcp_testing import MCP_HEADERS, gateway_stdio, http_gateway, open_mcp_session
 from toolmesh.assembly.system import LocalSystem
 from toolmesh.client import InvocationClient
 from toolmesh.core.errors import Code
@@ -290,25 +290,8 @@ def sse_message(body: str) -> dict[str, Any]:
 
 async def test_an_http_mcp_session_serves_one_toolmesh_session(http_gateway: str) -> None:
     """An MCP session opened at one session's endpoint cannot be used at another's."""
-    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    async with httpx2.AsyncClient(headers=headers) as http:
-        opened = await http.post(f"{http_gateway}/sessions/{SESSION}/mcp", json=initialize)
-        mcp_session = opened.headers["mcp-session-id"]
-        http.headers["Mcp-Session-Id"] = mcp_session
-        await http.post(
-            f"{http_gateway}/sessions/{SESSION}/mcp",
-            json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-        )
+    async with httpx2.AsyncClient(headers=MCP_HEADERS) as http:
+        await open_mcp_session(http, f"{http_gateway}/sessions/{SESSION}/mcp")
         own = await http.post(
             f"{http_gateway}/sessions/{SESSION}/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
         )

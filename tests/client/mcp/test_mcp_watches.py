@@ -20,44 +20,17 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from mcp_testing import http_gateway
+from mcp_testing import MCP_HEADERS, WaitsUntilCancelled, gateway_in_process, http_gateway, open_mcp_session
 from toolmesh.assembly.system import LocalSystem
-from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code
 from toolmesh.host import ToolContext, ToolHost
-from toolmesh.mcp.gateway import Gateway, current_token
-from toolmesh.mcp.serve import serve_http, session_of_path, token_of_header
 from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
-HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
-
 
 async def echo(args: dict[str, Any], ctx: ToolContext) -> Any:
     return args.get("value")
-
-
-@asynccontextmanager
-async def gateway_in_process(system: LocalSystem, **options: Any) -> AsyncIterator[tuple[Gateway, str]]:
-    """The HTTP gateway served from this process; yields it and its base URL."""
-    async with (
-        RegistryClient(system.registry_target, token=current_token) as registry,
-        InvocationClient(system.invocation_target, token=current_token) as invocation,
-    ):
-        gateway = Gateway(registry, invocation, session_of_path, token_of_header, **options)
-        ports: list[int] = []
-        stop = asyncio.Event()
-        serving = asyncio.create_task(
-            serve_http(gateway, "127.0.0.1", 0, allowed_origins=[], on_listening=ports.append, stop=stop)
-        )
-        try:
-            port = await eventually(lambda: ports[0] if ports else None)
-            yield gateway, f"http://127.0.0.1:{port}"
-        finally:
-            stop.set()
-            await serving
-            await gateway.close()
 
 
 def legacy_client(base: str, session: str, **options: Any) -> Client:
@@ -115,44 +88,25 @@ async def test_two_mcp_sessions_of_one_session_share_its_watch_until_both_close(
 
 async def test_a_delete_ends_the_mcp_session_its_watch_and_its_calls(system: LocalSystem) -> None:
     """DELETE: the MCP session is gone (404), its watch ends, its running call is cancelled."""
-    stopped: list[str | None] = []
-    started = asyncio.Event()
-
-    async def waits(args: dict[str, Any], ctx: ToolContext) -> None:
-        started.set()
-        try:
-            await ctx.cancellation.wait()
-        finally:
-            stopped.append(ctx.cancellation.reason)
+    waits = WaitsUntilCancelled()
 
     host = ToolHost(system.bridge_target, "watch-delete")
     host.on_tool("waits", waits, description="waits until cancelled")
     await host.start()
     endpoint = "/sessions/watch-delete/mcp"
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "waits", "arguments": {}}}
     try:
-        async with gateway_in_process(system) as (gateway, base), httpx2.AsyncClient(headers=HEADERS) as http:
-            opened = await http.post(f"{base}{endpoint}", json=initialize)
-            http.headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
-            await http.post(
-                f"{base}{endpoint}", json={"jsonrpc": "2.0", "method": "notifications/initialized"}
-            )
+        async with (
+            gateway_in_process(system) as (gateway, base),
+            httpx2.AsyncClient(headers=MCP_HEADERS) as http,
+        ):
+            await open_mcp_session(http, f"{base}{endpoint}")
             calling = asyncio.create_task(http.post(f"{base}{endpoint}", json=call, timeout=30))
-            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.wait_for(waits.started.wait(), 10)
             assert gateway.watched_sessions == {"watch-delete"}
             deleted = await http.delete(f"{base}{endpoint}")
             assert deleted.status_code == 200
-            assert await eventually(lambda: stopped) == ["cancelled"]
+            assert await eventually(lambda: waits.stopped) == ["cancelled"]
             assert await eventually(lambda: not gateway.watched_sessions)
             after = await http.post(
                 f"{base}{endpoint}", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}

@@ -18,7 +18,7 @@ from jwt.utils import base64url_encode
 from toolmesh.auth.command import parse_ttl
 from toolmesh.auth.grants import Grant, Role, Sessions
 from toolmesh.auth.policy import INTERNAL, PUBLIC
-from toolmesh.auth.tokens import JwksFile, SharedSecret, Verifier, keys_from, mint
+from toolmesh.auth.tokens import KEYS_RECHECK_S, JwksFile, SharedSecret, Verifier, keys_from, mint
 from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
@@ -129,6 +129,25 @@ async def test_jwks_file_keys_verify_and_a_rotated_file_is_read_again(tmp_path: 
     stamp = path.stat().st_mtime_ns + 1_000_000_000  # a later modification time, however coarse the clock
     os.utime(path, ns=(stamp, stamp))
     assert (await checking.grant(signed({"sub": "x"}, second, "RS256", kid="k2"))).subject == "x"
+
+
+async def test_a_key_removed_from_the_jwks_stops_its_cached_tokens_within_the_recheck(tmp_path: Path) -> None:
+    """Finding 10: a token in the verified cache outlived the removal of its key from the JWKS."""
+    first, first_jwk = rsa_jwk("k1")
+    second, second_jwk = rsa_jwk("k2")
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [first_jwk, second_jwk]}))
+    later = [0.0]
+    checking = verifier(JwksFile(path), clock=lambda: time.time() + later[0])
+    kept, removed = signed({}, first, "RS256", kid="k1"), signed({}, second, "RS256", kid="k2")
+    for token in (kept, removed):
+        await checking.grant(token)
+    path.write_text(json.dumps({"keys": [first_jwk]}))
+    stamp = path.stat().st_mtime_ns + 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+    later[0] = KEYS_RECHECK_S + 0.1
+    assert await refusal(checking, removed) == "unknown_key"
+    assert (await checking.grant(kept)).roles == {Role.CALL}
 
 
 async def test_a_public_key_used_as_an_hmac_secret_is_refused(tmp_path: Path) -> None:

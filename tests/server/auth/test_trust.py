@@ -34,7 +34,7 @@ from toolmesh.assistant.errors import TurnCode
 from toolmesh.assistant.grpc_channel import GrpcToolChannel
 from toolmesh.auth.grants import Role
 from toolmesh.auth.service import SERVICE_TOKEN_HEADER
-from toolmesh.auth.tokens import JwksUrl, Verifier
+from toolmesh.auth.tokens import FailedAuthentications, JwksUrl, SharedSecret, Verifier
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code, error_info
@@ -691,3 +691,40 @@ async def test_jwks_url_keys_are_fetched_off_the_loop(tmp_path: Path) -> None:
         )
         grant = await asyncio.wait_for(checking.grant(token), 10)
         assert grant.roles == {Role.HOST}
+
+
+async def test_failed_authentications_are_throttled_per_address_before_any_signature(tmp_path: Path) -> None:
+    """Finding 11: invalid tokens at a high rate cost a signature check each. Past its failures, an
+    address is refused AUTH_THROTTLED (RESOURCE_EXHAUSTED, RetryInfo) first; a verified token is not."""
+    checks: list[str] = []
+
+    class Counted(SharedSecret):
+        async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+            checks.append(token)
+            return await super().key_for(token)
+
+    verifier = Verifier(Counted(SECRET), failures=FailedAuthentications(burst=3, per_s=0.01))
+    system = await start_local_system(security=Security(verifier=verifier))
+    good = token(Role.CALL, "s")
+    forged = token(Role.CALL, "s", secret=b"x" * 40)
+    try:
+        async with grpc.aio.insecure_channel(system.registry_target) as channel:
+            stub = registry_pb2_grpc.RegistryServiceStub(channel)
+
+            def list_tools(bearer: str) -> Any:
+                return stub.ListTools(
+                    registry_pb2.ListToolsRequest(session_id="s"),
+                    metadata=(("authorization", f"Bearer {bearer}"),),
+                )
+
+            await list_tools(good)  # verified, and cached
+            for _ in range(3):
+                assert_refused(await failure(list_tools(forged)), Code.UNAUTHENTICATED)
+            verified = len(checks)
+            throttled = await failure(list_tools(forged))
+            assert error_code(throttled) is Code.AUTH_THROTTLED
+            assert throttled.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert len(checks) == verified  # refused before any signature check
+            await list_tools(good)  # a token verified before still passes
+    finally:
+        await system.stop(0)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from google.rpc import error_details_pb2
 
 from toolmesh.assembly.system import LocalSystem, start_local_system
-from toolmesh.bridge.web import web_origins
+from toolmesh.bridge.web import allowed_hosts, host_name, web_hosts, web_origins
 
 ALLOWED = "http://app.example:5173"
 SERVICE = "/toolmesh.v1.BridgeService/"
@@ -131,3 +132,58 @@ def test_configured_origins_never_include_a_wildcard(monkeypatch: pytest.MonkeyP
     for bad in ("*", "a.example", "http://a.example/path", "ftp://a.example"):
         with pytest.raises(SystemExit):
             web_origins(bad)
+
+
+@pytest.mark.integration
+async def test_a_dns_rebinding_page_is_refused_even_without_tokens(
+    http: httpx.AsyncClient, system: LocalSystem
+) -> None:
+    """Finding 5: a page at rebind.evil.example (resolving to 127.0.0.1) sends its own name as Host and
+    Origin, which matched "the port's own origin"; its Host is not a name of this port: 403, typed."""
+    port = urlsplit(system.web_url).port
+    rebound = f"rebind.evil.example:{port}"
+    request = json.dumps({"sessionId": "victim"}).encode()
+    for path, content, content_type in (
+        ("OpenHostSession", b"\x00" + len(request).to_bytes(4, "big") + request, "application/connect+json"),
+        ("SubmitToolResult", json.dumps(SUBMIT).encode(), "application/json"),
+    ):
+        for origin in (f"http://{rebound}", None):
+            headers = {"host": rebound, "content-type": content_type}
+            if origin is not None:
+                headers["origin"] = origin
+            refused = await http.post(SERVICE + path, content=content, headers=headers)
+            assert refused.status_code == 403
+            assert "access-control-allow-origin" not in refused.headers
+            body = refused.json()
+            assert body["code"] == "permission_denied"
+            info = error_details_pb2.ErrorInfo.FromString(
+                base64.b64decode(body["details"][0]["value"] + "==")
+            )
+            assert info.reason == "PERMISSION_DENIED"
+    # The port's loopback names, and the allowed origin's host, are served.
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "app.example:5173"):
+        served = await http.post(SERVICE + "SubmitToolResult", json=SUBMIT, headers={"host": host})
+        assert served.status_code == 404  # served: the host session is unknown
+
+
+@pytest.mark.unit
+def test_host_names_are_read_without_their_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert [host_name(h) for h in ("[::1]:7404", "LocalHost:80", "127.0.0.1", "")] == [
+        "[::1]",
+        "localhost",
+        "127.0.0.1",
+        "",
+    ]
+    assert allowed_hosts(["https://app.example.com:8443"], ["bridge.example", "::2", "0.0.0.0"]) == {
+        "localhost",
+        "127.0.0.1",
+        "[::1]",
+        "app.example.com",
+        "bridge.example",
+        "[::2]",
+    }
+    monkeypatch.setenv("TOOLMESH_WEB_HOSTS", "a.example, b.example")
+    assert web_hosts(None) == ["a.example", "b.example"]
+    for bad in ("*", "a.example:80", "http://a.example"):
+        with pytest.raises(SystemExit):
+            web_hosts(bad)

@@ -139,13 +139,7 @@ export const ERROR_TABLE = {
     status: "NOT_FOUND",
     retryable: false,
     callerFault: false,
-    message: "No tool request has that id.",
-  },
-  REQUEST_FOREIGN: {
-    status: "PERMISSION_DENIED",
-    retryable: false,
-    callerFault: false,
-    message: "The tool request was sent to another host session.",
+    message: "This host session has no tool request with that id.",
   },
   REQUEST_ENDED: {
     status: "FAILED_PRECONDITION",
@@ -206,6 +200,12 @@ export const ERROR_TABLE = {
     retryable: false,
     callerFault: true,
     message: "The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
+  },
+  AUTH_THROTTLED: {
+    status: "RESOURCE_EXHAUSTED",
+    retryable: true,
+    callerFault: false,
+    message: "Too many failed authentications from this address; retry after the delay in RetryInfo.",
   },
   PERMISSION_DENIED: {
     status: "PERMISSION_DENIED",

@@ -68,6 +68,7 @@ async def start_bridge(
     registry_target: str | None = None,
     web_address: str | None = None,
     web_origins: Sequence[str] = (),
+    web_hosts: Sequence[str] = (),
     security: Security = LOOPBACK,
     internal_address: str = INTERNAL_ADDRESS,
     stores: Stores | None = None,
@@ -82,7 +83,9 @@ async def start_bridge(
     replicas to find it (toolmesh.contracts.routes).
 
     With `registry_target` (the registry's internal listener), hosts may declare their tools
-    (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own.
+    (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own;
+    `web_hosts` the names its requests' Host may give besides loopback's, its bound address and the
+    origins' (DNS rebinding).
     """
     if web_address is not None:
         security.check_public(web_address)
@@ -115,6 +118,7 @@ async def start_bridge(
             security.verifier,
             recorder,
             read_max_bytes=limits.message_bytes,
+            hosts=[*web_hosts, web_address.rpartition(":")[0].strip("[]")],
         )
         try:
             web = await start_web_server(app, web_address, security.tls)
@@ -258,6 +262,7 @@ async def start_local_system(
     bridge_port: int = 0,
     web_port: int = 0,
     web_origins: Sequence[str] = (),
+    web_hosts: Sequence[str] = (),
     heartbeat_s: float = 5.0,
     policy: LedgerPolicy | None = None,
     max_in_flight: int | None = None,
@@ -286,6 +291,7 @@ async def start_local_system(
             registry_target=f"127.0.0.1:{registry.internal_port}",
             web_address=f"{host}:{web_port}",
             web_origins=web_origins,
+            web_hosts=web_hosts,
             security=security,
             stores=None if store_url == MEMORY else open_stores(store_url, store_prefix),
             limits=limits,

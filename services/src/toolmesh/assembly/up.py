@@ -12,7 +12,7 @@ from typing import Any
 
 from toolmesh.assembly.entrypoint import add_store_arguments
 from toolmesh.assembly.system import LocalSystem, start_local_system, start_replicas
-from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
+from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_hosts, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
 from toolmesh.rules import limits
 from toolmesh.runtime import security
@@ -89,6 +89,7 @@ async def run(args: argparse.Namespace) -> int:
             bridge_port=args.bridge_port,
             web_port=args.web_port,
             web_origins=web_origins(args.web_origins),
+            web_hosts=web_hosts(args.web_hosts),
             security=protection,
             store_url=url,
             store_prefix=args.store_prefix,

@@ -17,7 +17,7 @@ from typing import Any
 from toolmesh.auth.grants import Grant, Role
 from toolmesh.auth.policy import INTERNAL, PUBLIC
 from toolmesh.auth.service import ServiceCredential
-from toolmesh.auth.tokens import Verifier, refused
+from toolmesh.auth.tokens import Verifier, client_address, refused
 from toolmesh.core.bearer import bearer_token_of
 from toolmesh.core.errors import Code, ToolmeshError
 
@@ -85,7 +85,8 @@ def admission(
     roles = rule.roles
 
     async def admit(request: Any, context: Any) -> None:
-        grant = await verifier.grant(bearer_token(context.invocation_metadata()))
+        peer = context.peer() if hasattr(context, "peer") else ""
+        grant = await verifier.grant(bearer_token(context.invocation_metadata()), client_address(peer or ""))
         if roles.isdisjoint(grant.roles):
             raise ToolmeshError(
                 Code.PERMISSION_DENIED,

@@ -7,6 +7,17 @@ of call / host / admin) and `sessions` (a list of exact session ids or
 prefixes ending in `*`). Keys: an HS256 shared secret (the embedded default),
 or the public keys of a JWKS document, from a file (re-read when it changes)
 or a URL (PyJWT's PyJWKClient, which caches it).
+
+Verified tokens are cached; at most every KEYS_RECHECK_S a cache hit has the
+key set looked at again (the file's modification time; the URL's document once
+PyJWT's 300 s cache has lapsed), and the cached tokens whose key id left it are
+dropped, so a key removed from the JWKS stops its tokens within that bound.
+
+Before a token not in the cache is verified (a signature check), its client
+address must have failed authentication less than its share: a token bucket of
+FAILED_AUTH_BURST failures, refilled FAILED_AUTH_PER_S a second; past it, the
+call is refused with AUTH_THROTTLED (RESOURCE_EXHAUSTED, RetryInfo) at the cost
+of a dictionary look-up. Cached (valid) tokens are never throttled.
 """
 
 from __future__ import annotations
@@ -43,6 +54,13 @@ MIN_SECRET_BYTES = 32
 MAX_TOKEN_CHARS = 8192
 # Verified tokens kept, so that a caller's every call does not pay a signature check.
 CACHE_SIZE = 4096
+# Failed authentications per client address before AUTH_THROTTLED: a burst, then a rate.
+FAILED_AUTH_BURST = 100
+FAILED_AUTH_PER_S = 20.0
+# Client addresses whose failures are tracked at most (past it, those back to a full bucket are forgotten).
+MAX_TRACKED_ADDRESSES = 10_000
+# How often a cache hit has the key set looked at again (a key removed stops its cached tokens).
+KEYS_RECHECK_S = 5.0
 SECRET_ALGORITHMS = ("HS256",)
 
 
@@ -54,6 +72,9 @@ class Keys(Protocol):
     async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
         """The key that must have signed `token`, and the algorithms allowed with it."""
         ...
+
+    # A key set may also say its key ids as they are now (reloaded when changed; None when unknown):
+    # async def key_ids(self) -> frozenset[str] | None. The verifier drops cached tokens of keys gone.
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +103,20 @@ class JwksFile:
         self._stamp = stamp
         return keys
 
-    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+    def _reload_if_changed(self) -> None:
         try:
             if self._path.stat().st_mtime != self._stamp:
                 self._keys = self._read()
         except (OSError, jwt.PyJWKSetError):
             pass  # mid-rotation or gone: keep the keys read last
+
+    async def key_for(self, token: str) -> tuple[Any, tuple[str, ...]]:
+        self._reload_if_changed()
         return _pick(self._keys, token)
+
+    async def key_ids(self) -> frozenset[str] | None:
+        self._reload_if_changed()
+        return _ids(self._keys)
 
 
 class JwksUrl:
@@ -111,6 +139,17 @@ class JwksUrl:
             raise refused("unknown_key") from None
         return key.key, (key.algorithm_name,)
 
+    async def key_ids(self) -> frozenset[str] | None:
+        try:
+            keys = await asyncio.to_thread(self._client.get_jwk_set)
+        except jwt.PyJWKClientError:
+            return None  # unreachable for now: keep the tokens verified already
+        return _ids(keys)
+
+
+def _ids(keys: jwt.PyJWKSet) -> frozenset[str]:
+    return frozenset(key.key_id for key in keys.keys if key.key_id)
+
 
 def _pick(keys: jwt.PyJWKSet, token: str) -> tuple[Any, tuple[str, ...]]:
     kid = jwt.get_unverified_header(token).get("kid")
@@ -118,6 +157,55 @@ def _pick(keys: jwt.PyJWKSet, token: str) -> tuple[Any, tuple[str, ...]]:
     if len(candidates) != 1:
         raise refused("unknown_key")
     return candidates[0].key, (candidates[0].algorithm_name,)
+
+
+class FailedAuthentications:
+    """A token bucket of failed authentications per client address, looked at before any signature check."""
+
+    def __init__(
+        self,
+        burst: int = FAILED_AUTH_BURST,
+        per_s: float = FAILED_AUTH_PER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._burst = float(burst)
+        self._per_s = per_s
+        self._clock = clock
+        # address -> (failures still allowed, when that was counted)
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def _level(self, address: str, now: float) -> float:
+        allowed, at = self._buckets.get(address, (self._burst, now))
+        return min(self._burst, allowed + (now - at) * self._per_s)
+
+    def check(self, address: str) -> None:
+        """Raise AUTH_THROTTLED when `address` has used up its failures for now ("" is never throttled)."""
+        if not address or address not in self._buckets:
+            return
+        level = self._level(address, self._clock())
+        if level < 1:
+            raise ToolmeshError(Code.AUTH_THROTTLED, retry_delay_s=(1 - level) / self._per_s)
+
+    def failed(self, address: str) -> None:
+        if not address:
+            return
+        now = self._clock()
+        if address not in self._buckets and len(self._buckets) >= MAX_TRACKED_ADDRESSES:
+            self._buckets = {
+                key: value for key, value in self._buckets.items() if self._level(key, now) < self._burst
+            }
+            if len(self._buckets) >= MAX_TRACKED_ADDRESSES:
+                self._buckets.clear()
+        self._buckets[address] = (max(0.0, self._level(address, now) - 1), now)
+
+
+def client_address(peer: str) -> str:
+    """The address (no port) of a gRPC peer (`ipv4:1.2.3.4:5`, `ipv6:[::1]:5`) or of `host:port`."""
+    if peer.startswith("unix:"):
+        return "unix"
+    for prefix in ("ipv4:", "ipv6:"):
+        peer = peer.removeprefix(prefix)
+    return peer.rsplit(":", 1)[0].strip("[]") if ":" in peer else peer
 
 
 class Verifier:
@@ -131,21 +219,37 @@ class Verifier:
         audience: str = DEFAULT_AUDIENCE,
         leeway_s: float = LEEWAY_S,
         clock: Callable[[], float] = time.time,
+        failures: FailedAuthentications | None = None,
     ) -> None:
         self._keys = keys
+        self._failures = failures or FailedAuthentications()
         self._issuer = issuer
         self._audience = audience
         self._leeway_s = leeway_s
         self._clock = clock
-        self._verified: dict[str, Grant] = {}
+        # Each verified token's grant, and the id of the key that signed it (None: no kid).
+        self._verified: dict[str, tuple[Grant, str | None]] = {}
+        self._keys_checked_at = clock()
 
-    async def grant(self, token: str) -> Grant:
+    async def grant(self, token: str, address: str = "") -> Grant:
+        """The token's grant; `address`: the caller's client address, whose failures are counted."""
+        if token in self._verified:
+            await self._recheck_keys()
         cached = self._verified.get(token)
         if cached is not None:
-            if cached.expires_at > self._clock():
-                return cached
+            grant, _ = cached
+            if grant.expires_at > self._clock():
+                return grant
             del self._verified[token]
             raise refused("expired")
+        self._failures.check(address)
+        try:
+            return await self._verify(token)
+        except ToolmeshError:
+            self._failures.failed(address)
+            raise
+
+    async def _verify(self, token: str) -> Grant:
         if len(token) > MAX_TOKEN_CHARS:
             raise refused("malformed", "The token is too long.")
         try:
@@ -174,8 +278,24 @@ class Verifier:
         grant = _grant_of(claims, self._leeway_s)
         if len(self._verified) >= CACHE_SIZE:
             self._verified.clear()
-        self._verified[token] = grant
+        kid = jwt.get_unverified_header(token).get("kid")
+        self._verified[token] = (grant, kid if isinstance(kid, str) else None)
         return grant
+
+    async def _recheck_keys(self) -> None:
+        """At most every KEYS_RECHECK_S: drop the cached tokens whose key left the key set."""
+        key_ids = getattr(self._keys, "key_ids", None)
+        now = self._clock()
+        if key_ids is None or now - self._keys_checked_at < KEYS_RECHECK_S:
+            return
+        self._keys_checked_at = now
+        current: frozenset[str] | None = await key_ids()
+        if current is None:
+            return
+        # A token without a kid was taken by the only key of the set then: checked again too.
+        gone = [token for token, (_, kid) in self._verified.items() if kid is None or kid not in current]
+        for token in gone:
+            del self._verified[token]
 
 
 def _grant_of(claims: dict[str, Any], leeway_s: float) -> Grant:

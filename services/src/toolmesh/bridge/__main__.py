@@ -3,7 +3,7 @@ import os
 
 from toolmesh.assembly.entrypoint import dependency_address, parse_args, run, security_of, stores_of
 from toolmesh.assembly.system import start_bridge
-from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_origins
+from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_hosts, web_origins
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import MEMORY, store_url
 
@@ -30,6 +30,7 @@ async def _start() -> RunningServer:
         registry_target=dependency_address(args, "registry"),
         web_address=None if args.web_listen == "off" else args.web_listen,
         web_origins=web_origins(args.web_origins),
+        web_hosts=web_hosts(args.web_hosts),
         security=security,
         internal_address=args.internal_listen,
         # Routes only matter where invocation replicas can read them: a shared store.

@@ -578,24 +578,24 @@ class Router:
         """Accept a host's outcome for a pending request, or raise a ToolmeshError saying why not.
 
         `sessions`: those the submitter may serve (None: all); a host session of
-        another is unknown to it.
+        another is unknown to it. A request that is not this host session's (sent to
+        another, or to none) is REQUEST_UNKNOWN either way: the answer says nothing of
+        other host sessions' requests.
         """
         metadata = {"hostSessionId": host_session_id, "toolRequestId": tool_request_id}
         host = self.submitting_host(host_session_id, tool_request_id, sessions)
         pending = self._pending.get(tool_request_id)
         if pending is None:
             ended = self._ended.get(tool_request_id)
-            if ended is None:
+            if ended is None or ended.host_session_id != host_session_id:
                 raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
-            if ended.host_session_id != host_session_id:
-                raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
             raise ToolmeshError(
                 Code.REQUEST_ENDED,
                 _ENDED_BECAUSE[ended.reason],
                 {**metadata, "ended": ended.reason.value},
             )
         if pending.host is not host:
-            raise ToolmeshError(Code.REQUEST_FOREIGN, "", metadata)
+            raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
         check_outcome(outcome, metadata)
         if pending.after_check:
             # The host read this request, so the check sent before it too (the stream is in order).

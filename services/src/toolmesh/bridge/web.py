@@ -14,14 +14,30 @@ an origin it is allowed: one of the configured origins, or the port's own
 origin; a request from another origin is refused (403) before any RPC runs,
 and preflights for it get no CORS grant. Requests without an Origin header
 (not from a browser) are served.
+
+DNS rebinding: every request's `Host` must name this port as configured (the
+loopback names localhost, 127.0.0.1 and [::1], the bound address, the hosts
+of the allowed origins and `--web-hosts`), else 403 (PERMISSION_DENIED) before
+anything else; a rebinding page, whose Host is its own name, never reaches the
+origin check that trusts the port's own origin.
+
+Slow clients: a request must arrive whole (headers and body) within
+REQUEST_READ_S of its connection opening or of the previous response, an idle
+keep-alive connection closes after KEEP_ALIVE_S, and at most MAX_CONNECTIONS
+connections (MAX_CONNECTIONS_PER_ADDRESS from one client address) are open at
+once; a connection over either is closed as it opens.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
+import json
 import logging
 import os
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -36,6 +52,7 @@ from connectrpc.errors import ConnectError, ErrorDetail
 from connectrpc.request import RequestContext
 from google.rpc import error_details_pb2
 from protobuf.wkt import Any as AnyMessage
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import Admit, Listener, admission, grant_expires_at, scope
@@ -58,6 +75,22 @@ log = logging.getLogger("toolmesh.bridge.web")
 
 DEFAULT_WEB_PORT = 7404
 ORIGINS_ENV = "TOOLMESH_WEB_ORIGINS"
+HOSTS_ENV = "TOOLMESH_WEB_HOSTS"
+# The names a request's Host may give on any port: this machine's loopback names.
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+HOST_REFUSED = "The request's Host is not a name of this port."
+
+# A request (its headers and body) must have arrived this long after its connection opened or the
+# previous response ended; a half-sent request (slowloris) is closed then.
+REQUEST_READ_S = 10.0
+# An idle keep-alive connection is closed after this long (uvicorn's timeout_keep_alive).
+KEEP_ALIVE_S = 5.0
+# Open connections at most, on the port and from one client address (one per page's host session,
+# and a few for its calls: a browser opens at most 6 per origin and tab).
+MAX_CONNECTIONS = 1000
+MAX_CONNECTIONS_PER_ADDRESS = 64
+# The largest request head (request line and headers) read (h11's incomplete event size).
+MAX_HEADER_BYTES = 16 * 1024
 
 _SERVICE = "/toolmesh.v1.BridgeService/"
 HOST_FACING = (
@@ -112,6 +145,10 @@ class _Headers:
 
     def invocation_metadata(self) -> list[tuple[str, str]]:
         return [(key.lower(), value) for key, value in self._ctx.request_headers.items()]
+
+    def peer(self) -> str:
+        """The client's `host:port`, as the policy reads a gRPC peer."""
+        return self._ctx.client_address or ""
 
 
 async def _admit(admit: Admit | None, request: Any, ctx: RequestContext[Any, Any]) -> None:
@@ -192,10 +229,49 @@ class WebBridge(BridgeService):
 
 def add_web_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--web-hosts",
+        help=f"comma-separated names the web port is reached by besides loopback's and its allowed "
+        f"origins', checked against each request's Host (DNS rebinding), e.g. bridge.example.com "
+        f"(env {HOSTS_ENV}; default none)",
+    )
+    parser.add_argument(
         "--web-origins",
         help=f"comma-separated browser origins allowed on the web port besides its own, "
         f"e.g. http://localhost:5173 (env {ORIGINS_ENV}; default none)",
     )
+
+
+def web_hosts(flag: str | None) -> list[str]:
+    """The names (no port) a request's Host may give besides loopback's: the flag, else the environment."""
+    raw = flag if flag is not None else os.environ.get(HOSTS_ENV, "")
+    hosts = [host.strip().lower() for host in raw.split(",") if host.strip()]
+    for host in hosts:
+        if host == "*" or "/" in host or urlsplit(f"//{host}").port is not None:
+            raise SystemExit(f"not a host name (a name or an address, no port): {host}")
+    return hosts
+
+
+def allowed_hosts(origins: Iterable[str], hosts: Iterable[str] = ()) -> frozenset[str]:
+    """The names a request's Host may give: loopback's, the given hosts, and the allowed origins' hosts."""
+    names = set(LOOPBACK_HOSTS)
+    names.update(_bracketed(host.lower()) for host in hosts if host not in ("", "0.0.0.0", "::"))
+    for origin in origins:
+        hostname = urlsplit(origin).hostname
+        if hostname:
+            names.add(_bracketed(hostname))
+    return frozenset(names)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def host_name(host_header: str) -> str:
+    """The name of a Host header, without its port: `[::1]:7404` is `[::1]`, `Localhost:80` is `localhost`."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host.split("]", 1)[0] + "]"
+    return host.rsplit(":", 1)[0] if ":" in host else host
 
 
 def web_origins(flag: str | None) -> list[str]:
@@ -214,14 +290,22 @@ def allowed_origin(origin: str, host_header: str, origins: frozenset[str]) -> bo
     return origin in origins or (host_header != "" and urlsplit(origin).netloc == host_header)
 
 
-def guarded(app: App, origins: Iterable[str]) -> App:
-    """Only the host-facing paths, and only from allowed origins, with CORS for those."""
+def guarded(app: App, origins: Iterable[str], hosts: Iterable[str] = ()) -> App:
+    """Only the host-facing paths, only for a Host that names this port, and only from allowed
+    origins, with CORS for those."""
     allowed = frozenset(origin.rstrip("/") for origin in origins)
+    names = allowed_hosts(allowed, hosts)
 
     async def guard(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+        if host_name(headers.get("host", "")) not in names:
+            # DNS rebinding: a page of another name that resolves here. Refused before its origin
+            # is compared with the port's own (which it would match).
+            log.info("refused a request for a host not allowed", extra={"code": Code.PERMISSION_DENIED.value})
+            await _refuse(send, 403, ToolmeshError(Code.PERMISSION_DENIED, HOST_REFUSED))
+            return
         if scope["path"] not in HOST_FACING_PATHS:
             await _respond(send, 404, [])
             return
@@ -265,6 +349,21 @@ async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]]) 
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+async def _refuse(send: Send, status: int, error: ToolmeshError) -> None:
+    """A refusal as the Connect protocol writes an error: its code, message and ErrorInfo."""
+    info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN, metadata=error.metadata)
+    name = error.status.name.lower().replace("cancelled", "canceled")
+    detail = {
+        "type": "google.rpc.ErrorInfo",
+        "value": base64.b64encode(info.SerializeToString()).decode().rstrip("="),
+    }
+    body = json.dumps({"code": name, "message": error.message, "details": [detail]}).encode()
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 def web_app(
     router: Router,
     declarations: Declarations,
@@ -273,11 +372,13 @@ def web_app(
     recorder: OutcomeRecorder | None = None,
     *,
     read_max_bytes: int = MAX_MESSAGE_BYTES,
+    hosts: Iterable[str] = (),
 ) -> App:
     """The web port's application; with a `verifier`, every call needs a token, as on the gRPC port;
     with `recorder`, results handed in after another replica was lost are adopted as on the gRPC port.
 
-    `read_max_bytes`: the largest message it reads (the `message_bytes` limit).
+    `read_max_bytes`: the largest message it reads (the `message_bytes` limit); `hosts`: the names
+    a request's Host may give besides loopback's and the origins' (DNS rebinding).
     """
     connect = _WebApplication(
         WebBridge(router, declarations, verifier, recorder),
@@ -285,7 +386,7 @@ def web_app(
         read_max_bytes=read_max_bytes,
         codecs=[_TypedDecoding(codec) for codec in google_protobuf_codecs()],
     )
-    return guarded(connect, origins)
+    return guarded(connect, origins, hosts)
 
 
 PROTOCOL_ERROR_DETAIL = "The request does not follow the Connect or gRPC-Web protocol."
@@ -382,11 +483,88 @@ class WebServer:
         await self.server.shutdown()
 
 
-async def start_web_server(app: App, address: str, tls: TlsFiles | None = None) -> WebServer:
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a request may take to arrive, and how many connections may be open (see the module)."""
+
+    request_read_s: float = REQUEST_READ_S
+    keep_alive_s: float = KEEP_ALIVE_S
+    max_connections: int = MAX_CONNECTIONS
+    max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS
+
+
+def _bounded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol, with the connection caps and the request read timeout of one port."""
+    per_address: Counter[str] = Counter()
+
+    class Bounded(H11Protocol):
+        _address: str | None = None
+        _read_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            address = self.client[0] if self.client else ""
+            if (
+                len(self.connections) > limits.max_connections
+                or per_address[address] >= limits.max_connections_per_address
+            ):
+                log.warning(
+                    "refused a connection over the web port's caps",
+                    extra={"code": Code.OVERLOADED.value, "open_connections": len(self.connections)},
+                )
+                transport.abort()
+                return
+            per_address[address] += 1
+            self._address = address
+            self._arm_read_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_read_timer()
+            if self._address is not None:
+                per_address[self._address] -= 1
+                if per_address[self._address] <= 0:
+                    del per_address[self._address]
+                self._address = None
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            cycle = self.cycle
+            if cycle is not None and not cycle.more_body and not cycle.response_complete:
+                self._disarm_read_timer()  # the request being served has arrived whole
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm_read_timer()  # the next request, if any, within the same time
+
+        def _arm_read_timer(self) -> None:
+            self._disarm_read_timer()
+            self._read_timer = self.loop.call_later(limits.request_read_s, self._read_timed_out)
+
+        def _disarm_read_timer(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _read_timed_out(self) -> None:
+            self._read_timer = None
+            if not self.transport.is_closing():
+                log.info("closed a connection whose request did not arrive in time")
+                self.transport.close()
+
+    return Bounded
+
+
+async def start_web_server(
+    app: App, address: str, tls: TlsFiles | None = None, limits: ConnectionLimits | None = None
+) -> WebServer:
     """Serve `app` on `address` (port 0 picks a free port) over HTTP/1.1, on the running loop.
 
     With `tls` (a certificate and key), over HTTPS; the files are read once, at start.
+    `limits`: request read timeout, keep-alive and connection caps (default ConnectionLimits()).
     """
+    limits = limits or ConnectionLimits()
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -400,7 +578,9 @@ async def start_web_server(app: App, address: str, tls: TlsFiles | None = None) 
     sock.setblocking(False)
     config = uvicorn.Config(
         app,
-        http="h11",
+        http=_bounded_protocol(limits),
+        timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         ws="none",
         lifespan="off",
         interface="asgi3",

@@ -71,7 +71,6 @@ class Code(enum.StrEnum):
     INTERNAL = "INTERNAL"
     # Reasons SubmitToolResult refuses a result.
     REQUEST_UNKNOWN = "REQUEST_UNKNOWN"
-    REQUEST_FOREIGN = "REQUEST_FOREIGN"
     REQUEST_ENDED = "REQUEST_ENDED"
     REQUEST_DUPLICATE = "REQUEST_DUPLICATE"
     HOST_SESSION_UNKNOWN = "HOST_SESSION_UNKNOWN"
@@ -84,6 +83,7 @@ class Code(enum.StrEnum):
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
     # Who may do what: refused before anything ran.
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    AUTH_THROTTLED = "AUTH_THROTTLED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     WRONG_LISTENER = "WRONG_LISTENER"
     # Limits (toolmesh.rules.limits): a request over a fixed bound, or a quota used up for now.
@@ -200,13 +200,9 @@ _TABLE: dict[Code, ErrorSpec] = {
         status=S.UNAVAILABLE, retryable=True, message="The service is shutting down; try again."
     ),
     Code.INTERNAL: ErrorSpec(status=S.INTERNAL, retryable=False, message="An internal error occurred."),
+    # Also a request sent to another host session: one answer, so that ids are no existence oracle.
     Code.REQUEST_UNKNOWN: ErrorSpec(
-        status=S.NOT_FOUND, retryable=False, message="No tool request has that id."
-    ),
-    Code.REQUEST_FOREIGN: ErrorSpec(
-        status=S.PERMISSION_DENIED,
-        retryable=False,
-        message="The tool request was sent to another host session.",
+        status=S.NOT_FOUND, retryable=False, message="This host session has no tool request with that id."
     ),
     Code.REQUEST_ENDED: ErrorSpec(
         status=S.FAILED_PRECONDITION,
@@ -252,6 +248,11 @@ _TABLE: dict[Code, ErrorSpec] = {
         retryable=False,
         caller_fault=True,
         message="The call has no valid token: missing, malformed, expired, or not signed by a trusted key.",
+    ),
+    Code.AUTH_THROTTLED: ErrorSpec(
+        status=S.RESOURCE_EXHAUSTED,
+        retryable=True,
+        message="Too many failed authentications from this address; retry after the delay in RetryInfo.",
     ),
     Code.PERMISSION_DENIED: ErrorSpec(
         status=S.PERMISSION_DENIED,

@@ -155,31 +155,73 @@ class Gateway:
         """The sessions whose tools are watched now (one WatchTools stream each)."""
         return frozenset(self._watched)
 
+    def hearing(self, session_id: str) -> int:
+        """How many MCP sessions hear the session's list_changed now."""
+        watched = self._watched.get(session_id)
+        return 0 if watched is None else len(watched.connections)
+
     # -- requests ---------------------------------------------------------
-    def enter(self, ctx: ServerRequestContext[Any, Any]) -> tuple[str, _Watched]:
-        """The request's session, its caller's token set for the clients, its watch started."""
+    def enter(self, ctx: ServerRequestContext[Any, Any]) -> str:
+        """The request's session, its caller's token set for the clients; no state is kept yet.
+
+        Nothing is watched or remembered for a request before a service has
+        accepted its token (`hold`): an unauthenticated client pins no watch and
+        joins no session's list_changed.
+        """
         session_id = self._session_of(ctx)
         if self._token_of is not None:
             caller_token.set(self._token_of(ctx))
-        # The session a connection serves is fixed by its first request.
-        connection: Connection | None = getattr(ctx.session, "_connection", None)
-        handshake = connection is not None and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
-        if handshake and connection is not None:
-            bound = self._bound.setdefault(connection, session_id)
-            if bound != session_id:
+        # The session a connection serves is fixed by its first accepted request.
+        connection = _connection_of(ctx)
+        if connection is not None:
+            bound = self._bound.get(connection)
+            if bound is not None and bound != session_id:
                 raise MCPError(types.INVALID_REQUEST, "This MCP session serves another toolmesh session.")
+        return session_id
+
+    def accepted(self, ctx: ServerRequestContext[Any, Any], session_id: str) -> bool:
+        """Whether this request's connection was already accepted for the session (its token checked)."""
+        connection = _connection_of(ctx)
+        return connection is not None and self._bound.get(connection) == session_id
+
+    async def authorize(self, ctx: ServerRequestContext[Any, Any], session_id: str) -> None:
+        """Have the registry check the caller's token for the session, unless its connection was accepted."""
+        if self.accepted(ctx, session_id):
+            return
+        try:
+            await self._registry.list_tools(session_id)
+        except grpc.aio.AioRpcError as error:
+            raise refused(error) from None
+
+    async def hold_connection(self, ctx: ServerRequestContext[Any, Any], session_id: str) -> None:
+        """For a call on an MCP session: the session's watch, once the caller's token is accepted.
+
+        A 2026-07-28 call (no connection) needs no watch: listen streams start their own.
+        """
+        if _connection_of(ctx) is not None:
+            await self.authorize(ctx, session_id)
+            self.hold(ctx, session_id)
+
+    def hold(self, ctx: ServerRequestContext[Any, Any], session_id: str) -> _Watched:
+        """The session's watch, started or kept, for a request whose token a service accepted.
+
+        Raises OVERLOADED (MCPError) when `max_watches` are held.
+        """
+        connection = _connection_of(ctx)
         watched = self._watched.get(session_id)
         if watched is None:
             watched = self._watched[session_id] = self._new_watch()
-        if handshake and connection is not None and connection not in watched.connections:
-            watched.connections.add(connection)
-            # Closed when the MCP session ends: DELETE, the transport's idle timeout, stdio closed.
-            connection.exit_stack.callback(self._let_go, session_id, watched, connection)
+        if connection is not None:
+            self._bound.setdefault(connection, session_id)
+            if connection not in watched.connections:
+                watched.connections.add(connection)
+                # Closed when the MCP session ends: DELETE, the transport's idle timeout, stdio closed.
+                connection.exit_stack.callback(self._let_go, session_id, watched, connection)
         self._restart_idle_clock(session_id, watched)
         if watched.task is None or watched.task.done():
             # Started in this request's context: it watches with this caller's token.
             watched.task = asyncio.create_task(self._watch(session_id, watched))
-        return session_id, watched
+        return watched
 
     def _new_watch(self) -> _Watched:
         """A new watch, within `max_watches`: the watches nothing holds end first; else OVERLOADED."""
@@ -226,17 +268,19 @@ class Gateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        session_id, _ = self.enter(ctx)
+        session_id = self.enter(ctx)
         try:
             tool_set = await self._registry.list_tools(session_id)
         except grpc.aio.AioRpcError as error:
             raise refused(error) from None
+        self.hold(ctx, session_id)
         return types.ListToolsResult(tools=[mcp_tool(spec) for spec in tool_set.tools])
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        session_id, _ = self.enter(ctx)
+        session_id = self.enter(ctx)
+        await self.hold_connection(ctx, session_id)
         named: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         def announce(tool_request_id: str) -> None:
@@ -335,7 +379,9 @@ class Gateway:
     async def _listen(
         self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        session_id, watched = self.enter(ctx)
+        session_id = self.enter(ctx)
+        await self.authorize(ctx, session_id)
+        watched = self.hold(ctx, session_id)
         watched.listening += 1
         self._restart_idle_clock(session_id, watched)
         try:
@@ -374,6 +420,14 @@ class Gateway:
         for connection in list(watched.connections):
             with contextlib.suppress(Exception):  # a connection that went away hears nothing
                 await connection.send_tool_list_changed()
+
+
+def _connection_of(ctx: ServerRequestContext[Any, Any]) -> Connection | None:
+    """The handshake-era connection (MCP session) a request came on; None for 2026-07-28 requests."""
+    connection: Connection | None = getattr(ctx.session, "_connection", None)
+    if connection is None or ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return None
+    return connection
 
 
 def _no_header_schema(tool_name: str) -> None:

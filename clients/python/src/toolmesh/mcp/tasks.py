@@ -77,7 +77,7 @@ class TaskMiddleware:
             task_id = params.get("taskId")
             if not isinstance(task_id, str) or not task_id:
                 raise MCPError(types.INVALID_PARAMS, "taskId must be a non-empty string.")
-            session_id, _ = self._gateway.enter(ctx)
+            session_id = self._gateway.enter(ctx)
             if ctx.method == "tasks/get":
                 return _task(await self._invocation(session_id, task_id))
             if ctx.method == "tasks/result":
@@ -94,7 +94,8 @@ class TaskMiddleware:
     async def _start(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> HandlerResult:
-        session_id, _ = self._gateway.enter(ctx)
+        session_id = self._gateway.enter(ctx)
+        await self._gateway.hold_connection(ctx, session_id)
         started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         def announce(tool_request_id: str) -> None:

@@ -97,10 +97,10 @@ class BridgeServiceStub:
     reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
     one got through.
 
-    Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
+    Errors: NOT_FOUND with reason REQUEST_UNKNOWN (this host session has no
+    such tool request: none has, or it was sent to another host session) or
     HOST_SESSION_UNKNOWN (no such host session, or it has ended);
-    PERMISSION_DENIED with reason REQUEST_FOREIGN (the request was sent to
-    another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
+    FAILED_PRECONDITION with reason REQUEST_ENDED (the
     request timed out, was cancelled or already has a result);
     INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
     INVALID_REQUEST (no outcome, malformed error). A host session of a session
@@ -262,10 +262,10 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
     one got through.
 
-    Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
+    Errors: NOT_FOUND with reason REQUEST_UNKNOWN (this host session has no
+    such tool request: none has, or it was sent to another host session) or
     HOST_SESSION_UNKNOWN (no such host session, or it has ended);
-    PERMISSION_DENIED with reason REQUEST_FOREIGN (the request was sent to
-    another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
+    FAILED_PRECONDITION with reason REQUEST_ENDED (the
     request timed out, was cancelled or already has a result);
     INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
     INVALID_REQUEST (no outcome, malformed error). A host session of a session
@@ -436,10 +436,10 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
         one got through.
 
-        Errors: NOT_FOUND with reason REQUEST_UNKNOWN (no such tool request) or
+        Errors: NOT_FOUND with reason REQUEST_UNKNOWN (this host session has no
+        such tool request: none has, or it was sent to another host session) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
-        PERMISSION_DENIED with reason REQUEST_FOREIGN (the request was sent to
-        another host session); FAILED_PRECONDITION with reason REQUEST_ENDED (the
+        FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
         INVALID_REQUEST (no outcome, malformed error). A host session of a session
