@@ -1,8 +1,8 @@
 """The cost of TLS and tokens: the same no-op call through toolmesh in plaintext without tokens, then
 with TLS on every hop (mutual TLS between the services) and a signed token verified on every call.
 
-Certificates come from trustme (a CA made for the run); the token is HS256
-from a secret made for the run, as `toolmesh token` mints them.
+Certificates come from the tests' Pki (a trustme CA made for the run, the services' identity
+included); the token is HS256 from a secret made for the run, as `toolmesh token` mints them.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import trustme
 
 from bench.stack import SESSION
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import Listener, admission
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.core.tls import TlsFiles
+from trust_testing import Pki
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,11 @@ class Secured:
 
 @contextlib.contextmanager
 def secured(directory: Path) -> Iterator[Secured]:
-    ca = trustme.CA()
-    leaf = ca.issue_cert("localhost", "127.0.0.1")
-    cert, key, authority = directory / "server.pem", directory / "server.key", directory / "ca.pem"
-    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
-    leaf.private_key_pem.write_to_path(str(key))
-    ca.cert_pem.write_to_path(str(authority))
+    # The services' certificate names their service identity (a URI SAN), which their internal
+    # listeners require of each other under mutual TLS.
+    pki = Pki.make(directory)
+    served = pki.files("server")
+    cert, key, authority = served.cert, served.key, pki.ca_file
     secret = secrets.token_hex(32).encode()
 
     def token(role: Role, session: str) -> str:

@@ -55,6 +55,8 @@ async def driver() -> AsyncIterator[BrowserDriver]:
 
 
 async def start_secured(driver: BrowserDriver, security: Security) -> SecuredStack:
+    """The three services apart, with tokens: they share one service token for their internal ports."""
+    security = security.with_service_token()
     registry = await start_registry(security=security)
     bridge, _ = await start_bridge(
         heartbeat_s=0.3,
