@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,7 +95,7 @@ async def start_bridge(
         else None
     )
     declarations = Declarations(router, lists, limits)
-    recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger))
+    recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger, ledger_policy(limits)))
     service = bridge_service(router, declarations, recorder)
     running = await start_server(
         [service], address, security=security, internal_address=internal_address, limits=limits
@@ -138,6 +139,16 @@ async def start_bridge(
     return running, router
 
 
+def ledger_policy(limits: Limits) -> LedgerPolicy:
+    """The ledger's windows as the operator's limits set them (the rest at their defaults)."""
+    return dataclasses.replace(
+        LedgerPolicy(),
+        replay_window_s=float(limits.replay_window_s),
+        timeout_replay_window_s=float(limits.timeout_replay_window_s),
+        late_retry_notice_s=float(limits.late_retry_notice_s),
+    )
+
+
 async def start_invocation(
     registry_target: str,
     bridge_target: str,
@@ -156,7 +167,7 @@ async def start_invocation(
     security.check_public(address)
     stores = stores or open_stores()
     registry_channel = open_channel(registry_target, security.peer_credentials())
-    ledger = Ledger(stores.ledger, policy or LedgerPolicy())
+    ledger = Ledger(stores.ledger, policy or ledger_policy(limits))
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = cached_registry_catalog(registry_target, registry_channel)
     dispatcher = RoutedDispatcher(
