@@ -22,7 +22,12 @@ from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.observability import InvocationTelemetry
 from toolmesh.invocation.quotas import Quotas
-from toolmesh.invocation.remote import RoutedDispatcher, cached_registry_catalog
+from toolmesh.invocation.remote import (
+    RoutedDispatcher,
+    balanced,
+    registry_targets,
+    replicated_registry_catalog,
+)
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import Registry
@@ -162,14 +167,21 @@ async def start_invocation(
 ) -> RunningServer:
     """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
 
+    `registry_target` may name several registry replicas (on one store): `a:7411,b:7411`, or a gRPC
+    target such as `dns:///registry:7411` or `ipv4:10.0.0.1:7411,10.0.0.2:7411` (round_robin).
+
     It keeps its ledger in `stores` (closed when it stops; default: its own memory).
     """
     security.check_public(address)
     stores = stores or open_stores()
-    registry_channel = open_channel(registry_target, security.peer_credentials())
+    # Every registry replica `registry_target` names (comma-separated, or one gRPC target).
+    registries = [
+        (target, open_channel(target, security.peer_credentials(), balanced=balanced(target)))
+        for target in registry_targets(registry_target)
+    ]
     ledger = Ledger(stores.ledger, policy or ledger_policy(limits))
     # Each session's tools from a registry watch, GetTool only for names not in it.
-    catalog = cached_registry_catalog(registry_target, registry_channel)
+    catalog = replicated_registry_catalog(registries)
     dispatcher = RoutedDispatcher(
         stores.store, bridge_target, security.peer_credentials(), recorded=stores.shared
     )
@@ -200,7 +212,7 @@ async def start_invocation(
         validation.aclose,
         stop_following,
         catalog.aclose,
-        registry_channel.close,
+        *(channel.close for _, channel in registries),
         dispatcher.aclose,
         ledger.aclose,
         stores.close,
