@@ -152,7 +152,16 @@ async def test_tool_call_own_deadline_exits_75(
     assert response["error"]["code"] == "CALLER_DEADLINE_EXCEEDED"
     assert response["error"]["retryable"] is True
     # The same shape as every other output, with the id to reconcile.
-    assert set(response) == {"ok", "outcomeReceived", "toolRequestId", "joined", "replayed", "error"}
+    assert set(response) == {
+        "ok",
+        "outcomeReceived",
+        "toolRequestId",
+        "joined",
+        "replayed",
+        "retrySafeUntil",
+        "error",
+    }
+    assert response["retrySafeUntil"].endswith("Z")  # until when the same command is safe
     assert response["error"]["kind"] == "runtime"
     code, shown, _ = await run_cli("invocations", "show", response["toolRequestId"], env=cli_env)
     assert code == 0

@@ -81,13 +81,18 @@ def test_an_unknown_tool_is_invalid_params() -> None:
 
 def test_no_outcome_says_an_exact_retry_is_safe() -> None:
     with pytest.raises(MCPError) as raised:
-        call_tool_result(CallResult("tr_5", None, Code.CALLER_DEADLINE_EXCEEDED))
+        call_tool_result(
+            CallResult(
+                "tr_5", None, Code.CALLER_DEADLINE_EXCEEDED, retry_safe_until="2026-01-01T00:10:00.000Z"
+            )
+        )
     assert raised.value.code == NO_OUTCOME
     assert raised.value.data == {
         "code": "CALLER_DEADLINE_EXCEEDED",
         "retryable": True,
         "toolRequestId": "tr_5",
         "exactRetrySafe": True,
+        "retrySafeUntil": "2026-01-01T00:10:00.000Z",
     }
 
 

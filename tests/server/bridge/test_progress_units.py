@@ -139,7 +139,7 @@ async def test_a_cancelled_invocation_stops_its_dispatch_and_ends_cancelled(leav
     heard: list[ToolProgress] = []
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-    async def announce(tool_request_id: str, attachment_id: str) -> None:
+    async def announce(tool_request_id: str, attachment_id: str, safe_until: float) -> None:
         started.set_result(tool_request_id)
 
     call = asyncio.ensure_future(
@@ -169,7 +169,7 @@ async def test_a_cancellation_posted_by_another_replica_stops_the_local_dispatch
     await ready.wait()
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-    async def announce(tool_request_id: str, attachment_id: str) -> None:
+    async def announce(tool_request_id: str, attachment_id: str, safe_until: float) -> None:
         started.set_result(tool_request_id)
 
     call = asyncio.ensure_future(owner.invoke(CALL, on_invocation=announce))

@@ -6,8 +6,10 @@ Every test runs on both ledger backends: the embedded memory and the shared Redi
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,10 @@ import pytest_asyncio
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import CallResult, InvocationClient, InvocationState, RegistryClient
-from toolmesh.contracts.ledger import LedgerPolicy
 from toolmesh.core.errors import Code
-from toolmesh.core.rpcstatus import error_code
+from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.rules.limits import limits_from
 from toolmesh.store.backends import MEMORY
 from toolmesh.v1 import invocation_pb2, invocation_pb2_grpc
 from toolmesh_testing import HostProcess, eventually, logged, run_cli, start_host_process
@@ -56,9 +58,9 @@ def marker_dir(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def ledger_system(backend: str) -> AsyncIterator[LocalSystem]:
     url, prefix = (MEMORY, None) if backend == MEMORY else (SHARED_URL, new_prefix())
-    running = await start_local_system(
-        heartbeat_s=0.5, policy=LedgerPolicy(replay_window_s=1.0), store_url=url, store_prefix=prefix
-    )
+    # Short windows, set as an operator sets them (`--limit`): 1 s to replay, then 1 s of notice.
+    windows = limits_from(["replay_window_s=1", "timeout_replay_window_s=1", "late_retry_notice_s=1"], {})
+    running = await start_local_system(heartbeat_s=0.5, limits=windows, store_url=url, store_prefix=prefix)
     async with RegistryClient(running.registry_target) as registry:
         await registry.put_tools(SESSION, TOOLS)
     yield running
@@ -137,6 +139,9 @@ async def test_cli_gives_up_then_exact_retry_joins(
         "tool-call", "--thread-id", SESSION, "--tool", "count", "--args", args, "--timeout", "1.5", env=env
     )
     assert code == 75 and json.loads(out)["outcomeReceived"] is False
+    # Exit 75 says until when the same command is safe: the suite's 1 s window from the claim.
+    safe_until = datetime.datetime.fromisoformat(json.loads(out)["retrySafeUntil"]).timestamp()
+    assert time.time() - 1.5 < safe_until <= time.time() + 1.0
     await eventually(lambda: runs(marker_dir, "cli-join"))  # it runs on without the caller
     # The same call, spelled differently: key order, spacing, number form.
     retry_args = '{ "hold": 1.0e0,"key":"cli-join" }'
@@ -182,9 +187,48 @@ async def test_unconfirmed_result_replays_only_within_the_window(
     first = await count(client, "window", confirm_delivery=False)
     assert (await count(client, "window", confirm_delivery=False)).replayed is True
     await asyncio.sleep(1.3)  # the replay window is 1 s in this suite
+    with pytest.raises(grpc.aio.AioRpcError) as raised:  # then 1 s of "too late", nothing run
+        await count(client, "window")
+    assert error_code(raised.value) is Code.RETRY_WINDOW_PASSED
+    assert raised.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert len(runs(marker_dir, "window")) == 1
+    await asyncio.sleep(1.0)  # past the notice: the ledger has forgotten the call
     later = await count(client, "window")
     assert later.tool_request_id != first.tool_request_id and not later.replayed
     assert len(runs(marker_dir, "window")) == 2
+
+
+async def test_a_lost_timeout_replays_within_the_window_then_says_the_window_passed(
+    client: InvocationClient, marker_dir: Path
+) -> None:
+    """The caller gives up; the tool's deadline passes (TOOL_TIMEOUT, a side effect may have
+    happened). An exact retry inside the window replays it; one after it is refused as too late,
+    never run again: one execution throughout."""
+    arguments = {"key": "lost-timeout", "sleep": 1.5}
+    gave_up = await client.invoke(SESSION, "count_short", arguments, turn_id="turn", timeout=0.3)
+    assert gave_up.outcome is None and gave_up.code is Code.CALLER_DEADLINE_EXCEEDED
+    assert gave_up.tool_request_id is not None and gave_up.retry_safe_until is not None
+    safe_until = datetime.datetime.fromisoformat(gave_up.retry_safe_until).timestamp()
+    assert time.time() < safe_until <= time.time() + 1.0  # the suite's 1 s window, from the claim
+    assert gave_up.to_json()["retrySafeUntil"] == gave_up.retry_safe_until
+
+    async def timed_out() -> bool:
+        record = await client.get_invocation(gave_up.tool_request_id or "")
+        return record.state is InvocationState.TIMED_OUT
+
+    await eventually(timed_out)
+    retry = await client.invoke(SESSION, "count_short", arguments, turn_id="turn", confirm_delivery=False)
+    assert retry.replayed and retry.tool_request_id == gave_up.tool_request_id
+    assert retry.outcome is not None and retry.outcome.code == "TOOL_TIMEOUT"
+    await asyncio.sleep(1.2)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await client.invoke(SESSION, "count_short", arguments, turn_id="turn")
+    assert error_code(raised.value) is Code.RETRY_WINDOW_PASSED
+    info = error_info(raised.value)
+    assert info is not None and info.metadata["toolRequestId"] == gave_up.tool_request_id
+    assert info.metadata["state"] == "timed_out"
+    await asyncio.sleep(1.0)  # let the handler's own sleep end: still one execution
+    assert runs(marker_dir, "lost-timeout") == [gave_up.tool_request_id]
 
 
 async def test_different_arguments_are_different_calls(client: InvocationClient, marker_dir: Path) -> None:

@@ -16,10 +16,12 @@ import pytest_asyncio
 from redis.asyncio import Redis
 
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
+from toolmesh.assembly.system import ledger_policy
 from toolmesh.contracts.ledger import CancelVerdict, InvocationState, Ledger, LedgerPolicy, identity_of
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
+from toolmesh.rules.limits import limits_from
 from toolmesh.store.backends import open_stores
 from toolmesh.store.ledger import Delivered, LeaseRefused, LeaseTerms, LedgerStore
 from toolmesh.store.memory import MemoryLedgerStore
@@ -30,6 +32,7 @@ POLICY = LedgerPolicy(
     record_retention_s=5.0,
     running_grace_s=0.2,
     owner_grace_s=0.1,  # within running_grace_s: the running record is still there
+    late_retry_notice_s=1.0,
 )
 
 
@@ -75,6 +78,15 @@ def clock(backend: tuple[LedgerStore, Clock, str]) -> Clock:
 @pytest.fixture
 def ledger(backend: tuple[LedgerStore, Clock, str]) -> Ledger:
     return Ledger(backend[0], POLICY, clock=backend[1])
+
+
+async def window_passed(ledger: Ledger, exact: ToolCall, tool_request_id: str) -> None:
+    """An exact retry of `tool_request_id` after its window is refused, naming it; nothing is claimed."""
+    with pytest.raises(ToolmeshError) as raised:
+        await ledger.claim(exact, "tr_late", 10_000)
+    assert raised.value.code is Code.RETRY_WINDOW_PASSED
+    assert raised.value.metadata["toolRequestId"] == tool_request_id
+    assert await ledger.get("tr_late") is None
 
 
 def call(arguments: str = '{"a": 1}', tool: str = "t", session: str = "s") -> ToolCall:
@@ -149,6 +161,8 @@ async def test_an_attachment_never_confirmed_holds_the_invocation_only_within_th
     await ledger.confirm("tr_1", attachment_id=joined.attachment_id)
     assert not (await ledger.claim(call(), "tr_3", 10_000)).is_new
     await clock.advance(POLICY.replay_window_s + 0.1)
+    await window_passed(ledger, call(), "tr_1")
+    await clock.advance(POLICY.late_retry_notice_s)
     assert (await ledger.claim(call(), "tr_4", 10_000)).is_new
 
 
@@ -162,6 +176,9 @@ async def test_the_claimant_s_replay_window_holds_whoever_finishes(
     await bridge.finish("tr_1", Outcome.success("7"))
     assert not (await claimant.claim(call(), "tr_2", 10_000)).is_new
     await clock.advance(POLICY.replay_window_s + 0.1)
+    await window_passed(claimant, call(), "tr_1")
+    await window_passed(bridge, call(), "tr_1")
+    await clock.advance(POLICY.late_retry_notice_s)
     assert (await claimant.claim(call(), "tr_3", 10_000)).is_new
 
 
@@ -206,9 +223,13 @@ async def test_replay_window_and_the_shorter_timeout_window(ledger: Ledger, cloc
     await ledger.claim(call('{"k": "slow"}'), "tr_slow", 10_000)
     await ledger.finish("tr_slow", Outcome.runtime_error(Code.TOOL_TIMEOUT))
     await clock.advance(0.3)
-    assert (await ledger.claim(call('{"k": "slow"}'), "tr_slow2", 10_000)).is_new
+    await window_passed(ledger, call('{"k": "slow"}'), "tr_slow")
     assert not (await ledger.claim(call('{"k": "ok"}'), "tr_ok2", 10_000)).is_new
-    await clock.advance(POLICY.replay_window_s)
+    await clock.advance(POLICY.late_retry_notice_s)
+    assert (await ledger.claim(call('{"k": "slow"}'), "tr_slow2", 10_000)).is_new
+    await clock.advance(POLICY.replay_window_s - POLICY.late_retry_notice_s)
+    await window_passed(ledger, call('{"k": "ok"}'), "tr_ok")
+    await clock.advance(POLICY.late_retry_notice_s)
     assert (await ledger.claim(call('{"k": "ok"}'), "tr_ok3", 10_000)).is_new
 
 
@@ -493,3 +514,68 @@ async def test_a_place_is_given_back_apart_and_lapses_after_its_ttl(ledger: Ledg
     await refused(ledger, "tr_3")
     await clock.advance(0.1)
     assert (await ledger.claim(call('{"a": 4}'), "tr_4", 10_000, lease=ONE_PLACE)).is_new
+
+
+def limits_policy(*settings: str) -> LedgerPolicy:
+    """The policy an invocation service builds from its `--limit` flags."""
+    return ledger_policy(limits_from(list(settings), environ={}))
+
+
+@pytest.mark.unit
+def test_the_default_windows_cover_an_agent_s_retry_budget() -> None:
+    policy = limits_policy()
+    assert policy.replay_window_s == policy.timeout_replay_window_s == 600.0
+    assert policy.late_retry_notice_s == 1800.0
+    set_by_flags = limits_policy("replay_window_s=30", "timeout_replay_window_s=45", "late_retry_notice_s=7")
+    assert (set_by_flags.replay_window_s, set_by_flags.timeout_replay_window_s) == (30.0, 45.0)
+    assert set_by_flags.late_retry_notice_s == 7.0
+
+
+@pytest.mark.parametrize("outcome", [Outcome.runtime_error(Code.TOOL_TIMEOUT), Outcome.success("1")])
+async def test_windows_set_through_the_limits_replay_then_say_the_window_passed(
+    backend: tuple[LedgerStore, Clock, str], outcome: Outcome
+) -> None:
+    """Inside the window an exact retry replays; after it, RETRY_WINDOW_PASSED (nothing runs) for the
+    notice; after that the ledger has forgotten the call and it runs anew."""
+    store, clock, _ = backend
+    policy = replace(
+        limits_policy("replay_window_s=1", "timeout_replay_window_s=1", "late_retry_notice_s=1"),
+        record_retention_s=0.5,  # shorter than the pointer: the record is kept as long as it
+    )
+    ledger = Ledger(store, policy, clock=clock)
+    first = await ledger.claim(call(), "tr_1", 10_000)
+    safe_until = ledger.retry_safe_until(first.record)
+    assert safe_until == clock.now + 1.0
+    await ledger.finish("tr_1", outcome, claimed=first.record)
+    await clock.advance(0.6)
+    replayed = await ledger.claim(call(), "tr_2", 10_000)
+    assert not replayed.is_new and replayed.record.outcome == outcome
+    await clock.advance(0.6)
+    with pytest.raises(ToolmeshError) as raised:
+        await ledger.claim(call(), "tr_3", 10_000)
+    assert raised.value.code is Code.RETRY_WINDOW_PASSED
+    assert raised.value.metadata["toolRequestId"] == "tr_1"
+    assert raised.value.metadata["replayWindowS"] == "1"
+    assert raised.value.metadata["retrySafeUntil"].endswith("Z")
+    assert await ledger.get("tr_3") is None  # nothing claimed, nothing to run
+    still = await ledger.get("tr_1")
+    assert still is not None and still.outcome == outcome  # reconcilable past record_retention_s
+    await clock.advance(1.0)
+    assert (await ledger.claim(call(), "tr_4", 10_000)).is_new
+
+
+async def test_a_late_retry_runs_anew_once_the_earlier_invocation_is_confirmed(
+    backend: tuple[LedgerStore, Clock, str],
+) -> None:
+    store, clock, _ = backend
+    ledger = Ledger(
+        store,
+        limits_policy("replay_window_s=1", "timeout_replay_window_s=1", "late_retry_notice_s=60"),
+        clock=clock,
+    )
+    await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_TIMEOUT))
+    await clock.advance(1.1)
+    await window_passed(ledger, call(), "tr_1")
+    await ledger.confirm("tr_1")  # reconciled: the caller means to run it again
+    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new

@@ -268,18 +268,22 @@ async def test_idle_sessions_are_dropped_with_their_streams(registry: Registered
 
 @pytest.mark.integration
 async def test_registry_stopped(registry: Registered) -> None:
-    """A new session fails with REGISTRY_UNAVAILABLE. A cached session answers from memory only while
-    its watch is open: once the stream ends it is forgotten, and its next lookup fails the same way."""
+    """A new session fails with REGISTRY_UNAVAILABLE. A cached session keeps its last list while its
+    watch reconnects (up to stale_s); then it is forgotten, and its next lookup fails the same way."""
     await registry.put("cached", ToolSpec("a", "", OBJECT))
     async with no_leaked_tasks():
-        catalog = registry.catalog()
+        catalog = WatchedCatalog(
+            registry_watch_source(registry.client), RemoteCatalog(registry.channel), stale_s=1.0
+        )
         assert await catalog.get_tool("cached", "a") is not None
         await registry.server.stop(0.1)
-        await eventually(lambda: catalog.watched_sessions == [])
+        await asyncio.sleep(0.3)  # the stream broke; it reconnects, in vain
+        found = await catalog.get_tool("cached", "a")  # served from the kept list
+        assert found is not None and catalog.watched_sessions == ["cached"]
+        await unavailable(catalog.get_tool("new", "a"))
+        await eventually(lambda: catalog.watched_sessions == [], timeout=5.0)  # past stale_s
         error = await unavailable(catalog.get_tool("cached", "a"))
         assert error.metadata["sessionId"] == "cached" and error.metadata["grpcStatus"]
-        await unavailable(catalog.get_tool("new", "a"))
-        assert catalog.watched_sessions == []
         await catalog.aclose()
 
 
@@ -359,16 +363,53 @@ async def test_stream_failing_before_its_first_message_passes_its_error_on() -> 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("behaviour", ["end", "fail"])
-async def test_a_stream_that_ends_or_fails_is_forgotten_and_reopened(behaviour: str) -> None:
+async def test_a_stream_that_ends_or_fails_keeps_its_list_and_reconnects(behaviour: str) -> None:
     fake = FakeRegistry({"s": ToolSet(1, (ToolSpec("a"),))}, behaviour=behaviour)
     async with no_leaked_tasks():
         catalog = WatchedCatalog(fake.watch, fake)
         assert await catalog.get_tool("s", "a") is not None
-        await eventually(lambda: catalog.watched_sessions == [])
+        await eventually(lambda: fake.opened["s"] >= 2)  # reopened by itself
+        assert catalog.watched_sessions == ["s"]
         assert await catalog.get_tool("s", "a") is not None
-        assert fake.opened["s"] == 2 and fake.lookups == 0
+        assert fake.lookups == 0
         await catalog.aclose()
-    assert fake.closed["s"] == 2
+    assert fake.closed["s"] == fake.opened["s"]
+
+
+@pytest.mark.unit
+async def test_a_broken_watch_serves_its_last_list_with_its_revision_until_it_reconnects() -> None:
+    """The registry is down: lookups answer from the kept list (its revision too); the first list
+    of the reconnected stream replaces it."""
+    fake = FakeRegistry({"s": ToolSet(4, (ToolSpec("a"),))}, behaviour="fail")
+    async with no_leaked_tasks():
+        catalog = WatchedCatalog(fake.watch, fake)
+        assert await catalog.get_tool("s", "a") is not None
+        fake.behaviour = "fail_first"  # every reconnection fails: the registry is down
+        await eventually(lambda: fake.opened["s"] >= 3)
+        kept = await catalog.get_tool("s", "a")
+        assert kept is not None and catalog.watched_sessions == ["s"] and fake.lookups == 0
+        fake.sessions["s"] = ToolSet(5, (ToolSpec("a", "changed"),))
+        fake.behaviour = "follow"  # back
+
+        async def replaced() -> bool:
+            tool = await catalog.get_tool("s", "a")
+            return tool is not None and tool.description == "changed"
+
+        await eventually(replaced)
+        assert fake.lookups == 0  # from the new stream's list, not a direct lookup
+        await catalog.aclose()
+
+
+@pytest.mark.unit
+async def test_a_watch_not_reconnected_within_stale_s_is_forgotten() -> None:
+    fake = FakeRegistry({"s": ToolSet(1, (ToolSpec("a"),))}, behaviour="fail")
+    async with no_leaked_tasks():
+        catalog = WatchedCatalog(fake.watch, fake, stale_s=0.3)
+        assert await catalog.get_tool("s", "a") is not None
+        fake.behaviour = "fail_first"
+        await eventually(lambda: catalog.watched_sessions == [])
+        await unavailable(catalog.get_tool("s", "a"))
+        await catalog.aclose()
 
 
 @pytest.mark.unit

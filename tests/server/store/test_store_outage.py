@@ -229,6 +229,7 @@ async def test_a_call_waiting_on_the_ledger_when_redis_fails_is_told_the_tool_ma
             unknown = await asyncio.wait_for(waiting, 20)  # within deadline + the owner's grace
             assert unknown.outcome is None and unknown.code is Code.OUTCOME_UNAVAILABLE, unknown
             assert unknown.tool_request_id == ran.tool_request_id and unknown.attachment_id is not None
+            assert unknown.retry_safe_until is not None  # the ErrorInfo says until when the retry is safe
             assert ERROR_TABLE[Code.OUTCOME_UNAVAILABLE].retryable
         finally:
             if outage == "killed":

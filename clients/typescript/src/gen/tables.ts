@@ -115,7 +115,7 @@ export const ERROR_TABLE = {
     status: "UNAVAILABLE",
     retryable: true,
     callerFault: false,
-    message: "The state store failed mid-call; the tool may have run, and an exact retry is safe.",
+    message: "The store failed mid-call; the tool may have run. Exact retry safe until retrySafeUntil (default 10 min).",
   },
   OVERLOADED: {
     status: "RESOURCE_EXHAUSTED",
@@ -164,6 +164,12 @@ export const ERROR_TABLE = {
     retryable: false,
     callerFault: false,
     message: "No invocation has that id, or it is older than the ledger keeps.",
+  },
+  RETRY_WINDOW_PASSED: {
+    status: "FAILED_PRECONDITION",
+    retryable: false,
+    callerFault: true,
+    message: "An exact retry came after the replay window; nothing ran. Reconcile toolRequestId, confirm it, call anew.",
   },
   INVOCATION_RUNNING: {
     status: "FAILED_PRECONDITION",
@@ -241,13 +247,13 @@ export const ERROR_TABLE = {
     status: "DEADLINE_EXCEEDED",
     retryable: true,
     callerFault: false,
-    message: "No outcome arrived before the caller's own deadline; an exact retry joins the same call.",
+    message: "No outcome before the caller's own deadline; an exact retry joins or replays it until retrySafeUntil (default 10 min).",
   },
   TRANSPORT_FAILED: {
     status: "UNAVAILABLE",
     retryable: true,
     callerFault: false,
-    message: "The connection failed before an outcome arrived; an exact retry is safe.",
+    message: "The connection failed before an outcome arrived; an exact retry is safe until retrySafeUntil (default 10 min).",
   },
 } as const satisfies Readonly<Record<string, ErrorSpec>>;
 

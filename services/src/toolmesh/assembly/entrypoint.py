@@ -24,6 +24,11 @@ INTERNAL_ENV_VARS = {
     "bridge": "TOOLMESH_BRIDGE_INTERNAL_ADDR",
 }
 EXIT_CONFIG = 2
+# Dependencies the invocation service can reach through several replicas at once.
+REPLICAS_HELP = {
+    "registry": "; several replicas on one store: a:7411,b:7411 (tried in turn), or one gRPC target "
+    "such as dns:///registry:7411 or ipv4:10.0.0.1:7411,10.0.0.2:7411 (round_robin)",
+}
 
 
 def parse_args(
@@ -48,7 +53,8 @@ def parse_args(
         parser.add_argument(
             f"--{dependency}",
             help=f"the {dependency}'s internal listener (env {INTERNAL_ENV_VARS[dependency]}, "
-            f"default 127.0.0.1:{INTERNAL_PORTS[dependency]})",
+            f"default 127.0.0.1:{INTERNAL_PORTS[dependency]})"
+            + (REPLICAS_HELP.get(dependency, "") if service == "invocation" else ""),
         )
     security.add_arguments(parser)
     limits.add_arguments(parser)

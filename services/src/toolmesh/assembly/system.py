@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,12 @@ from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.observability import InvocationTelemetry
 from toolmesh.invocation.quotas import Quotas
-from toolmesh.invocation.remote import RoutedDispatcher, cached_registry_catalog
+from toolmesh.invocation.remote import (
+    RoutedDispatcher,
+    balanced,
+    registry_targets,
+    replicated_registry_catalog,
+)
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.invocation.validation import Validation
 from toolmesh.registry.registry import Registry
@@ -94,7 +100,7 @@ async def start_bridge(
         security.check_peer()
     lists = RegistryToolLists(registry_target, security.peer_channel) if registry_target is not None else None
     declarations = Declarations(router, lists, limits)
-    recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger))
+    recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger, ledger_policy(limits)))
     service = bridge_service(router, declarations, recorder)
     running = await start_server(
         [service], address, security=security, internal_address=internal_address, limits=limits
@@ -139,6 +145,16 @@ async def start_bridge(
     return running, router
 
 
+def ledger_policy(limits: Limits) -> LedgerPolicy:
+    """The ledger's windows as the operator's limits set them (the rest at their defaults)."""
+    return dataclasses.replace(
+        LedgerPolicy(),
+        replay_window_s=float(limits.replay_window_s),
+        timeout_replay_window_s=float(limits.timeout_replay_window_s),
+        late_retry_notice_s=float(limits.late_retry_notice_s),
+    )
+
+
 async def start_invocation(
     registry_target: str,
     bridge_target: str,
@@ -152,15 +168,22 @@ async def start_invocation(
 ) -> RunningServer:
     """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
 
+    `registry_target` may name several registry replicas (on one store): `a:7411,b:7411`, or a gRPC
+    target such as `dns:///registry:7411` or `ipv4:10.0.0.1:7411,10.0.0.2:7411` (round_robin).
+
     It keeps its ledger in `stores` (closed when it stops; default: its own memory).
     """
     security.check_public(address)
     security.check_peer()
     stores = stores or open_stores()
-    registry_channel = security.peer_channel(registry_target)
-    ledger = Ledger(stores.ledger, policy or LedgerPolicy())
+    # Every registry replica `registry_target` names (comma-separated, or one gRPC target).
+    registries = [
+        (target, security.peer_channel(target, balanced=balanced(target)))
+        for target in registry_targets(registry_target)
+    ]
+    ledger = Ledger(stores.ledger, policy or ledger_policy(limits))
     # Each session's tools from a registry watch, GetTool only for names not in it.
-    catalog = cached_registry_catalog(registry_target, registry_channel)
+    catalog = replicated_registry_catalog(registries)
     dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_channel, recorded=stores.shared)
     # Replicas sharing the ledger hear of each other's cancellations through the store.
     cancels = CancelBoard(stores.store) if stores.shared else None
@@ -189,7 +212,7 @@ async def start_invocation(
         validation.aclose,
         stop_following,
         catalog.aclose,
-        registry_channel.close,
+        *(channel.close for _, channel in registries),
         dispatcher.aclose,
         ledger.aclose,
         stores.close,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import enum
 import hashlib
 import json
@@ -94,10 +95,15 @@ CANCELLED = Outcome.runtime_error(Code.TOOL_CANCELLED, "It was cancelled by a ca
 
 @dataclass(frozen=True, slots=True)
 class LedgerPolicy:
-    # How long an unconfirmed outcome is replayed to an exact retry.
-    replay_window_s: float = 120.0
-    # A received TOOL_TIMEOUT ends the invocation; it is replayed only briefly.
-    timeout_replay_window_s: float = 15.0
+    # How long an unconfirmed outcome is replayed to an exact retry (Limits.replay_window_s).
+    replay_window_s: float = 600.0
+    # The same for a TOOL_TIMEOUT (the side effect may have happened): no shorter, so that an
+    # agent's retry budget never runs it again unseen (Limits.timeout_replay_window_s).
+    timeout_replay_window_s: float = 600.0
+    # After its replay window, an exact retry of an unconfirmed invocation is still recognised for
+    # this long and refused with RETRY_WINDOW_PASSED (nothing runs), rather than run again
+    # unseen (Limits.late_retry_notice_s). Past it, the ledger has forgotten the identity.
+    late_retry_notice_s: float = 1800.0
     # How long GetInvocation can find a finished invocation.
     record_retention_s: float = 600.0
     # How long an idempotency key keeps returning the same outcome.
@@ -125,9 +131,10 @@ class InvocationRecord:
     idempotency_key: str = ""
     # W3C trace context of the first call, so joined and replayed calls can link to it.
     trace_context: dict[str, str] = field(default_factory=dict)
-    # The claimant's replay windows (LedgerPolicy's replay_window_s, timeout_replay_window_s):
-    # whichever process finishes the invocation (a bridge replica may) applies them.
-    replay_windows: tuple[float, float] | None = None
+    # The claimant's replay windows (LedgerPolicy's replay_window_s, timeout_replay_window_s,
+    # late_retry_notice_s): whichever process finishes the invocation (a bridge replica may)
+    # applies them. Records written before the notice was kept hold the first two only.
+    replay_windows: tuple[float, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -173,6 +180,15 @@ def identity_of(call: ToolCall, arguments: jsontext.JsonValue = _UNPARSED) -> st
         return None
     digest = hashlib.sha256(canonical).hexdigest()
     return f"{call.session_id}:{call.tool_name}:{digest}"
+
+
+def rfc3339(at: float) -> str:
+    """Unix seconds as an RFC 3339 UTC time, to the millisecond (as ErrorInfo metadata and JSON give it)."""
+    return (
+        datetime.datetime.fromtimestamp(at, datetime.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 def _outcome_record(outcome: Outcome) -> dict[str, Any]:
@@ -324,7 +340,11 @@ class Ledger:
             created_at=self._clock(),
             idempotency_key=idempotency_key,
             trace_context=trace_context or {},
-            replay_windows=(self.policy.replay_window_s, self.policy.timeout_replay_window_s),
+            replay_windows=(
+                self.policy.replay_window_s,
+                self.policy.timeout_replay_window_s,
+                self.policy.late_retry_notice_s,
+            ),
         )
         running_ttl = timeout_ms / 1000 + self.policy.running_grace_s
         if idempotency_key:
@@ -355,7 +375,39 @@ class Ledger:
             )
         if existing is None:
             return Claim(record, True)
-        return Claim(self._decode(existing), False, existing.attachment_id)
+        attached = self._decode(existing)
+        if not attached.idempotency_key and self._window_passed(attached):
+            raise self._too_late(attached)
+        return Claim(attached, False, existing.attachment_id)
+
+    def _window_passed(self, record: InvocationRecord) -> bool:
+        """Whether `record` finished more than its replay window ago (its pointer is kept longer,
+        for late_retry_notice_s, so that a late exact retry is told rather than run)."""
+        if record.finished_at is None or not record.finished:
+            return False
+        return self._clock() > record.finished_at + self._replay_window(record)
+
+    def _too_late(self, record: InvocationRecord) -> ToolmeshError:
+        window = self._replay_window(record)
+        finished_at = record.finished_at or record.created_at
+        return ToolmeshError(
+            Code.RETRY_WINDOW_PASSED,
+            f"Invocation {record.tool_request_id} ended ({record.state.value}) more than {window:g} s ago.",
+            {
+                "toolRequestId": record.tool_request_id,
+                "state": record.state.value,
+                "retrySafeUntil": rfc3339(finished_at + window),
+                "replayWindowS": f"{window:g}",
+            },
+        )
+
+    def retry_safe_until(self, record: InvocationRecord, attached_at: float | None = None) -> float:
+        """Until when an exact retry of a call attached to `record` (at `attached_at`, default now)
+        surely joins or replays it: it finishes after the attachment, and is replayed for its
+        shorter window from its end. Unix seconds."""
+        windows = record.replay_windows or (self.policy.replay_window_s, self.policy.timeout_replay_window_s)
+        at = self._clock() if attached_at is None else attached_at
+        return at + min(windows[0], windows[1])
 
     def _ttl(self, record: InvocationRecord) -> float:
         if record.idempotency_key:
@@ -364,11 +416,15 @@ class Ledger:
 
     def _replay_window(self, record: InvocationRecord) -> float:
         """The claimant's window (records from before it was kept in them: this ledger's)."""
-        replay, timeout_replay = record.replay_windows or (
-            self.policy.replay_window_s,
-            self.policy.timeout_replay_window_s,
-        )
-        return timeout_replay if record.state is InvocationState.TIMED_OUT else replay
+        windows = record.replay_windows or (self.policy.replay_window_s, self.policy.timeout_replay_window_s)
+        return windows[1] if record.state is InvocationState.TIMED_OUT else windows[0]
+
+    def _pointer_kept(self, record: InvocationRecord) -> float:
+        """How long the identity pointer of the finished `record` is kept: its replay window, then
+        the late-retry notice (the claimant's, as the window)."""
+        windows = record.replay_windows or ()
+        notice = windows[2] if len(windows) > 2 else self.policy.late_retry_notice_s
+        return self._replay_window(record) + notice
 
     async def finish(
         self,
@@ -425,7 +481,7 @@ class Ledger:
             "" if finished.idempotency_key else finished.identity,
             self._ttl(finished),
             # A keyed invocation has no pointer: None still tells the store its key must not replay it.
-            self._replay_window(finished) if replayable(outcome) else None,
+            self._pointer_kept(finished) if replayable(outcome) else None,
         )
 
     async def _record_later(self) -> None:
@@ -464,7 +520,7 @@ class Ledger:
             self._encode(finished),
             "" if finished.idempotency_key else finished.identity,
             self._ttl(finished),
-            self._replay_window(finished),
+            self._pointer_kept(finished),
         )
         return None if answer is None else CancelVerdict(answer)
 

@@ -25,10 +25,17 @@ Consistency, lookup by lookup:
 - The tool is not in memory → one direct GetTool before answering None, so a
   tool *added* by a put acknowledged before the lookup is never reported as
   TOOL_NOT_FOUND. (Unknown names therefore still cost one registry call.)
-- Memory is only used while its watch is open. When the stream fails or ends
-  (the registry stopped or restarted, the connection dropped) the session is
-  forgotten and the next lookup re-opens the watch; with the registry down
-  that lookup fails with REGISTRY_UNAVAILABLE. A graceful registry stop or a
+- When the stream fails or ends after its first message (the registry replica
+  stopped or restarted, the connection dropped) the session's last list (with
+  its revision) is kept and served while the watch reconnects, by itself, with
+  a backoff from 50 ms to 1 s (through another registry replica when the
+  source has several: toolmesh.invocation.remote's RegistryReplicas). The new
+  stream's first message replaces the list. A watch that has not reconnected
+  within `stale_s` (60 s) is forgotten: the next lookup opens a watch anew and,
+  with every registry down, fails with REGISTRY_UNAVAILABLE. Meanwhile the
+  list can miss a put another registry replica acknowledged (with every
+  registry down there is none: the registry is the only writer); a name the
+  list lacks still costs one direct GetTool. A graceful registry stop or a
   closed connection is noticed at once; a silent network failure only by the
   channel's keepalive (about 30 s), and until then lookups answer from memory,
   which is the staleness window above stretched to that length.
@@ -68,6 +75,11 @@ WatchSource = Callable[[str], AsyncGenerator[ToolSet, None]]
 
 DEFAULT_MAX_SESSIONS = 1024
 DEFAULT_IDLE_S = 300.0
+# How long a session's last list is served while its broken watch reconnects.
+DEFAULT_STALE_S = 60.0
+# The pauses between reconnections of a broken watch: doubling from the first to the cap.
+RECONNECT_FIRST_S = 0.05
+RECONNECT_CAP_S = 1.0
 
 
 def unavailable(session_id: str, **metadata: str) -> ToolmeshError:
@@ -88,6 +100,8 @@ class _Watch:
     task: asyncio.Task[None] | None = None
     # Dropped by us (LRU, idle): how its stream ended then is no failure of the registry.
     dropped: bool = False
+    # When its stream broke after a list arrived (monotonic); None while a stream delivers.
+    lost_at: float | None = None
 
 
 class WatchedCatalog:
@@ -101,9 +115,11 @@ class WatchedCatalog:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         idle_s: float = DEFAULT_IDLE_S,
         open_timeout_s: float = REGISTRY_TIMEOUT_S,
+        stale_s: float = DEFAULT_STALE_S,
     ) -> None:
-        if max_sessions < 1 or idle_s <= 0 or open_timeout_s <= 0:
+        if max_sessions < 1 or idle_s <= 0 or open_timeout_s <= 0 or stale_s < 0:
             raise ValueError("max_sessions, idle_s and open_timeout_s must be positive")
+        self._stale_s = stale_s
         self._source = source
         self._fallback = fallback
         self._max_sessions = max_sessions
@@ -181,22 +197,56 @@ class WatchedCatalog:
             watch.task.cancel()
 
     async def _follow(self, watch: _Watch) -> None:
+        """Follow the session's watch; once a list arrived, reconnect a broken stream, serving that
+        list meanwhile, for up to `stale_s`."""
         session_id = watch.session_id
+        pause = RECONNECT_FIRST_S
+        try:
+            while True:
+                if await self._stream(watch):
+                    pause = RECONNECT_FIRST_S
+                if watch.tools is None or self._closed:
+                    return  # no list yet: the lookup waiting for one gets the error
+                now = time.monotonic()
+                if watch.lost_at is None:
+                    watch.lost_at = now
+                if now - watch.lost_at >= self._stale_s:
+                    log.warning("tool watch lost: its list is forgotten", extra={"session_id": session_id})
+                    return
+                log.info(
+                    "tool watch reconnecting, its list kept",
+                    extra={"session_id": session_id, "revision": watch.tools.revision},
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RECONNECT_CAP_S)
+        finally:
+            watch.settled.set()
+            if self._watches.get(session_id) is watch:
+                del self._watches[session_id]
+
+    async def _stream(self, watch: _Watch) -> bool:
+        """One stream of the session's watch, until it ends or fails (why: `watch.error`); whether
+        it delivered a list."""
+        session_id = watch.session_id
+        received = False
         try:
             async with contextlib.aclosing(self._source(session_id)) as updates:
                 try:
                     async with asyncio.timeout(self._open_timeout_s):
-                        watch.tools = await anext(updates)
+                        tools = await anext(updates)
                 except TimeoutError:
                     watch.error = unavailable(session_id, cause="watch_timeout")
-                    return
+                    return False
                 except StopAsyncIteration:
                     watch.error = unavailable(session_id, cause="watch_ended")
-                    return
+                    return False
+                received = True
+                watch.tools, watch.lost_at = tools, None
                 watch.settled.set()
                 async for tools in updates:
                     watch.tools = tools
             log.info("tool watch ended", extra={"session_id": session_id})
+            watch.error = unavailable(session_id, cause="watch_ended")
         except ToolmeshError as error:
             watch.error = error
             log.info(
@@ -209,10 +259,7 @@ class WatchedCatalog:
                 extra={"session_id": session_id, "code": Code.REGISTRY_UNAVAILABLE.value}
                 | exception_fields(error),
             )
-        finally:
-            watch.settled.set()
-            if self._watches.get(session_id) is watch:
-                del self._watches[session_id]
+        return received
 
     async def _sweep_idle(self) -> None:
         while True:

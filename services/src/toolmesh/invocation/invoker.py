@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from toolmesh.contracts.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger
+from toolmesh.contracts.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger, rfc3339
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
@@ -36,8 +36,9 @@ from toolmesh.store.ledger import Delivered, LeaseRefused
 log = logging.getLogger("toolmesh.invocation")
 
 MAX_CONFIRMATIONS = 1000
-# Told the id of the invocation a call waits on and of the call's attachment (see Invoker.invoke).
-Announce = Callable[[str, str], Awaitable[None]]
+# Told the id of the invocation a call waits on, of the call's attachment, and until when an exact
+# retry surely joins or replays it (unix seconds; see Invoker.invoke).
+Announce = Callable[[str, str, float], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,18 +311,42 @@ class Invoker:
 
         claim = await self._claim(claiming(), request, tool, leaves_early, lease)
         record = claim.record
+        safe_until = self.ledger.retry_safe_until(record)
         if on_invocation is not None and record.outcome is None:
-            await on_invocation(record.tool_request_id, claim.attachment_id)
+            await on_invocation(record.tool_request_id, claim.attachment_id, safe_until)
         if on_progress is None or record.outcome is not None:
-            return await self._attach(claim, request, tool, leaves_early, lease)
+            return await self._attach_stating(
+                claim, request, tool, leaves_early, lease, safe_until=safe_until
+            )
         listeners = self._listeners.setdefault(record.tool_request_id, [])
         listeners.append(on_progress)
         try:
-            return await self._attach(claim, request, tool, leaves_early, lease)
+            return await self._attach_stating(
+                claim, request, tool, leaves_early, lease, safe_until=safe_until
+            )
         finally:
             listeners.remove(on_progress)
             if not listeners:
                 self._listeners.pop(record.tool_request_id, None)
+
+    async def _attach_stating(
+        self,
+        claim: Claim,
+        request: ToolRequest,
+        tool: ToolSpec,
+        leaves_early: bool,
+        lease: Lease,
+        *,
+        safe_until: float,
+    ) -> InvokeResult:
+        """As `_attach`; a call that ends with no outcome (OUTCOME_UNAVAILABLE) says until when its
+        exact retry joins or replays the invocation (`retrySafeUntil`)."""
+        try:
+            return await self._attach(claim, request, tool, leaves_early, lease)
+        except ToolmeshError as error:
+            if error.code is Code.OUTCOME_UNAVAILABLE:
+                error.metadata.setdefault("retrySafeUntil", rfc3339(safe_until))
+            raise
 
     async def _attach(
         self, claim: Claim, request: ToolRequest, tool: ToolSpec, leaves_early: bool, lease: Lease

@@ -57,7 +57,7 @@ def response_to_pb(result: InvokeResult) -> invocation_pb2.InvokeToolResponse:
     )
 
 
-def _timestamp(seconds: float) -> Timestamp:
+def timestamp(seconds: float) -> Timestamp:
     stamp = Timestamp()
     stamp.FromNanoseconds(round(seconds * 1e9))
     return stamp
@@ -71,10 +71,10 @@ def record_to_pb(record: InvocationRecord) -> invocation_pb2.Invocation:
         tool_name=record.tool_name,
         state=_STATES[record.state],
         delivered=record.delivered,
-        created_at=_timestamp(record.created_at),
+        created_at=timestamp(record.created_at),
     )
     if record.outcome is not None:
         message.outcome.CopyFrom(outcome_to_pb(record.outcome))
     if record.finished_at is not None:
-        message.finished_at.CopyFrom(_timestamp(record.finished_at))
+        message.finished_at.CopyFrom(timestamp(record.finished_at))
     return message

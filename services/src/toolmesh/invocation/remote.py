@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -95,12 +95,96 @@ def cached_registry_catalog(
     idle_s: float = DEFAULT_IDLE_S,
 ) -> WatchedCatalog:
     """The invocation service's catalog: watches over `channel`, direct GetTool as the fallback."""
-    return WatchedCatalog(
-        registry_watch_source(RegistryClient(registry_target, channel=channel)),
-        RemoteCatalog(channel),
-        max_sessions=max_sessions,
-        idle_s=idle_s,
-    )
+    return replicated_registry_catalog([(registry_target, channel)], max_sessions=max_sessions, idle_s=idle_s)
+
+
+def replicated_registry_catalog(
+    replicas: Sequence[tuple[str, grpc.aio.Channel]],
+    *,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    idle_s: float = DEFAULT_IDLE_S,
+) -> WatchedCatalog:
+    """The catalog over several registry replicas (target, channel): watches and direct GetTool
+    through one of them, through the next when it fails (RegistryReplicas)."""
+    registries = RegistryReplicas(replicas)
+    return WatchedCatalog(registries.watch, registries, max_sessions=max_sessions, idle_s=idle_s)
+
+
+# A target in gRPC's own syntax, which may name several addresses: one channel, balanced.
+GRPC_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
+
+
+def registry_targets(text: str) -> list[str]:
+    """The registry replicas `--registry` names: a comma-separated list of host:port (a channel
+    each), or one gRPC target (`dns:///name:port`, `ipv4:a:p,b:p`: one channel, round_robin).
+
+    Raises ValueError when it names none.
+    """
+    text = text.strip()
+    targets = [text] if text.startswith(GRPC_SCHEMES) else [t.strip() for t in text.split(",") if t.strip()]
+    if not targets:
+        raise ValueError("--registry names no address")
+    return targets
+
+
+def balanced(target: str) -> bool:
+    """Whether `target` is one gRPC target that may resolve to several addresses (round_robin)."""
+    return target.startswith(GRPC_SCHEMES)
+
+
+class RegistryReplicas:
+    """Registry replicas sharing one store: each lookup and each watch goes to the replica that
+    last answered, and on to the next when it is unavailable (a gRPC failure): so one replica
+    down fails no lookup while another answers. A balanced target (one channel over several
+    addresses) is tried twice, for gRPC to pick another address."""
+
+    def __init__(self, replicas: Sequence[tuple[str, grpc.aio.Channel]]) -> None:
+        if not replicas:
+            raise ValueError("no registry replica")
+        self._clients = [RegistryClient(target, channel=channel) for target, channel in replicas]
+        self._catalogs = [RemoteCatalog(channel) for _, channel in replicas]
+        self._preferred = 0
+
+    def _order(self) -> list[int]:
+        count = len(self._catalogs)
+        return [(self._preferred + i) % count for i in range(max(count, 2))]
+
+    def _failed(self, index: int) -> None:
+        if self._preferred == index:
+            self._preferred = (index + 1) % len(self._catalogs)
+
+    async def get_tool(self, session_id: str, name: str) -> ToolSpec | None:
+        last: ToolmeshError | None = None
+        for index in self._order():
+            try:
+                return await self._catalogs[index].get_tool(session_id, name)
+            except ToolmeshError as error:
+                if error.code is not Code.REGISTRY_UNAVAILABLE:
+                    raise
+                self._failed(index)
+                last = error
+        assert last is not None
+        raise last
+
+    async def watch(self, session_id: str) -> AsyncGenerator[ToolSet, None]:
+        """WatchTools through the first replica that answers. A stream that breaks after its first
+        message raises REGISTRY_UNAVAILABLE: the cache keeps the list and reconnects."""
+        last: ToolmeshError | None = None
+        for index in self._order():
+            received = False
+            try:
+                async with contextlib.aclosing(self._clients[index].watch_tools(session_id)) as updates:
+                    async for tools in updates:
+                        received = True
+                        yield tools
+                return
+            except grpc.aio.AioRpcError as error:
+                self._failed(index)
+                last = unavailable(session_id, grpcStatus=error.code().name)
+                if received:
+                    raise last from None
+        assert last is not None
+        raise last
 
 
 class BridgeLost(ToolmeshError):

@@ -19,6 +19,8 @@ class Started:
     tool_request_id: str
     # The call's attachment to it, for its delivery confirmation.
     attachment_id: str
+    # Until when an exact retry surely joins or replays it (unix seconds).
+    retry_safe_until: float
 
 
 RunEvent = Started | ToolProgress | InvokeResult
@@ -40,8 +42,8 @@ async def run_events(
     # The call's end is queued too (None), behind every event it sent: one wait per event.
     events: asyncio.Queue[Started | ToolProgress | None] = asyncio.Queue()
 
-    async def started(tool_request_id: str, attachment_id: str) -> None:
-        events.put_nowait(Started(tool_request_id, attachment_id))
+    async def started(tool_request_id: str, attachment_id: str, safe_until: float) -> None:
+        events.put_nowait(Started(tool_request_id, attachment_id, safe_until))
 
     calling = asyncio.ensure_future(
         invoker.invoke(

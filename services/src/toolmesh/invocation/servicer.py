@@ -8,12 +8,23 @@ from collections.abc import AsyncIterator
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import caller, scope
-from toolmesh.contracts.ledger import CancelVerdict
+from toolmesh.contracts.ledger import CancelVerdict, rfc3339
 from toolmesh.core.progress import ToolProgress
-from toolmesh.core.wire import ATTACHMENT_ID_METADATA, TOOL_REQUEST_ID_METADATA, progress_to_pb
+from toolmesh.core.wire import (
+    ATTACHMENT_ID_METADATA,
+    RETRY_SAFE_UNTIL_METADATA,
+    TOOL_REQUEST_ID_METADATA,
+    progress_to_pb,
+)
 from toolmesh.invocation.call_stream import CallStream
 from toolmesh.invocation.invoker import Invoker
-from toolmesh.invocation.messages import call_from_pb, deliveries_from_pb, record_to_pb, response_to_pb
+from toolmesh.invocation.messages import (
+    call_from_pb,
+    deliveries_from_pb,
+    record_to_pb,
+    response_to_pb,
+    timestamp,
+)
 from toolmesh.invocation.run_events import Started, run_events
 from toolmesh.runtime.relay import relay
 from toolmesh.runtime.rpc_types import ServicerContext
@@ -39,15 +50,21 @@ class EarlyId:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: asyncio.Task[None] | None = None
 
-    async def waiting(self, tool_request_id: str, attachment_id: str) -> None:
-        """The call now waits on `tool_request_id`: announce it (and the call's attachment) if the
-        wait lasts."""
+    async def waiting(self, tool_request_id: str, attachment_id: str, safe_until: float) -> None:
+        """The call now waits on `tool_request_id`: announce it (with the call's attachment and
+        until when its exact retry joins or replays it) if the wait lasts."""
         left = self._context.time_remaining()
         delay = EARLY_ID_AFTER_S if left is None else min(EARLY_ID_AFTER_S, left / 4)
-        self._timer = asyncio.get_running_loop().call_later(delay, self._send, tool_request_id, attachment_id)
+        self._timer = asyncio.get_running_loop().call_later(
+            delay, self._send, tool_request_id, attachment_id, rfc3339(safe_until)
+        )
 
-    def _send(self, tool_request_id: str, attachment_id: str) -> None:
-        metadata = ((TOOL_REQUEST_ID_METADATA, tool_request_id), (ATTACHMENT_ID_METADATA, attachment_id))
+    def _send(self, tool_request_id: str, attachment_id: str, safe_until: str) -> None:
+        metadata = (
+            (TOOL_REQUEST_ID_METADATA, tool_request_id),
+            (ATTACHMENT_ID_METADATA, attachment_id),
+            (RETRY_SAFE_UNTIL_METADATA, safe_until),
+        )
         self._sending = asyncio.ensure_future(self._context.send_initial_metadata(metadata))
 
     async def settled(self) -> None:
@@ -123,7 +140,9 @@ class InvocationServicer(invocation_pb2_grpc.InvocationServiceServicer):
             async for event in events:
                 if isinstance(event, Started):
                     started = invocation_pb2.RunToolStarted(
-                        tool_request_id=event.tool_request_id, attachment_id=event.attachment_id
+                        tool_request_id=event.tool_request_id,
+                        attachment_id=event.attachment_id,
+                        retry_safe_until=timestamp(event.retry_safe_until),
                     )
                     yield invocation_pb2.RunToolResponse(started=started)
                 elif isinstance(event, ToolProgress):

@@ -78,6 +78,15 @@ class Limits:
     validation_workers: int = 2
     # Invocation: address space of one validation worker, in bytes.
     validation_memory_bytes: int = 1024 * MIB
+    # Invocation (and bridge, which records outcomes): seconds an exact retry replays an
+    # unconfirmed outcome after it ended, and the same for a TOOL_TIMEOUT (no shorter: the
+    # side effect may have happened). Each unconfirmed outcome is kept at least this long.
+    replay_window_s: int = 600
+    timeout_replay_window_s: int = 600
+    # Invocation: seconds after its replay window an exact retry is still refused with
+    # RETRY_WINDOW_PASSED (nothing runs) instead of running anew: the identity pointer's
+    # extra life (one small key per unconfirmed invocation; its record is kept as long).
+    late_retry_notice_s: int = 1_800
     # Every service: bytes of one received gRPC message.
     message_bytes: int = 4 * MIB + 64 * KIB
 

@@ -16,7 +16,7 @@ import grpc
 from cryptography import x509
 
 from toolmesh.auth.service import SERVICE_TOKEN_HEADER
-from toolmesh.core.channels import CHANNEL_OPTIONS
+from toolmesh.core.channels import BALANCED_OPTIONS, CHANNEL_OPTIONS
 
 # Opens a channel to an internal listener (the service's TLS and service token included).
 Connect = Callable[[str], grpc.aio.Channel]
@@ -88,14 +88,13 @@ def service_token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
 
 
 def open_peer_channel(
-    target: str, credentials: grpc.ChannelCredentials | None, token: str | None
+    target: str, credentials: grpc.ChannelCredentials | None, token: str | None, *, balanced: bool = False
 ) -> grpc.aio.Channel:
     """A channel to another service's internal listener: TLS with `credentials`, and `token` on every call."""
     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = (
         None if token is None else service_token_interceptors(token)
     )
+    options = CHANNEL_OPTIONS + BALANCED_OPTIONS if balanced else CHANNEL_OPTIONS
     if credentials is not None:
-        return grpc.aio.secure_channel(
-            target, credentials, options=CHANNEL_OPTIONS, interceptors=interceptors
-        )
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+        return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

@@ -141,9 +141,10 @@ class Security:
         """For this service's own calls to the others' internal listeners: mutual TLS when configured."""
         return self.tls.channel_credentials() if self.serves_tls else None
 
-    def peer_channel(self, target: str) -> grpc.aio.Channel:
-        """A channel to another service's internal listener, with this service's credentials."""
-        return open_peer_channel(target, self.peer_credentials(), self.service_token)
+    def peer_channel(self, target: str, *, balanced: bool = False) -> grpc.aio.Channel:
+        """A channel to another service's internal listener, with this service's credentials;
+        `balanced`: round_robin over the addresses `target` resolves to."""
+        return open_peer_channel(target, self.peer_credentials(), self.service_token, balanced=balanced)
 
 
 LOOPBACK = Security()

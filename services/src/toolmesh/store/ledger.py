@@ -134,8 +134,10 @@ class LedgerStore(Protocol):
 
         `identity` is the pointer that names the invocation ("" for none). With
         `replay_s` the pointer names this invocation for that long (exact retries
-        replay it); with None it is dropped if it still names this invocation, and
-        an idempotency key naming it no longer replays it (`claim_keyed` starts over).
+        replay it, or are told they came too late: the ledger decides) and the record is
+        kept at least as long (`keep_s` from its confirmation on); with None it is dropped
+        if it still names this invocation, and an idempotency key naming it no longer
+        replays it (`claim_keyed` starts over).
         """
         ...
 

@@ -402,7 +402,8 @@ class MemoryLedgerStore:
             running.unconfirmed,
             cancelled=cancelled,
         )
-        self._invocations.write(tool_request_id, finished, keep_s)
+        # It outlives its pointer: a retry the pointer leads here must find it.
+        self._invocations.write(tool_request_id, finished, max(keep_s, replay_s or 0.0))
         if running.lease:
             self._leases.give_back(running.lease, tool_request_id)
         if not identity:

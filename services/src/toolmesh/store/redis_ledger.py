@@ -159,14 +159,17 @@ return false
 
 # KEYS: the record, and the identity pointer when there is one. ARGV: id, record,
 # keep ms, replay ms ('' for an outcome not to replay: drops the pointer if it names
-# this id, and marks the record `once`), identity. Gives back the lease its claim took.
+# this id, and marks the record `once`), identity. Gives back the lease its claim took. The
+# record is kept at least as long as its pointer (`keep` again once its delivery is confirmed).
 _FINISHING = """
 local function finish()
 local lease = redis.call('HGET', KEYS[1], 'lease')
 if lease and lease ~= '' then redis.call('ZREM', lease, ARGV[1]) end
 redis.call('HSET', KEYS[1], 'rec', ARGV[2], 'end', '1', 'keep', ARGV[3], 'same', ARGV[5])
 if ARGV[4] == '' then redis.call('HSET', KEYS[1], 'once', '1') end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local kept = tonumber(ARGV[3])
+if ARGV[4] ~= '' and tonumber(ARGV[4]) > kept then kept = tonumber(ARGV[4]) end
+redis.call('PEXPIRE', KEYS[1], kept)
 if KEYS[2] then
   if ARGV[4] ~= '' then redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[4])
   elseif redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end

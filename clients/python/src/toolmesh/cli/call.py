@@ -2,8 +2,11 @@
 
 Exit 0: a formal outcome arrived (success or error). Exit 75: none arrived
 (this command's own deadline passed, or the connection failed); the same
-command may be retried as it is, and `toolmesh invocations show` reconciles
-the `toolRequestId` it printed, when it printed one. Exit 2: the command was
+command may be retried as it is until the `retrySafeUntil` it printed (the
+ledger's replay window, 10 minutes by default: null when no invocation was
+named), and `toolmesh invocations show` reconciles the `toolRequestId` it
+printed, when it printed one. A retry after that time, while the ledger still
+knows the invocation, is refused with RETRY_WINDOW_PASSED (exit 2, nothing ran). Exit 2: the command was
 malformed (a flag, arguments that are not JSON, a bad name). Exit 130: Ctrl-C
 (as 75: no outcome arrived).
 
@@ -39,7 +42,8 @@ def add_parser(commands: Any) -> None:
         "tool-call",
         help="call one tool and print the outcome as JSON",
         description="Call one tool and print one JSON object. Exit 0: an outcome arrived (a result or "
-        "an error); 75: none arrived, the same command may be run again; 2: a malformed command.",
+        "an error); 75: none arrived, the same command may be run again until the retrySafeUntil it "
+        "printed; 2: a malformed command, or a retry after that (RETRY_WINDOW_PASSED).",
     )
     add_session(parser)
     parser.add_argument("--tool", required=True, metavar="NAME", help="the tool to call")

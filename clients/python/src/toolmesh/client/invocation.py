@@ -28,6 +28,7 @@ from toolmesh.core.rpcstatus import error_code, error_info, grpc_status, token_e
 from toolmesh.core.stream_link import StreamBroken
 from toolmesh.core.wire import (
     ATTACHMENT_ID_METADATA,
+    RETRY_SAFE_UNTIL_METADATA,
     TOOL_REQUEST_ID_METADATA,
     outcome_from_pb,
     progress_from_pb,
@@ -50,6 +51,12 @@ class CallResult:
     nothing was recorded, nothing ran), or when no answer at all arrived
     before the caller gave up. `attachment_id` names this call's attachment to
     it, which its delivery confirmation names (None when unknown).
+
+    `retry_safe_until` (no outcome only; RFC 3339, UTC): until when an exact retry surely joins
+    or replays the invocation, as the service said (its replay window, 10 minutes by default,
+    counted from when this call attached); None when the service named no invocation. A later
+    exact retry of an unconfirmed invocation is refused (RETRY_WINDOW_PASSED, nothing runs)
+    while the ledger still knows it, then runs anew.
     """
 
     tool_request_id: str | None
@@ -60,6 +67,7 @@ class CallResult:
     joined: bool = False
     replayed: bool = False
     attachment_id: str | None = None
+    retry_safe_until: str | None = None
 
     @property
     def outcome_received(self) -> bool:
@@ -78,6 +86,7 @@ class CallResult:
                 "outcomeReceived": False,
                 "toolRequestId": self.tool_request_id,
                 **self._attachment(),
+                "retrySafeUntil": self.retry_safe_until,
                 "error": {
                     "code": code.value,
                     "kind": "runtime",
@@ -119,18 +128,30 @@ async def _tell(callback: Callable[[Any], object] | None, value: object) -> None
         log.warning("a call's callback raised", extra={"exception": type(exc).__name__})
 
 
-def _announced(metadata: grpc.aio.Metadata | None) -> tuple[str | None, str | None]:
-    """The invocation's id and the call's attachment id, when sent ahead of the outcome."""
+_ANNOUNCED = (TOOL_REQUEST_ID_METADATA, ATTACHMENT_ID_METADATA, RETRY_SAFE_UNTIL_METADATA)
+
+
+def _announced(metadata: grpc.aio.Metadata | None) -> tuple[str | None, str | None, str | None]:
+    """The invocation's id, the call's attachment id and its retrySafeUntil, when sent ahead."""
     found: dict[str, str] = {}
     for key, value in metadata or ():
-        if key in (TOOL_REQUEST_ID_METADATA, ATTACHMENT_ID_METADATA) and isinstance(value, str):
+        if key in _ANNOUNCED and isinstance(value, str):
             found[key] = value
-    return found.get(TOOL_REQUEST_ID_METADATA), found.get(ATTACHMENT_ID_METADATA)
+    return (
+        found.get(TOOL_REQUEST_ID_METADATA),
+        found.get(ATTACHMENT_ID_METADATA),
+        found.get(RETRY_SAFE_UNTIL_METADATA),
+    )
 
 
 def _named_in(metadata: Mapping[str, str]) -> tuple[str | None, str | None]:
     """The invocation and attachment a no-outcome error names (OUTCOME_UNAVAILABLE does)."""
     return metadata.get("toolRequestId") or None, metadata.get("attachmentId") or None
+
+
+def _safe_until_in(metadata: Mapping[str, str]) -> str | None:
+    """Until when an exact retry is safe, as a no-outcome error says (OUTCOME_UNAVAILABLE does)."""
+    return metadata.get("retrySafeUntil") or None
 
 
 def _confirmations_fields(deliveries: list[Delivery]) -> dict[str, Any]:
@@ -297,6 +318,7 @@ class InvocationClient:
         """The call as a RunTool stream: its started and progress events go to the callbacks."""
         started: str | None = None
         attachment_id: str | None = None
+        safe_until: str | None = None
         try:
             with telemetry.client_call("toolmesh.v1.InvocationService/RunTool") as metadata:
                 stream = self._stub.RunTool(
@@ -310,6 +332,8 @@ class InvocationClient:
                         if kind == "started":
                             started = event.started.tool_request_id
                             attachment_id = event.started.attachment_id or None
+                            if event.started.HasField("retry_safe_until"):
+                                safe_until = event.started.retry_safe_until.ToJsonString()
                             await _tell(on_started, started)
                         elif kind == "progress":
                             await _tell(on_progress, progress_from_pb(event.progress))
@@ -319,10 +343,17 @@ class InvocationClient:
                     stream.cancel()  # the caller gave up: the invocation goes on, as after a unary call
                     raise
         except grpc.aio.AioRpcError as error:
-            return self._no_outcome(request, error, started, attachment_id)
+            return self._no_outcome(request, error, started, attachment_id, safe_until)
         self._confirmations.give_back(_carried_by(request))
         ended = "The stream ended without an outcome."
-        return CallResult(started, None, Code.TRANSPORT_FAILED, ended, attachment_id=attachment_id)
+        return CallResult(
+            started,
+            None,
+            Code.TRANSPORT_FAILED,
+            ended,
+            attachment_id=attachment_id,
+            retry_safe_until=safe_until,
+        )
 
     def _no_outcome(
         self,
@@ -330,6 +361,7 @@ class InvocationClient:
         error: grpc.aio.AioRpcError,
         tool_request_id: str | None,
         attachment_id: str | None,
+        safe_until: str | None = None,
     ) -> CallResult:
         """A call that ended in `error` without an outcome, naming the invocation when it is known.
 
@@ -342,15 +374,19 @@ class InvocationClient:
             raise error
         if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and code is None:
             code = Code.CALLER_DEADLINE_EXCEEDED
-            return CallResult(tool_request_id, None, code, attachment_id=attachment_id)
+            return CallResult(
+                tool_request_id, None, code, attachment_id=attachment_id, retry_safe_until=safe_until
+            )
         info = error_info(error)
-        named, named_attachment = _named_in(info.metadata if info is not None else {})
+        metadata = info.metadata if info is not None else {}
+        named, named_attachment = _named_in(metadata)
         return CallResult(
             tool_request_id or named,
             None,
             code or Code.TRANSPORT_FAILED,
             error.details() or "",
             attachment_id=attachment_id or named_attachment,
+            retry_safe_until=safe_until or _safe_until_in(metadata),
         )
 
     async def _call_on_stream(
@@ -391,7 +427,12 @@ class InvocationClient:
             raise grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailing, status.details)
         named, attachment_id = _named_in(error.metadata)
         return CallResult(
-            named, None, code or Code.TRANSPORT_FAILED, error.message, attachment_id=attachment_id
+            named,
+            None,
+            code or Code.TRANSPORT_FAILED,
+            error.message,
+            attachment_id=attachment_id,
+            retry_safe_until=_safe_until_in(error.metadata),
         )
 
     def _stream_failed(

@@ -32,11 +32,19 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
-    """A channel to `target`: TLS with `credentials`, plaintext without."""
+# A target naming several addresses (`ipv4:a:p,b:p`, `dns:///name:port`) spreads calls over them
+# and skips those that fail, instead of using the first only (pick_first).
+BALANCED_OPTIONS = [("grpc.lb_policy_name", "round_robin")]
+
+
+def open_channel(
+    target: str, credentials: grpc.ChannelCredentials | None = None, *, balanced: bool = False
+) -> grpc.aio.Channel:
+    """A channel to `target`: TLS with `credentials`, plaintext without; `balanced`: round_robin."""
+    options = CHANNEL_OPTIONS + BALANCED_OPTIONS if balanced else CHANNEL_OPTIONS
     if credentials is not None:
-        return grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(target, credentials, options=options)
+    return grpc.aio.insecure_channel(target, options=options)
 
 
 def is_loopback_host(host: str) -> bool:

@@ -79,6 +79,7 @@ class Code(enum.StrEnum):
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVOCATION_NOT_FOUND = "INVOCATION_NOT_FOUND"
     INVOCATION_RUNNING = "INVOCATION_RUNNING"
+    RETRY_WINDOW_PASSED = "RETRY_WINDOW_PASSED"
     RESULT_NOT_JSON = "RESULT_NOT_JSON"
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
     # Who may do what: refused before anything ran.
@@ -191,7 +192,8 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.OUTCOME_UNAVAILABLE: ErrorSpec(
         status=S.UNAVAILABLE,
         retryable=True,
-        message="The state store failed mid-call; the tool may have run, and an exact retry is safe.",
+        message="The store failed mid-call; the tool may have run. Exact retry safe until retrySafeUntil "
+        "(default 10 min).",
     ),
     Code.OVERLOADED: ErrorSpec(
         status=S.RESOURCE_EXHAUSTED, retryable=True, message="The service is overloaded; try again."
@@ -222,6 +224,13 @@ _TABLE: dict[Code, ErrorSpec] = {
         status=S.NOT_FOUND,
         retryable=False,
         message="No invocation has that id, or it is older than the ledger keeps.",
+    ),
+    Code.RETRY_WINDOW_PASSED: ErrorSpec(
+        status=S.FAILED_PRECONDITION,
+        retryable=False,
+        caller_fault=True,
+        message="An exact retry came after the replay window; nothing ran. Reconcile toolRequestId, "
+        "confirm it, call anew.",
     ),
     Code.INVOCATION_RUNNING: ErrorSpec(
         status=S.FAILED_PRECONDITION, retryable=False, message="The invocation has no outcome yet."
@@ -287,12 +296,14 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.CALLER_DEADLINE_EXCEEDED: ErrorSpec(
         status=S.DEADLINE_EXCEEDED,
         retryable=True,
-        message="No outcome arrived before the caller's own deadline; an exact retry joins the same call.",
+        message="No outcome before the caller's own deadline; an exact retry joins or replays it until "
+        "retrySafeUntil (default 10 min).",
     ),
     Code.TRANSPORT_FAILED: ErrorSpec(
         status=S.UNAVAILABLE,
         retryable=True,
-        message="The connection failed before an outcome arrived; an exact retry is safe.",
+        message="The connection failed before an outcome arrived; an exact retry is safe until "
+        "retrySafeUntil (default 10 min).",
     ),
 }
 

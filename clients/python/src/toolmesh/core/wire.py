@@ -15,6 +15,9 @@ from toolmesh.v1 import bridge_pb2, tool_pb2
 TOOL_REQUEST_ID_METADATA = "toolmesh-tool-request-id"
 # Beside it: the call's attachment to that invocation, for its delivery confirmation.
 ATTACHMENT_ID_METADATA = "toolmesh-attachment-id"
+# Until when an exact retry of the call surely joins or replays its invocation (RFC 3339, UTC):
+# sent beside the ids, as `retrySafeUntil` is in an OUTCOME_UNAVAILABLE's ErrorInfo.
+RETRY_SAFE_UNTIL_METADATA = "toolmesh-retry-safe-until"
 
 _KIND_TO_PB = {
     ErrorKind.DOMAIN: tool_pb2.ERROR_KIND_DOMAIN,

@@ -5,7 +5,8 @@ semantics, so an MCP client's retry of a call (a new JSON-RPC id, the same
 tool and arguments) joins the running invocation or replays its outcome
 instead of running the tool again. The gateway never confirms delivery (MCP
 has no way to say a result arrived): an identical call within the replay
-window (120 s) replays, and a client that means to run a tool again with the
+window (10 minutes by default) replays, one in the 30 minutes after is refused
+(RETRY_WINDOW_PASSED), and a client that means to run a tool again with the
 same arguments sends another `toolmesh/idempotencyKey` in `_meta`.
 
 When the session's tools change (WatchTools), connected clients are told:

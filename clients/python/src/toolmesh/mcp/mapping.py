@@ -110,6 +110,8 @@ def no_outcome_error(result: CallResult) -> MCPError:
             "retryable": row.retryable,
             "toolRequestId": result.tool_request_id,
             "exactRetrySafe": True,
+            # Until when (RFC 3339, UTC), when the service said: the ledger's replay window.
+            "retrySafeUntil": result.retry_safe_until,
         },
     )
 

@@ -593,21 +593,34 @@ class RunToolStarted(_message.Message):
 
     TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
     ATTACHMENT_ID_FIELD_NUMBER: _builtins.int
+    RETRY_SAFE_UNTIL_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
     """The invocation's id, for GetInvocation and CancelInvocation."""
     attachment_id: _builtins.str
     """The call's attachment to the invocation, for its delivery confirmation
     (see Attachments), should the stream end before the outcome.
     """
+    @_builtins.property
+    def retry_safe_until(self) -> _timestamp_pb2.Timestamp:
+        """Until when an exact retry of the call surely joins or replays the
+        invocation: from when the call attached, the claimant's shorter replay
+        window (10 minutes by default). InvokeTool sends the same as the initial
+        metadata `toolmesh-retry-safe-until`, OUTCOME_UNAVAILABLE as ErrorInfo
+        metadata `retrySafeUntil`. A later exact retry of an unconfirmed
+        invocation fails with RETRY_WINDOW_PASSED (nothing runs) while the
+        ledger still knows it.
+        """
+
     def __init__(
         self,
         *,
         tool_request_id: _builtins.str = ...,
         attachment_id: _builtins.str = ...,
+        retry_safe_until: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_safe_until", b"retry_safe_until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_id", b"attachment_id", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_id", b"attachment_id", "retry_safe_until", b"retry_safe_until", "tool_request_id", b"tool_request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
