@@ -333,3 +333,55 @@ async def test_list_changed_reaches_a_2026_client_listening(system: LocalSystem,
                     await second.stop()
     finally:
         await host.stop()
+
+
+async def test_a_2026_client_closing_its_stream_cancels_the_call(
+    tool_host: ToolHost, http_gateway: str
+) -> None:
+    """On 2026-07-28 a client cancels a call by closing its response stream: the invocation is cancelled."""
+    async with Client(f"{http_gateway}/sessions/{SESSION}/mcp") as client:
+        assert client.session.protocol_version == "2026-07-28"
+        call = asyncio.create_task(client.call_tool("waits", {"id": "closed-1"}))
+        await eventually(lambda: WAITING.get("closed-1"))
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        assert await eventually(lambda: STOPPED.get("closed-1")) == "cancelled"
+
+
+async def test_a_dropped_legacy_http_connection_is_not_a_cancellation(
+    tool_host: ToolHost, http_gateway: str
+) -> None:
+    """Before 2026-07-28 a dropped HTTP connection cancels nothing (the MCP spec); DELETE ends the calls.
+
+    Raw HTTP: the SDK's client, abandoning a call, sends notifications/cancelled (a cancellation).
+    """
+    url = f"{http_gateway}/sessions/{SESSION}/mcp"
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "waits", "arguments": {"id": "drop-1"}},
+    }
+    async with httpx2.AsyncClient(headers=headers) as http:
+        opened = await http.post(url, json=initialize)
+        http.headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        async with http.stream("POST", url, json=call):
+            await eventually(lambda: WAITING.get("drop-1"))
+        # The response stream closed before its answer: the call goes on.
+        await asyncio.sleep(1.0)
+        assert "drop-1" not in STOPPED
+        await http.delete(url)
+    assert await eventually(lambda: STOPPED.get("drop-1")) == "cancelled"

@@ -70,6 +70,11 @@ def test_errors_become_is_error_with_code_and_retryable() -> None:
     }
     timeout = call_tool_result(CallResult("tr_4", Outcome.runtime_error(Code.TOOL_TIMEOUT, "late", {})))
     assert timeout.is_error and timeout.structured_content["error"]["kind"] == "runtime"
+    # The model reads the code, the message and whether retrying may help.
+    [block] = timeout.content
+    assert isinstance(block, types.TextContent)
+    text = block.text
+    assert text.startswith("TOOL_TIMEOUT: The tool did not answer") and text.endswith("fail the same way.")
 
 
 def test_an_unknown_tool_is_invalid_params() -> None:

@@ -54,7 +54,7 @@ from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool, refusal, refused
-from toolmesh.mcp.tasks import TaskMiddleware, capabilities
+from toolmesh.mcp.tasks import TaskMiddleware, capabilities, extensions
 
 log = logging.getLogger("toolmesh.mcp")
 
@@ -142,6 +142,7 @@ class Gateway:
             get_tool_input_schema=_no_header_schema,
         )
         self.server.middleware.append(self.tasks)
+        self.server.extensions.update(extensions())
 
     async def close(self) -> None:
         """Stop watching the sessions' tools, and waiting for the calls of tasks."""

@@ -89,8 +89,12 @@ def call_tool_result(result: CallResult) -> types.CallToolResult:
     if failure.code == Code.TOOL_NOT_FOUND.value:
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {failure.message}", {"code": failure.code})
     shown = outcome_json(outcome)
+    text = f"{failure.code}: {failure.message}"
+    if shown["error"]["kind"] == "runtime":
+        # What the model reads: the runtime's code, its message, and whether trying again may help.
+        text += " Retrying may succeed." if failure.retryable else " Retrying will fail the same way."
     return types.CallToolResult(
-        content=[types.TextContent(text=f"{failure.code}: {failure.message}")],
+        content=[types.TextContent(text=text)],
         structured_content=shown,
         is_error=True,
         _meta=meta,
@@ -102,6 +106,7 @@ def no_outcome_error(result: CallResult) -> MCPError:
     code = result.code or Code.TRANSPORT_FAILED
     row = ERROR_TABLE[code]
     message = f"{code.value}: {row.message} {result.detail}".strip()
+    message += " The same call again is safe: it joins the call or replays its outcome, never runs it twice."
     return MCPError(
         NO_OUTCOME,
         message,
