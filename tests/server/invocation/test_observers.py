@@ -67,6 +67,9 @@ class Recording:
             self.joined.set()
         yield
 
+    def executing(self, request: ToolRequest) -> RecordedRun:
+        return RecordedRun(self.events, request)
+
     def in_flight(self, change: int) -> None:
         self.events.append(("in flight", str(change)))
 
@@ -89,6 +92,22 @@ class RecordedCall:
         self._events.append(("answered", tool_request_id, outcome.code))
 
 
+class RecordedRun:
+    def __init__(self, events: list[tuple[str, ...]], request: ToolRequest) -> None:
+        self._events = events
+        self._id = request.tool_request_id
+
+    def __enter__(self) -> RecordedRun:
+        self._events.append(("executing", self._id))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._events.append(("executed", self._id))
+
+    def ran(self, outcome: Outcome) -> None:
+        self._events.append(("ran", self._id, outcome.code))
+
+
 async def test_the_invoker_tells_its_observer_each_step_of_a_run_a_join_and_a_replay() -> None:
     observer = Recording()
     host = HeldHost()
@@ -106,7 +125,18 @@ async def test_the_invoker_tells_its_observer_each_step_of_a_run_a_join_and_a_re
     assert joined.joined and replayed.replayed
     assert joined.tool_request_id == replayed.tool_request_id == request_id
     call = ("call", "s", "t", "tool")
-    assert observer.events[:4] == [call, ("enter",), ("invocation", request_id), ("in flight", "1")]
+    assert observer.events[:5] == [
+        call,
+        ("enter",),
+        ("invocation", request_id),
+        ("executing", request_id),
+        ("in flight", "1"),
+    ]
+    # The run alone is executed, once, around its dispatch, and told its outcome.
+    assert observer.events.count(("executing", request_id)) == 1
+    ran_at = observer.events.index(("ran", request_id, "OK"))
+    assert observer.events[ran_at + 1] == ("executed", request_id)
+    assert observer.events.index(("in flight", "-1")) < ran_at
     assert ("joined", request_id, CONTEXT["traceparent"]) in observer.events
     assert observer.events[-7:] == [
         call,

@@ -80,27 +80,36 @@ def spans_of(trace_id: int) -> list[ReadableSpan]:
     ]
 
 
-EXPECTED_HOPS = {
-    "toolmesh.call_tool",
-    "toolmesh.v1.InvocationService/InvokeTool",
-    "toolmesh.v1.BridgeService/DispatchToolRequests",
-    "toolmesh.host.handle",
-    "toolmesh.v1.BridgeService/SubmitToolResult",
-}
+def execute_tool(tool: str) -> str:
+    """The GenAI execute-tool span's name: the invocation's run (INTERNAL) and the host's handler (SERVER)."""
+    return f"execute_tool {tool}"
+
+
+def expected_hops(tool: str) -> set[str]:
+    return {
+        "toolmesh.call_tool",
+        "toolmesh.v1.InvocationService/InvokeTool",
+        execute_tool(tool),
+        "toolmesh.v1.BridgeService/DispatchToolRequests",
+        "toolmesh.v1.BridgeService/SubmitToolResult",
+    }
 
 
 # Spans made on one side only; every other hop is a gRPC call, with a client and a server span.
-ONE_SIDED = {"toolmesh.call_tool": "CLIENT", "toolmesh.host.handle": "SERVER"}
+ONE_SIDED = {"toolmesh.call_tool": ("CLIENT",)}
 
 
 def sides(hop: str) -> tuple[str, ...]:
-    return (ONE_SIDED[hop],) if hop in ONE_SIDED else ("CLIENT", "SERVER")
+    if hop.startswith("execute_tool "):
+        return ("INTERNAL", "SERVER")
+    return ONE_SIDED.get(hop, ("CLIENT", "SERVER"))
 
 
 async def traced_call(
-    client: InvocationClient, tool: str, args: Any = None, hops: Collection[str] = EXPECTED_HOPS
+    client: InvocationClient, tool: str, args: Any = None, hops: Collection[str] | None = None
 ) -> tuple[CallResult, list[ReadableSpan]]:
     """Make the call, and wait until the spans of every one of `hops` have ended."""
+    hops = expected_hops(tool) if hops is None else hops
     result = await client.invoke(SESSION, tool, args or {}, turn_id=f"turn-{tool}")
 
     def trace_id() -> int | None:
@@ -132,18 +141,25 @@ WITH_OUTCOME = {
     ("toolmesh.call_tool", "CLIENT"),
     ("toolmesh.v1.InvocationService/InvokeTool", "SERVER"),
     ("toolmesh.v1.BridgeService/DispatchToolRequests", "SERVER"),
-    ("toolmesh.host.handle", "SERVER"),
+    ("execute_tool", "INTERNAL"),
+    ("execute_tool", "SERVER"),
     ("toolmesh.v1.BridgeService/SubmitToolResult", "SERVER"),
 }
 
 
+def kind_of(span: ReadableSpan) -> tuple[str, str]:
+    name = "execute_tool" if span.name.startswith("execute_tool ") else span.name
+    return name, span.kind.name
+
+
 def check_one_trace(result: CallResult, spans: list[ReadableSpan], tool: str, code: str) -> None:
     names = {span.name for span in spans}
-    assert names >= EXPECTED_HOPS, names
+    hops = expected_hops(tool)
+    assert names >= hops, names
     # Client and server span of each gRPC hop: the trace is connected through every process boundary.
-    for hop in EXPECTED_HOPS - {"toolmesh.call_tool", "toolmesh.host.handle"}:
+    for hop in hops:
         kinds = {span.kind.name for span in spans if span.name == hop}
-        assert kinds == {"CLIENT", "SERVER"}, (hop, kinds)
+        assert kinds == set(sides(hop)), (hop, kinds)
     ids = {span.context.span_id for span in spans if span.context}
     orphans = [span.name for span in spans if span.parent is not None and span.parent.span_id not in ids]
     assert orphans == []
@@ -152,10 +168,34 @@ def check_one_trace(result: CallResult, spans: list[ReadableSpan], tool: str, co
         assert attributes[telemetry.SESSION_ID] == SESSION, span.name
         assert attributes[telemetry.TURN_ID] == f"turn-{tool}", span.name
         assert attributes[telemetry.TOOL_NAME] == tool, span.name
-        if (span.name, span.kind.name) not in BEFORE_ID:
+        if kind_of(span) not in BEFORE_ID:
             assert attributes.get(telemetry.TOOL_REQUEST_ID) == result.tool_request_id, span.name
-        if (span.name, span.kind.name) in WITH_OUTCOME:
+        if kind_of(span) in WITH_OUTCOME:
             assert attributes.get(telemetry.OUTCOME_CODE) == code, span.name
+    check_execute_tool_spans(result, spans, tool, code)
+
+
+def check_execute_tool_spans(result: CallResult, spans: list[ReadableSpan], tool: str, code: str) -> None:
+    """The GenAI execute-tool spans: the invocation's run, and its child in the host, under it."""
+    executing = {span.kind.name: span for span in spans if span.name == execute_tool(tool)}
+    assert set(executing) == {"INTERNAL", "SERVER"}
+    run, handler = executing["INTERNAL"], executing["SERVER"]
+    assert run.context is not None and handler.parent is not None
+    assert handler.context is not None and handler.context.trace_id == run.context.trace_id
+    runtime_error = code.startswith("TOOL_") and code != "OK"
+    for span in (run, handler):
+        attributes = dict(span.attributes or {})
+        assert attributes["gen_ai.operation.name"] == "execute_tool"
+        assert attributes["gen_ai.tool.name"] == tool
+        assert attributes["gen_ai.tool.call.id"] == result.tool_request_id
+        assert attributes["gen_ai.tool.type"] == "function"
+        assert attributes.get("error.type") == (code if runtime_error else None), span.kind.name
+        assert (span.status.status_code is StatusCode.ERROR) is runtime_error
+    # The run is an ancestor of the dispatch to the bridge, and so of the handler.
+    dispatch = next(
+        span for span in spans if span.name.endswith("DispatchToolRequests") and span.kind.name == "CLIENT"
+    )
+    assert dispatch.parent is not None and dispatch.parent.span_id == run.context.span_id
 
 
 async def test_success_is_one_connected_trace(traced: Any) -> None:
@@ -176,17 +216,19 @@ async def test_handler_error_marks_spans_as_errors(traced: Any) -> None:
     errored = {span.name for span in spans if span.status.status_code is StatusCode.ERROR}
     assert {
         "toolmesh.call_tool",
-        "toolmesh.host.handle",
+        "execute_tool broken",
         "toolmesh.v1.InvocationService/InvokeTool",
     } <= errored
 
 
 async def test_timeout_trace_includes_the_cancelled_handler(traced: Any) -> None:
-    hops = {"toolmesh.call_tool", "toolmesh.host.handle", "toolmesh.v1.BridgeService/DispatchToolRequests"}
+    hops = {"toolmesh.call_tool", "execute_tool slow", "toolmesh.v1.BridgeService/DispatchToolRequests"}
     result, spans = await traced_call(traced[1], "slow", hops=hops)
     assert result.outcome is not None and result.outcome.code == "TOOL_TIMEOUT"
-    handle = [span for span in spans if span.name == "toolmesh.host.handle"]
+    handle = [span for span in spans if span.name == "execute_tool slow" and span.kind.name == "SERVER"]
     assert len(handle) == 1 and (handle[0].attributes or {}).get("toolmesh.cancelled") is True
+    run = [span for span in spans if span.name == "execute_tool slow" and span.kind.name == "INTERNAL"]
+    assert len(run) == 1 and (run[0].attributes or {}).get("error.type") == "TOOL_TIMEOUT"
     dispatch = [s for s in spans if s.name.endswith("DispatchToolRequests") and s.kind.name == "SERVER"]
     assert (dispatch[0].attributes or {})[telemetry.OUTCOME_CODE] == "TOOL_TIMEOUT"
     assert dispatch[0].status.status_code is StatusCode.ERROR
@@ -264,7 +306,7 @@ async def test_metrics_count_calls_by_tool_and_outcome(traced: Any) -> None:
 
 async def test_a_call_on_the_invoke_tools_stream_is_one_connected_trace(traced: Any) -> None:
     system: LocalSystem = traced[0]
-    streamed_hops = EXPECTED_HOPS - {"toolmesh.v1.InvocationService/InvokeTool"} | {
+    streamed_hops = expected_hops("ok") - {"toolmesh.v1.InvocationService/InvokeTool"} | {
         "toolmesh.v1.InvocationService/InvokeTools"
     }
     async with InvocationClient(system.invocation_target, multiplex=True) as client:

@@ -468,6 +468,14 @@ class Invoker:
             raise
 
     async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
+        with self._observer.executing(request) as executing:
+            outcome = await self._dispatch_and_finish(request, tool, claimed)
+            executing.ran(outcome)
+            return outcome
+
+    async def _dispatch_and_finish(
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord
+    ) -> Outcome:
         self._observer.in_flight(1)
         tool_request_id = request.tool_request_id
         dispatching = asyncio.current_task()

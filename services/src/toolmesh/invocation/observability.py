@@ -11,14 +11,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from types import TracebackType
 
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from toolmesh.contracts.ledger import InvocationRecord
 from toolmesh.core import correlation, telemetry
-from toolmesh.core.calls import ToolCall
+from toolmesh.core.calls import ToolCall, ToolRequest
+from toolmesh.core.errors import ToolmeshError
 from toolmesh.core.outcome import ErrorKind, Outcome
+from toolmesh.invocation.ports import NOT_EXECUTING, ExecuteObservation
 
 log = logging.getLogger("toolmesh.invocation")
 
@@ -58,6 +61,32 @@ class _ObservedCall(correlation.ids):
         observe(self._tool_name, tool_request_id, outcome, self._started)
 
 
+class _Executing:
+    """The GenAI execute-tool span around a new invocation's run (toolmesh.core.telemetry)."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, request: ToolRequest) -> None:
+        self._span = telemetry.execute_tool_span(request.tool_name, request.tool_request_id)
+
+    def __enter__(self) -> _Executing:
+        self._span.__enter__()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(error, ToolmeshError):
+            # The run failed with a runtime code (the bridge could not be reached, ...): that code.
+            telemetry.record_tool_failure(error.code.value)
+            self._span.__exit__(None, None, None)
+            return
+        self._span.__exit__(kind, error, tb)
+
+    def ran(self, outcome: Outcome) -> None:
+        telemetry.record_tool_outcome(outcome)
+
+
 class InvocationTelemetry:
     """The invocation service's InvocationObserver in every process that serves it."""
 
@@ -71,6 +100,9 @@ class InvocationTelemetry:
 
     def attached(self, record: InvocationRecord, how: str) -> contextlib.AbstractContextManager[None]:
         return attaching(record, how)
+
+    def executing(self, request: ToolRequest) -> ExecuteObservation:
+        return _Executing(request) if telemetry.enabled() else NOT_EXECUTING
 
     def in_flight(self, change: int) -> None:
         IN_FLIGHT.add(change)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Protocol
 
 from toolmesh.contracts.ledger import InvocationRecord
@@ -58,6 +59,20 @@ class CallObservation(Protocol):
         ...
 
 
+class ExecuteObservation(Protocol):
+    """A new invocation running its tool, as the observer sees it: entered around the run."""
+
+    def __enter__(self) -> ExecuteObservation: ...
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    def ran(self, outcome: Outcome) -> None:
+        """The run ended with `outcome` (an exception passing through `__exit__` is its failure)."""
+        ...
+
+
 class InvocationObserver(Protocol):
     """What the invoker tells whoever watches it (spans, metrics, logs): the one seam for all of it.
 
@@ -76,6 +91,10 @@ class InvocationObserver(Protocol):
 
     def attached(self, record: InvocationRecord, how: str) -> AbstractContextManager[None]:
         """Entered around a call that `how` ("joined" or "replayed") the invocation `record`."""
+        ...
+
+    def executing(self, request: ToolRequest) -> ExecuteObservation:
+        """Entered around a new invocation's run: the dispatch to a host until its outcome is kept."""
         ...
 
     def in_flight(self, change: int) -> None:
@@ -100,7 +119,21 @@ class _Unobserved:
         return None
 
 
+class _NotExecuting:
+    __slots__ = ()
+
+    def __enter__(self) -> _NotExecuting:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def ran(self, outcome: Outcome) -> None:
+        return None
+
+
 _UNOBSERVED = _Unobserved()
+NOT_EXECUTING = _NotExecuting()
 _NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
 
 
@@ -117,6 +150,9 @@ class NoInvocationObserver:
 
     def attached(self, record: InvocationRecord, how: str) -> AbstractContextManager[None]:
         return _NOTHING
+
+    def executing(self, request: ToolRequest) -> ExecuteObservation:
+        return NOT_EXECUTING
 
     def in_flight(self, change: int) -> None:
         return None

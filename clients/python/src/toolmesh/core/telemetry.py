@@ -36,6 +36,18 @@ OUTCOME_CODE = "toolmesh.outcome_code"
 JOINED = "toolmesh.joined"
 REPLAYED = "toolmesh.replayed"
 
+# The OpenTelemetry semantic conventions toolmesh follows besides its own names: GenAI
+# (execute_tool, chat) and MCP, both in development, as of semantic conventions 1.44.0
+# (the opentelemetry-semantic-conventions package 0.66b2). Written out, not imported
+# from its `_incubating` modules, which may move.
+SEMCONV_VERSION = "1.44.0"
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+ERROR_TYPE = "error.type"
+EXECUTE_TOOL = "execute_tool"
+
 TRACER = trace.get_tracer("toolmesh")
 METER = metrics.get_meter("toolmesh")
 
@@ -187,6 +199,34 @@ def _span_naming_exceptions_by_type(started: contextlib.AbstractContextManager[A
             raise
 
 
+def execute_tool_span(
+    tool_name: str,
+    tool_request_id: str,
+    kind: SpanKind = SpanKind.INTERNAL,
+    carrier: Mapping[str, str] | None = None,
+) -> contextlib.AbstractContextManager[Any]:
+    """The GenAI conventions' execute-tool span: `execute_tool {tool}`, with the gen_ai.tool.* ids.
+
+    Beside the `toolmesh.*` attributes, which every span carries. Never the arguments or the
+    result (the conventions' opt-in gen_ai.tool.call.arguments / .result are not set).
+    """
+    if not enabled():
+        return NO_SPAN
+    return span(
+        f"{EXECUTE_TOOL} {tool_name}",
+        kind,
+        carrier,
+        attributes={
+            GEN_AI_OPERATION_NAME: EXECUTE_TOOL,
+            GEN_AI_TOOL_NAME: tool_name,
+            GEN_AI_TOOL_CALL_ID: tool_request_id,
+            GEN_AI_TOOL_TYPE: "function",
+            TOOL_NAME: tool_name,
+            TOOL_REQUEST_ID: tool_request_id,
+        },
+    )
+
+
 def inject() -> dict[str, str]:
     """The current trace context and baggage as a carrier for a message (empty when not tracing)."""
     carrier: dict[str, str] = {}
@@ -219,3 +259,26 @@ def record_outcome(outcome: Outcome) -> None:
     failure = outcome.failure
     if failure is not None and failure.kind is ErrorKind.RUNTIME:
         target.set_status(Status(StatusCode.ERROR, failure.code))
+
+
+def record_tool_outcome(outcome: Outcome) -> None:
+    """As record_outcome, on an execute-tool span: a runtime error's code is also its `error.type`.
+
+    A domain error is the tool's answer, not a failure to execute it: no error.type, as no
+    Error status (its code is in `toolmesh.outcome_code`).
+    """
+    if not enabled():
+        return
+    record_outcome(outcome)
+    failure = outcome.failure
+    if failure is not None and failure.kind is ErrorKind.RUNTIME:
+        trace.get_current_span().set_attribute(ERROR_TYPE, failure.code)
+
+
+def record_tool_failure(code: str) -> None:
+    """An execute-tool span that ended without an outcome: the runtime code it ended with."""
+    if not enabled():
+        return
+    target = trace.get_current_span()
+    target.set_attribute(ERROR_TYPE, code)
+    target.set_status(Status(StatusCode.ERROR, code))

@@ -625,7 +625,9 @@ class HostEngine:
     ) -> None:
         # The invocation's trace continues here: the request carried its context.
         with (
-            telemetry.span("toolmesh.host.handle", SpanKind.SERVER, trace_context) as span,
+            telemetry.execute_tool_span(
+                ctx.tool_name, ctx.tool_request_id, SpanKind.SERVER, trace_context
+            ) as span,
             correlation.ids(
                 session_id=ctx.session_id,
                 turn_id=ctx.turn_id,
@@ -641,7 +643,7 @@ class HostEngine:
             active = self.active.get(ctx.tool_request_id)
             if active is not None:
                 active.submitting = True
-            telemetry.record_outcome(outcome)
+            telemetry.record_tool_outcome(outcome)
             await self._submit(outcome, ctx, host_session_id)
 
     async def _execute(
