@@ -622,13 +622,15 @@ async def inflight(tree: Tree, keys: Keys, sizes: Sizes) -> dict[str, Any]:
         while time.monotonic() - started < sizes.inflight_ramp_s:
             lines = [line for line in child.lines if line.startswith(ATTACK_PROGRESS)]
             now = lines[-1].split()[-2:] if lines else []
+            arrived = sum(_arrivals(system.workdir / f"{session}.arrivals") for session in BRAVO)
+            now.append(str(arrived))  # the baseline answers none: its hosts' count is what moves
             if now != progress:
                 progress, since = now, time.monotonic()
-            elif time.monotonic() - since > 2.0:
+            elif time.monotonic() - since > 2.0 and (arrived or progress[1:2] != ["0"]):
                 break
             await asyncio.sleep(0.25)
         held = sum(_arrivals(system.workdir / f"{session}.arrivals") for session in BRAVO)
-        waiting, answered = (int(n) for n in progress) if progress else (0, 0)
+        waiting, answered = (int(n) for n in progress[:2]) if len(progress) == 3 else (0, 0)
         return {
             "waiting": waiting,
             "answered": answered,
