@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from redis_testing import RedisServer
+from redis_testing import LocalCluster, RedisServer
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh_testing import HostProcess, start_host_process
 
@@ -63,3 +63,14 @@ async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A Redis Cluster of three primaries on free ports, for this test process (started on first use)."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

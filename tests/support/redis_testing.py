@@ -7,8 +7,10 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -27,6 +29,14 @@ def _unbound_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def server_command(port: int, directory: Path, *options: str) -> list[str]:
+    """A redis-server on 127.0.0.1:`port` keeping its files in `directory`, no snapshots."""
+    binary = shutil.which("redis-server")
+    assert binary is not None, "redis-server is not installed"
+    listen = ("--port", str(port), "--bind", "127.0.0.1")
+    return [binary, *listen, "--save", "", *options, "--dir", str(directory)]
 
 
 async def delete_prefixed(url: str, prefix: str) -> None:
@@ -73,22 +83,8 @@ class RedisServer:
         raise AssertionError("redis-server found no free port in 10 tries")
 
     async def _launch(self, port: int) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None, "redis-server is not installed"
         self.process = await asyncio.create_subprocess_exec(
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--dir",
-            str(self.directory),
+            *server_command(port, self.directory, "--appendonly", "yes", "--appendfsync", "always"),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
@@ -129,3 +125,86 @@ class RedisServer:
         if self.process is not None and self.process.returncode is None:
             self.resume()
             await self.kill()
+
+
+@dataclass
+class LocalCluster:
+    """A Redis Cluster of the tests' own: `primaries` redis-server processes in cluster mode on free
+    ports (each with `replicas` replicas), slots spread by `redis-cli --cluster create`. No
+    persistence: a test that needs data to survive uses RedisServer."""
+
+    directory: Path
+    primaries: int = 3
+    replicas: int = 0
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def start(self) -> None:
+        for index in range(self.primaries * (1 + self.replicas)):
+            node = self.directory / f"node{index}"
+            node.mkdir(parents=True, exist_ok=True)
+            for _ in range(10):
+                port = _unbound_port()
+                process = subprocess.Popen(
+                    server_command(
+                        port,
+                        node,
+                        *("--appendonly", "no", "--cluster-enabled", "yes", "--cluster-node-timeout", "1000"),
+                        *("--cluster-config-file", str(node / "nodes.conf")),
+                    ),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                if _answers(port, process):
+                    self.processes.append(process)
+                    self.ports.append(port)
+                    break
+                process.kill()
+                process.wait()
+            else:
+                raise AssertionError("redis-server found no free port in 10 tries")
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in self.ports),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while not all(b"cluster_state:ok" in _cli(port, "CLUSTER", "INFO") for port in self.ports):
+            assert time.monotonic() < deadline, "the cluster did not come up"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
+def _cli(port: int, *command: str) -> bytes:
+    return subprocess.run(
+        ["redis-cli", "-p", str(port), *command], capture_output=True, timeout=10, check=False
+    ).stdout
+
+
+def _answers(port: int, process: subprocess.Popen[bytes]) -> bool:
+    """Whether the server started on `port` (False: it exited, the port was taken)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if b"PONG" in _cli(port, "PING"):
+            return True
+        time.sleep(0.02)
+    raise AssertionError("redis-server does not answer")

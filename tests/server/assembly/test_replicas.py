@@ -65,12 +65,14 @@ class Cluster:
         return f"127.0.0.1:{self.invocations[index].port}"
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def cluster() -> AsyncIterator[Cluster]:
+# Every replica test runs on one Redis and on a Redis Cluster (sessions sharded over its primaries).
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["redis", "cluster"])
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
     prefix = new_prefix()
+    url = request.getfixturevalue("redis_cluster").url if request.param == "cluster" else SHARED_URL
 
     def stores() -> Stores:
-        return open_stores(SHARED_URL, prefix)
+        return open_stores(url, prefix)
 
     registry = await start_registry(stores=stores())
     registry_internal = f"127.0.0.1:{registry.internal_port}"
@@ -83,7 +85,8 @@ async def cluster() -> AsyncIterator[Cluster]:
     await reader.close()
     for server in [*invocations, *(bridge for bridge, _ in bridges), registry]:
         await server.stop(0.5)
-    await delete_prefixed(SHARED_URL, prefix)
+    if url == SHARED_URL:
+        await delete_prefixed(SHARED_URL, prefix)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

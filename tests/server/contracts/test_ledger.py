@@ -1,6 +1,6 @@
 """Exact retries never run a tool twice: join, replay, confirm, idempotency keys, host loss.
 
-Every test runs on both ledger backends: the embedded memory and the shared Redis.
+Every test runs on each ledger backend: the embedded memory, the shared Redis and a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ TOOLS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[MEMORY, "redis"])
+@pytest.fixture(scope="module", params=[MEMORY, "redis", "cluster"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -56,8 +56,10 @@ def marker_dir(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def ledger_system(backend: str) -> AsyncIterator[LocalSystem]:
+async def ledger_system(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[LocalSystem]:
     url, prefix = (MEMORY, None) if backend == MEMORY else (SHARED_URL, new_prefix())
+    if backend == "cluster":
+        url = request.getfixturevalue("redis_cluster").url
     # Short windows, set as an operator sets them (`--limit`): 1 s to replay, then 1 s of notice.
     windows = limits_from(["replay_window_s=1", "timeout_replay_window_s=1", "late_retry_notice_s=1"], {})
     running = await start_local_system(heartbeat_s=0.5, limits=windows, store_url=url, store_prefix=prefix)
@@ -65,7 +67,7 @@ async def ledger_system(backend: str) -> AsyncIterator[LocalSystem]:
         await registry.put_tools(SESSION, TOOLS)
     yield running
     await running.stop(grace=0.5)
-    if prefix is not None:
+    if prefix is not None and url == SHARED_URL:
         await delete_prefixed(SHARED_URL, prefix)
 
 

@@ -1,6 +1,7 @@
 """The store contract: every backend behind the Store interface must pass these.
 
-Redis: the shared server at 127.0.0.1:6379, each test under a key prefix of its own.
+Redis: the shared server at 127.0.0.1:6379, each test under a key prefix of its own; a Redis
+Cluster: three primaries of the test process's own (the redis_cluster fixture).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from toolmesh_testing import eventually
     params=[
         pytest.param("memory", marks=pytest.mark.unit),
         pytest.param("redis", marks=pytest.mark.integration),
+        pytest.param("cluster", marks=pytest.mark.integration),
     ]
 )
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
@@ -33,6 +35,11 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         await backend.close()
         return
     prefix = new_prefix()
+    if request.param == "cluster":  # a cluster of this test process's own: its keys go with it
+        stores = open_stores(request.getfixturevalue("redis_cluster").url, prefix)
+        yield stores.store
+        await stores.close()
+        return
     stores = open_stores(SHARED_URL, prefix)
     yield stores.store
     await stores.close()

@@ -31,6 +31,7 @@ from toolmesh.invocation.ports import (
 from toolmesh.invocation.quotas import Lease, Quotas
 from toolmesh.invocation.validation import Validation, validate_now
 from toolmesh.rules.shares import Shares
+from toolmesh.store import slots
 from toolmesh.store.ledger import Delivered, LeaseRefused
 
 log = logging.getLogger("toolmesh.invocation")
@@ -59,8 +60,9 @@ class InvokeResult:
     attachment_id: str = ""
 
 
-def new_tool_request_id() -> str:
-    return f"tr_{uuid.uuid4().hex}"
+def new_tool_request_id(session_id: str) -> str:
+    """A new id, carrying its session's slot tag (toolmesh.store.slots: found on a cluster by id alone)."""
+    return slots.tool_request_id(session_id, uuid.uuid4().hex)
 
 
 def check_confirmations(deliveries: Sequence[Delivered]) -> None:
@@ -280,7 +282,7 @@ class Invoker:
         on_invocation: Announce | None,
         on_progress: ProgressSink | None,
     ) -> InvokeResult:
-        tool_request_id = new_tool_request_id()
+        tool_request_id = new_tool_request_id(call.session_id)
         request = ToolRequest(
             session_id=call.session_id,
             turn_id=call.turn_id,

@@ -10,6 +10,7 @@ from toolmesh.store.base import Store
 from toolmesh.store.ledger import LedgerStore
 from toolmesh.store.memory import InMemoryStore, MemoryLedgerStore
 from toolmesh.store.redis import DEFAULT_PREFIX, RedisConnection, RedisStore, describe
+from toolmesh.store.redis_cluster import SCHEMES, ClusterConnection, parse_cluster_url
 from toolmesh.store.redis_ledger import RedisLedgerStore
 
 STORE_ENV = "TOOLMESH_STORE"
@@ -34,7 +35,9 @@ def store_url(flag: str | None) -> str:
 
 
 def open_stores(url: str = MEMORY, prefix: str | None = None) -> Stores:
-    """The stores behind `url`: "memory", or redis://host:port/db (rediss:// with TLS, unix://path).
+    """The stores behind `url`: "memory", redis://host:port/db (rediss:// with TLS, unix://path), or a
+    Redis Cluster, redis+cluster://host:port,host:port (rediss+cluster:// with TLS: sessions sharded
+    over its primaries, toolmesh.store.redis_cluster).
 
     `prefix` namespaces every Redis key (default TOOLMESH_STORE_PREFIX, else "toolmesh:").
     Raises ValueError for any other URL. Connects lazily: an unreachable Redis
@@ -44,10 +47,21 @@ def open_stores(url: str = MEMORY, prefix: str | None = None) -> Stores:
         store = InMemoryStore()
         return Stores(store, MemoryLedgerStore(), store.close)
     describe_store(url)  # checks the URL
-    connection = RedisConnection(url, prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX)
+    prefix = prefix or os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX
+    connection: RedisConnection | ClusterConnection = (
+        ClusterConnection(url, prefix) if is_cluster(url) else RedisConnection(url, prefix)
+    )
     return Stores(RedisStore(connection), RedisLedgerStore(connection), connection.close, shared=True)
 
 
 def describe_store(url: str) -> str:
     """What `url` names, to show (never a password); ValueError unless open_stores can open it."""
-    return "embedded in-memory store" if url == MEMORY else f"Redis at {describe(url)}"
+    if url == MEMORY:
+        return "embedded in-memory store"
+    if is_cluster(url):
+        return f"Redis Cluster at {parse_cluster_url(url).describe()}"
+    return f"Redis at {describe(url)}"
+
+
+def is_cluster(url: str) -> bool:
+    return url.partition("://")[0] in SCHEMES

@@ -18,7 +18,7 @@ import functools
 import hashlib
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection, parse_url
@@ -26,9 +26,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
+from toolmesh.store import slots
 from toolmesh.store.base import VersionConflict, Versioned
 from toolmesh.store.redis_link import Link
 from toolmesh.store.redis_watch import Subscriptions, watch
+
+if TYPE_CHECKING:
+    from toolmesh.store.redis_cluster import ClusterConnection
 
 DEFAULT_PREFIX = "toolmesh:"
 # A reply is awaited this long at most; connecting, this long.
@@ -45,6 +49,11 @@ class Script:
     @functools.cached_property
     def sha(self) -> str:
         return hashlib.sha1(self.source.encode()).hexdigest()
+
+    @functools.cached_property
+    def sharded(self) -> Script:
+        """The script for a cluster: it publishes with SPUBLISH, in the slot of the key it names."""
+        return Script(self.source.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',"))
 
 
 _PUT = Script("""
@@ -99,6 +108,9 @@ class RedisConnection:
     """One process's connections to a Redis: one for commands (toolmesh.store.redis_link), one for
     pub/sub (toolmesh.store.redis_watch)."""
 
+    # Keys carry no slot tag (toolmesh.store.slots): one server holds them all.
+    cluster = False
+
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX) -> None:
         # The pool only turns the URL into a connection class and its settings; nothing is pooled.
         settings = ConnectionPool.from_url(
@@ -133,13 +145,15 @@ class RedisConnection:
 class RedisStore:
     """The Store interface on Redis."""
 
-    def __init__(self, connection: RedisConnection) -> None:
+    def __init__(self, connection: RedisConnection | ClusterConnection) -> None:
         self._connection = connection
         self._prefix = connection.prefix
         self._run = connection.run
+        self._cluster = connection.cluster
 
     def _key(self, key: str) -> str:
-        return self._prefix + key
+        # On a cluster a session's keys share its slot (its ledger's scripts are atomic there).
+        return self._prefix + (slots.tagged_key(key) if self._cluster else key)
 
     async def get(self, key: str) -> Versioned | None:
         state, _ = await self._read_expiring(key)

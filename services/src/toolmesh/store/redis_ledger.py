@@ -20,17 +20,22 @@ Keys, under the connection's prefix:
   sorted set of the tool request ids holding a place, scored by when each lapses.
 
 Every key expires. The scripts read keys named by other keys (the invocation
-a pointer names), so the ledger lives on one Redis primary; on a cluster, a
-prefix with a hash tag (e.g. "{toolmesh}:") puts every key in one slot.
+a pointer names), so all the keys of a script live in one slot: on a cluster
+each carries its session's hash tag (_names, toolmesh.store.slots).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING
 
+from toolmesh.store import slots
 from toolmesh.store.ledger import Delivered, KeyReused, LeaseRefused, LeaseTerms, StoredInvocation
 from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
 from toolmesh.store.redis_watch import watch
+
+if TYPE_CHECKING:
+    from toolmesh.store.redis_cluster import ClusterConnection
 
 # Leases: a sorted set of lease ids scored by when each lapses (the server's clock, in ms).
 # take_lease(key, id, limit, ttl ms) holds one of at most `limit`; false when they are held.
@@ -219,16 +224,51 @@ return {found[1], found[2], redis.call('PTTL', KEYS[1])}
 
 
 class RedisLedgerStore:
-    """The LedgerStore port on Redis."""
+    """The LedgerStore port on Redis (one server, or a cluster: see _names)."""
 
-    def __init__(self, connection: RedisConnection) -> None:
+    def __init__(self, connection: RedisConnection | ClusterConnection) -> None:
         self._connection = connection
-        prefix = connection.prefix
-        self._records = f"{prefix}ledger:inv:"
-        self._identities = f"{prefix}ledger:same:"
-        self._keys = f"{prefix}ledger:idem:"
-        self._prefix = prefix
+        self._prefix = connection.prefix
+        self._cluster = connection.cluster
         self._run = connection.run
+
+    def _names(self, tag: str) -> tuple[str, str, str, str]:
+        """The key prefixes of records, identity pointers, idempotency keys and leases, in the slot
+        of `tag`: on a cluster every ledger key of a session carries its hash tag
+        (`ledger:inv:{<tag>}<id>`, `ledger:same:{<tag>}…`, `ledger:idem:{<tag>}…`, `{<tag>}<lease key>`),
+        so each script's keys share one slot; on one Redis none does (the layout it always had)."""
+        tagged = slots.hash_tag(tag) if self._cluster and tag else ""
+        prefix = self._prefix
+        return (
+            f"{prefix}ledger:inv:{tagged}",
+            f"{prefix}ledger:same:{tagged}",
+            f"{prefix}ledger:idem:{tagged}",
+            f"{prefix}{tagged}",
+        )
+
+    def _tag(self, tool_request_id: str) -> str:
+        """The slot tag of an invocation's keys (its id carries it); "" on one Redis."""
+        if not self._cluster:
+            return ""
+        return slots.id_tag(tool_request_id) or ""
+
+    def _claim_tag(self, tool_request_id: str) -> str:
+        tag = self._tag(tool_request_id)
+        if self._cluster and not tag:
+            raise ValueError(
+                f"{tool_request_id}: on a Redis Cluster an invocation id carries its session's tag"
+            )
+        return tag
+
+    async def _confirm_elsewhere(self, tag: str, confirmed: Sequence[Delivered]) -> list[Delivered]:
+        """Confirm first, each in its own slot, the deliveries not in `tag`'s; return those that are."""
+        if not self._cluster:
+            return list(confirmed)
+        here = [delivered for delivered in confirmed if self._tag(delivered.tool_request_id) == tag]
+        elsewhere = [delivered for delivered in confirmed if self._tag(delivered.tool_request_id) != tag]
+        if elsewhere:
+            await self.confirm(elsewhere)
+        return here
 
     async def claim(
         self,
@@ -240,15 +280,18 @@ class RedisLedgerStore:
         confirmed: Sequence[Delivered] = (),
         lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
-        keys = [self._identities + identity, self._records + tool_request_id, *self._named(confirmed)]
-        terms = self._lease(lease)
+        tag = self._claim_tag(tool_request_id)
+        confirmed = await self._confirm_elsewhere(tag, confirmed)
+        records, identities, _, leases = self._names(tag)
+        keys = [identities + identity, records + tool_request_id, *_named(records, confirmed)]
+        terms = self._lease(leases, lease)
         args: list[bytes | str] = [
             tool_request_id,
             record,
             milliseconds(running_ttl_s),
             identity,
-            self._records,
-            self._identities,
+            records,
+            identities,
             *terms,
             *_pairs(confirmed),
         ]
@@ -271,16 +314,19 @@ class RedisLedgerStore:
         confirmed: Sequence[Delivered] = (),
         lease: LeaseTerms | None = None,
     ) -> StoredInvocation | None:
-        keys = [self._keys + key, self._records + tool_request_id, *self._named(confirmed)]
-        terms = self._lease(lease)
+        tag = self._claim_tag(tool_request_id)
+        confirmed = await self._confirm_elsewhere(tag, confirmed)
+        records, identities, idempotency, leases = self._names(tag)
+        keys = [idempotency + key, records + tool_request_id, *_named(records, confirmed)]
+        terms = self._lease(leases, lease)
         args: list[bytes | str] = [
             tool_request_id,
             record,
             milliseconds(running_ttl_s),
             identity,
-            self._records,
+            records,
             milliseconds(key_ttl_s),
-            self._identities,
+            identities,
             *terms,
             *_pairs(confirmed),
         ]
@@ -293,12 +339,17 @@ class RedisLedgerStore:
             raise KeyReused(found[1].decode())
         return StoredInvocation(found[1].decode(), found[2], found[3] == 1, found[4].decode())
 
+    def _ending(self, tool_request_id: str, identity: str) -> list[str]:
+        records, identities, _, _ = self._names(self._tag(tool_request_id))
+        keys = [records + tool_request_id]
+        if identity:
+            keys.append(identities + identity)
+        return keys
+
     async def finish(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float | None
     ) -> str:
-        keys = [self._records + tool_request_id]
-        if identity:
-            keys.append(self._identities + identity)
+        keys = self._ending(tool_request_id, identity)
         args: list[bytes | str] = [
             tool_request_id,
             record,
@@ -311,9 +362,7 @@ class RedisLedgerStore:
     async def cancel(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
     ) -> str | None:
-        keys = [self._records + tool_request_id]
-        if identity:
-            keys.append(self._identities + identity)
+        keys = self._ending(tool_request_id, identity)
         args: list[bytes | str] = [
             tool_request_id,
             record,
@@ -325,37 +374,49 @@ class RedisLedgerStore:
         return None if answer is None else bytes(answer).decode()
 
     async def confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
-        if not deliveries:
-            return []
-        keys = self._named(deliveries)
-        running = await self._run(_CONFIRM, keys, [self._identities, *_pairs(deliveries)])
-        return [tool_request_id.decode() for tool_request_id in running]
+        # One script per slot (on one Redis, one in all); an id without a tag is a slot of its own.
+        groups: dict[tuple[str, str], list[Delivered]] = {}
+        for delivered in deliveries:
+            tag = self._tag(delivered.tool_request_id)
+            slot = (tag, "") if tag or not self._cluster else ("", delivered.tool_request_id)
+            groups.setdefault(slot, []).append(delivered)
+        running: list[str] = []
+        for (tag, _own), group in groups.items():
+            records, identities = self._names(tag)[:2]
+            still = await self._run(_CONFIRM, _named(records, group), [identities, *_pairs(group)])
+            running.extend(tool_request_id.decode() for tool_request_id in still)
+        return running
 
-    def _lease(self, lease: LeaseTerms | None) -> list[str]:
+    def _lease(self, leases: str, lease: LeaseTerms | None) -> list[str]:
         """The claim scripts' lease arguments: key (under the prefix), limit, ttl ms; "" for none."""
         if lease is None:
             return ["", "", ""]
-        return [self._prefix + lease.key, str(lease.limit), milliseconds(lease.ttl_s)]
+        return [leases + lease.key, str(lease.limit), milliseconds(lease.ttl_s)]
 
     async def release_lease(self, key: str, tool_request_id: str) -> None:
-        await self._run(_RELEASE_LEASE, [self._prefix + key], [tool_request_id])
+        leases = self._names(self._tag(tool_request_id))[3]
+        await self._run(_RELEASE_LEASE, [leases + key], [tool_request_id])
 
-    def _named(self, deliveries: Sequence[Delivered]) -> list[str]:
-        return [self._records + delivered.tool_request_id for delivered in deliveries]
+    def _record(self, tool_request_id: str) -> str:
+        return self._names(self._tag(tool_request_id))[0] + tool_request_id
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         stored, _ = await self._read_expiring(tool_request_id)
         return stored
 
     async def _read_expiring(self, tool_request_id: str) -> tuple[StoredInvocation | None, float | None]:
-        record, delivered, pttl = await self._run(_READ, [self._records + tool_request_id])
+        record, delivered, pttl = await self._run(_READ, [self._record(tool_request_id)])
         if record is None:
             return None, None
         return StoredInvocation(tool_request_id, record, delivered is not None), expires_in(int(pttl))
 
     def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
-        channel = (self._records + tool_request_id).encode()
+        channel = self._record(tool_request_id).encode()
         return watch(self._connection.subscriptions, channel, lambda: self._read_expiring(tool_request_id))
+
+
+def _named(records: str, deliveries: Sequence[Delivered]) -> list[str]:
+    return [records + delivered.tool_request_id for delivered in deliveries]
 
 
 def _pairs(deliveries: Sequence[Delivered]) -> list[str]:
