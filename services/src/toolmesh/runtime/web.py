@@ -32,7 +32,7 @@ import logging
 import os
 import socket
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, NoReturn, TypeVar
@@ -196,12 +196,14 @@ def allowed_origin(origin: str, host_header: str, origins: frozenset[str]) -> bo
     return origin in origins or (host_header != "" and urlsplit(origin).netloc == host_header)
 
 
-def guarded(app: App, paths: Iterable[str], origins: Iterable[str], hosts: Iterable[str] = ()) -> App:
+def guarded(
+    app: App, paths: Iterable[str] | WebRoutes, origins: Iterable[str], hosts: Iterable[str] = ()
+) -> App:
     """Only `paths` (the RPCs served), only for a Host that names this port, and only from allowed
     origins, with CORS for those."""
     allowed = frozenset(origin.rstrip("/") for origin in origins)
     names = allowed_hosts(allowed, hosts)
-    served = frozenset(paths)
+    served = paths if isinstance(paths, WebRoutes) else frozenset(paths)
 
     async def guard(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -340,19 +342,33 @@ def connect_app(base: type[ConnectApp], service: Any, read_max_bytes: int = MAX_
     return application
 
 
-def mounted(apps: Iterable[Any]) -> App:
-    """One application for several generated ones, each at its service's path (`/pkg.Service/`)."""
-    by_path = {app.path: app for app in apps}
+class WebRoutes:
+    """The RPCs one web port serves, gathered from the services of one process: one origin for a
+    page, whose host RPCs (the bridge) and caller RPCs (the registry's reads, the invocation
+    service's calls) share it. An application (each request to its service's routes); `guarded`
+    serves only the paths added."""
 
-    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self) -> None:
+        self._apps: dict[str, App] = {}
+        self._paths: set[str] = set()
+
+    def add(self, app: ConnectASGIApplication[Any], paths: Iterable[str]) -> None:
+        self._apps[app.path] = app
+        self._paths.update(paths)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._paths
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
-        app = by_path.get(path[: path.rfind("/") + 1])
-        if app is None:
+        app = self._apps.get(path[: path.rfind("/")])
+        if app is None or path not in self._paths:
             await _respond(send, 404, [])
             return
         await app(scope, receive, send)
-
-    return route
 
 
 class _TypedDecoding:
