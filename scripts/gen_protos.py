@@ -4,9 +4,9 @@
   the package toolmesh.v1 (clients/python/src/toolmesh/v1).
 - The protos' descriptors with their comments (services/src/toolmesh/runtime/
   descriptors.binpb), which the servers' reflection serves.
-- The Connect and gRPC-Web routes of the bridge's web port (protoc-gen-connectrpc,
+- The Connect and gRPC-Web routes of the web ports (protoc-gen-connectrpc,
   on the same protobuf messages) land in the server distribution's tree
-  (services/src/toolmesh/v1/bridge_connect.py): only the servers need connectrpc.
+  (services/src/toolmesh/v1/*_connect.py): only the servers need connectrpc.
 - The TypeScript messages and service descriptors (protoc-gen-es through
   `buf generate`) land in clients/typescript/src/gen; they need `npm ci` in
   clients/typescript first. Beside them, src/gen/tables.ts: the error table and
@@ -33,7 +33,9 @@ SERVER_SRC = ROOT / "services" / "src"
 TYPESCRIPT = ROOT / "clients" / "typescript"
 # Each generated tree, relative to the folder its generator writes into.
 PYTHON_TREE = Path("toolmesh") / "v1"
-CONNECT_FILE = Path("toolmesh") / "v1" / "bridge_connect.py"
+CONNECT_FILES = [
+    Path("toolmesh") / "v1" / f"{name}_connect.py" for name in ("bridge", "invocation", "registry")
+]
 # In the server distribution: the servers' reflection serves it.
 DESCRIPTORS_FILE = Path("toolmesh") / "runtime" / "descriptors.binpb"
 TYPESCRIPT_TREE = Path("src") / "gen"
@@ -42,8 +44,9 @@ ASSISTANT_TREE = Path("assistant") / "src" / "gen"
 # Writes src/gen/tables.ts, the error table and limits from toolmesh.core, and
 # assistant/src/gen/turns.ts, the turn-code table from toolmesh.assistant.
 TS_TABLES = ROOT / "scripts" / "gen_ts_tables.py"
-# Only the bridge is served over Connect and gRPC-Web.
-CONNECT_PROTOS = ["toolmesh/v1/bridge.proto"]
+# Served over Connect and gRPC-Web on the web ports: the bridge's host RPCs, the caller RPCs of the
+# registry and the invocation service.
+CONNECT_PROTOS = ["toolmesh/v1/bridge.proto", "toolmesh/v1/invocation.proto", "toolmesh/v1/registry.proto"]
 
 
 def _protoc(out: Path, plugin_args: list[str], protos: list[str]) -> None:
@@ -146,7 +149,8 @@ def check() -> list[str]:
                 if committed.exists()
                 else [f"generated tree missing: {committed}"]
             )
-        problems += _file_difference(SERVER_SRC / CONNECT_FILE, fresh / "connect" / CONNECT_FILE)
+        for connect_file in CONNECT_FILES:
+            problems += _file_difference(SERVER_SRC / connect_file, fresh / "connect" / connect_file)
         problems += _file_difference(SERVER_SRC / DESCRIPTORS_FILE, fresh / "descriptors" / DESCRIPTORS_FILE)
         return problems
 

@@ -15,8 +15,9 @@ from toolmesh.bridge.registry_lists import RegistryToolLists
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
-from toolmesh.bridge.web import start_web_server, web_app
+from toolmesh.bridge.web import HOST_FACING_PATHS, start_web_server, web_connect
 from toolmesh.contracts.ledger import Ledger, LedgerPolicy
+from toolmesh.invocation import web as invocation_web
 from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.observability import InvocationTelemetry
@@ -29,11 +30,13 @@ from toolmesh.invocation.remote import (
 )
 from toolmesh.invocation.servicer import invocation_service
 from toolmesh.invocation.validation import Validation
+from toolmesh.registry import web as registry_web
 from toolmesh.registry.registry import Registry
 from toolmesh.registry.servicer import registry_service
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 from toolmesh.runtime.security import LOOPBACK, Security
 from toolmesh.runtime.server import CannotListen, RunningServer, start_server
+from toolmesh.runtime.web import WebRoutes, guarded
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
 # How long a starting invocation replica waits to follow other replicas' cancellations.
@@ -49,12 +52,20 @@ async def start_registry(
     security: Security = LOOPBACK,
     internal_address: str = INTERNAL_ADDRESS,
     limits: Limits = DEFAULT_LIMITS,
+    web_routes: WebRoutes | None = None,
 ) -> RunningServer:
-    """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory)."""
+    """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory).
+
+    With `web_routes` (a web port of this process), its read RPCs are served there too.
+    """
     stores = stores or open_stores()
+    registry = Registry(stores.store, limits)
+    if web_routes is not None:
+        app = registry_web.web_connect(registry, security.verifier, read_max_bytes=limits.message_bytes)
+        web_routes.add(app, registry_web.READ_PATHS)
     try:
         running = await start_server(
-            [registry_service(Registry(stores.store, limits))],
+            [registry_service(registry)],
             address,
             security=security,
             internal_address=internal_address,
@@ -80,6 +91,7 @@ async def start_bridge(
     stores: Stores | None = None,
     advertise: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    web_routes: WebRoutes | None = None,
 ) -> tuple[RunningServer, Router]:
     """The bridge on `address`, its internal listener (Dispatch, for the invocation service) on
     `internal_address`, and on `web_address` for pages (Connect, gRPC-Web) when given.
@@ -91,7 +103,8 @@ async def start_bridge(
     With `registry_target` (the registry's internal listener), hosts may declare their tools
     (DeclareHostTools); `web_origins` are the browser origins allowed besides the web port's own;
     `web_hosts` the names its requests' Host may give besides loopback's, its bound address and the
-    origins' (DNS rebinding).
+    origins' (DNS rebinding). With `web_routes`, its web port also serves the routes the other
+    services of this process add there (one origin for a page).
     """
     if web_address is not None:
         security.check_public(web_address)
@@ -117,15 +130,12 @@ async def start_bridge(
     if lists is not None:
         running.after_stop.append(lists.aclose)
     if web_address is not None:
-        app = web_app(
-            router,
-            declarations,
-            web_origins,
-            security.verifier,
-            recorder,
-            read_max_bytes=limits.message_bytes,
-            hosts=[*web_hosts, web_address.rpartition(":")[0].strip("[]")],
+        served = web_routes if web_routes is not None else WebRoutes()
+        connect = web_connect(
+            router, declarations, security.verifier, recorder, read_max_bytes=limits.message_bytes
         )
+        served.add(connect, HOST_FACING_PATHS)
+        app = guarded(served, served, web_origins, [*web_hosts, web_address.rpartition(":")[0].strip("[]")])
         try:
             web = await start_web_server(app, web_address, security.tls)
         except CannotListen:
@@ -165,13 +175,15 @@ async def start_invocation(
     max_in_flight: int | None = None,
     security: Security = LOOPBACK,
     limits: Limits = DEFAULT_LIMITS,
+    web_routes: WebRoutes | None = None,
 ) -> RunningServer:
     """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
 
     `registry_target` may name several registry replicas (on one store): `a:7411,b:7411`, or a gRPC
     target such as `dns:///registry:7411` or `ipv4:10.0.0.1:7411,10.0.0.2:7411` (round_robin).
 
-    It keeps its ledger in `stores` (closed when it stops; default: its own memory).
+    It keeps its ledger in `stores` (closed when it stops; default: its own memory). With
+    `web_routes` (a web port of this process), its caller RPCs are served there too.
     """
     security.check_public(address)
     security.check_peer()
@@ -198,6 +210,9 @@ async def start_invocation(
         quotas=Quotas(stores.store, limits),
         cancels=cancels,
     )
+    if web_routes is not None:
+        app = invocation_web.web_connect(invoker, security.verifier, read_max_bytes=limits.message_bytes)
+        web_routes.add(app, invocation_web.CALLER_FACING_PATHS)
     following_ready = asyncio.Event()
     following = asyncio.create_task(invoker.follow_cancellations(following_ready))
     with contextlib.suppress(TimeoutError):  # a store still unreachable: it follows once it is back
@@ -304,8 +319,14 @@ async def start_local_system(
     security = security.with_service_token()
     for port in (registry_port, invocation_port, bridge_port, web_port):
         security.check_public(f"{host}:{port}")
+    # One web port for pages: the bridge's host RPCs, the registry's reads, the invocation service's calls.
+    web_routes = WebRoutes()
     registry = await start_registry(
-        f"{host}:{registry_port}", open_stores(store_url, store_prefix), security=security, limits=limits
+        f"{host}:{registry_port}",
+        open_stores(store_url, store_prefix),
+        security=security,
+        limits=limits,
+        web_routes=web_routes,
     )
     try:
         bridge, router = await start_bridge(
@@ -318,6 +339,7 @@ async def start_local_system(
             security=security,
             stores=None if store_url == MEMORY else open_stores(store_url, store_prefix),
             limits=limits,
+            web_routes=web_routes,
         )
     except BaseException:
         await registry.stop(0)
@@ -332,6 +354,7 @@ async def start_local_system(
             max_in_flight=max_in_flight,
             security=security,
             limits=limits,
+            web_routes=web_routes,
         )
     except BaseException:
         await bridge.stop(0)

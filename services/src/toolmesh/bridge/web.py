@@ -30,67 +30,55 @@ once; a connection over either is closed as it opens.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import base64
-import json
-import logging
-import os
-import socket
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any, NoReturn
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
-import uvicorn
-from connectrpc._protocol import HTTPError
-from connectrpc.code import Code as ConnectCode
-from connectrpc.compat import google_protobuf_codecs
-from connectrpc.errors import ConnectError, ErrorDetail
 from connectrpc.request import RequestContext
-from google.rpc import error_details_pb2
-from protobuf.wkt import Any as AnyMessage
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from toolmesh.auth.grants import Role
-from toolmesh.auth.guard import Admit, Listener, admission, grant_expires_at, scope
+from toolmesh.auth.guard import Listener, admission, grant_expires_at, scope
 from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
 from toolmesh.bridge.servicer import answer_read_check, declare, host_events, report_progress, submit
-from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
-from toolmesh.core.exceptions import exception_fields
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
-from toolmesh.core.tls import TlsFiles
-from toolmesh.runtime.decoding import undecodable
 from toolmesh.runtime.instrument import until_token_expires
-from toolmesh.runtime.server import CannotListen
+from toolmesh.runtime.web import (
+    App,
+    ConnectionLimits,
+    WebServer,
+    add_web_arguments,
+    admit,
+    allowed_hosts,
+    connect_app,
+    fail,
+    guarded,
+    host_name,
+    start_web_server,
+    web_hosts,
+    web_origins,
+)
 from toolmesh.v1 import bridge_pb2
 from toolmesh.v1.bridge_connect import BridgeService, BridgeServiceASGIApplication
 
-log = logging.getLogger("toolmesh.bridge.web")
+__all__ = [
+    "DEFAULT_WEB_PORT",
+    "HOST_FACING_PATHS",
+    "ConnectionLimits",
+    "WebBridge",
+    "WebServer",
+    "add_web_arguments",
+    "allowed_hosts",
+    "host_name",
+    "start_web_server",
+    "web_app",
+    "web_connect",
+    "web_hosts",
+    "web_origins",
+]
 
 DEFAULT_WEB_PORT = 7404
-ORIGINS_ENV = "TOOLMESH_WEB_ORIGINS"
-HOSTS_ENV = "TOOLMESH_WEB_HOSTS"
-# The names a request's Host may give on any port: this machine's loopback names.
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
-HOST_REFUSED = "The request's Host is not a name of this port."
-
-# A request (its headers and body) must have arrived this long after its connection opened or the
-# previous response ended; a half-sent request (slowloris) is closed then.
-REQUEST_READ_S = 10.0
-# An idle keep-alive connection is closed after this long (uvicorn's timeout_keep_alive).
-KEEP_ALIVE_S = 5.0
-# Open connections at most, on the port and from one client address (one per page's host session,
-# and a few for its calls: a browser opens at most 6 per origin and tab).
-MAX_CONNECTIONS = 1000
-MAX_CONNECTIONS_PER_ADDRESS = 64
-# The largest request head (request line and headers) read (h11's incomplete event size).
-MAX_HEADER_BYTES = 16 * 1024
 
 _SERVICE = "/toolmesh.v1.BridgeService/"
 HOST_FACING = (
@@ -101,59 +89,6 @@ HOST_FACING = (
     "ReportToolProgress",
 )
 HOST_FACING_PATHS = frozenset(_SERVICE + name for name in HOST_FACING)
-# What Connect and gRPC-Web clients send, and the token a host will present.
-_ALLOWED_HEADERS = (
-    "authorization, content-type, connect-protocol-version, connect-timeout-ms, "
-    "connect-accept-encoding, connect-content-encoding, grpc-timeout, x-grpc-web, x-user-agent"
-)
-# gRPC-Web sends a status without messages in headers, which a page may only read when exposed.
-_EXPOSED_HEADERS = "grpc-status, grpc-message, grpc-status-details-bin, connect-content-encoding"
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def _connect_error(error: ToolmeshError) -> ConnectError:
-    """The error a Connect or gRPC-Web client sees: the table's status, with ErrorInfo as on the gRPC port."""
-    info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN, metadata=error.metadata)
-    detail = AnyMessage(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info.SerializeToString())
-    # gRPC status names and Connect code names agree but for the spelling of CANCELLED.
-    name = error.status.name.lower().replace("cancelled", "canceled")
-    return ConnectError(ConnectCode(name), error.message, [ErrorDetail(detail)])
-
-
-def _fail(method: str, exc: Exception) -> NoReturn:
-    if isinstance(exc, ConnectError):
-        raise exc
-    if not isinstance(exc, ToolmeshError):
-        # The exception text may quote request data: log only its type.
-        log.error(
-            "unexpected error",
-            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
-        )
-        exc = ToolmeshError(Code.INTERNAL)
-    raise _connect_error(exc) from None
-
-
-class _Headers:
-    """A Connect request's headers where the policy reads gRPC metadata."""
-
-    def __init__(self, ctx: RequestContext[Any, Any]) -> None:
-        self._ctx = ctx
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [(key.lower(), value) for key, value in self._ctx.request_headers.items()]
-
-    def peer(self) -> str:
-        """The client's `host:port`, as the policy reads a gRPC peer."""
-        return self._ctx.client_address or ""
-
-
-async def _admit(admit: Admit | None, request: Any, ctx: RequestContext[Any, Any]) -> None:
-    if admit is not None:
-        await admit(request, _Headers(ctx))
 
 
 class WebBridge(BridgeService):
@@ -183,185 +118,62 @@ class WebBridge(BridgeService):
         self, request: bridge_pb2.OpenHostSessionRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
         try:
-            await _admit(self._admit["OpenHostSession"], request, ctx)
+            await admit(self._admit["OpenHostSession"], request, ctx)
             # As on the gRPC port, the stream ends when the token it was opened with expires.
             async for event in until_token_expires(host_events(self._router, request), grant_expires_at()):
                 yield event
         except Exception as exc:
-            _fail("OpenHostSession", exc)
+            fail("OpenHostSession", exc)
 
     async def submit_tool_result(
         self, request: bridge_pb2.SubmitToolResultRequest, ctx: RequestContext[Any, Any]
     ) -> bridge_pb2.SubmitToolResultResponse:
         try:
-            await _admit(self._admit["SubmitToolResult"], request, ctx)
+            await admit(self._admit["SubmitToolResult"], request, ctx)
             return await submit(self._router, self._recorder, request, scope(Role.HOST))
         except Exception as exc:
-            _fail("SubmitToolResult", exc)
+            fail("SubmitToolResult", exc)
 
     async def answer_read_check(
         self, request: bridge_pb2.AnswerReadCheckRequest, ctx: RequestContext[Any, Any]
     ) -> bridge_pb2.AnswerReadCheckResponse:
         try:
-            await _admit(self._admit["AnswerReadCheck"], request, ctx)
+            await admit(self._admit["AnswerReadCheck"], request, ctx)
             return answer_read_check(self._router, request, scope(Role.HOST))
         except Exception as exc:
-            _fail("AnswerReadCheck", exc)
+            fail("AnswerReadCheck", exc)
 
     async def report_tool_progress(
         self, request: bridge_pb2.ReportToolProgressRequest, ctx: RequestContext[Any, Any]
     ) -> bridge_pb2.ReportToolProgressResponse:
         try:
-            await _admit(self._admit["ReportToolProgress"], request, ctx)
+            await admit(self._admit["ReportToolProgress"], request, ctx)
             return report_progress(self._router, request, scope(Role.HOST))
         except Exception as exc:
-            _fail("ReportToolProgress", exc)
+            fail("ReportToolProgress", exc)
 
     async def declare_host_tools(
         self, request: bridge_pb2.DeclareHostToolsRequest, ctx: RequestContext[Any, Any]
     ) -> bridge_pb2.DeclareHostToolsResponse:
         try:
-            await _admit(self._admit["DeclareHostTools"], request, ctx)
+            await admit(self._admit["DeclareHostTools"], request, ctx)
             return await declare(self._declarations, request, scope(Role.HOST))
         except Exception as exc:
-            _fail("DeclareHostTools", exc)
+            fail("DeclareHostTools", exc)
 
 
-def add_web_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--web-hosts",
-        help=f"comma-separated names the web port is reached by besides loopback's and its allowed "
-        f"origins', checked against each request's Host (DNS rebinding), e.g. bridge.example.com "
-        f"(env {HOSTS_ENV}; default none)",
+def web_connect(
+    router: Router,
+    declarations: Declarations,
+    verifier: Verifier | None = None,
+    recorder: OutcomeRecorder | None = None,
+    *,
+    read_max_bytes: int = MAX_MESSAGE_BYTES,
+) -> BridgeServiceASGIApplication:
+    """The host-facing routes, unguarded (`guarded` with HOST_FACING_PATHS makes them a port)."""
+    return connect_app(
+        BridgeServiceASGIApplication, WebBridge(router, declarations, verifier, recorder), read_max_bytes
     )
-    parser.add_argument(
-        "--web-origins",
-        help=f"comma-separated browser origins allowed on the web port besides its own, "
-        f"e.g. http://localhost:5173 (env {ORIGINS_ENV}; default none)",
-    )
-
-
-def web_hosts(flag: str | None) -> list[str]:
-    """The names (no port) a request's Host may give besides loopback's: the flag, else the environment."""
-    raw = flag if flag is not None else os.environ.get(HOSTS_ENV, "")
-    hosts = [host.strip().lower() for host in raw.split(",") if host.strip()]
-    for host in hosts:
-        if host == "*" or "/" in host or urlsplit(f"//{host}").port is not None:
-            raise SystemExit(f"not a host name (a name or an address, no port): {host}")
-    return hosts
-
-
-def allowed_hosts(origins: Iterable[str], hosts: Iterable[str] = ()) -> frozenset[str]:
-    """The names a request's Host may give: loopback's, the given hosts, and the allowed origins' hosts."""
-    names = set(LOOPBACK_HOSTS)
-    names.update(_bracketed(host.lower()) for host in hosts if host not in ("", "0.0.0.0", "::"))
-    for origin in origins:
-        hostname = urlsplit(origin).hostname
-        if hostname:
-            names.add(_bracketed(hostname))
-    return frozenset(names)
-
-
-def _bracketed(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def host_name(host_header: str) -> str:
-    """The name of a Host header, without its port: `[::1]:7404` is `[::1]`, `Localhost:80` is `localhost`."""
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        return host.split("]", 1)[0] + "]"
-    return host.rsplit(":", 1)[0] if ":" in host else host
-
-
-def web_origins(flag: str | None) -> list[str]:
-    """The allowed origins: the flag, else the environment, else none (never `*`)."""
-    raw = flag if flag is not None else os.environ.get(ORIGINS_ENV, "")
-    origins = [origin.strip().rstrip("/") for origin in raw.split(",") if origin.strip()]
-    for origin in origins:
-        parts = urlsplit(origin)
-        if origin == "*" or parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
-            raise SystemExit(f"not an origin (scheme://host[:port]): {origin}")
-    return origins
-
-
-def allowed_origin(origin: str, host_header: str, origins: frozenset[str]) -> bool:
-    """A configured origin, or the port's own (the Host the request was sent to)."""
-    return origin in origins or (host_header != "" and urlsplit(origin).netloc == host_header)
-
-
-def guarded(app: App, origins: Iterable[str], hosts: Iterable[str] = ()) -> App:
-    """Only the host-facing paths, only for a Host that names this port, and only from allowed
-    origins, with CORS for those."""
-    allowed = frozenset(origin.rstrip("/") for origin in origins)
-    names = allowed_hosts(allowed, hosts)
-
-    async def guard(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
-        if host_name(headers.get("host", "")) not in names:
-            # DNS rebinding: a page of another name that resolves here. Refused before its origin
-            # is compared with the port's own (which it would match).
-            log.info("refused a request for a host not allowed", extra={"code": Code.PERMISSION_DENIED.value})
-            await _refuse(send, 403, ToolmeshError(Code.PERMISSION_DENIED, HOST_REFUSED))
-            return
-        if scope["path"] not in HOST_FACING_PATHS:
-            await _respond(send, 404, [])
-            return
-        origin = headers.get("origin")
-        cors: list[tuple[bytes, bytes]] = []
-        if origin is not None:
-            if not allowed_origin(origin, headers.get("host", ""), allowed):
-                log.info("refused a request from an origin not allowed", extra={"origin": origin[:200]})
-                await _respond(send, 403, [(b"vary", b"origin")])
-                return
-            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"origin")]
-        if scope["method"] == "OPTIONS":
-            await _respond(
-                send,
-                204,
-                [
-                    *cors,
-                    (b"access-control-allow-methods", b"POST, GET"),
-                    (b"access-control-allow-headers", _ALLOWED_HEADERS.encode()),
-                    (b"access-control-max-age", b"7200"),
-                ],
-            )
-            return
-
-        async def send_with_cors(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start" and cors:
-                message["headers"] = [
-                    *message.get("headers", []),
-                    *cors,
-                    (b"access-control-expose-headers", _EXPOSED_HEADERS.encode()),
-                ]
-            await send(message)
-
-        await app(scope, receive, send_with_cors)
-
-    return guard
-
-
-async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _refuse(send: Send, status: int, error: ToolmeshError) -> None:
-    """A refusal as the Connect protocol writes an error: its code, message and ErrorInfo."""
-    info = error_details_pb2.ErrorInfo(reason=error.code.value, domain=DOMAIN, metadata=error.metadata)
-    name = error.status.name.lower().replace("cancelled", "canceled")
-    detail = {
-        "type": "google.rpc.ErrorInfo",
-        "value": base64.b64encode(info.SerializeToString()).decode().rstrip("="),
-    }
-    body = json.dumps({"code": name, "message": error.message, "details": [detail]}).encode()
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def web_app(
@@ -380,221 +192,5 @@ def web_app(
     `read_max_bytes`: the largest message it reads (the `message_bytes` limit); `hosts`: the names
     a request's Host may give besides loopback's and the origins' (DNS rebinding).
     """
-    connect = _WebApplication(
-        WebBridge(router, declarations, verifier, recorder),
-        interceptors=[_TypedProtocolErrors()],
-        read_max_bytes=read_max_bytes,
-        codecs=[_TypedDecoding(codec) for codec in google_protobuf_codecs()],
-    )
-    return guarded(connect, origins, hosts)
-
-
-PROTOCOL_ERROR_DETAIL = "The request does not follow the Connect or gRPC-Web protocol."
-# What the Connect library refuses a request with, before or beside any RPC: a bad envelope
-# (INVALID_ARGUMENT, or INTERNAL for a compressed message without an encoding), a bad timeout or
-# protocol version header (INVALID_ARGUMENT), an unknown encoding or a request stream without
-# exactly one message (UNIMPLEMENTED). Our own errors always carry ErrorInfo, so these never do.
-_PROTOCOL_CODES = frozenset({ConnectCode.INVALID_ARGUMENT, ConnectCode.INTERNAL, ConnectCode.UNIMPLEMENTED})
-
-
-def _typed_protocol_error(exc: Exception | None) -> Exception | None:
-    """A protocol-level refusal as on the gRPC port: INVALID_REQUEST with ErrorInfo; any other error as it is.
-
-    The library's own text is dropped: it can quote what was sent (a header's value).
-    """
-    unsupported = isinstance(exc, HTTPError) and exc.status is HTTPStatus.UNSUPPORTED_MEDIA_TYPE
-    untyped = isinstance(exc, ConnectError) and not exc.details and exc.code in _PROTOCOL_CODES
-    if unsupported or untyped:
-        return _connect_error(ToolmeshError(Code.INVALID_REQUEST, PROTOCOL_ERROR_DETAIL))
-    return exc
-
-
-class _TypedProtocolErrors:
-    """A metadata interceptor: the refusals met once a request is under way (its body) get typed."""
-
-    async def on_start(self, ctx: RequestContext[Any, Any]) -> None:
-        return None
-
-    async def on_end(self, token: None, ctx: RequestContext[Any, Any], error: Exception | None, /) -> None:
-        typed = _typed_protocol_error(error)
-        if typed is not error and typed is not None:
-            raise typed  # an on_end exception replaces the request's error
-
-
-class _WebApplication(BridgeServiceASGIApplication):
-    """The Connect application; the refusals met before a request is under way (its headers) get typed.
-
-    Those reach no interceptor: _handle_error is where the library answers them
-    (connectrpc is pinned to an exact version for this override).
-    """
-
-    async def _handle_error(
-        self,
-        exc: Exception,
-        ctx: RequestContext[Any, Any] | None,
-        protocol: Any,
-        send: Any,
-    ) -> bool:
-        typed = _typed_protocol_error(exc)
-        assert typed is not None
-        handled: bool = await super()._handle_error(typed, ctx, protocol, send)
-        return handled
-
-
-class _TypedDecoding:
-    """A codec whose undecodable messages fail as on the gRPC port: INVALID_REQUEST with ErrorInfo.
-
-    The Connect library's own decoding error has no details; the error table decides this one.
-    """
-
-    def __init__(self, codec: Any) -> None:
-        self._codec = codec
-
-    def name(self) -> str:
-        name: str = self._codec.name()
-        return name
-
-    def encode(self, message: Any) -> bytes:
-        encoded: bytes = self._codec.encode(message)
-        return encoded
-
-    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
-        try:
-            return self._codec.decode(data, message_class)
-        except Exception:
-            raise _connect_error(undecodable()) from None
-
-
-@dataclass
-class WebServer:
-    """A running web port."""
-
-    server: uvicorn.Server
-    port: int
-
-    def stop_accepting(self) -> None:
-        """Take no new connections (a page reconnecting must find the next bridge, not this one)."""
-        for server in self.server.servers:
-            server.close()
-
-    async def stop(self, grace: float) -> None:
-        self.server.config.timeout_graceful_shutdown = max(1, round(grace))
-        self.server.should_exit = True
-        await self.server.shutdown()
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """How long a request may take to arrive, and how many connections may be open (see the module)."""
-
-    request_read_s: float = REQUEST_READ_S
-    keep_alive_s: float = KEEP_ALIVE_S
-    max_connections: int = MAX_CONNECTIONS
-    max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS
-
-
-def _bounded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol, with the connection caps and the request read timeout of one port."""
-    per_address: Counter[str] = Counter()
-
-    class Bounded(H11Protocol):
-        _address: str | None = None
-        _read_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            address = self.client[0] if self.client else ""
-            if (
-                len(self.connections) > limits.max_connections
-                or per_address[address] >= limits.max_connections_per_address
-            ):
-                log.warning(
-                    "refused a connection over the web port's caps",
-                    extra={"code": Code.OVERLOADED.value, "open_connections": len(self.connections)},
-                )
-                transport.abort()
-                return
-            per_address[address] += 1
-            self._address = address
-            self._arm_read_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_read_timer()
-            if self._address is not None:
-                per_address[self._address] -= 1
-                if per_address[self._address] <= 0:
-                    del per_address[self._address]
-                self._address = None
-            super().connection_lost(exc)
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            cycle = self.cycle
-            if cycle is not None and not cycle.more_body and not cycle.response_complete:
-                self._disarm_read_timer()  # the request being served has arrived whole
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm_read_timer()  # the next request, if any, within the same time
-
-        def _arm_read_timer(self) -> None:
-            self._disarm_read_timer()
-            self._read_timer = self.loop.call_later(limits.request_read_s, self._read_timed_out)
-
-        def _disarm_read_timer(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
-
-        def _read_timed_out(self) -> None:
-            self._read_timer = None
-            if not self.transport.is_closing():
-                log.info("closed a connection whose request did not arrive in time")
-                self.transport.close()
-
-    return Bounded
-
-
-async def start_web_server(
-    app: App, address: str, tls: TlsFiles | None = None, limits: ConnectionLimits | None = None
-) -> WebServer:
-    """Serve `app` on `address` (port 0 picks a free port) over HTTP/1.1, on the running loop.
-
-    With `tls` (a certificate and key), over HTTPS; the files are read once, at start.
-    `limits`: request read timeout, keep-alive and connection caps (default ConnectionLimits()).
-    """
-    limits = limits or ConnectionLimits()
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, int(port)))
-    except OSError:
-        sock.close()
-        raise CannotListen(address) from None
-    sock.setblocking(False)
-    config = uvicorn.Config(
-        app,
-        http=_bounded_protocol(limits),
-        timeout_keep_alive=max(1, round(limits.keep_alive_s)),
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-        ws="none",
-        lifespan="off",
-        interface="asgi3",
-        log_config=None,
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
-        date_header=False,
-        ssl_certfile=tls.cert if tls is not None and tls.cert is not None else None,
-        ssl_keyfile=tls.key if tls is not None and tls.key is not None else None,
-    )
-    server = uvicorn.Server(config)
-    # startup() and shutdown(), not serve(): that would take over the process's signals.
-    config.load()
-    server.lifespan = config.lifespan_class(config)
-    await server.startup(sockets=[sock])
-    return WebServer(server, sock.getsockname()[1])
+    connect = web_connect(router, declarations, verifier, recorder, read_max_bytes=read_max_bytes)
+    return guarded(connect, HOST_FACING_PATHS, origins, hosts)
