@@ -8,6 +8,8 @@ from a secret made for the run, as `toolmesh token` mints them.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
 import secrets
 import statistics
 import time
@@ -18,12 +20,18 @@ from typing import Any
 
 import grpc
 import trustme
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from bench.stack import SESSION
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import Listener, admission
 from toolmesh.auth.tokens import SharedSecret, Verifier, mint
 from toolmesh.core.tls import TlsFiles
+
+# What the services' certificate names, so that their internal listeners admit each other.
+SERVICE_URI = "spiffe://toolmesh/service/bench"
 
 
 @dataclass(frozen=True)
@@ -42,10 +50,8 @@ class Secured:
 @contextlib.contextmanager
 def secured(directory: Path) -> Iterator[Secured]:
     ca = trustme.CA()
-    leaf = ca.issue_cert("localhost", "127.0.0.1")
     cert, key, authority = directory / "server.pem", directory / "server.key", directory / "ca.pem"
-    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
-    leaf.private_key_pem.write_to_path(str(key))
+    _issue_service_cert(ca, cert, key)
     ca.cert_pem.write_to_path(str(authority))
     secret = secrets.token_hex(32).encode()
 
@@ -63,6 +69,39 @@ def secured(directory: Path) -> Iterator[Secured]:
         credentials=TlsFiles(ca=authority).channel_credentials(),
         call_token=token(Role.CALL, SESSION),
         admin_token=token(Role.ADMIN, SESSION),
+    )
+
+
+def _issue_service_cert(ca: trustme.CA, cert: Path, key: Path) -> None:
+    """A certificate for localhost and 127.0.0.1 naming SERVICE_URI (trustme issues no URI names)."""
+    ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    private = ec.generate_private_key(ec.SECP256R1())
+    names = [
+        x509.UniformResourceIdentifier(SERVICE_URI),
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
+    now = datetime.datetime.now(datetime.UTC)
+    usage = [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.ORGANIZATIONAL_UNIT_NAME, "toolmesh")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
     )
 
 
