@@ -38,7 +38,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -104,18 +103,8 @@ class Tree:
 
 def baseline(ref: str, directory: Path) -> Tree:
     """The services and SDK of commit `ref`, extracted under `directory`; bench.* still comes from here."""
-    sha = subprocess.run(
-        ["git", "rev-parse", "--short", ref], cwd=procs.REPO, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "archive", ref, "clients/python/src", "services/src"],
-        cwd=procs.REPO,
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
-    path = [directory / "clients/python/src", directory / "services/src", procs.REPO]
-    return Tree(f"baseline {ref} ({sha})", {"PYTHONPATH": os.pathsep.join(map(str, path))})
+    sha, env = procs.extract(ref, directory)
+    return Tree(f"baseline {ref} ({sha})", env)
 
 
 def free_port() -> int:

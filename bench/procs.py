@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,3 +162,20 @@ def children(pid: int, marker: str) -> list[int]:
             if marker in cmdline:
                 found.append(int(child))
     return found
+
+
+def extract(ref: str, directory: Path) -> tuple[str, dict[str, str]]:
+    """The services and SDK of commit `ref` (`git archive` into `directory`): its short sha, and
+    the environment that makes a process run them (PYTHONPATH first; bench.* still from here)."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "archive", ref, "clients/python/src", "services/src"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
+    path = [directory / "clients/python/src", directory / "services/src", REPO]
+    return sha, {"PYTHONPATH": os.pathsep.join(map(str, path))}

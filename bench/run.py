@@ -24,7 +24,20 @@ from typing import Any
 
 import grpc
 
-from bench import floor, measure, procs, replicas, report, security, stack, store, stress, tracing, validation
+from bench import (
+    ab,
+    floor,
+    measure,
+    procs,
+    replicas,
+    report,
+    security,
+    stack,
+    store,
+    stress,
+    tracing,
+    validation,
+)
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -161,7 +174,17 @@ def _pids(processes: list[procs.Proc]) -> dict[str, int]:
     return {proc.name: proc.pid for proc in processes} | {"caller": os.getpid()}
 
 
-async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
+@dataclass
+class Running:
+    """A system under test and a way to call it for each way of calling."""
+
+    calls: dict[str, measure.Call]
+    pids: dict[str, int]
+
+
+@contextlib.asynccontextmanager
+async def running_floor(with_lookup: bool = False) -> AsyncIterator[Running]:
+    """The floor chain and its one way of calling, `floor` (unary, distinct bytes each call)."""
     system = await stack.start_floor(with_lookup)
     channel = grpc.aio.insecure_channel(system.target)
     invoke: floor.BytesCall = channel.unary_unary(floor.INVOKE)
@@ -172,18 +195,15 @@ async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
             raise RuntimeError("the floor answered something else")
 
     try:
-        return await _measure(call, sizes, _pids(system.procs))
+        yield Running({"floor": call}, _pids(system.procs))
     finally:
         await channel.close()
         await system.stop()
 
 
-@dataclass
-class Running:
-    """A toolmesh system under test and a way to call it for each way of calling."""
-
-    calls: dict[str, measure.Call]
-    pids: dict[str, int]
+async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
+    async with running_floor(with_lookup) as system:
+        return await _measure(system.calls["floor"], sizes, system.pids)
 
 
 @contextlib.asynccontextmanager
@@ -441,6 +461,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--profile", type=Path, help="record py-spy profiles of the toolmesh processes into this directory"
     )
+    parser.add_argument(
+        "--ab",
+        metavar="REF",
+        help="latency only: REF's services and SDK against this tree's, in alternating turns (bench/ab.py)",
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of turns with --ab (%(default)s)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {
@@ -455,10 +481,30 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    results = asyncio.run(run(sizes, sections, args.profile))
-    print(report.table(results))
+    if args.ab is not None:
+        if sections != ("latency",):
+            parser.error("--ab measures the latency section alone: add --only latency")
+        results = asyncio.run(
+            ab.run(
+                args.ab,
+                rounds=args.rounds,
+                calls=sizes.calls,
+                warmup=sizes.warmup,
+                seconds=sizes.seconds,
+                warmup_s=sizes.warmup_s,
+                concurrency=sizes.concurrency,
+                head=_commit(),
+                load=_load,
+            )
+        )
+        print(ab.table(results))
+        kind = "ab"
+    else:
+        results = asyncio.run(run(sizes, sections, args.profile))
+        print(report.table(results))
+        kind = "bench"
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = args.out / f"bench-{'quick-' if args.quick else ''}{stamp}.json"
+    path = args.out / f"{kind}-{'quick-' if args.quick else ''}{stamp}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nJSON: {path}")
