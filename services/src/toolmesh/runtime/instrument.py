@@ -27,8 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from toolmesh.auth.guard import grant_expires_at, token_expired
 from toolmesh.core import telemetry
-from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.exceptions import exception_fields
+from toolmesh.core.errors import Code, ToolmeshError, typed_error
 from toolmesh.core.rpcstatus import to_grpc_status
 from toolmesh.runtime.rpc_types import ServicerContext
 
@@ -98,13 +97,7 @@ async def _abort_for(method: str, context: ServicerContext, exc: Exception) -> N
     """Fail the call with the status for `exc`; gRPC's own abort passes through."""
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
-    if not isinstance(exc, ToolmeshError):
-        # The exception text may quote request data: log only its type.
-        log.error(
-            "unexpected error",
-            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
-        )
-        exc = ToolmeshError(Code.INTERNAL)
+    exc = typed_error(exc, method, log)
     status = to_grpc_status(exc)
     span = trace.get_current_span()
     span.set_attribute("rpc.grpc.status_code", status.code.value[0])

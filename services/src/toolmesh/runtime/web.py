@@ -50,8 +50,7 @@ from protobuf.wkt import Any as AnyMessage
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from toolmesh.auth.guard import Admit
-from toolmesh.core.errors import DOMAIN, Code, ToolmeshError
-from toolmesh.core.exceptions import exception_fields
+from toolmesh.core.errors import DOMAIN, Code, ToolmeshError, typed_error
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
 from toolmesh.runtime.decoding import undecodable
@@ -104,14 +103,7 @@ def connect_error(error: ToolmeshError) -> ConnectError:
 def fail(method: str, exc: Exception) -> NoReturn:
     if isinstance(exc, ConnectError):
         raise exc
-    if not isinstance(exc, ToolmeshError):
-        # The exception text may quote request data: log only its type.
-        log.error(
-            "unexpected error",
-            extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc),
-        )
-        exc = ToolmeshError(Code.INTERNAL)
-    raise connect_error(exc) from None
+    raise connect_error(typed_error(exc, method, log)) from None
 
 
 class Headers:

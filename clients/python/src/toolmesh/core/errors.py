@@ -13,10 +13,13 @@ and toolmesh.core.rpcstatus maps them to grpc.StatusCode.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from toolmesh.core.exceptions import exception_fields
 
 DOMAIN = "toolmesh"
 
@@ -357,3 +360,14 @@ class ToolmeshError(Exception):
     @property
     def retryable(self) -> bool:
         return ERROR_TABLE[self.code].retryable
+
+
+def typed_error(exc: Exception, method: str, log: logging.Logger) -> ToolmeshError:
+    """`exc` as the error an RPC answers with: a ToolmeshError as it is; anything else INTERNAL,
+    logged by its type only (its text may quote request data)."""
+    if isinstance(exc, ToolmeshError):
+        return exc
+    log.error(
+        "unexpected error", extra={"method": method, "code": Code.INTERNAL.value} | exception_fields(exc)
+    )
+    return ToolmeshError(Code.INTERNAL)
