@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from toolmesh.bridge.cancels import HeldRequests
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.observability import RouterTelemetry
 from toolmesh.bridge.outcomes import OutcomeRecorder
@@ -16,11 +18,12 @@ from toolmesh.bridge.router import Router
 from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import HOST_FACING_PATHS, start_web_server, web_connect
+from toolmesh.contracts.cancels import CancelBoard
 from toolmesh.contracts.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation import web as invocation_web
-from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.observability import InvocationTelemetry
+from toolmesh.invocation.progress_relay import ProgressRelay
 from toolmesh.invocation.quotas import Quotas
 from toolmesh.invocation.remote import (
     RoutedDispatcher,
@@ -39,7 +42,7 @@ from toolmesh.runtime.server import CannotListen, RunningServer, start_server
 from toolmesh.runtime.web import WebRoutes, guarded
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
-# How long a starting invocation replica waits to follow other replicas' cancellations.
+# How long a starting replica waits to follow the cancellations posted in the store.
 FOLLOW_READY_S = 5.0
 # Internal listeners on a free loopback port unless told otherwise.
 INTERNAL_ADDRESS = "127.0.0.1:0"
@@ -114,7 +117,8 @@ async def start_bridge(
     lists = RegistryToolLists(registry_target, security.peer_channel) if registry_target is not None else None
     declarations = Declarations(router, lists, limits)
     recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger, ledger_policy(limits)))
-    service = bridge_service(router, declarations, recorder)
+    holds = HeldRequests()
+    service = bridge_service(router, declarations, recorder, None if stores is None else holds)
     running = await start_server(
         [service], address, security=security, internal_address=internal_address, limits=limits
     )
@@ -122,7 +126,11 @@ async def start_bridge(
         host = internal_address.rsplit(":", 1)[0]
         routes = Routes(stores.store, advertise or f"{host}:{running.internal_port}", router)
         routes.start()
-        running.after_stop.append(routes.aclose)
+        # Requests outlive the invocation replica that sent them: a cancellation another one
+        # takes comes through the store.
+        board = CancelBoard(stores.store)
+        stop_following = await follow_cancellations(lambda ready: holds.follow(board, ready))
+        running.after_stop += [routes.aclose, stop_following]
     if recorder is not None:
         running.after_stop.append(recorder.aclose)
     if stores is not None:
@@ -153,6 +161,24 @@ async def start_bridge(
         # After the gRPC server's stop: the host streams have ended by then.
         running.after_stop.insert(0, lambda: web.stop(1.0))
     return running, router
+
+
+async def follow_cancellations(
+    follow: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+) -> Callable[[], Awaitable[None]]:
+    """Start `follow(ready)` in a task, wait up to FOLLOW_READY_S for it to set `ready` (it
+    follows the store's cancellations), and return what stops it."""
+    ready = asyncio.Event()
+    following = asyncio.create_task(follow(ready))
+    with contextlib.suppress(TimeoutError):  # a store still unreachable: it follows once it is back
+        await asyncio.wait_for(ready.wait(), FOLLOW_READY_S)
+
+    async def stop_following() -> None:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+
+    return stop_following
 
 
 def ledger_policy(limits: Limits) -> LedgerPolicy:
@@ -199,6 +225,8 @@ async def start_invocation(
     dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_channel, recorded=stores.shared)
     # Replicas sharing the ledger hear of each other's cancellations through the store.
     cancels = CancelBoard(stores.store) if stores.shared else None
+    # And of the progress of invocations their callers joined through another replica.
+    relay = ProgressRelay(stores.store) if stores.shared else None
     validation = Validation(limits)
     invoker = Invoker(
         catalog,
@@ -209,23 +237,16 @@ async def start_invocation(
         validation=validation,
         quotas=Quotas(stores.store, limits),
         cancels=cancels,
+        progress=relay,
     )
     if web_routes is not None:
         app = invocation_web.web_connect(invoker, security.verifier, read_max_bytes=limits.message_bytes)
         web_routes.add(app, invocation_web.CALLER_FACING_PATHS)
-    following_ready = asyncio.Event()
-    following = asyncio.create_task(invoker.follow_cancellations(following_ready))
-    with contextlib.suppress(TimeoutError):  # a store still unreachable: it follows once it is back
-        await asyncio.wait_for(following_ready.wait(), FOLLOW_READY_S)
-
-    async def stop_following() -> None:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
-
+    stop_following = await follow_cancellations(invoker.follow_cancellations)
     closers = [
         validation.aclose,
         stop_following,
+        *([relay.aclose] if relay is not None else []),
         catalog.aclose,
         *(channel.close for _, channel in registries),
         dispatcher.aclose,
