@@ -155,7 +155,7 @@ _tabs = iter(range(1 << 30))
 
 
 async def open_page(
-    driver: BrowserDriver, model: ScriptedModel, base_url: str, *steps: Step, session_token: str = ""
+    driver: BrowserDriver, model: ScriptedModel, base_url: str, *steps: Step, protocol: str = "connect"
 ) -> Page:
     model.script(*steps)
     tab = f"t{next(_tabs)}"
@@ -163,7 +163,8 @@ async def open_page(
         "model": model.url,
         "baseUrl": base_url,
         "session": SESSION,
-        "token": session_token or token("call", SESSION),
+        "token": token("call", SESSION),
+        "protocol": protocol,
     }
     opened = await driver.open(tab, query, path="/assistant")
     assert opened["started"], opened
@@ -214,11 +215,21 @@ async def test_stale_tools_when_the_revision_moves_between_planning_and_the_call
     assert f"STALE_TOOLS {TURN_TABLE[TurnCode.STALE_TOOLS].message}" in await page.eval(f"{PAGE}.log()")
 
 
+# Server-streaming from the page (WatchTools, RunTool) over both protocols of the web port.
+PROTOCOLS = pytest.mark.parametrize("protocol", ["connect", "grpc-web"])
+
+
+@PROTOCOLS
 async def test_the_watch_withdraws_a_confirmation_when_the_tools_move(
-    driver: BrowserDriver, model: ScriptedModel, fresh: Stack
+    driver: BrowserDriver, model: ScriptedModel, fresh: Stack, protocol: str
 ) -> None:
     page = await open_page(
-        driver, model, fresh.system.web_url, tool_calls(("wipe", {})), answer("Not wiped: the tools changed.")
+        driver,
+        model,
+        fresh.system.web_url,
+        tool_calls(("wipe", {})),
+        answer("Not wiped: the tools changed."),
+        protocol=protocol,
     )
     index = await page.send("wipe everything")
     await page.wait(f"{PAGE}.dialogOpen()")
@@ -232,11 +243,17 @@ async def test_the_watch_withdraws_a_confirmation_when_the_tools_move(
     assert "extra" in offered(model, 1)
 
 
+@PROTOCOLS
 async def test_run_tool_progress_shows_in_the_widget_as_the_call_runs(
-    driver: BrowserDriver, model: ScriptedModel, fresh: Stack
+    driver: BrowserDriver, model: ScriptedModel, fresh: Stack, protocol: str
 ) -> None:
     page = await open_page(
-        driver, model, fresh.system.web_url, tool_calls(("gated", {"q": "p"})), answer("Finished.")
+        driver,
+        model,
+        fresh.system.web_url,
+        tool_calls(("gated", {"q": "p"})),
+        answer("Finished."),
+        protocol=protocol,
     )
     index = await page.send("work")
     await page.wait(f"{PAGE}.progress()[1] === 1")

@@ -7,7 +7,7 @@
 // invocation or answers with its outcome: the tool runs once. At most RETRY_ATTEMPTS attempts
 // in all, within the call's deadline; then a failed result that says no outcome arrived.
 import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-web";
+import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
 import { errorInfo } from "../../src/errors.js";
 import { ERROR_TABLE } from "../../src/gen/tables.js";
 import { InvocationService, type InvokeToolResponse } from "../../src/gen/toolmesh/v1/invocation_pb.js";
@@ -101,6 +101,8 @@ export interface ToolmeshChannelOptions {
   readonly sessionId: string;
   /** A caller token (role `call`) naming the session, or a function asked before each request. */
   readonly token?: string | (() => string | Promise<string>);
+  /** The web port's protocol, as `@toolmesh/host`'s option: Connect (the default) or gRPC-Web. */
+  readonly protocol?: "connect" | "grpc-web";
   /** The fetch to send requests with (default: the page's). */
   readonly fetch?: typeof globalThis.fetch;
 }
@@ -114,11 +116,13 @@ export function toolmesh(options: ToolmeshChannelOptions): ToolChannel {
     }
     return next(request);
   };
-  const transport = createConnectTransport({
+  const settings = {
     baseUrl: options.baseUrl,
     interceptors: [auth],
     ...(options.fetch !== undefined ? { fetch: options.fetch } : {}),
-  });
+  };
+  const transport =
+    options.protocol === "grpc-web" ? createGrpcWebTransport(settings) : createConnectTransport(settings);
   const registry = createClient(RegistryService, transport);
   const invocation = createClient(InvocationService, transport);
   let revision: number | null = null;

@@ -2,7 +2,8 @@
 // tests/client/typescript/test_web_assistant.py. Query: model (the scripted endpoint), mc
 // (native | standin | absent | incomplete | throws | notlist), schema (ok | notobject |
 // dialect), timeoutMs, maxRounds; with baseUrl, session and token, the tools are that toolmesh
-// session's instead (the toolmesh() channel, over the services' web port).
+// session's instead (the toolmesh() channel, over the services' web port; protocol: connect or
+// grpc-web).
 import { AgentError, Assistant, webmcp, type JsonValue } from "../src/index.js";
 import { toolmesh } from "../src/toolmesh.js";
 import { defineAssistantElement, type ToolmeshAssistantElement } from "../src/widget.js";
@@ -153,6 +154,7 @@ const assistant = new Assistant({
         sessionId: query.get("session") ?? "",
         token: query.get("token") ?? "",
         fetch: countingFetch,
+        protocol: query.get("protocol") === "grpc-web" ? "grpc-web" : "connect",
       })
     : webmcp(),
   confirm: element.confirm,
