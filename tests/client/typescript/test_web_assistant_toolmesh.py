@@ -25,7 +25,13 @@ from assistant_page import PAGE, Page
 from browser_driver import BrowserDriver, build_test_page
 from cutting_proxy import CuttingProxy, cutting_proxy
 from scripted_model import ScriptedModel, Step, answer, before, running_model, tool_calls
-from toolmesh.assembly.system import LocalSystem, start_local_system
+from toolmesh.assembly.system import (
+    LocalSystem,
+    start_bridge,
+    start_invocation,
+    start_local_system,
+    start_registry,
+)
 from toolmesh.assistant.errors import TURN_TABLE, TurnCode
 from toolmesh.auth.tokens import SharedSecret, Verifier
 from toolmesh.client import RegistryClient
@@ -155,7 +161,12 @@ _tabs = iter(range(1 << 30))
 
 
 async def open_page(
-    driver: BrowserDriver, model: ScriptedModel, base_url: str, *steps: Step, protocol: str = "connect"
+    driver: BrowserDriver,
+    model: ScriptedModel,
+    base_url: str,
+    *steps: Step,
+    protocol: str = "connect",
+    registry_url: str = "",
 ) -> Page:
     model.script(*steps)
     tab = f"t{next(_tabs)}"
@@ -165,6 +176,7 @@ async def open_page(
         "session": SESSION,
         "token": token("call", SESSION),
         "protocol": protocol,
+        **({"registryUrl": registry_url} if registry_url else {}),
     }
     opened = await driver.open(tab, query, path="/assistant")
     assert opened["started"], opened
@@ -339,3 +351,43 @@ async def test_the_retry_gives_up_with_a_typed_result(
     assert await page.eval(f"{PAGE}.runToolRequests.length") == 3 and proxy.calls >= 3
     assert "No outcome arrived after 3 attempts (TRANSPORT_FAILED)" in result["text"]
     assert fresh.handlers.runs["lookup"] == 0
+
+
+async def test_the_standalone_services_web_ports_serve_the_page(
+    driver: BrowserDriver, model: ScriptedModel
+) -> None:
+    """The registry and the invocation service apart, each on a web port of its own (`--web-listen`)."""
+    security = Security(verifier=Verifier(SharedSecret(SECRET))).with_service_token()
+    origins = [driver.origins[0]]
+    registry = await start_registry(security=security, web_address="127.0.0.1:0", web_origins=origins)
+    bridge, _ = await start_bridge(registry_target=f"127.0.0.1:{registry.internal_port}", security=security)
+    invocation = await start_invocation(
+        f"127.0.0.1:{registry.internal_port}",
+        f"127.0.0.1:{bridge.internal_port}",
+        security=security,
+        web_address="127.0.0.1:0",
+        web_origins=origins,
+    )
+    handlers = Handlers()
+    host = ToolHost(f"127.0.0.1:{bridge.port}", SESSION, token=token("host", SESSION))
+    host.on_tool("lookup", handlers.lookup, description="Look a word up.", input_schema=json.loads(OBJECT))
+    await host.start()
+    try:
+        page = await open_page(
+            driver,
+            model,
+            f"http://127.0.0.1:{invocation.web_port}",
+            tool_calls(("lookup", {"q": "apart"})),
+            answer("Served apart."),
+            registry_url=f"http://127.0.0.1:{registry.web_port}",
+        )
+        assert await page.outcome(await page.send("look it up")) == {"answer": "Served apart."}
+        assert handlers.runs["lookup"] == 1
+        assert json.loads(model.tool_messages(1)[0]["content"]) == {
+            "word": "apart",
+            "meaning": "a small note",
+        }
+    finally:
+        await host.stop()
+        for server in (invocation, bridge, registry):
+            await server.stop(0.2)

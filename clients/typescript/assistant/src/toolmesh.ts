@@ -96,8 +96,11 @@ function outcomeOf(response: InvokeToolResponse): ToolResult {
 }
 
 export interface ToolmeshChannelOptions {
-  /** The web port of toolmesh's services (Connect over HTTP/1.1). */
+  /** The web port of toolmesh's services (Connect over HTTP/1.1): `toolmesh up`'s, or the
+   * standalone invocation service's. */
   readonly baseUrl: string;
+  /** The registry's web port, when it is not `baseUrl` (standalone services). */
+  readonly registryUrl?: string;
   readonly sessionId: string;
   /** A caller token (role `call`) naming the session, or a function asked before each request. */
   readonly token?: string | (() => string | Promise<string>);
@@ -116,15 +119,16 @@ export function toolmesh(options: ToolmeshChannelOptions): ToolChannel {
     }
     return next(request);
   };
-  const settings = {
-    baseUrl: options.baseUrl,
-    interceptors: [auth],
-    ...(options.fetch !== undefined ? { fetch: options.fetch } : {}),
+  const transport = (baseUrl: string) => {
+    const settings = { baseUrl, interceptors: [auth], ...(options.fetch !== undefined ? { fetch: options.fetch } : {}) };
+    return options.protocol === "grpc-web" ? createGrpcWebTransport(settings) : createConnectTransport(settings);
   };
-  const transport =
-    options.protocol === "grpc-web" ? createGrpcWebTransport(settings) : createConnectTransport(settings);
-  const registry = createClient(RegistryService, transport);
-  const invocation = createClient(InvocationService, transport);
+  const invocationTransport = transport(options.baseUrl);
+  const registry = createClient(
+    RegistryService,
+    options.registryUrl === undefined ? invocationTransport : transport(options.registryUrl),
+  );
+  const invocation = createClient(InvocationService, invocationTransport);
   let revision: number | null = null;
   const waiters = new Set<() => void>();
   const watching = new AbortController();

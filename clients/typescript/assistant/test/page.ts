@@ -2,8 +2,8 @@
 // tests/client/typescript/test_web_assistant.py. Query: model (the scripted endpoint), mc
 // (native | standin | absent | incomplete | throws | notlist), schema (ok | notobject |
 // dialect), timeoutMs, maxRounds; with baseUrl, session and token, the tools are that toolmesh
-// session's instead (the toolmesh() channel, over the services' web port; protocol: connect or
-// grpc-web).
+// session's instead (the toolmesh() channel, over the services' web port; registryUrl when the
+// registry's is another; protocol: connect or grpc-web).
 import { AgentError, Assistant, webmcp, type JsonValue } from "../src/index.js";
 import { toolmesh } from "../src/toolmesh.js";
 import { defineAssistantElement, type ToolmeshAssistantElement } from "../src/widget.js";
@@ -151,6 +151,7 @@ const assistant = new Assistant({
   tools: query.has("baseUrl")
     ? toolmesh({
         baseUrl: query.get("baseUrl")!,
+        ...(query.has("registryUrl") ? { registryUrl: query.get("registryUrl")! } : {}),
         sessionId: query.get("session") ?? "",
         token: query.get("token") ?? "",
         fetch: countingFetch,
