@@ -12,24 +12,18 @@ signal. Key presses are playwright's, on the focused element.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from assistant_page import PAGE, Page
 from browser_driver import TYPESCRIPT, BrowserDriver, build_test_page
 from scripted_model import Hold, ScriptedModel, Step, answer, before, failure, raw, running_model, tool_calls
 from toolmesh.assistant.errors import TURN_TABLE, TurnCode
 from toolmesh.assistant.results import TEXT_LIMIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-
-PAGE = "window.toolmesh"
-# Set to a folder to keep PNGs of the widget's states.
-SHOTS = os.environ.get("TOOLMESH_ASSISTANT_SCREENSHOTS", "")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -44,35 +38,6 @@ async def driver() -> AsyncIterator[BrowserDriver]:
 async def model() -> AsyncIterator[ScriptedModel]:
     async with running_model(cors=True) as server:
         yield server
-
-
-class Page:
-    def __init__(self, driver: BrowserDriver, tab: str) -> None:
-        self.driver, self.tab = driver, tab
-
-    async def eval(self, expression: str) -> Any:
-        return await self.driver.eval(self.tab, expression)
-
-    async def wait(self, expression: str, timeout_ms: int = 10_000) -> None:
-        await self.driver.wait(self.tab, expression, timeout_ms)
-
-    async def send(self, text: str) -> int:
-        index: int = await self.eval(f"{PAGE}.send({json.dumps(text)})")
-        return index
-
-    async def outcome(self, index: int) -> dict[str, str]:
-        done = f"{PAGE}.sent[{index}].answer !== undefined || {PAGE}.sent[{index}].code !== undefined"
-        await self.wait(done)
-        result: dict[str, str] = await self.eval(f"{PAGE}.sent[{index}]")
-        return result
-
-    async def tool_results(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = await self.eval(f"{PAGE}.toolResults()")
-        return found
-
-    async def shot(self, name: str) -> None:
-        if SHOTS:
-            await self.driver.screenshot(self.tab, str(Path(SHOTS) / f"{name}.png"))
 
 
 _tabs = iter(range(1 << 30))

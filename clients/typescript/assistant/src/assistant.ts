@@ -2,7 +2,7 @@
 // Python assistant's semantics, toolmesh.assistant). A failed tool call becomes a failed
 // ToolResult the model reads in the same turn, unless its code ends turns (the turn table's
 // `endsTurn`); BUSY rejects a send while a turn runs and changes nothing.
-import type { ChannelTool, ToolChannel, ToolList } from "./channel.js";
+import type { ChannelTool, ToolChannel, ToolList, ToolProgressReport } from "./channel.js";
 import { AgentError, TURN_TABLE, type TurnCode } from "./errors.js";
 import { chatCompletions, type ChatModel, type FunctionTool, type Message, type ModelEndpoint, type ToolCallRequest } from "./model.js";
 import { failure, type JsonValue, type ToolResult } from "./results.js";
@@ -38,7 +38,13 @@ export type AssistantStatus = "idle" | "running" | "disposed";
 /** What the turn is doing now, for a widget to show each tool call as it happens. */
 export type Activity =
   | { readonly kind: "model" }
-  | { readonly kind: "confirming" | "calling"; readonly call: ToolCallRequest; readonly tool: ChannelTool };
+  | {
+      readonly kind: "confirming" | "calling";
+      readonly call: ToolCallRequest;
+      readonly tool: ChannelTool;
+      /** The handler's latest progress report, while it runs (channels that have them). */
+      readonly progress?: ToolProgressReport;
+    };
 
 /** One immutable snapshot of an assistant, as subscribers receive it. */
 export interface AssistantState {
@@ -320,8 +326,14 @@ export class Assistant {
     this.activity(generation, { kind: "calling", call: request, tool });
     const ms = Math.min(this.timeoutMs, tool.timeoutMs ?? Infinity);
     const call = deadline(signal, ms, `The tool ${tool.name}`);
+    const onProgress = (progress: ToolProgressReport): void => {
+      if (!call.signal.aborted) this.activity(generation, { kind: "calling", call: request, tool, progress });
+    };
     try {
-      return await raced(this.channel.invoke(tool, input, { signal: call.signal, turnId, timeoutMs: ms }), call.signal);
+      return await raced(
+        this.channel.invoke(tool, input, { signal: call.signal, turnId, timeoutMs: ms, onProgress }),
+        call.signal,
+      );
     } finally {
       call.done();
     }

@@ -14,7 +14,7 @@ export {
   type ConfirmationRequest,
   type Listener,
 } from "./assistant.js";
-export type { ChannelTool, InvokeOptions, ToolChannel, ToolList } from "./channel.js";
+export type { ChannelTool, InvokeOptions, ToolChannel, ToolList, ToolProgressReport } from "./channel.js";
 export { AgentError, TEXT_LIMIT, TURN_TABLE, messageOf, type TurnCode, type TurnSpec } from "./errors.js";
 export {
   chatCompletions,

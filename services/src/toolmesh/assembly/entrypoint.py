@@ -15,6 +15,7 @@ from toolmesh.rules import limits
 from toolmesh.runtime import security
 from toolmesh.runtime.security import Security
 from toolmesh.runtime.server import CannotListen, RunningServer, serve_until_signalled
+from toolmesh.runtime.web import add_web_arguments
 from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
 
 # Internal listeners (registry lookups, bridge dispatch): loopback unless told otherwise.
@@ -69,6 +70,23 @@ def parse_args(
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def add_web_port_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    """--web-listen (the port for pages), --web-origins and --web-hosts: the bridge's flags."""
+    parser.add_argument(
+        "--web-listen",
+        default=default,
+        help="address of the port for pages, Connect and gRPC-Web (default %(default)s; 'off' serves "
+        "none; off loopback it needs TLS and tokens, as --listen)",
+    )
+    add_web_arguments(parser)
+
+
+def web_address(args: argparse.Namespace) -> str | None:
+    """The --web-listen address, None for 'off'."""
+    address: str = args.web_listen
+    return None if address == "off" else address
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:

@@ -39,7 +39,7 @@ from toolmesh.registry.servicer import registry_service
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 from toolmesh.runtime.security import LOOPBACK, Security
 from toolmesh.runtime.server import CannotListen, RunningServer, start_server
-from toolmesh.runtime.web import WebRoutes, guarded
+from toolmesh.runtime.web import WebRoutes, WebServer, guarded
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
 # How long a starting replica waits to follow the cancellations posted in the store.
@@ -56,16 +56,25 @@ async def start_registry(
     internal_address: str = INTERNAL_ADDRESS,
     limits: Limits = DEFAULT_LIMITS,
     web_routes: WebRoutes | None = None,
+    web_address: str | None = None,
+    web_origins: Sequence[str] = (),
+    web_hosts: Sequence[str] = (),
 ) -> RunningServer:
     """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory).
 
-    With `web_routes` (a web port of this process), its read RPCs are served there too.
+    With `web_routes` (a web port of this process), its read RPCs are served there too; with
+    `web_address`, on a web port of its own (`web_origins`, `web_hosts` as for the bridge's).
     """
+    if web_address is not None:
+        security.check_public(web_address)
     stores = stores or open_stores()
     registry = Registry(stores.store, limits)
-    if web_routes is not None:
+    # A port of its own, unless it shares one of this process's (web_routes).
+    own_routes = WebRoutes() if web_address is not None and web_routes is None else None
+    routes = web_routes or own_routes
+    if routes is not None:
         app = registry_web.web_connect(registry, security.verifier, read_max_bytes=limits.message_bytes)
-        web_routes.add(app, registry_web.READ_PATHS)
+        routes.add(app, registry_web.READ_PATHS)
     try:
         running = await start_server(
             [registry_service(registry)],
@@ -78,7 +87,33 @@ async def start_registry(
         await stores.close()
         raise
     running.after_stop.append(stores.close)
+    if own_routes is not None and web_address is not None:
+        await serve_web_port(
+            running, own_routes, web_address, web_origins=web_origins, web_hosts=web_hosts, security=security
+        )
     return running
+
+
+async def serve_web_port(
+    running: RunningServer,
+    routes: WebRoutes,
+    web_address: str,
+    *,
+    web_origins: Sequence[str],
+    web_hosts: Sequence[str],
+    security: Security,
+) -> WebServer:
+    """Serve `routes` on a web port of `running`'s, stopped first after its gRPC server (whose
+    streams have ended by then); stops `running` and raises CannotListen when the address is taken."""
+    app = guarded(routes, routes, web_origins, [*web_hosts, web_address.rpartition(":")[0].strip("[]")])
+    try:
+        web = await start_web_server(app, web_address, security.tls)
+    except CannotListen:
+        await running.stop(0)
+        raise
+    running.web_port = web.port
+    running.after_stop.insert(0, lambda: web.stop(1.0))
+    return web
 
 
 async def start_bridge(
@@ -143,13 +178,9 @@ async def start_bridge(
             router, declarations, security.verifier, recorder, read_max_bytes=limits.message_bytes
         )
         served.add(connect, HOST_FACING_PATHS)
-        app = guarded(served, served, web_origins, [*web_hosts, web_address.rpartition(":")[0].strip("[]")])
-        try:
-            web = await start_web_server(app, web_address, security.tls)
-        except CannotListen:
-            await running.stop(0)
-            raise
-        running.web_port = web.port
+        web = await serve_web_port(
+            running, served, web_address, web_origins=web_origins, web_hosts=web_hosts, security=security
+        )
         shutdown = service.on_shutdown
 
         async def on_shutdown() -> None:
@@ -158,8 +189,6 @@ async def start_bridge(
                 await shutdown()
 
         service.on_shutdown = on_shutdown
-        # After the gRPC server's stop: the host streams have ended by then.
-        running.after_stop.insert(0, lambda: web.stop(1.0))
     return running, router
 
 
@@ -202,6 +231,9 @@ async def start_invocation(
     security: Security = LOOPBACK,
     limits: Limits = DEFAULT_LIMITS,
     web_routes: WebRoutes | None = None,
+    web_address: str | None = None,
+    web_origins: Sequence[str] = (),
+    web_hosts: Sequence[str] = (),
 ) -> RunningServer:
     """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
 
@@ -209,9 +241,12 @@ async def start_invocation(
     target such as `dns:///registry:7411` or `ipv4:10.0.0.1:7411,10.0.0.2:7411` (round_robin).
 
     It keeps its ledger in `stores` (closed when it stops; default: its own memory). With
-    `web_routes` (a web port of this process), its caller RPCs are served there too.
+    `web_routes` (a web port of this process), its caller RPCs are served there too; with
+    `web_address`, on a web port of its own (`web_origins`, `web_hosts` as for the bridge's).
     """
     security.check_public(address)
+    if web_address is not None:
+        security.check_public(web_address)
     security.check_peer()
     stores = stores or open_stores()
     # Every registry replica `registry_target` names (comma-separated, or one gRPC target).
@@ -239,9 +274,12 @@ async def start_invocation(
         cancels=cancels,
         progress=relay,
     )
-    if web_routes is not None:
+    # A port of its own, unless it shares one of this process's (web_routes).
+    own_routes = WebRoutes() if web_address is not None and web_routes is None else None
+    routes = web_routes or own_routes
+    if routes is not None:
         app = invocation_web.web_connect(invoker, security.verifier, read_max_bytes=limits.message_bytes)
-        web_routes.add(app, invocation_web.CALLER_FACING_PATHS)
+        routes.add(app, invocation_web.CALLER_FACING_PATHS)
     stop_following = await follow_cancellations(invoker.follow_cancellations)
     closers = [
         validation.aclose,
@@ -260,6 +298,10 @@ async def start_invocation(
             await close()
         raise
     running.after_stop += closers
+    if own_routes is not None and web_address is not None:
+        await serve_web_port(
+            running, own_routes, web_address, web_origins=web_origins, web_hosts=web_hosts, security=security
+        )
     return running
 
 

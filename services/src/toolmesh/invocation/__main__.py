@@ -1,7 +1,18 @@
-from toolmesh.assembly.entrypoint import dependency_address, parse_args, run, security_of, stores_of
+from toolmesh.assembly.entrypoint import (
+    add_web_port_arguments,
+    dependency_address,
+    parse_args,
+    run,
+    security_of,
+    stores_of,
+    web_address,
+)
 from toolmesh.assembly.system import start_invocation
+from toolmesh.runtime.web import web_hosts, web_origins
 
-args = parse_args("invocation", ("registry", "bridge"))
+# The web port (the caller RPCs for pages) is off unless asked for: pages usually reach it
+# through `toolmesh up`'s or a proxy's one origin.
+args = parse_args("invocation", ("registry", "bridge"), lambda parser: add_web_port_arguments(parser, "off"))
 security = security_of(args)
 run(
     "invocation",
@@ -12,5 +23,8 @@ run(
         security=security,
         stores=stores_of(args),
         limits=args.limits,
+        web_address=web_address(args),
+        web_origins=web_origins(args.web_origins),
+        web_hosts=web_hosts(args.web_hosts),
     ),
 )
