@@ -49,7 +49,8 @@ async def test_sessions_spread_over_every_primary(redis_cluster: LocalCluster) -
     finally:
         await stores.close()
     holders: dict[str, set[int]] = {}
-    for port in redis_cluster.ports:
+    primaries = redis_cluster.primary_ports()
+    for port in primaries:
         node = Redis(port=port)
         try:
             keys = [key.decode() async for key in node.scan_iter(match=f"{prefix}*")]
@@ -61,7 +62,7 @@ async def test_sessions_spread_over_every_primary(redis_cluster: LocalCluster) -
             )
             holders.setdefault(session, set()).add(port)
     assert all(len(ports) == 1 for ports in holders.values())  # a session's keys: one node
-    assert {port for ports in holders.values() for port in ports} == set(redis_cluster.ports)
+    assert {port for ports in holders.values() for port in ports} == set(primaries)
 
 
 async def test_an_invocation_s_progress_travels_in_its_session_s_slot(redis_cluster: LocalCluster) -> None:
@@ -85,7 +86,7 @@ async def test_an_invocation_s_progress_travels_in_its_session_s_slot(redis_clus
     tag = slots.hash_tag(slots.session_tag("progress-session"))
     key = f"{prefix}invocation:progress:{tag}{tool_request_id}"
     holders = []
-    for port in redis_cluster.ports:
+    for port in redis_cluster.primary_ports():
         node = Redis(port=port)
         try:
             if await node.exists(key):
