@@ -1,7 +1,14 @@
 import argparse
 import os
 
-from toolmesh.assembly.entrypoint import dependency_address, parse_args, run, security_of, stores_of
+from toolmesh.assembly.entrypoint import (
+    dependency_address,
+    metrics_of,
+    parse_args,
+    run,
+    security_of,
+    stores_of,
+)
 from toolmesh.assembly.system import start_bridge
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_hosts, web_origins
 from toolmesh.runtime.server import RunningServer
@@ -43,4 +50,4 @@ async def _start() -> RunningServer:
 
 args = parse_args("bridge", ("registry",), _extend)
 security = security_of(args)
-run("bridge", _start)
+run("bridge", _start, metrics_of(args, security))

@@ -1,4 +1,11 @@
-from toolmesh.assembly.entrypoint import dependency_address, parse_args, run, security_of, stores_of
+from toolmesh.assembly.entrypoint import (
+    dependency_address,
+    metrics_of,
+    parse_args,
+    run,
+    security_of,
+    stores_of,
+)
 from toolmesh.assembly.system import start_invocation
 
 args = parse_args("invocation", ("registry", "bridge"))
@@ -13,4 +20,5 @@ run(
         stores=stores_of(args),
         limits=args.limits,
     ),
+    metrics_of(args, security),
 )

@@ -1,4 +1,4 @@
-from toolmesh.assembly.entrypoint import parse_args, run, security_of, stores_of
+from toolmesh.assembly.entrypoint import metrics_of, parse_args, run, security_of, stores_of
 from toolmesh.assembly.system import start_registry
 
 args = parse_args("registry")
@@ -12,4 +12,5 @@ run(
         internal_address=args.internal_listen,
         limits=args.limits,
     ),
+    metrics_of(args, security),
 )

@@ -53,6 +53,7 @@ from toolmesh.auth.guard import Admit
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError, typed_error
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
+from toolmesh.runtime import store_errors
 from toolmesh.runtime.decoding import undecodable
 from toolmesh.runtime.server import CannotListen
 
@@ -103,7 +104,9 @@ def connect_error(error: ToolmeshError) -> ConnectError:
 def fail(method: str, exc: Exception) -> NoReturn:
     if isinstance(exc, ConnectError):
         raise exc
-    raise connect_error(typed_error(exc, method, log)) from None
+    error = typed_error(exc, method, log)
+    store_errors.count(method, error)
+    raise connect_error(error) from None
 
 
 class Headers:
