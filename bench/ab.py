@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import measure, procs
+from bench import measure, procs, tracing
 
 MARK = "ab-result "
 READY = "ab-side ready"
@@ -229,6 +229,11 @@ def table(results: dict[str, Any]) -> str:
         f"  {meta['calls']} sequential calls, {meta['seconds']} s at {meta['concurrency']} in flight per "
         f"measurement; load average {meta['load_before']} before, {meta['load_after']} after "
         f"({meta['cpus']} CPUs)",
+        *(
+            [f"  tracing on: both toolmesh sides export their spans over OTLP ({meta['spans_received']})"]
+            if meta.get("traced")
+            else []
+        ),
         "",
         f"  {'figure':<32}" + "".join(f"{names[side]:>14}" for side in sides) + f"{'head/baseline':>24}",
     ]
@@ -271,6 +276,40 @@ async def run(
     concurrency: int,
     head: str,
     load: Callable[[], str],
+    traced: bool = False,
+) -> dict[str, Any]:
+    """With `traced`, both toolmesh sides export their spans over OTLP to a receiver in this process."""
+    async with contextlib.AsyncExitStack() as stack:
+        sink, exporting = (await stack.enter_async_context(tracing.otlp_receiver())) if traced else (None, {})
+        results = await _run(
+            ref,
+            rounds=rounds,
+            calls=calls,
+            warmup=warmup,
+            seconds=seconds,
+            warmup_s=warmup_s,
+            concurrency=concurrency,
+            head=head,
+            load=load,
+            exporting=exporting,
+        )
+    if sink is not None:
+        results["meta"]["spans_received"] = sink.spans
+    return results
+
+
+async def _run(
+    ref: str,
+    *,
+    rounds: int,
+    calls: int,
+    warmup: int,
+    seconds: float,
+    warmup_s: float,
+    concurrency: int,
+    head: str,
+    load: Callable[[], str],
+    exporting: dict[str, str],
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -282,12 +321,13 @@ async def run(
         "concurrency": concurrency,
         "cpus": os.cpu_count(),
         "load_before": load(),
+        "traced": bool(exporting),
     }
     measured: dict[str, list[dict[str, dict[str, Any]]]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="toolmesh-ab-") as directory:
         sha, baseline_env = procs.extract(ref, Path(directory))
         meta["baseline"] = sha
-        environments = {"floor": {}, "baseline": baseline_env, "head": {}}
+        environments = {"floor": {}, "baseline": baseline_env | exporting, "head": exporting}
         sides: list[Side] = []
         try:
             for name in SIDES:

@@ -485,6 +485,11 @@ def main(argv: list[str] | None = None) -> None:
         help="latency only: REF's services and SDK against this tree's, in alternating turns (bench/ab.py)",
     )
     parser.add_argument("--rounds", type=int, default=4, help="rounds of turns with --ab (%(default)s)")
+    parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="with --ab: both sides trace, exporting every span over OTLP to a receiver in this process",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {
@@ -513,6 +518,7 @@ def main(argv: list[str] | None = None) -> None:
                 concurrency=sizes.concurrency,
                 head=_commit(),
                 load=_load,
+                traced=args.traced,
             )
         )
         print(ab.table(results))

@@ -29,6 +29,7 @@ from opentelemetry.sdk import environment_variables as otel_environment_variable
 from toolmesh.assembly.entrypoint import INTERNAL_PORTS
 from toolmesh.assembly.system import LocalSystem
 from toolmesh.client.config import DEFAULT_PORTS
+from toolmesh.core.scrape import DEFAULT_METRICS_PORT
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.runtime.server import serve_until_signalled
 from toolmesh.store.durability import Mode
@@ -191,7 +192,7 @@ def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(servi
     if service in INTERNAL_PORTS:
         ports.append(INTERNAL_PORTS[service])
         assert args[args.index("--internal-listen") + 1] == f"0.0.0.0:{INTERNAL_PORTS[service]}"
-    assert [p["containerPort"] for p in container["ports"]] == ports
+    assert [p["containerPort"] for p in container["ports"]] == [*ports, DEFAULT_METRICS_PORT]
     for probe in ("readinessProbe", "livenessProbe"):
         # The kubelet's grpc probe cannot speak TLS: the health check module runs inside the container.
         assert container[probe]["exec"]["command"] == probe_command(service)
@@ -201,6 +202,7 @@ def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(servi
     for found in services:
         for service_port in found["spec"]["ports"]:
             assert service_port["port"] in ports and service_port["appProtocol"] == "kubernetes.io/h2c"
+    # The metrics port is scraped by pod (annotations), not through the Service.
     (budget,) = [
         b
         for b in k8s("PodDisruptionBudget").values()
@@ -208,6 +210,28 @@ def test_each_service_runs_its_module_on_its_port_replicated_with_a_budget(servi
     ]
     assert selected(budget["spec"]["selector"]["matchLabels"]) == [deployment]
     assert budget["spec"]["minAvailable"] == 1
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("service", SERVICES)
+def test_pods_are_annotated_for_scraping_where_the_service_serves_metrics(service: str) -> None:
+    deployment = k8s("Deployment")[service]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    _, *args = only_container(deployment)["args"]
+    host, _, port = args[args.index("--metrics-listen") + 1].rpartition(":")
+    assert host == "0.0.0.0" and int(port) == DEFAULT_METRICS_PORT
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": port,
+        "prometheus.io/path": "/metrics",
+    }
+    ports = {p["name"]: p["containerPort"] for p in only_container(deployment)["ports"]}
+    assert ports["metrics"] == int(port)
+    # Where a network policy guards the pod, it lets the scraper in.
+    for policy in k8s("NetworkPolicy").values():
+        if selects(policy["spec"]["podSelector"]["matchLabels"], pod_labels(deployment)):
+            rules = policy["spec"]["ingress"]
+            assert any("from" not in rule and {"port": "metrics"} in rule["ports"] for rule in rules)
 
 
 @pytest.mark.integration
@@ -515,7 +539,8 @@ def test_internal_ports_admit_only_the_services_that_call_them(service: str) -> 
     for rule in policy["spec"]["ingress"]:
         ports = {p["port"] for p in rule["ports"]}
         if "internal" not in ports:
-            assert ports == {"grpc"}  # the public port, open to every peer with a token
+            # The public port, open to every peer with a token; the scraper's port (no tenant data).
+            assert ports == {"grpc", "metrics"}
             continue
         assert ports == {"internal"}
         allowed = set()

@@ -23,6 +23,8 @@ SERVER_ONLY = {
     "redis",
     "opentelemetry-sdk",
     "opentelemetry-exporter-otlp-proto-grpc",
+    "opentelemetry-exporter-prometheus",
+    "prometheus-client",
     "httpx",
     "mcp",
 }

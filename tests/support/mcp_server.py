@@ -15,6 +15,8 @@ import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 
+from toolmesh.core import otel
+
 MARKERS = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
 server: MCPServer = MCPServer("toolmesh-test-mcp-server", log_level="WARNING")
 
@@ -62,4 +64,9 @@ async def grow(ctx: Context[Any]) -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    # Exports its spans (the MCP SDK's) when the environment names an OTLP endpoint.
+    otel.configure("toolmesh-test-mcp-server")
+    try:
+        server.run("stdio")
+    finally:
+        otel.shutdown()

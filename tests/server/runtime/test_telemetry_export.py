@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import pytest_asyncio
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from spans import Receiver, otlp_receiver
 from toolmesh.client import RegistryClient
 from toolmesh.core.tools import ToolSpec
 from toolmesh_testing import ServiceProcess, eventually, run_cli, start_host_process, start_service_process
@@ -23,32 +22,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 SECRET = "s3cr3t-value-9f2c7d"
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """A real OTLP/gRPC trace receiver: what a collector would get."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, Any]] = []
-
-    async def Export(self, request: Any, context: Any) -> Any:
-        for resource_spans in request.resource_spans:
-            service = next(
-                (a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"),
-                "",
-            )
-            for scope in resource_spans.scope_spans:
-                self.spans.extend((service, span) for span in scope.spans)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
-    server = grpc.aio.server()
-    sink = Receiver()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    yield sink, port
-    await server.stop(0)
+    async with otlp_receiver() as running:
+        yield running
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

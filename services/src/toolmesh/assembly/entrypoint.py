@@ -9,8 +9,9 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from toolmesh.client.config import DEFAULT_PORTS
-from toolmesh.core import otel
+from toolmesh.core import otel, scrape
 from toolmesh.core.logs import configure_logging
+from toolmesh.core.scrape import MetricsEndpoint
 from toolmesh.rules import limits
 from toolmesh.runtime import security
 from toolmesh.runtime.security import Security
@@ -57,6 +58,7 @@ def parse_args(
             f"default 127.0.0.1:{INTERNAL_PORTS[dependency]})"
             + (REPLICAS_HELP.get(dependency, "") if service == "invocation" else ""),
         )
+    scrape.add_arguments(parser)
     security.add_arguments(parser)
     limits.add_arguments(parser)
     if extend is not None:
@@ -113,16 +115,36 @@ def security_of(args: argparse.Namespace) -> Security:
         sys.exit(EXIT_CONFIG)
 
 
-def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
+def metrics_of(args: argparse.Namespace, protection: Security) -> MetricsEndpoint | None:
+    """The metrics endpoint --metrics-listen asks for (None: none), or exit with why it cannot be."""
+    try:
+        address = scrape.address_of(args.metrics_listen)
+        if address is None:
+            return None
+        protection.check_metrics(address)
+    except ValueError as error:  # security.Unprotected too
+        print(f"toolmesh: {error}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    return MetricsEndpoint.create(address, protection.tls)
+
+
+def run(
+    service: str, start: Callable[[], Awaitable[RunningServer]], metrics: MetricsEndpoint | None = None
+) -> None:
     """Start the service, print its ports (so a parent process can read them), serve until signalled."""
     configure_logging(f"toolmesh-{service}")
-    otel.configure(f"toolmesh-{service}")
+    otel.configure(f"toolmesh-{service}", metric_readers=() if metrics is None else (metrics.reader,))
 
     async def main() -> None:
         try:
             server = await start()
+            if metrics is not None:
+                print(f"toolmesh {service} serves metrics on port {metrics.start()}", flush=True)
         except CannotListen as exc:
             print(f"toolmesh {service}: {exc.strerror}", file=sys.stderr)
+            sys.exit(1)
+        except OSError as exc:
+            print(f"toolmesh {service}: cannot serve metrics: {exc.strerror}", file=sys.stderr)
             sys.exit(1)
         if server.internal is not None:
             print(f"toolmesh {service} internal listener on port {server.internal.port}", flush=True)
@@ -140,6 +162,8 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
         print(f"toolmesh {service}: {refusal}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     finally:
+        if metrics is not None:
+            metrics.stop()
         otel.shutdown()
 
 

@@ -14,6 +14,8 @@ from toolmesh.assembly.entrypoint import add_store_arguments
 from toolmesh.assembly.system import LocalSystem, start_local_system, start_replicas
 from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_hosts, web_origins
 from toolmesh.client.config import DEFAULT_HOST, DEFAULT_PORTS
+from toolmesh.core import scrape
+from toolmesh.core.scrape import MetricsEndpoint
 from toolmesh.rules import limits
 from toolmesh.runtime import security
 from toolmesh.runtime.server import CannotListen, serve_until_signalled
@@ -39,6 +41,7 @@ def add_parser(commands: Any) -> None:
         help=f"the bridge's port for pages, Connect and gRPC-Web (default {DEFAULT_WEB_PORT}; 0 picks one)",
     )
     add_web_arguments(parser)
+    scrape.add_arguments(parser)
     security.add_arguments(parser)
     limits.add_arguments(parser)
     add_store_arguments(parser)
@@ -49,7 +52,17 @@ def add_parser(commands: Any) -> None:
         help="replicas of each service (default 1); more than one needs a shared --store: "
         "the first on the ports given, the others on free ports",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, metrics_endpoint=metrics_endpoint)
+
+
+def metrics_endpoint(args: argparse.Namespace) -> MetricsEndpoint | None:
+    """The endpoint --metrics-listen asks for, under the services' rule; ValueError when refused."""
+    address = scrape.address_of(args.metrics_listen)
+    if address is None:
+        return None
+    protection = security.from_args(args)
+    protection.check_metrics(address)
+    return MetricsEndpoint.create(address, protection.tls)
 
 
 def internal_ports(system: LocalSystem) -> str:
@@ -76,6 +89,12 @@ async def run(args: argparse.Namespace) -> int:
     if args.replicas < 1 or (args.replicas > 1 and url == MEMORY):
         print("toolmesh up: --replicas above 1 needs a shared --store (redis://...)", file=sys.stderr)
         return EXIT_CONFIG
+    metrics: MetricsEndpoint | None = args.metrics
+    try:
+        metrics_port = None if metrics is None else metrics.start()
+    except OSError as error:
+        print(f"toolmesh up: cannot serve metrics: {error.strerror}", file=sys.stderr)
+        return 1
     try:
         description = describe_store(url)
         configured = security.from_args(args)
@@ -118,6 +137,10 @@ async def run(args: argparse.Namespace) -> int:
     print(f"  invocation  {system.invocation_target}")
     print(f"  bridge      {system.bridge_target}")
     print(f"  pages       {system.web_url}  (Connect, gRPC-Web)")
+    if metrics is not None:
+        scheme = "https" if protection.serves_tls else "http"
+        host = metrics.address.rpartition(":")[0]
+        print(f"  metrics     {scheme}://{host}:{metrics_port}/metrics  (Prometheus text, for operators)")
     for index in range(0, len(replicas), 3):
         registry, bridge, invocation = replicas[index : index + 3]
         print(f"  replica {index // 3 + 2}:  registry {system.host}:{registry.port}  ", end="")

@@ -4,6 +4,7 @@ import os
 from toolmesh.assembly.entrypoint import (
     add_web_port_arguments,
     dependency_address,
+    metrics_of,
     parse_args,
     run,
     security_of,
@@ -46,4 +47,4 @@ async def _start() -> RunningServer:
 
 args = parse_args("bridge", ("registry",), _extend)
 security = security_of(args)
-run("bridge", _start)
+run("bridge", _start, metrics_of(args, security))

@@ -1,6 +1,7 @@
 from toolmesh.assembly.entrypoint import (
     add_web_port_arguments,
     dependency_address,
+    metrics_of,
     parse_args,
     run,
     security_of,
@@ -27,4 +28,5 @@ run(
         web_origins=web_origins(args.web_origins),
         web_hosts=web_hosts(args.web_hosts),
     ),
+    metrics_of(args, security),
 )

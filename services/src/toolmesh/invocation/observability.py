@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from types import TracebackType
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType, TracebackType
 
 from opentelemetry import trace
 from opentelemetry.trace import Link
@@ -19,14 +19,14 @@ from opentelemetry.trace import Link
 from toolmesh.contracts.ledger import InvocationRecord
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.calls import ToolCall, ToolRequest
-from toolmesh.core.errors import ToolmeshError
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import ErrorKind, Outcome
 from toolmesh.invocation.ports import NOT_EXECUTING, ExecuteObservation
 
 log = logging.getLogger("toolmesh.invocation")
 
 CALLS = telemetry.METER.create_counter(
-    "toolmesh.invocations", unit="{call}", description="Tool calls by tool and outcome code"
+    "toolmesh.invocations", unit="{call}", description="Tool calls by outcome code"
 )
 DURATION = telemetry.METER.create_histogram(
     "toolmesh.invocation.duration", unit="s", description="Time from InvokeTool to its outcome"
@@ -111,11 +111,31 @@ class InvocationTelemetry:
         return telemetry.trace_carrier()
 
 
+# Metric labels are bounded and name no tenant (an operator scrapes them, toolmesh.core.scrape):
+# never a session, a tool name (each tenant's host names its own tools) or a domain error's own
+# code (the tool's); a runtime code is one of the error table's.
+DOMAIN_ERROR = "DOMAIN_ERROR"
+_RUNTIME_CODES = frozenset(code.value for code in Code)
+_BY_CODE = {
+    code: MappingProxyType({telemetry.OUTCOME_CODE: code}) for code in {"OK", DOMAIN_ERROR, *_RUNTIME_CODES}
+}
+
+
+def metric_attributes(outcome: Outcome) -> Mapping[str, str]:
+    """The call's metric labels: `toolmesh.outcome_code` OK, a runtime code, or DOMAIN_ERROR."""
+    failure = outcome.failure
+    if failure is None:
+        return _BY_CODE["OK"]
+    if failure.kind is ErrorKind.DOMAIN:
+        return _BY_CODE[DOMAIN_ERROR]
+    return _BY_CODE.get(failure.code, _BY_CODE[Code.INTERNAL.value])
+
+
 def observe(tool_name: str, tool_request_id: str, outcome: Outcome, started: float) -> None:
     """Span, metrics and one log line per call; the log carries ids and the code, never data."""
     elapsed = time.monotonic() - started
     telemetry.record_outcome(outcome)
-    attributes = {"toolmesh.tool_name": tool_name, "toolmesh.outcome_code": outcome.code}
+    attributes = metric_attributes(outcome)
     CALLS.add(1, attributes)
     DURATION.record(elapsed, attributes)
     failed_in_runtime = outcome.failure is not None and outcome.failure.kind is ErrorKind.RUNTIME
@@ -133,12 +153,15 @@ def observe(tool_name: str, tool_request_id: str, outcome: Outcome, started: flo
     )
 
 
+_ATTACHED_BY_KIND = {how: MappingProxyType({"kind": how}) for how in ("joined", "replayed")}
+
+
 @contextlib.contextmanager
 def attaching(record: InvocationRecord, how: str) -> Iterator[None]:
     """A span for a call that joined or replayed `record`, linked to the original invocation's span."""
     original = trace.get_current_span(telemetry.extract(record.trace_context)).get_span_context()
     links = [Link(original, {"toolmesh.link": "original_invocation"})] if original.is_valid else []
-    ATTACHED.add(1, {"toolmesh.tool_name": record.tool_name, "kind": how})
+    ATTACHED.add(1, _ATTACHED_BY_KIND[how])
     trace.get_current_span().set_attribute(f"toolmesh.{how}", True)
     # An exception's text may quote arguments: the span never records it (the caller's span has the code).
     with telemetry.TRACER.start_as_current_span(

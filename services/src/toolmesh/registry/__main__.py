@@ -1,5 +1,6 @@
 from toolmesh.assembly.entrypoint import (
     add_web_port_arguments,
+    metrics_of,
     parse_args,
     run,
     security_of,
@@ -25,4 +26,5 @@ run(
         web_origins=web_origins(args.web_origins),
         web_hosts=web_hosts(args.web_hosts),
     ),
+    metrics_of(args, security),
 )

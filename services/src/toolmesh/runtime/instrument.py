@@ -29,6 +29,7 @@ from toolmesh.auth.guard import grant_expires_at, token_expired
 from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError, typed_error
 from toolmesh.core.rpcstatus import to_grpc_status
+from toolmesh.runtime import store_errors
 from toolmesh.runtime.rpc_types import ServicerContext
 
 log = logging.getLogger("toolmesh.server")
@@ -98,6 +99,7 @@ async def _abort_for(method: str, context: ServicerContext, exc: Exception) -> N
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
     exc = typed_error(exc, method, log)
+    store_errors.count(method, exc)
     status = to_grpc_status(exc)
     span = trace.get_current_span()
     span.set_attribute("rpc.grpc.status_code", status.code.value[0])

@@ -129,6 +129,16 @@ class Security:
             "bind 127.0.0.1, or pass --insecure to serve it anyway."
         )
 
+    def check_metrics(self, address: str) -> None:
+        """The metrics endpoint (toolmesh.core.scrape): off loopback, only over TLS or when told."""
+        if self.insecure or is_loopback(address) or self.serves_tls:
+            return
+        raise Unprotected(
+            f"refusing to serve metrics on {address} without TLS: anyone who can reach it could read them. "
+            "Configure --tls-cert/--tls-key (and --tls-ca for client certificates), bind 127.0.0.1, "
+            "or pass --insecure to serve it anyway."
+        )
+
     def public_credentials(self) -> grpc.ServerCredentials | None:
         return server_credentials(self.tls, require_client_cert=False) if self.serves_tls else None
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextvars
 import json
 import logging
 import os
@@ -46,13 +47,18 @@ from connectrpc.errors import ConnectError, ErrorDetail
 from connectrpc.request import RequestContext
 from connectrpc.server import ConnectASGIApplication
 from google.rpc import error_details_pb2
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from protobuf.wkt import Any as AnyMessage
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from toolmesh.auth.guard import Admit
+from toolmesh.core import telemetry
 from toolmesh.core.errors import DOMAIN, Code, ToolmeshError, typed_error
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.core.tls import TlsFiles
+from toolmesh.runtime import store_errors
 from toolmesh.runtime.decoding import undecodable
 from toolmesh.runtime.server import CannotListen
 
@@ -103,7 +109,9 @@ def connect_error(error: ToolmeshError) -> ConnectError:
 def fail(method: str, exc: Exception) -> NoReturn:
     if isinstance(exc, ConnectError):
         raise exc
-    raise connect_error(typed_error(exc, method, log)) from None
+    error = typed_error(exc, method, log)
+    store_errors.count(method, error)
+    raise connect_error(error) from None
 
 
 class Headers:
@@ -297,6 +305,68 @@ class _TypedProtocolErrors:
             raise typed  # an on_end exception replaces the request's error
 
 
+# A started span and the token that made it current.
+_Started = tuple[Any, "contextvars.Token[otel_context.Context]"]
+
+
+class _ServerSpans:
+    """A metadata interceptor: each RPC's SERVER span, as on the gRPC port (runtime/instrument.py).
+
+    Named `package.Service/Method`, continuing the W3C trace context of the request's headers,
+    current while the RPC runs; `rpc.system` is `connect_rpc`. No span at all when not tracing.
+    """
+
+    async def on_start(self, ctx: RequestContext[Any, Any]) -> _Started | None:
+        if not telemetry.enabled():
+            return None
+        method = ctx.method
+        headers = ctx.request_headers
+        carrier = {key: value for key in _CONTEXT_HEADERS if (value := headers.get(key)) is not None}
+        span = telemetry.TRACER.start_span(
+            f"{method.service_name}/{method.name}",
+            context=telemetry.extract(carrier),
+            kind=SpanKind.SERVER,
+            attributes={
+                "rpc.system": "connect_rpc",
+                "rpc.service": method.service_name,
+                "rpc.method": method.name,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        return span, otel_context.attach(trace.set_span_in_context(span))
+
+    async def on_end(
+        self,
+        token: _Started | None,
+        ctx: RequestContext[Any, Any],
+        error: Exception | None,
+        /,
+    ) -> None:
+        if token is None:
+            return
+        span, attached = token
+        if isinstance(error, ConnectError):
+            # The table's code where the error carries ErrorInfo (ours always do), as on the gRPC port.
+            span.set_attribute("rpc.connect_rpc.error_code", error.code.value)
+            span.set_status(Status(StatusCode.ERROR, _reason(error) or error.code.value))
+        elif error is not None:
+            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+        span.end()
+        otel_context.detach(attached)
+
+
+_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
+
+
+def _reason(error: ConnectError) -> str | None:
+    """The ErrorInfo reason (the error table's code) an error carries, if any."""
+    for detail in error.details:
+        if detail.type_name == "google.rpc.ErrorInfo":
+            return str(error_details_pb2.ErrorInfo.FromString(detail.message_bytes).reason)
+    return None
+
+
 def typed_application(base: type[ConnectApp]) -> type[ConnectApp]:
     """A generated Connect application class whose refusals met before a request is under way (its
     headers) get typed.
@@ -327,7 +397,8 @@ def connect_app(base: type[ConnectApp], service: Any, read_max_bytes: int = MAX_
     typed: Any = typed_application(base)  # a generated class: its own constructor, not the base's
     application: ConnectApp = typed(
         service,
-        interceptors=[_TypedProtocolErrors()],
+        # Spans outermost: the span sees the typed error.
+        interceptors=[_ServerSpans(), _TypedProtocolErrors()],
         read_max_bytes=read_max_bytes,
         codecs=[_TypedDecoding(codec) for codec in google_protobuf_codecs()],
     )

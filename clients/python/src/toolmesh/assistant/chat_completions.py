@@ -13,6 +13,7 @@ from toolmesh.assistant.config import ModelEndpoint
 from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.messages import Author, Message, ToolCallRequest
 from toolmesh.assistant.model import FunctionTool, ModelReply
+from toolmesh.assistant.telemetry import chat_span, record_response
 from toolmesh.core import jsontext
 
 # A reply larger than this is not a chat answer.
@@ -43,6 +44,13 @@ class OpenAIChatModel:
         endpoint's timeout, and MODEL_ERROR when the endpoint cannot be reached,
         answers HTTP 4xx/5xx, or replies with something unusable.
         """
+        with chat_span(self._endpoint.model, self._endpoint.chat_url) as span:
+            answer = _json_of(await self._post(messages, tools))
+            record_response(span, answer)
+            return reply_of(answer)
+
+    async def _post(self, messages: Sequence[Message], tools: Sequence[FunctionTool]) -> bytes:
+        """The endpoint's reply to the conversation, as bytes; AssistantError as `complete` says."""
         body = request_body(self._endpoint.model, messages, tools, self._system_prompt)
         headers = {"Authorization": f"Bearer {self._endpoint.api_key}"} if self._endpoint.api_key else {}
         timeout = self._endpoint.timeout_s
@@ -70,7 +78,7 @@ class OpenAIChatModel:
                 TurnCode.MODEL_ERROR,
                 f"The model endpoint {self._endpoint.chat_url} answered HTTP {response.status_code}.",
             )
-        return parse_reply(response.content)
+        return response.content
 
     async def close(self) -> None:
         """Close the httpx client, if this model made it."""
@@ -118,12 +126,20 @@ def _unusable(detail: str) -> AssistantError:
 
 def parse_reply(content: bytes) -> ModelReply:
     """Read a chat-completions reply; raise AssistantError(MODEL_ERROR) for anything unusable."""
+    return reply_of(_json_of(content))
+
+
+def _json_of(content: bytes) -> Any:
     if len(content) > MAX_REPLY_BYTES:
         raise _unusable(f"it is larger than {MAX_REPLY_BYTES} bytes")
     try:
-        body = jsontext.parse(content.decode())
+        return jsontext.parse(content.decode())
     except (UnicodeDecodeError, jsontext.NotPlainJson):
         raise _unusable("it is not JSON") from None
+
+
+def reply_of(body: Any) -> ModelReply:
+    """The reply a parsed chat-completions body holds; AssistantError(MODEL_ERROR) if unusable."""
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _unusable("it has no choices")

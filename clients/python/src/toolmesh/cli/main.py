@@ -66,12 +66,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(given)
     service = _SERVICE_NAMES.get(args.command, "toolmesh-cli")
     configure_logging(service, None if args.command in _SERVICE_NAMES else "WARNING")
-    otel.configure(service)
+    # A command that serves metrics (`up`, `mcp`) says so with a `metrics_endpoint` default: its
+    # reader must be in the meter provider from the start. It starts listening in the command.
+    endpoint_of = getattr(args, "metrics_endpoint", None)
+    try:
+        args.metrics = None if endpoint_of is None else endpoint_of(args)
+    except (OSError, ValueError) as refusal:
+        print(f"toolmesh {args.command}: {refusal}", file=sys.stderr)
+        sys.exit(2)
+    otel.configure(service, metric_readers=() if args.metrics is None else (args.metrics.reader,))
     try:
         code = asyncio.run(args.run(args))
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     finally:
+        if args.metrics is not None:
+            args.metrics.stop()
         otel.shutdown()
     sys.exit(code)
 

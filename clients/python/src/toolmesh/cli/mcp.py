@@ -22,6 +22,8 @@ from toolmesh.cli.output import EXIT_USAGE, usage_error
 from toolmesh.client.config import address
 from toolmesh.client.invocation import InvocationClient
 from toolmesh.client.registry import RegistryClient
+from toolmesh.core import scrape
+from toolmesh.core.scrape import MetricsEndpoint
 
 DEFAULT_LISTEN = "127.0.0.1:7480"
 MISSING_EXTRA = "`toolmesh mcp` needs the MCP SDK: pip install 'toolmesh[mcp]'"
@@ -59,10 +61,24 @@ def add_parser(commands: Any) -> None:
         metavar="ORIGIN",
         help="with --http: a browser origin allowed besides loopback ones (repeatable)",
     )
+    scrape.add_arguments(parser)
     add_address(parser, "registry")
     add_address(parser, "invocation")
     access.add_arguments(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, metrics_endpoint=metrics_endpoint)
+
+
+def metrics_endpoint(args: argparse.Namespace) -> MetricsEndpoint | None:
+    """The endpoint --metrics-listen asks for, where the operator says, as --listen (HTTP only).
+
+    Over stdio, stdout is the MCP client's: no line could say where it listens.
+    """
+    address = scrape.address_of(args.metrics_listen)
+    if address is None:
+        return None
+    if not args.http:
+        raise ValueError("--metrics-listen goes with --http")
+    return MetricsEndpoint.create(address)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -82,6 +98,15 @@ async def run(args: argparse.Namespace) -> int:
         credentials = access.credentials(args)
     except (OSError, ValueError) as exc:
         return usage_error("mcp", str(exc))
+    metrics: MetricsEndpoint | None = args.metrics
+    if metrics is not None:
+        try:
+            port = metrics.start()
+        except OSError as error:
+            print(f"toolmesh mcp: cannot serve metrics: {error.strerror}", file=sys.stderr)
+            return 1
+        shown = metrics.address.rpartition(":")[0]
+        print(f"toolmesh mcp: metrics on http://{shown}:{port}/metrics", flush=True)
     # Over HTTP each request's own token goes on; over stdio, this command's.
     token = current_token if args.http else access.token(args)
     registry = RegistryClient(address("registry", args.registry), credentials=credentials, token=token)

@@ -55,6 +55,7 @@ from toolmesh.core.progress import ToolProgress
 from toolmesh.core.rpcstatus import error_code
 from toolmesh.mcp.mapping import META_IDEMPOTENCY_KEY, call_tool_result, mcp_tool, refusal, refused
 from toolmesh.mcp.tasks import TaskMiddleware, capabilities, extensions
+from toolmesh.mcp.telemetry import ServerTelemetry
 
 log = logging.getLogger("toolmesh.mcp")
 
@@ -141,6 +142,8 @@ class Gateway:
             # arguments themselves against the schema, so the gateway checks no headers.
             get_tool_input_schema=_no_header_schema,
         )
+        # Inside the SDK's OpenTelemetry middleware (the first): its span is current while timed.
+        self.server.middleware.append(ServerTelemetry())
         self.server.middleware.append(self.tasks)
         self.server.extensions.update(extensions())
 

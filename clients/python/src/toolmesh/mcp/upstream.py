@@ -31,6 +31,7 @@ from mcp.shared.exceptions import MCPError
 from toolmesh.core.names import TOOL_NAME
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.mcp.mapping import handler_value, tool_spec
+from toolmesh.mcp.telemetry import client_operation
 
 log = logging.getLogger("toolmesh.mcp.upstream")
 
@@ -59,7 +60,8 @@ class Upstream:
     async def refresh(self) -> None:
         """Read the MCP server's tools and declare them (a name toolmesh cannot take is left out, logged)."""
         assert self._client is not None
-        listed = await self._client.list_tools()
+        with client_operation("tools/list", None, self._client.protocol_version):
+            listed = await self._client.list_tools()
         specs = []
         for tool in listed.tools:
             if TOOL_NAME.fullmatch(tool.name):
@@ -90,7 +92,9 @@ class Upstream:
             await ctx.report_progress(progress, total, message)
 
         try:
-            result = await self._client.call_tool(ctx.tool_name, arguments, progress_callback=progressed)
+            with client_operation("tools/call", ctx.tool_name, self._client.protocol_version) as operation:
+                result = await self._client.call_tool(ctx.tool_name, arguments, progress_callback=progressed)
+                operation.set_result(result)
         except MCPError as error:
             details = {"jsonrpcCode": error.code}
             return {"error": {"code": MCP_ERROR, "message": error.message, "details": details}}
