@@ -467,6 +467,11 @@ def main(argv: list[str] | None = None) -> None:
         help="latency only: REF's services and SDK against this tree's, in alternating turns (bench/ab.py)",
     )
     parser.add_argument("--rounds", type=int, default=4, help="rounds of turns with --ab (%(default)s)")
+    parser.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="with --ab: a fourth side, this tree with every process on uvloop (TOOLMESH_EVENT_LOOP)",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {
@@ -481,6 +486,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.uvloop and args.ab is None:
+        parser.error("--uvloop is a side of the A/B: add --ab REF")
     if args.ab is not None:
         if sections != ("latency",):
             parser.error("--ab measures the latency section alone: add --only latency")
@@ -495,6 +502,7 @@ def main(argv: list[str] | None = None) -> None:
                 concurrency=sizes.concurrency,
                 head=_commit(),
                 load=_load,
+                uvloop=args.uvloop,
             )
         )
         print(ab.table(results))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
 
 from toolmesh.client.config import DEFAULT_PORTS
-from toolmesh.core import otel
+from toolmesh.core import event_loop, otel
 from toolmesh.core.logs import configure_logging
 from toolmesh.rules import limits
 from toolmesh.runtime import security
@@ -97,6 +96,11 @@ def security_of(args: argparse.Namespace) -> Security:
 
 def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
     """Start the service, print its ports (so a parent process can read them), serve until signalled."""
+    try:
+        factory = event_loop.loop_factory()
+    except ValueError as error:
+        print(f"toolmesh {service}: {error}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     configure_logging(f"toolmesh-{service}")
     otel.configure(f"toolmesh-{service}")
 
@@ -117,7 +121,7 @@ def run(service: str, start: Callable[[], Awaitable[RunningServer]]) -> None:
         await serve_until_signalled([server])
 
     try:
-        asyncio.run(main())
+        event_loop.run(main(), factory)
     except security.Unprotected as refusal:
         print(f"toolmesh {service}: {refusal}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
