@@ -35,6 +35,8 @@ from bench import measure, procs
 from bench.profile_summary import _short
 
 IDLE = "idle"
+# The processes in the order a call goes through them (the registry is off its path: a cache).
+CALL_ORDER = ("caller", "invocation", "bridge", "host")
 MACHINERY = "gRPC core and event loop (C, Cython)"
 OTHER = "other Python"
 
@@ -207,6 +209,41 @@ def table(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(figures: dict[str, Any]) -> str:
+    """One table for every way measured: each process's stages, microseconds per call and share."""
+    ways = list(figures["ways"])
+    lines = [
+        "| process | stage | " + " | ".join(f"{way}: us/call (share)" for way in ways) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in ways) + " |",
+    ]
+    processes: dict[str, list[str]] = {}
+    for measured in figures["ways"].values():
+        for process, each in measured["processes"].items():
+            known = processes.setdefault(process, [])
+            known += [stage for stage in each["stages"] if stage not in known]
+    order = {name: index for index, name in enumerate(CALL_ORDER)}
+    for process, names in sorted(processes.items(), key=lambda item: order.get(item[0], len(order))):
+        first = figures["ways"][ways[0]]["processes"].get(process, {"stages": {}})["stages"]
+        names.sort(key=lambda stage: -first.get(stage, {"share": 0.0})["share"])
+        for stage in [*names, "= CPU per call"]:
+            cells = []
+            for way in ways:
+                each = figures["ways"][way]["processes"].get(process)
+                if each is None:
+                    cells.append("")
+                elif stage == "= CPU per call":
+                    cells.append(f"**{each.get('cpu_us_per_call', 0):.0f}**")
+                elif stage in each["stages"]:
+                    numbers = each["stages"][stage]
+                    cells.append(f"{numbers.get('us_per_call', 0):.0f} ({numbers['share']:.0%})")
+                else:
+                    cells.append("-")
+            lines.append(f"| {process} | {stage} | " + " | ".join(cells) + " |")
+    totals = [f"**{figures['ways'][way].get('cpu_us_per_call', {}).get('total', 0):.0f}**" for way in ways]
+    lines.append("| all | CPU per call | " + " | ".join(totals) + " |")
+    return "\n".join(lines)
+
+
 async def measure_stages(
     ways: list[str], seconds: float, concurrency: int, calls: int, directory: Path
 ) -> dict[str, Any]:
@@ -259,6 +296,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/toolmesh-stages"), help="py-spy's files")
     parser.add_argument("--from", dest="source", type=Path, help="attribute profiles recorded before")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--markdown", action="store_true", help="one table of every way, in Markdown")
     args = parser.parse_args()
     if args.source is not None:
         labels = sorted({path.stem.split("-", 1)[0] for path in args.source.glob("*-*.txt")})
@@ -272,7 +310,7 @@ def main() -> None:
         figures = asyncio.run(measure_stages(ways, args.seconds, args.concurrency, args.calls, args.dir))
         figures["load"] = f"{load_before} before, {' '.join(f'{v:.2f}' for v in os.getloadavg())} after"
         print(f"load average {figures['load']} ({os.cpu_count()} CPUs)", file=sys.stderr)
-    print(table(figures))
+    print(markdown(figures) if args.markdown else table(figures))
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1))
 
