@@ -490,6 +490,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="with --ab: both sides trace, exporting every span over OTLP to a receiver in this process",
     )
+    parser.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="with --ab: a fourth side, this tree with every process on uvloop (TOOLMESH_EVENT_LOOP)",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {
@@ -504,6 +509,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.uvloop and args.ab is None:
+        parser.error("--uvloop is a side of the A/B: add --ab REF")
     if args.ab is not None:
         if sections != ("latency",):
             parser.error("--ab measures the latency section alone: add --only latency")
@@ -519,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
                 head=_commit(),
                 load=_load,
                 traced=args.traced,
+                uvloop=args.uvloop,
             )
         )
         print(ab.table(results))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
 
 from toolmesh.client.config import DEFAULT_PORTS
-from toolmesh.core import otel, scrape
+from toolmesh.core import event_loop, otel, scrape
 from toolmesh.core.logs import configure_logging
 from toolmesh.core.scrape import MetricsEndpoint
 from toolmesh.rules import limits
@@ -132,6 +131,11 @@ def run(
     service: str, start: Callable[[], Awaitable[RunningServer]], metrics: MetricsEndpoint | None = None
 ) -> None:
     """Start the service, print its ports (so a parent process can read them), serve until signalled."""
+    try:
+        factory = event_loop.loop_factory()
+    except ValueError as error:
+        print(f"toolmesh {service}: {error}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     configure_logging(f"toolmesh-{service}")
     otel.configure(f"toolmesh-{service}", metric_readers=() if metrics is None else (metrics.reader,))
 
@@ -157,7 +161,7 @@ def run(
         await serve_until_signalled([server])
 
     try:
-        asyncio.run(main())
+        event_loop.run(main(), factory)
     except security.Unprotected as refusal:
         print(f"toolmesh {service}: {refusal}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)

@@ -52,7 +52,10 @@ class DispatchStream:
         self._holds = holds
         # Results (and progress reports) to send back, in the order requests ended (reports were
         # made); closed when the stream may end.
-        self._results: Outbox[bridge_pb2.DispatchResult | tool_pb2.ToolProgress] = Outbox(_result_size)
+        self._results: Outbox[bridge_pb2.DispatchResult | tool_pb2.ToolProgress] = Outbox(
+            _result_size,
+            more_coming=lambda: bool(self._held),  # other requests' results (Outbox)
+        )
         # Requests taken from this stream that have no outcome yet, with their spans.
         self._held: dict[str, Any] = {}
         self._reading = True
