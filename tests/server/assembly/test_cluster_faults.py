@@ -228,6 +228,13 @@ async def test_a_claim_the_promoted_replica_never_got(cluster: LocalCluster, dur
     ledger = Ledger(stores.ledger, LedgerPolicy())
     call = ToolCall(SESSION, "turn", "count", '{"key": "lost"}')
     try:
+        # Connected, and (`auto`) told by the primary that it has a replica, before the replica lags:
+        # stopped long enough, the cluster marks it failed, and `auto` would no longer wait for it.
+        assert (
+            await ledger.claim(
+                ToolCall(SESSION, "turn", "count", "{}"), slots.tool_request_id(SESSION, "warm"), TIMEOUT_MS
+            )
+        ).is_new
         with stopped(cluster, replica):
             cluster.cut_replication(primary)
             claimed: Claim | ToolmeshError
