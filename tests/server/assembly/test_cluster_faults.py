@@ -193,6 +193,28 @@ def stopped(cluster: LocalCluster, port: int) -> Iterator[None]:
 
 
 @pytest.mark.timeout(120)
+async def test_a_call_no_replica_confirms_is_refused_before_it_runs_and_its_retry_runs_once(
+    cluster: LocalCluster, system: LocalSystem, host: HostProcess, marker_dir: Path
+) -> None:
+    """Durable claims at their default on a cluster with replicas, through the services: the
+    session's replica stopped, a call is refused (typed, retryable) and its tool does not run; with
+    the replica back its exact retry runs it, once."""
+    replica = cluster.replica_of(cluster.primary_of(session_slot()))
+    async with InvocationClient(system.invocation_target) as client:
+        assert ran_once(await call_until_answered(client, "before", 0), marker_dir, "before")
+        with stopped(cluster, replica):
+            refused = await asyncio.wait_for(
+                client.invoke(SESSION, "count", {"key": "refused", "sleep": 0}, turn_id="turn"),
+                ATTEMPT_BOUND_S,
+            )
+        assert refused.outcome is None and refused.code is Code.STORE_UNAVAILABLE
+        assert "replica" in refused.detail
+        assert runs(marker_dir, "refused") == []
+        retry = await call_until_answered(client, "refused", 0)
+        assert ran_once(retry, marker_dir, "refused") and retry.tool_request_id != refused.tool_request_id
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("durable", ["off", "auto"])
 async def test_a_claim_the_promoted_replica_never_got(cluster: LocalCluster, durable: str) -> None:
     """What durable claims are for. The session's replica lags (stopped, its link cut); a claim is
@@ -206,6 +228,13 @@ async def test_a_claim_the_promoted_replica_never_got(cluster: LocalCluster, dur
     ledger = Ledger(stores.ledger, LedgerPolicy())
     call = ToolCall(SESSION, "turn", "count", '{"key": "lost"}')
     try:
+        # Connected, and (`auto`) told by the primary that it has a replica, before the replica lags:
+        # stopped long enough, the cluster marks it failed, and `auto` would no longer wait for it.
+        assert (
+            await ledger.claim(
+                ToolCall(SESSION, "turn", "count", "{}"), slots.tool_request_id(SESSION, "warm"), TIMEOUT_MS
+            )
+        ).is_new
         with stopped(cluster, replica):
             cluster.cut_replication(primary)
             claimed: Claim | ToolmeshError

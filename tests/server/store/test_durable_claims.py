@@ -8,6 +8,7 @@ cluster the replica of the primary that serves the session's slot.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -126,6 +127,35 @@ async def test_one_redis_with_durable_on_refuses_a_claim_no_replica_confirms(
         first = await ledger.claim(call('{"warm": 1}'), new_id("warm"), 10_000)
         assert first.is_new
         await refused_then_claimed_anew(ledger, stopped(replica.pause, replica.resume))
+    finally:
+        await stores.close()
+
+
+async def waits_run(port: int) -> int:
+    client = Redis(port=port)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+
+@pytest.mark.integration
+async def test_one_redis_s_claims_of_one_loop_turn_share_one_wait(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    """Commands of one loop turn share a write; their WAIT too (it covers every earlier write)."""
+    primary, _ = primary_and_replica
+    stores = open_stores(f"{primary.url}?durable=on", new_prefix())
+    try:
+        ledger = Ledger(stores.ledger, POLICY)
+        await ledger.claim(call('{"warm": 1}'), new_id("warm"), 10_000)  # connected
+        before = await waits_run(primary.port)
+        claims = await asyncio.gather(
+            *(ledger.claim(call(f'{{"n": {n}}}'), new_id(f"n{n}"), 10_000) for n in range(20))
+        )
+        assert all(claimed.is_new for claimed in claims)
+        assert await waits_run(primary.port) - before < len(claims)
     finally:
         await stores.close()
 

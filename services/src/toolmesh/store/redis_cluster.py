@@ -188,6 +188,7 @@ class ClusterConnection:
         except (NoScriptError, NotReplicated):
             raise
         except UNAVAILABLE as error:
+            self._slots_stale = True  # a durable script reads the slot map again before it runs
             if not isinstance(error, (RedisConnectionError, RedisTimeoutError, OSError)):
                 log.warning("store cluster unavailable", extra={"error": type(error).__name__})
             raise ToolmeshError(Code.STORE_UNAVAILABLE) from error
