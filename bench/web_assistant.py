@@ -9,6 +9,12 @@
   that one call (an in-page model that answers at once, so no network: the
   difference is the assistant's own work: planning, offering, checking the
   arguments and the revision, recording the state).
+- Page memory over 1,000 turns with the widget mounted (each turn one tool
+  call and an answer, an in-page model): the JS heap in use after a full GC
+  (CDP HeapProfiler.collectGarbage, Runtime.getHeapUsage) after 100 turns and
+  after 1,000, for the default conversation bound (maxMessages 200) against an
+  unbounded conversation (maxMessages Infinity) as the baseline, each in a tab
+  of its own.
 """
 
 from __future__ import annotations
@@ -35,7 +41,32 @@ def bundle_size(which: str) -> dict[str, int]:
     return size
 
 
-async def run(calls: int) -> dict[str, Any]:
+async def memory(driver: BrowserDriver, tab: str, max_messages: str, turns: int) -> dict[str, int]:
+    """Heap in use after 100 turns, half of `turns` and all of them, and the widget's list then,
+    in one new tab; `noiseBytes`, two readings with no turn between them, is the floor."""
+    await driver.open(tab, {}, path="/assistant")
+    heap: dict[int, int] = {}
+    items: dict[int, int] = {}
+    done = 0
+    for mark in (100, turns // 2, turns):
+        items[mark] = await driver.eval(tab, f"window.toolmesh.memoryTurns({mark - done}, {max_messages})")
+        heap[mark] = await driver.heap(tab)
+        done = mark
+    again = await driver.heap(tab)
+    await driver.command("close", tab=tab)
+    return {
+        "heapAfter100Bytes": heap[100],
+        f"heapAfter{turns // 2}Bytes": heap[turns // 2],
+        f"heapAfter{turns}Bytes": heap[turns],
+        "growth100ToEndBytes": heap[turns] - heap[100],
+        "growthSecondHalfBytes": heap[turns] - heap[turns // 2],
+        "noiseBytes": abs(again - heap[turns]),
+        "widgetItemsAfter100": items[100],
+        f"widgetItemsAfter{turns}": items[turns],
+    }
+
+
+async def run(calls: int, turns: int = 1000) -> dict[str, Any]:
     host, both, alone = (bundle_size(w) for w in ("size", "assistant-size", "assistant-alone-size"))
     await asyncio.to_thread(build_test_page, "assistant-test")
     driver = await BrowserDriver.start()
@@ -43,6 +74,8 @@ async def run(calls: int) -> dict[str, Any]:
         await driver.open("bench", {}, path="/assistant")
         await driver.eval("bench", "window.toolmesh.bench(50)")  # warm-up
         turn = await driver.eval("bench", f"window.toolmesh.bench({calls})")
+        bounded = await memory(driver, "memory-bounded", "null", turns)
+        unbounded = await memory(driver, "memory-unbounded", "Infinity", turns)
     finally:
         await driver.stop()
     on_top = both["gzippedBytes"] - host["gzippedBytes"]
@@ -57,6 +90,9 @@ async def run(calls: int) -> dict[str, Any]:
         "directExecuteToolMs": turn["directMs"],
         "assistantTurnMs": turn["turnMs"],
         "overheadPerTurnMs": turn["turnMs"] - turn["directMs"],
+        "turns": turns,
+        "memoryDefaultBound": bounded,
+        "memoryUnboundedBaseline": unbounded,
     }
 
 
@@ -65,8 +101,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--turns", type=int, default=1000, help="turns of the memory figures (over 100)")
     args = parser.parse_args()
-    figures = asyncio.run(run(args.calls))
+    figures = asyncio.run(run(args.calls, args.turns))
     for name, value in figures.items():
         print(f"{name:36} {value}")
     RESULTS.mkdir(exist_ok=True)
