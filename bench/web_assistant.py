@@ -11,10 +11,10 @@
   arguments and the revision, recording the state).
 - Page memory over 1,000 turns with the widget mounted (each turn one tool
   call and an answer, an in-page model): the JS heap in use after a full GC
-  (CDP HeapProfiler.collectGarbage, Runtime.getHeapUsage) after 100 turns and
-  after 1,000, for the default conversation bound (maxMessages 200) against an
-  unbounded conversation (maxMessages Infinity) as the baseline, each in a tab
-  of its own.
+  (CDP HeapProfiler.collectGarbage, Runtime.getHeapUsage), the DOM nodes and JS
+  event listeners (Memory.getDOMCounters) after 100, 500 and 1,000 turns, for
+  the default conversation bound (maxMessages 200) against an unbounded
+  conversation (maxMessages Infinity) as the baseline, each in a tab of its own.
 """
 
 from __future__ import annotations
@@ -42,27 +42,25 @@ def bundle_size(which: str) -> dict[str, int]:
 
 
 async def memory(driver: BrowserDriver, tab: str, max_messages: str, turns: int) -> dict[str, int]:
-    """Heap in use after 100 turns, half of `turns` and all of them, and the widget's list then,
-    in one new tab; `noiseBytes`, two readings with no turn between them, is the floor."""
+    """After 100 turns, half of `turns` and all of them, in one new tab: the JS heap in use, the
+    DOM nodes and JS event listeners (each after a full GC), and the widget's items."""
     await driver.open(tab, {}, path="/assistant")
-    heap: dict[int, int] = {}
-    items: dict[int, int] = {}
+    figures: dict[str, int] = {}
     done = 0
     for mark in (100, turns // 2, turns):
-        items[mark] = await driver.eval(tab, f"window.toolmesh.memoryTurns({mark - done}, {max_messages})")
-        heap[mark] = await driver.heap(tab)
+        items = await driver.eval(tab, f"window.toolmesh.memoryTurns({mark - done}, {max_messages})")
+        counters = await driver.heap(tab)
         done = mark
-    again = await driver.heap(tab)
+        figures |= {
+            f"heapAfter{mark}Bytes": counters["heapBytes"],
+            f"domNodesAfter{mark}": counters["nodes"],
+            f"listenersAfter{mark}": counters["listeners"],
+            f"widgetItemsAfter{mark}": items,
+        }
     await driver.command("close", tab=tab)
-    return {
-        "heapAfter100Bytes": heap[100],
-        f"heapAfter{turns // 2}Bytes": heap[turns // 2],
-        f"heapAfter{turns}Bytes": heap[turns],
-        "growth100ToEndBytes": heap[turns] - heap[100],
-        "growthSecondHalfBytes": heap[turns] - heap[turns // 2],
-        "noiseBytes": abs(again - heap[turns]),
-        "widgetItemsAfter100": items[100],
-        f"widgetItemsAfter{turns}": items[turns],
+    return figures | {
+        "growth100ToEndBytes": figures[f"heapAfter{turns}Bytes"] - figures["heapAfter100Bytes"],
+        "growthSecondHalfBytes": figures[f"heapAfter{turns}Bytes"] - figures[f"heapAfter{turns // 2}Bytes"],
     }
 
 

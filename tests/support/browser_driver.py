@@ -97,10 +97,11 @@ class BrowserDriver:
         """A PNG of the tab's page, or of the element `selector` finds (cropped to it)."""
         await self.command("screenshot", tab=tab, path=path, selector=selector)
 
-    async def heap(self, tab: str) -> int:
-        """The tab's JS heap in use after a full garbage collection, in bytes (CDP)."""
-        used: int = await self.command("heap", tab=tab)
-        return used
+    async def heap(self, tab: str) -> dict[str, int]:
+        """After a full garbage collection (CDP): the tab's JS heap in use (`heapBytes`), its DOM
+        nodes (`nodes`) and JS event listeners (`listeners`)."""
+        counters: dict[str, int] = await self.command("heap", tab=tab)
+        return counters
 
     async def eval(self, tab: str, expression: str) -> Any:
         return await self.command("eval", tab=tab, expression=expression)

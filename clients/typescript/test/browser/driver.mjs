@@ -11,7 +11,8 @@
 //   press {tab, key}                           a real key press on the focused element
 //   axe {tab}                                  axe-core's violations on the page
 //   screenshot {tab, path, selector?}          a PNG of the page, or of one element
-//   heap {tab}                                 the JS heap in use after a full GC (CDP), bytes
+//   heap {tab}                                 after a full GC (CDP): {heapBytes, nodes, listeners}:
+//                                              the JS heap in use, DOM nodes, JS event listeners
 // `open` takes a `path`: "/" the host's test page, "/assistant" the assistant's.
 // Browsers launched with and without WebMCP (--enable-features=WebMCP) as tabs need them.
 import { chromium } from "playwright-core";
@@ -106,7 +107,9 @@ const commands = {
     const cdp = await page.context().newCDPSession(page);
     try {
       await cdp.send("HeapProfiler.collectGarbage");
-      return (await cdp.send("Runtime.getHeapUsage")).usedSize;
+      const { usedSize } = await cdp.send("Runtime.getHeapUsage");
+      const { nodes, jsEventListeners } = await cdp.send("Memory.getDOMCounters");
+      return { heapBytes: usedSize, nodes, listeners: jsEventListeners };
     } finally {
       await cdp.detach();
     }
