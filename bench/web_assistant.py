@@ -65,6 +65,8 @@ async def memory(driver: BrowserDriver, tab: str, max_messages: str, turns: int)
 
 
 async def run(calls: int, turns: int = 1000) -> dict[str, Any]:
+    if turns < 200:
+        raise ValueError("the memory figures need at least 200 turns (after 100, half of them, all)")
     host, both, alone = (bundle_size(w) for w in ("size", "assistant-size", "assistant-alone-size"))
     await asyncio.to_thread(build_test_page, "assistant-test")
     driver = await BrowserDriver.start()
@@ -99,7 +101,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--calls", type=int, default=500)
-    parser.add_argument("--turns", type=int, default=1000, help="turns of the memory figures (over 100)")
+    parser.add_argument("--turns", type=int, default=1000, help="turns of the memory figures (200 or more)")
     args = parser.parse_args()
     figures = asyncio.run(run(args.calls, args.turns))
     for name, value in figures.items():
