@@ -255,3 +255,17 @@ async def test_the_turn_table_is_the_python_one() -> None:
     generated = (TYPESCRIPT / "assistant" / "src" / "gen" / "turns.ts").read_text()
     for code, spec in TURN_TABLE.items():
         assert f"  {code.value}: {{" in generated and json.dumps(spec.message) in generated
+
+
+async def test_the_conversation_keeps_its_latest_whole_turns(
+    driver: BrowserDriver, model: ScriptedModel
+) -> None:
+    page = await open_page(driver, model, *(answer(f"a{n}") for n in range(1, 5)), maxMessages="5")
+    for n in range(1, 5):
+        assert await page.outcome(await page.send(f"u{n}")) == {"answer": f"a{n}"}
+    # Before u4: u1 and a1 went, whole, so that u4 fitted beside what was left.
+    kept = ["u2", "a2", "u3", "a3", "u4", "a4"]
+    assert await page.eval(f"{PAGE}.assistant.state.messages.map(m => m.text)") == kept
+    assert [m["content"] for m in model.requests[3]["messages"] if m["role"] != "system"] == kept[:-1]
+    # The widget dropped the same items and drew only the new ones.
+    assert await page.eval(f"{PAGE}.items()") == kept

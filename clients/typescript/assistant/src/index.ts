@@ -5,6 +5,7 @@
  */
 export {
   Assistant,
+  DEFAULT_MAX_MESSAGES,
   offer,
   type Activity,
   type AssistantOptions,

@@ -81,6 +81,8 @@ export class ToolmeshAssistantElement extends HTMLElement {
   private current: Assistant | null = null;
   private unsubscribe: (() => void) | null = null;
   private notice = "";
+  // The messages the conversation's items show, in order.
+  private shown: Message[] = [];
 
   constructor() {
     super();
@@ -174,10 +176,7 @@ export class ToolmeshAssistantElement extends HTMLElement {
   };
 
   private render(state: AssistantState): void {
-    const log = this.find("ol");
-    log.replaceChildren(...state.messages.map((m) => this.item(m)));
-    const scroller = this.find("[role=log]");
-    scroller.scrollTop = scroller.scrollHeight;
+    this.renderMessages(state.messages);
     const running = state.status === "running";
     this.find<HTMLButtonElement>("#stop").disabled = !running;
     const status = this.find("[role=status]");
@@ -206,6 +205,33 @@ export class ToolmeshAssistantElement extends HTMLElement {
     alert.hidden = code === "";
     alert.dataset["code"] = code;
     alert.replaceChildren(...(code === "" ? [] : codeLine(code)));
+  }
+
+  /**
+   * The conversation's items, one per message, changed only where the messages did: messages are
+   * appended, and the assistant drops old turns from the front (maxMessages), so the DOM changes
+   * by those items alone and a long conversation costs nothing per state change.
+   */
+  private renderMessages(messages: readonly Message[]): void {
+    const log = this.find("ol");
+    const current = new Set(messages);
+    let dropped = 0;
+    while (dropped < this.shown.length && !current.has(this.shown[dropped]!)) dropped += 1;
+    const kept = this.shown.slice(dropped);
+    if (kept.some((message, index) => messages[index] !== message)) {
+      // Not a trim and an append (clear(), a new assistant): draw it all again.
+      this.shown = [];
+      log.replaceChildren();
+    } else {
+      for (let index = 0; index < dropped; index += 1) log.firstElementChild?.remove();
+      this.shown = kept;
+    }
+    if (this.shown.length === messages.length) return;
+    const added = messages.slice(this.shown.length);
+    log.append(...added.map((message) => this.item(message)));
+    this.shown = [...this.shown, ...added];
+    const scroller = this.find("[role=log]");
+    scroller.scrollTop = scroller.scrollHeight;
   }
 
   private item(message: Message): HTMLLIElement {

@@ -1,7 +1,7 @@
 // The assistant's browser-test page: an Assistant over WebMCP tools and its widget, driven from
 // tests/client/typescript/test_web_assistant.py. Query: model (the scripted endpoint), mc
 // (native | standin | absent | incomplete | throws | notlist), schema (ok | notobject |
-// dialect), timeoutMs, maxRounds; with baseUrl, session and token, the tools are that toolmesh
+// dialect), timeoutMs, maxRounds, maxMessages; with baseUrl, session and token, the tools are that toolmesh
 // session's instead (the toolmesh() channel, over the services' web port; registryUrl when the
 // registry's is another; protocol: connect or grpc-web).
 import { AgentError, Assistant, webmcp, type JsonValue } from "../src/index.js";
@@ -161,6 +161,7 @@ const assistant = new Assistant({
   confirm: element.confirm,
   ...(query.has("timeoutMs") ? { timeoutMs: Number(query.get("timeoutMs")) } : {}),
   ...(query.has("maxRounds") ? { maxRounds: Number(query.get("maxRounds")) } : {}),
+  ...(query.has("maxMessages") ? { maxMessages: Number(query.get("maxMessages")) } : {}),
 });
 element.assistant = assistant;
 
@@ -214,6 +215,7 @@ const sent: Sent[] = [];
   alert: () => (element.shadowRoot!.querySelector("[role=alert]") as HTMLElement).textContent,
   alertHidden: () => (element.shadowRoot!.querySelector("[role=alert]") as HTMLElement).hidden,
   log: () => (element.shadowRoot!.querySelector("ol") as HTMLElement).textContent,
+  items: () => Array.from(element.shadowRoot!.querySelectorAll("li"), (item) => item.textContent),
   toolResults: () =>
     assistant.state.messages.flatMap((m) =>
       m.role === "tool"
@@ -260,3 +262,29 @@ async function bench(calls: number): Promise<{ directMs: number; turnMs: number 
   return { directMs, turnMs };
 }
 (window as unknown as { toolmesh: { bench: typeof bench } }).toolmesh.bench = bench;
+
+/** The memory bench: `count` more turns, each one list_notes call and an answer, through an
+ * Assistant the widget shows (an in-page model: no network). `maxMessages` as the option; the
+ * assistant is made on the first call and kept for the next. Returns the widget's list length. */
+let memoryAssistant: Assistant | null = null;
+async function memoryTurns(count: number, maxMessages: number | null): Promise<number> {
+  if (memoryAssistant === null) {
+    let round = 0;
+    memoryAssistant = new Assistant({
+      tools: webmcp(),
+      ...(maxMessages === null ? {} : { maxMessages }),
+      model: {
+        async complete() {
+          round += 1;
+          return round % 2 === 1
+            ? { text: "", toolCalls: [{ id: `c${round}`, name: "list_notes", argumentsJson: "{}" }] }
+            : { text: `Turn ${round / 2}: there are no notes.`, toolCalls: [] };
+        },
+      },
+    });
+    element.assistant = memoryAssistant;
+  }
+  for (let i = 0; i < count; i += 1) await memoryAssistant.send(`list the notes (${i})`);
+  return element.shadowRoot!.querySelectorAll("li").length;
+}
+(window as unknown as { toolmesh: { memoryTurns: typeof memoryTurns } }).toolmesh.memoryTurns = memoryTurns;
