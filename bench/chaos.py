@@ -31,12 +31,13 @@ What it counts (the targets of issue 23 are all 0):
 - starts after TOOL_TIMEOUT: a handler starting after its caller was answered TOOL_TIMEOUT;
 - TOOL_HOST_DISCONNECTED for requests that never started (no start recorded
   for that tool request id);
-- REGISTRY_UNAVAILABLE while one registry replica of two was down (the other up).
+- REGISTRY_UNAVAILABLE while one registry replica of two was down (the other up, and Redis).
 
 It prints a table and writes the figures, the faults and examples as JSON to bench/results/.
 
     .venv/bin/python -m bench.chaos --seconds 300 --seed 7
     .venv/bin/python -m bench.chaos --quick        # 20 s of load, a smoke test
+    .venv/bin/python -m bench.chaos --check bench/results/chaos-T.json   # its history checked again
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ HANDLER_MS = (20, 800)
 FAULT_EVERY_S = (2.0, 5.0)
 PAUSE_S = (2.0, 20.0)
 SERVICES = ("registry", "bridge", "invocation")
+# A process started again is given this long to be ready: a loaded machine takes its time.
+READY_S = 90.0
 
 
 @dataclass(frozen=True)
@@ -178,9 +181,11 @@ class Member:
             await self.proc.start()
             return
         is_host = self.kind == "host"
-        self.proc = await procs.start(self.name, self.args, env=self.env, port_line=not is_host)
+        self.proc = await procs.start(
+            self.name, self.args, env=self.env, port_line=not is_host, ready_s=READY_S
+        )
         if is_host:
-            await self.proc.wait_for(READY, timeout=60)
+            await self.proc.wait_for(READY, timeout=READY_S)
 
     async def kill(self) -> None:
         proc = self.proc
@@ -485,19 +490,20 @@ def read_executions(paths: list[Path]) -> dict[str, list[Execution]]:
     return by_key
 
 
-def _down_intervals(faults: list[Fault], kind: str) -> dict[str, list[tuple[float, float]]]:
+def _down_intervals(faults: list[Fault], kinds: tuple[str, ...]) -> dict[str, list[tuple[float, float]]]:
     down: dict[str, list[tuple[float, float]]] = {}
     for fault in faults:
-        if fault.target.startswith(kind):
+        if fault.target.startswith(kinds):
             down.setdefault(fault.target, []).append((fault.at, fault.until or time.time()))
     return down
 
 
 def _one_of_two_down(down: dict[str, list[tuple[float, float]]], start: float, end: float) -> bool:
-    """Whether, during [start, end], one replica was down and the other up throughout."""
-    names = ("registry0", "registry1")
+    """Whether, during [start, end], one registry replica was down and the other up throughout, and
+    Redis too (the registries read their tools there: with Redis down, neither can answer)."""
+    names = ("registry0", "registry1", "redis")
     overlapping = {n: [iv for iv in down.get(n, []) if iv[0] < end and iv[1] > start] for n in names}
-    return sum(1 for n in names if overlapping[n]) == 1
+    return sum(1 for n in names[:2] if overlapping[n]) == 1 and not overlapping["redis"]
 
 
 def typed(code: str) -> bool:
@@ -507,60 +513,80 @@ def typed(code: str) -> bool:
     return known is not None and known in ERROR_TABLE and known is not Code.INTERNAL
 
 
-def check(calls: list[Call], executions: dict[str, list[Execution]], faults: list[Fault]) -> dict[str, Any]:
-    figures: Counter[str] = Counter()
-    examples: dict[str, list[dict[str, Any]]] = {}
-    codes: Counter[str] = Counter()
-    registry_down = _down_intervals(faults, "registry")
+class Checker:
+    """Counts each figure over calls, keeping a few examples of each with the faults under way."""
 
-    def example(figure: str, call: Call, **more: Any) -> None:
-        figures[figure] += 1
-        kept = examples.setdefault(figure, [])
+    def __init__(self, faults: list[Fault]) -> None:
+        self.faults = faults
+        self.figures: Counter[str] = Counter()
+        self.examples: dict[str, list[dict[str, Any]]] = {}
+        self.codes: Counter[str] = Counter()
+        self._registry_down = _down_intervals(faults, ("registry", "redis"))
+
+    def faults_during(self, call: Call) -> list[str]:
+        """The faults under way while the call ran, timed from its start."""
+        ended = call.final.ended if call.final is not None else call.started
+        return [
+            f"{f.kind} {f.target} {f.at - call.started:+.1f}s..{f.until - call.started:+.1f}s"
+            for f in self.faults
+            if f.at <= ended and (f.until or ended) >= call.started
+        ]
+
+    def example(self, figure: str, call: Call, **more: Any) -> None:
+        self.figures[figure] += 1
+        kept = self.examples.setdefault(figure, [])
         if len(kept) < 5:
-            kept.append({"key": call.key, "tool": call.tool, **more})
+            during = self.faults_during(call)
+            kept.append({"key": call.key, "tool": call.tool, **more, "faultsDuring": during})
 
-    for call in calls:
-        runs = executions.get(call.key, [])
-        figures[f"calls {call.tool}"] += 1
-        figures["attempts"] += len(call.attempts)
+    def call(self, call: Call, runs: list[Execution]) -> None:
+        self.figures[f"calls {call.tool}"] += 1
+        self.figures["attempts"] += len(call.attempts)
         if len(runs) > 1:
             figure = "duplicates (non-idempotent)" if call.tool == "chaos_write" else "re-runs (read-only)"
             for _ in runs[1:]:
-                example(figure, call, toolRequestIds=[run.tool_request_id for run in runs])
-        final = call.final
+                self.example(figure, call, toolRequestIds=[run.tool_request_id for run in runs])
         for attempt in call.attempts:
-            codes[attempt.code] += 1
-            if attempt.ended - attempt.started > CALLER_TIMEOUT_S + HANG_SLACK_S:
-                example("answers past deadline", call, seconds=round(attempt.ended - attempt.started, 2))
-            if attempt.code != "OK" and not typed(attempt.code):
-                example("untyped errors", call, code=attempt.code)
-            if attempt.code == Code.TOOL_HOST_DISCONNECTED.value:
-                figures["TOOL_HOST_DISCONNECTED"] += 1
-                if not any(run.tool_request_id == attempt.tool_request_id for run in runs):
-                    never = "TOOL_HOST_DISCONNECTED never started"
-                    example(never, call, toolRequestId=attempt.tool_request_id)
-            if attempt.code == Code.REGISTRY_UNAVAILABLE.value:
-                figures["REGISTRY_UNAVAILABLE"] += 1
-                if _one_of_two_down(registry_down, attempt.started, attempt.ended):
-                    example("REGISTRY_UNAVAILABLE one registry down", call)
+            self.attempt(call, attempt, runs)
         timed_out = [a for a in call.attempts if a.code == Code.TOOL_TIMEOUT.value and a.tool_request_id]
         for attempt in timed_out[:1]:
             for run in runs:
                 if run.tool_request_id == attempt.tool_request_id and run.started > attempt.ended:
                     late = round(run.started - attempt.ended, 3)
                     lost = attempt.owner_lost
-                    example("starts after TOOL_TIMEOUT", call, secondsAfter=late, ownerLost=lost)
+                    self.example("starts after TOOL_TIMEOUT", call, secondsAfter=late, ownerLost=lost)
+        self.final(call, runs)
+
+    def attempt(self, call: Call, attempt: Attempt, runs: list[Execution]) -> None:
+        self.codes[attempt.code] += 1
+        if attempt.ended - attempt.started > CALLER_TIMEOUT_S + HANG_SLACK_S:
+            self.example("answers past deadline", call, seconds=round(attempt.ended - attempt.started, 2))
+        if attempt.code != "OK" and not typed(attempt.code):
+            self.example("untyped errors", call, code=attempt.code)
+        if attempt.code == Code.TOOL_HOST_DISCONNECTED.value:
+            self.figures["TOOL_HOST_DISCONNECTED"] += 1
+            if not any(run.tool_request_id == attempt.tool_request_id for run in runs):
+                never = "TOOL_HOST_DISCONNECTED never started"
+                self.example(never, call, toolRequestId=attempt.tool_request_id)
+        if attempt.code == Code.REGISTRY_UNAVAILABLE.value:
+            self.figures["REGISTRY_UNAVAILABLE"] += 1
+            if _one_of_two_down(self._registry_down, attempt.started, attempt.ended):
+                self.example("REGISTRY_UNAVAILABLE one registry down", call)
+
+    def final(self, call: Call, runs: list[Execution]) -> None:
+        final = call.final
         if final is None:
-            continue
+            return
         if final.code == "OK":
-            figures["calls ok"] += 1
+            self.figures["calls ok"] += 1
             # One that ran twice is a duplicate (counted apart): its answer is still one of its runs'.
             if final.execution not in {run.execution for run in runs}:
-                example("lost outcomes", call, why="an ok answer not of its one execution", runs=len(runs))
+                why = "an ok answer not of its one execution"
+                self.example("lost outcomes", call, why=why, runs=len(runs))
         elif final.outcome:
-            figures["calls ended with an error outcome"] += 1
+            self.figures["calls ended with an error outcome"] += 1
         else:
-            figures["calls without an outcome"] += 1
+            self.figures["calls without an outcome"] += 1
         # Ended with its result before any deadline its invocation can have had (claimed no sooner
         # than the call began): that result must be the answer.
         in_time = call.started + TOOL_TIMEOUT_MS / 1000
@@ -568,8 +594,18 @@ def check(calls: list[Call], executions: dict[str, list[Execution]], faults: lis
             run for run in runs if run.ended is not None and not run.cancelled and run.ended < in_time
         ]
         if finished and final.code != "OK":
-            example("lost outcomes", call, why=f"ran to its end in time, answered {final.code}")
-    return {"figures": dict(figures), "codes": dict(codes.most_common()), "examples": examples}
+            self.example("lost outcomes", call, why=f"ran to its end in time, answered {final.code}")
+
+
+def check(calls: list[Call], executions: dict[str, list[Execution]], faults: list[Fault]) -> dict[str, Any]:
+    checker = Checker(faults)
+    for call in calls:
+        checker.call(call, executions.get(call.key, []))
+    return {
+        "figures": dict(checker.figures),
+        "codes": dict(checker.codes.most_common()),
+        "examples": checker.examples,
+    }
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -603,7 +639,9 @@ def fault_counts(faults: list[Fault]) -> dict[str, int]:
 
 def table(checked: dict[str, Any], faults: list[Fault], settings: Settings) -> Iterator[str]:
     figures = checked["figures"]
-    yield f"chaos: {settings.seconds:g} s of load, seed {settings.seed}, {len(faults)} faults"
+    load = checked.get("load_average")
+    during = "" if load is None else f" (load average {load['before']:.1f} before, {load['after']:.1f} after)"
+    yield f"chaos: {settings.seconds:g} s of load, seed {settings.seed}, {len(faults)} faults{during}"
     yield f"  {'figure (target 0)':<42} {'count':>8}"
     for name in TARGET_FIGURES:
         yield f"  {name:<42} {figures.get(name, 0):>8}"
@@ -612,13 +650,14 @@ def table(checked: dict[str, Any], faults: list[Fault], settings: Settings) -> I
         yield f"  {name:<42} {figures.get(name, 0):>8}"
     yield "  answers by code: " + ", ".join(f"{code} {n}" for code, n in checked["codes"].items())
     yield "  faults: " + ", ".join(f"{kind} {n}" for kind, n in fault_counts(faults).items())
-    failed = [fault for fault in faults if fault.failed and not fault.until]
-    if failed:
-        yield f"  restarts that failed: {len(failed)}"
+    tried_again = [fault for fault in faults if fault.failed]
+    if tried_again:
+        yield f"  restarts that took more than one try (a loaded machine): {len(tried_again)}"
 
 
 async def run(settings: Settings) -> dict[str, Any]:
     rng = random.Random(settings.seed)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="toolmesh-chaos-") as tmp:
         directory = Path(tmp)
         system = await start_system(directory)
@@ -643,8 +682,30 @@ async def run(settings: Settings) -> dict[str, Any]:
     return {
         "settings": asdict(settings),
         **checked,
+        # Anything else on the machine shows in every figure (processes slow to restart, timeouts).
+        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
         "faults": {"counts": fault_counts(faults.history), "history": [asdict(f) for f in faults.history]},
+        # Enough to check again (--check FILE) or to look into a figure.
+        "history": {
+            "calls": [asdict(call) for call in load.calls],
+            "executions": [asdict(run) for runs in executions.values() for run in runs],
+        },
     }
+
+
+def check_again(path: Path) -> Iterator[str]:
+    """The table of an earlier run, its history checked by this checker."""
+    results = json.loads(path.read_text())
+    calls = [
+        Call(c["key"], c["tool"], c["started"], [Attempt(**a) for a in c["attempts"]])
+        for c in results["history"]["calls"]
+    ]
+    executions: dict[str, list[Execution]] = {}
+    for run in results["history"]["executions"]:
+        executions.setdefault(run["key"], []).append(Execution(**run))
+    faults = [Fault(**fault) for fault in results["faults"]["history"]]
+    checked = check(calls, executions, faults) | {"load_average": results.get("load_average")}
+    return table(checked, faults, Settings(**results["settings"]))
 
 
 def main() -> None:
@@ -653,7 +714,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="the random faults' and calls' seed")
     parser.add_argument("--quick", action="store_true", help="20 s of load: checks that it all runs")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes (%(default)s)")
+    parser.add_argument("--check", type=Path, help="check the history of an earlier run's JSON again")
     args = parser.parse_args()
+    if args.check is not None:
+        print("\n".join(check_again(args.check)))
+        return
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     settings = Settings(seconds=20.0 if args.quick else args.seconds, seed=seed)
     results = asyncio.run(run(settings))

@@ -91,8 +91,10 @@ async def start(
     env: dict[str, str] | None = None,
     port_line: bool = True,
     counted_prefix: str | None = None,
+    ready_s: float = 30.0,
 ) -> Proc:
-    """Start `python ARGS` in the repository root; when `port_line`, wait for its port announcement."""
+    """Start `python ARGS` in the repository root; when `port_line`, wait up to `ready_s` for its
+    port announcement."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *args,
@@ -118,7 +120,7 @@ async def start(
     ]
     if port_line:
         try:
-            proc.port = int((await proc.wait_for(PORT_LINE)).group(1))
+            proc.port = int((await proc.wait_for(PORT_LINE, ready_s)).group(1))
         except BaseException:
             await proc.stop()
             raise

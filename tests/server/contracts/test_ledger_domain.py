@@ -288,11 +288,20 @@ async def test_idempotency_key(ledger: Ledger, clock: Clock) -> None:
     assert (await ledger.claim(call(session="s2"), tr("4"), 10_000, "key-1")).is_new
 
 
-async def test_lost_owner_running_record_expires(ledger: Ledger, clock: Clock) -> None:
+async def test_lost_owner_running_record_outlives_its_exact_retries_then_expires(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """Its owner died and nobody waited on it: an exact retry within the replay window joins it
+    (and then ends it TOOL_TIMEOUT, owner lost), it does not run the tool again."""
     await ledger.claim(call(), tr("1"), 100)
     await clock.advance(0.1 + POLICY.running_grace_s + 0.1)
+    retried = await ledger.claim(call(), tr("2"), 10_000)
+    assert not retried.is_new and retried.record.tool_request_id == tr("1")
+    kept = POLICY.owner_grace_s + POLICY.timeout_replay_window_s + POLICY.late_retry_notice_s
+    assert ledger.orphan_kept_s() == kept > POLICY.running_grace_s
+    await clock.advance(kept)
     assert await ledger.get(tr("1")) is None
-    assert (await ledger.claim(call(), tr("2"), 10_000)).is_new
+    assert (await ledger.claim(call(), tr("3"), 10_000)).is_new
 
 
 @pytest.mark.unit

@@ -111,7 +111,8 @@ class LedgerPolicy:
     record_retention_s: float = 600.0
     # How long an idempotency key keeps returning the same outcome.
     idempotency_retention_s: float = 24 * 3600.0
-    # A running record outlives its deadline by this much at most (a lost owner).
+    # A running record outlives its deadline by at least this much, should its owner be lost (see
+    # `orphan_kept_s`).
     running_grace_s: float = 30.0
     # A call waiting on a record another process should finish gives up this long after the
     # deadline and finishes it with TOOL_TIMEOUT: its owner was lost. Below running_grace_s,
@@ -350,7 +351,7 @@ class Ledger:
                 self.policy.late_retry_notice_s,
             ),
         )
-        running_ttl = timeout_ms / 1000 + self.policy.running_grace_s
+        running_ttl = timeout_ms / 1000 + self.orphan_kept_s()
         if idempotency_key:
             try:
                 existing = await self._store.claim_keyed(
@@ -399,6 +400,16 @@ class Ledger:
             failure = Outcome.runtime_error(Code.STORE_UNAVAILABLE, NOT_REPLICATED)
             await self.finish(record.tool_request_id, failure, claimed=record)
         return ToolmeshError(Code.STORE_UNAVAILABLE, NOT_REPLICATED)
+
+    def orphan_kept_s(self) -> float:
+        """How long a running record and its identity pointer outlive the deadline, should the
+        owner be lost before finishing it (nobody waiting on it then finishes it either): as long as
+        an exact retry within its replay window (and the late-retry notice) may come, which then
+        joins it and ends it TOOL_TIMEOUT (owner lost), rather than finding nothing and running
+        the tool again; and at least `running_grace_s`."""
+        policy = self.policy
+        kept = policy.owner_grace_s + policy.timeout_replay_window_s + policy.late_retry_notice_s
+        return max(policy.running_grace_s, kept)
 
     def _window_passed(self, record: InvocationRecord) -> bool:
         """Whether `record` finished more than its replay window ago (its pointer is kept longer,
