@@ -152,8 +152,10 @@ export class HostEngine {
   private readonly active = new Map<string, Active>();
   /** Requests waiting for the bridge's START, by id: a cancellation meanwhile reaches them here. */
   private readonly starting = new Map<string, Starting>();
-  /** Requests read in this task, by host session: asked to start together. */
+  /** Requests read and not asked to start yet, by host session: asked together, in one call. */
   private readonly toStart = new Map<string, Starting[]>();
+  /** The host sessions with a StartToolRequests call in flight: those read meanwhile wait for it. */
+  private readonly asking = new Set<string>();
   private declaring: Promise<void> = Promise.resolve();
   private hadDeclarations = false;
   /** Why the bridge refuses the host, until it takes it; reported once per refusal. */
@@ -514,6 +516,9 @@ export class HostEngine {
       return;
     }
     this.toStart.set(hostSessionId, [starting]);
+    if (this.asking.has(hostSessionId)) {
+      return; // asked together once the call in flight returns: one call per round trip
+    }
     // Those read in this task go in one call, asked in the next task: a message, not a timer, which
     // a background tab would throttle to once a second or less.
     const next = new MessageChannel();
@@ -534,9 +539,19 @@ export class HostEngine {
   private askToStart(hostSessionId: string): void {
     const batch = this.toStart.get(hostSessionId) ?? [];
     this.toStart.delete(hostSessionId);
-    for (let first = 0; first < batch.length; first += MAX_CALLS_PER_MESSAGE) {
-      void this.startWhenTold(hostSessionId, batch.slice(first, first + MAX_CALLS_PER_MESSAGE));
+    if (batch.length === 0 || this.stopRequested) {
+      return;
     }
+    if (batch.length > MAX_CALLS_PER_MESSAGE) {
+      this.toStart.set(hostSessionId, batch.slice(MAX_CALLS_PER_MESSAGE));
+    }
+    this.asking.add(hostSessionId);
+    void this.startWhenTold(hostSessionId, batch.slice(0, MAX_CALLS_PER_MESSAGE)).finally(() => {
+      this.asking.delete(hostSessionId);
+      if (this.toStart.has(hostSessionId)) {
+        this.askToStart(hostSessionId);
+      }
+    });
   }
 
   /** Ask the bridge to start `batch`, and run those it says START for; none if it does not answer. */

@@ -7,19 +7,27 @@ counted where it happened, whatever the caller was told.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 import pytest_asyncio
+from scripted_bridge import ScriptedBridge
 
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
-from toolmesh_testing import HostProcess, eventually, start_host_process
+from toolmesh.host import ToolHost
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+from toolmesh_testing import HostProcess, eventually, logged, start_host_process
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +128,104 @@ async def test_a_host_paused_past_the_deadline_never_starts_the_handler(
     finally:
         host.process.send_signal(signal.SIGCONT)
         await host.stop()
+
+
+class AckingBridge(ScriptedBridge):
+    """Sends `count` tool requests at once on a stream that acknowledges starts; answers
+    StartToolRequests with START for each, or fails it (`fail`)."""
+
+    def __init__(self, count: int, *, fail: bool = False) -> None:
+        self.count = count
+        self.fail = fail
+        self.asked: list[list[str]] = []
+        self.submitted: list[str] = []
+
+    async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        assert request.acknowledges_starts
+        now_ms = int(time.time() * 1000)
+        opened = bridge_pb2.HostSessionOpened(
+            host_session_id="hs_1",
+            heartbeat_interval_ms=1000,
+            server_time_unix_ms=now_ms,
+            starts_acknowledged=True,
+        )
+        yield bridge_pb2.OpenHostSessionResponse(opened=opened)
+        for index in range(self.count):
+            yield bridge_pb2.OpenHostSessionResponse(
+                tool_request=bridge_pb2.ToolRequest(
+                    session_id="acking",
+                    turn_id="t",
+                    tool_request_id=f"tr_{index}",
+                    tool_name="echo",
+                    arguments_json="{}",
+                    timeout_ms=5000,
+                    deadline_unix_ms=now_ms + 5000,
+                )
+            )
+        await asyncio.sleep(60)
+
+    async def StartToolRequests(self, request: Any, context: Any) -> Any:
+        self.asked.append(list(request.tool_request_ids))
+        if self.fail:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        return bridge_pb2.StartToolRequestsResponse(
+            starts=[
+                bridge_pb2.ToolStart(tool_request_id=i, verdict=bridge_pb2.TOOL_START_VERDICT_START)
+                for i in request.tool_request_ids
+            ]
+        )
+
+    async def SubmitToolResult(self, request: Any, context: Any) -> Any:
+        self.submitted.append(request.tool_request_id)
+        return bridge_pb2.SubmitToolResultResponse()
+
+
+def record(runs: list[str], tool_request_id: str) -> dict[str, bool]:
+    runs.append(tool_request_id)
+    return {"ran": True}
+
+
+@contextlib.asynccontextmanager
+async def scripted(bridge: ScriptedBridge) -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    bridge_pb2_grpc.add_BridgeServiceServicer_to_server(bridge, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
+async def test_requests_read_together_are_asked_to_start_in_one_call() -> None:
+    bridge = AckingBridge(20)
+    runs: list[str] = []
+    async with scripted(bridge) as target:
+        host = ToolHost(target, "acking")
+        host.on_tool("echo", lambda args, ctx: record(runs, ctx.tool_request_id))
+        await host.start(timeout=5)
+        try:
+            await eventually(lambda: len(bridge.submitted) == 20)
+        finally:
+            await host.stop()
+    assert sorted(runs) == sorted(f"tr_{i}" for i in range(20))
+    assert sorted(i for ids in bridge.asked for i in ids) == sorted(runs)  # each asked once
+    assert len(bridge.asked) < 20  # batched: fewer calls than requests
+
+
+async def test_a_host_whose_start_call_fails_runs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    bridge = AckingBridge(3, fail=True)
+    runs: list[str] = []
+    async with scripted(bridge) as target:
+        host = ToolHost(target, "acking")
+        host.on_tool("echo", lambda args, ctx: record(runs, ctx.tool_request_id))
+        with caplog.at_level(logging.WARNING, logger="toolmesh.host"):
+            await host.start(timeout=5)
+            try:
+                await eventually(lambda: sum(len(ids) for ids in bridge.asked) == 3)
+                await eventually(
+                    lambda: logged(caplog.records, "tool requests not started: the bridge did not answer")
+                )
+            finally:
+                await host.stop()
+    assert runs == [] and bridge.submitted == []

@@ -310,8 +310,10 @@ class HostEngine:
         # The host sessions whose streams are open: a result goes to the one its request came on.
         self._open_sessions: set[str] = set()
         self.host_session_id = ""
-        # Requests read in this turn of the loop, by host session: asked to start together.
+        # Requests read and not asked to start yet, by host session: asked together, in one call.
         self._to_start: dict[str, list[_Starting]] = {}
+        # The host sessions with a StartToolRequests call in flight: those read meanwhile wait for it.
+        self._asking: set[str] = set()
         # Requests waiting for the bridge's START, by id: a cancellation meanwhile reaches them here.
         self._starting: dict[str, ToolContext] = {}
 
@@ -609,18 +611,28 @@ class HostEngine:
         self._starting[ctx.tool_request_id] = ctx
         batch = self._to_start.setdefault(stream.host_session_id, [])
         batch.append(_Starting(request, ctx, handler))
-        if len(batch) == 1:
-            # Those read in this turn of the loop go in one call.
+        if len(batch) == 1 and stream.host_session_id not in self._asking:
+            # Those read in this turn of the loop go in one call; while it is in flight, those read
+            # meanwhile wait and go together in the next (one call per round trip, not per request).
             asyncio.get_running_loop().call_soon(self._ask_to_start, stream.host_session_id)
 
     def _ask_to_start(self, host_session_id: str) -> None:
         batch = self._to_start.pop(host_session_id, [])
-        for first in range(0, len(batch), MAX_CALLS_PER_MESSAGE):
-            task = asyncio.create_task(
-                self._start_when_told(host_session_id, batch[first : first + MAX_CALLS_PER_MESSAGE])
-            )
-            self._answering.add(task)
-            task.add_done_callback(self._answering.discard)
+        if not batch or self.stopping:
+            return
+        if len(batch) > MAX_CALLS_PER_MESSAGE:
+            self._to_start[host_session_id] = batch[MAX_CALLS_PER_MESSAGE:]
+        self._asking.add(host_session_id)
+        task = asyncio.create_task(self._start_when_told(host_session_id, batch[:MAX_CALLS_PER_MESSAGE]))
+        self._answering.add(task)
+
+        def asked(done: asyncio.Task[None]) -> None:
+            self._answering.discard(done)
+            self._asking.discard(host_session_id)
+            if host_session_id in self._to_start:
+                self._ask_to_start(host_session_id)
+
+        task.add_done_callback(asked)
 
     async def _start_when_told(self, host_session_id: str, batch: list[_Starting]) -> None:
         """Ask the bridge to start `batch`, and run those it says START for; none if it does not answer."""
