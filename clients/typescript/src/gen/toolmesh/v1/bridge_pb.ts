@@ -1126,7 +1126,8 @@ export const BridgeService: GenService<{
    * acknowledges_starts (and was told starts_acknowledged) calls it before
    * running each request, batching the requests it read together, and runs a
    * handler only after START. The bridge answers START at most once per
-   * request, and only to the host session it last sent the request to; a
+   * request (once per delivery for a redeliverable one, which may run again
+   * anyway), and only to the host session it last sent the request to; a
    * request whose deadline passed by the bridge's clock (the caller gets
    * TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
    * must not run it. So when such a host goes away (its stream ends, or it
