@@ -109,6 +109,20 @@ class BrowserDriver:
     async def wait(self, tab: str, expression: str, timeout_ms: int = 10_000) -> None:
         await self.command("wait", tab=tab, expression=expression, timeoutMs=timeout_ms)
 
+    async def hold(self, tab: str, method: str) -> None:
+        """Keep the tab's calls of BridgeService `method` unanswered (they never reach the bridge)."""
+        await self.command("hold", tab=tab, method=method)
+
+    async def held(self, tab: str) -> int:
+        """How many calls `hold` keeps."""
+        count: int = await self.command("held", tab=tab)
+        return count
+
+    async def reload(self, tab: str) -> dict[str, Any]:
+        """Drop the held calls and reload the tab's page; as `open`, once it has started."""
+        reloaded: dict[str, Any] = await self.command("reload", tab=tab)
+        return reloaded
+
     async def stop(self) -> None:
         if self.process.stdin is not None:
             self.process.stdin.close()

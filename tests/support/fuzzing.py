@@ -56,7 +56,9 @@ SERVICES = [
 ]
 METHODS: list[MethodDescriptor] = [method for service in SERVICES for method in service.methods]
 # What the bridge's web port serves (Connect, for pages).
-WEB_METHODS = frozenset(("OpenHostSession", "SubmitToolResult", "AnswerReadCheck", "DeclareHostTools"))
+WEB_METHODS = frozenset(
+    ("OpenHostSession", "SubmitToolResult", "AnswerReadCheck", "DeclareHostTools", "StartToolRequests")
+)
 UNTYPED = frozenset({"UNKNOWN", "INTERNAL"})
 ANSWER_WITHIN_S = 8.0
 DETAILS_KEY = "grpc-status-details-bin"

@@ -34,3 +34,6 @@ class ScriptedBridge(bridge_pb2_grpc.BridgeServiceServicer):
 
     async def ReportToolProgress(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def StartToolRequests(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")

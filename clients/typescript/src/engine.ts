@@ -2,12 +2,18 @@ import { Code, ConnectError, createClient, type Client, type Transport } from "@
 import {
   BridgeService,
   CancelReason,
+  ToolStartVerdict,
   type ToolRequest,
   type ToolRequestCancelled,
 } from "./gen/toolmesh/v1/bridge_pb.js";
 import type { ToolDefinition, ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
 import { Codes, errorInfo, type HostError } from "./errors.js";
-import { READ_CHECK_TIMEOUT_MS, RECONNECT_BACKOFF_FIRST_MS, RENEW_AHEAD_MS } from "./gen/tables.js";
+import {
+  MAX_CALLS_PER_MESSAGE,
+  READ_CHECK_TIMEOUT_MS,
+  RECONNECT_BACKOFF_FIRST_MS,
+  RENEW_AHEAD_MS,
+} from "./gen/tables.js";
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
 import { convertReturn, runtimeError } from "./results.js";
 import { Waiters } from "./waiters.js";
@@ -96,9 +102,30 @@ const DECLARE_TIMEOUT_MS = 10_000;
 // A progress report the bridge has not answered by then is given up (progress is best effort).
 const PROGRESS_TIMEOUT_MS = 5_000;
 
+// The longest wait for the bridge's answer to StartToolRequests; no answer, no start.
+const START_TIMEOUT_MS = 10_000;
+
 interface Active {
   readonly controller: AbortController;
   ended: boolean;
+}
+
+/**
+ * One host stream's own facts: whether its bridge acknowledges starts, and the offset of the
+ * bridge's clock from performance.now(): the largest (bridge time - local time at reading) seen,
+ * as a delay on the way (a busy page, a suspended tab) only lowers a sample.
+ */
+interface StreamFacts {
+  startsAcknowledged: boolean;
+  offsetMs: number | undefined;
+}
+
+/** A request read from a bridge that acknowledges starts, waiting for its START. */
+interface Starting {
+  readonly request: ToolRequest;
+  readonly ctx: ToolContext;
+  readonly active: Active;
+  readonly hostSessionId: string;
 }
 
 /**
@@ -123,6 +150,12 @@ export class HostEngine {
   /** The host sessions whose streams are open: a result goes to the one its request came on. */
   private readonly openSessions = new Set<string>();
   private readonly active = new Map<string, Active>();
+  /** Requests waiting for the bridge's START, by id: a cancellation meanwhile reaches them here. */
+  private readonly starting = new Map<string, Starting>();
+  /** Requests read and not asked to start yet, by host session: asked together, in one call. */
+  private readonly toStart = new Map<string, Starting[]>();
+  /** The host sessions with a StartToolRequests call in flight: those read meanwhile wait for it. */
+  private readonly asking = new Set<string>();
   private declaring: Promise<void> = Promise.resolve();
   private hadDeclarations = false;
   /** Why the bridge refuses the host, until it takes it; reported once per refusal. */
@@ -197,7 +230,7 @@ export class HostEngine {
   async stop(): Promise<void> {
     this.apply("stop");
     this.streams.forEach((stream) => stream.abort());
-    for (const active of this.active.values()) {
+    for (const active of [...this.active.values(), ...[...this.starting.values()].map((s) => s.active)]) {
       active.ended = true;
       active.controller.abort(new DOMException("The tool host stopped.", "AbortError"));
     }
@@ -322,6 +355,7 @@ export class HostEngine {
     this.streams.add(stream);
     // This stream's host session: its requests' results go there, even once a renewal took over.
     let hostSessionId = "";
+    const facts: StreamFacts = { startsAcknowledged: false, offsetMs: undefined };
     // Until the bridge says how often it beats, allow a generous first wait.
     let limitMs = 30_000;
     let last = Date.now();
@@ -341,6 +375,7 @@ export class HostEngine {
           handlerNames: this.host.handlerNames(),
           hasGenericHandler: this.host.hasGenericHandler(),
           replacesHostSessionId: replaces,
+          acknowledgesStarts: true,
         },
         { signal: stream.signal, headers: await this.headers(token) },
       );
@@ -351,6 +386,9 @@ export class HostEngine {
           case "opened": {
             this.refusal = undefined;
             hostSessionId = event.value.hostSessionId;
+            // Asked for, and taken: the bridge starts none of this stream's requests unasked.
+            facts.startsAcknowledged = event.value.startsAcknowledged;
+            heardClock(facts, event.value.serverTimeUnixMs);
             this.openSessions.add(hostSessionId);
             this.session = hostSessionId;
             limitMs = MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100);
@@ -360,12 +398,13 @@ export class HostEngine {
             break;
           }
           case "toolRequest":
-            this.begin(event.value, hostSessionId);
+            this.begin(event.value, hostSessionId, facts);
             break;
           case "cancelled":
             this.cancel(event.value);
             break;
           case "heartbeat":
+            heardClock(facts, event.value.serverTimeUnixMs);
             if (event.value.readCheck !== 0n) {
               this.answerReadCheck(hostSessionId, event.value.readCheck);
             }
@@ -442,14 +481,15 @@ export class HostEngine {
     }
   }
 
-  private begin(request: ToolRequest, hostSessionId: string): void {
+  /** Run the request; from a bridge that acknowledges starts, only once it says START. */
+  private begin(request: ToolRequest, hostSessionId: string, facts: StreamFacts): void {
     const controller = new AbortController();
     const ctx: ToolContext = {
       sessionId: request.sessionId,
       turnId: request.turnId,
       toolRequestId: request.toolRequestId,
       toolName: request.toolName,
-      deadline: Date.now() + request.timeoutMs,
+      deadline: Date.now() + timeLeftMs(request, facts),
       signal: controller.signal,
       timeRemainingMs() {
         return Math.max(0, this.deadline - Date.now());
@@ -457,14 +497,97 @@ export class HostEngine {
       reportProgress: (progress, total, message) => this.reportProgress(request.toolRequestId, progress, total, message),
     };
     const active: Active = { controller, ended: false };
+    const handled = this.host.handlerFor(request.toolName) !== undefined;
+    if (handled && ctx.timeRemainingMs() <= 0) {
+      // Read after its deadline (the page was busy, the tab suspended): the caller has TOOL_TIMEOUT.
+      notStarted(ctx, "DEADLINE_PASSED");
+      return;
+    }
+    if (!handled || !facts.startsAcknowledged) {
+      // Without a handler nothing runs: the answer (TOOL_HANDLER_NOT_FOUND) needs no START.
+      this.runHandler(request, ctx, active, hostSessionId);
+      return;
+    }
+    const starting: Starting = { request, ctx, active, hostSessionId };
+    this.starting.set(ctx.toolRequestId, starting);
+    const batch = this.toStart.get(hostSessionId);
+    if (batch !== undefined) {
+      batch.push(starting);
+      return;
+    }
+    this.toStart.set(hostSessionId, [starting]);
+    if (this.asking.has(hostSessionId)) {
+      return; // asked together once the call in flight returns: one call per round trip
+    }
+    // Those read in this task go in one call, asked in the next task: a message, not a timer, which
+    // a background tab would throttle to once a second or less.
+    const next = new MessageChannel();
+    next.port1.onmessage = () => {
+      next.port1.close();
+      this.askToStart(hostSessionId);
+    };
+    next.port2.postMessage(null);
+  }
+
+  private runHandler(request: ToolRequest, ctx: ToolContext, active: Active, hostSessionId: string): void {
     this.active.set(ctx.toolRequestId, active);
     void this.serve(request.argumentsJson, ctx, active, hostSessionId).finally(() => {
       this.active.delete(ctx.toolRequestId);
     });
   }
 
+  private askToStart(hostSessionId: string): void {
+    const batch = this.toStart.get(hostSessionId) ?? [];
+    this.toStart.delete(hostSessionId);
+    if (batch.length === 0 || this.stopRequested) {
+      return;
+    }
+    if (batch.length > MAX_CALLS_PER_MESSAGE) {
+      this.toStart.set(hostSessionId, batch.slice(MAX_CALLS_PER_MESSAGE));
+    }
+    this.asking.add(hostSessionId);
+    void this.startWhenTold(hostSessionId, batch.slice(0, MAX_CALLS_PER_MESSAGE)).finally(() => {
+      this.asking.delete(hostSessionId);
+      if (this.toStart.has(hostSessionId)) {
+        this.askToStart(hostSessionId);
+      }
+    });
+  }
+
+  /** Ask the bridge to start `batch`, and run those it says START for; none if it does not answer. */
+  private async startWhenTold(hostSessionId: string, batch: Starting[]): Promise<void> {
+    const verdicts = new Map<string, ToolStartVerdict>();
+    let cause = "";
+    try {
+      const waitMs = Math.min(Math.max(1_000, ...batch.map((s) => s.ctx.timeRemainingMs())), START_TIMEOUT_MS);
+      const response = await this.client.startToolRequests(
+        { hostSessionId, toolRequestIds: batch.map((s) => s.ctx.toolRequestId) },
+        { timeoutMs: waitMs, headers: await this.headers() },
+      );
+      for (const start of response.starts) {
+        verdicts.set(start.toolRequestId, start.verdict);
+      }
+    } catch (error) {
+      // The answer is unknown, and running without it could run the request twice (the bridge may
+      // send it to another host).
+      cause = errorInfo(error)?.reason ?? Codes.TRANSPORT_FAILED;
+    }
+    for (const starting of batch) {
+      const { request, ctx, active } = starting;
+      this.starting.delete(ctx.toolRequestId);
+      const verdict = verdicts.get(ctx.toolRequestId) ?? ToolStartVerdict.UNSPECIFIED;
+      if (verdict === ToolStartVerdict.START && !ctx.signal.aborted && !this.stopRequested) {
+        this.runHandler(request, ctx, active, hostSessionId);
+      } else if (verdict === ToolStartVerdict.START) {
+        notStarted(ctx, this.stopRequested ? Codes.SHUTTING_DOWN : "CANCELLED");
+      } else {
+        notStarted(ctx, cause || ToolStartVerdict[verdict]);
+      }
+    }
+  }
+
   private cancel(cancelled: ToolRequestCancelled): void {
-    const active = this.active.get(cancelled.toolRequestId);
+    const active = this.active.get(cancelled.toolRequestId) ?? this.starting.get(cancelled.toolRequestId)?.active;
     if (active === undefined) {
       return;
     }
@@ -604,6 +727,31 @@ function renewInMs(token: string | undefined, now: number = Date.now()): number 
   }
   const remaining = exp * 1000 - now;
   return Math.max(remaining - Math.min(RENEW_AHEAD_MS, remaining / 3), 0);
+}
+
+/** Take a sample of the bridge's clock (0: a bridge that does not send it). */
+function heardClock(facts: StreamFacts, serverTimeUnixMs: bigint): void {
+  if (serverTimeUnixMs !== 0n) {
+    const sample = Number(serverTimeUnixMs) - performance.now();
+    facts.offsetMs = facts.offsetMs === undefined ? sample : Math.max(facts.offsetMs, sample);
+  }
+}
+
+/**
+ * Milliseconds the request has left: from the bridge's deadline when it gave one (a request read
+ * late has less time left than its timeoutMs says), never more than its timeoutMs.
+ */
+function timeLeftMs(request: ToolRequest, facts: StreamFacts): number {
+  if (request.deadlineUnixMs === 0n || facts.offsetMs === undefined) {
+    return request.timeoutMs;
+  }
+  // Whole milliseconds: they end up in Connect-Timeout-Ms, which takes digits only.
+  return Math.min(request.timeoutMs, Math.floor(Number(request.deadlineUnixMs) - (facts.offsetMs + performance.now())));
+}
+
+/** Say, in the page's console, that a request was not run and why: its ids, never its arguments. */
+function notStarted(ctx: ToolContext, cause: string): void {
+  console.info("toolmesh: tool request not started", { ...ids(ctx), cause });
 }
 
 function ids(ctx: ToolContext): Pick<HostError, "sessionId" | "turnId" | "toolRequestId" | "toolName"> {

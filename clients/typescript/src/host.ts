@@ -12,7 +12,10 @@ export interface ToolContext {
   readonly turnId: string;
   readonly toolRequestId: string;
   readonly toolName: string;
-  /** When the runtime stops waiting for the result, in Date.now() milliseconds. */
+  /**
+   * When the runtime stops waiting for the result, in Date.now() milliseconds: the request's
+   * deadline on the bridge's clock, translated with the offset estimated from its heartbeats.
+   */
   readonly deadline: number;
   /**
    * Aborted when the runtime tells the host to stop the call: its deadline
@@ -104,7 +107,8 @@ interface Registered {
 /**
  * One handler host for one session, inside a page: it opens a host session
  * with the bridge over Connect or gRPC-Web, runs the tool requests it
- * receives, and hands each outcome back. It reconnects with backoff whenever
+ * receives (each once the bridge says START: one it never started when the
+ * page reloads runs after the reload instead), and hands each outcome back. It reconnects with backoff whenever
  * the stream drops or the bridge's heartbeats stop, and declares its tools
  * again each time. (The connection itself is src/engine.ts.)
  */

@@ -200,6 +200,13 @@ PUBLIC_CALLS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
             bridge_pb2.ReportToolProgressRequest(host_session_id="hs_x", tool_request_id="tr_x"), metadata=md
         ),
     ),
+    "StartToolRequests": (
+        "bridge",
+        lambda s, md: s.StartToolRequests(
+            bridge_pb2.StartToolRequestsRequest(host_session_id="hs_x", tool_request_ids=["tr_x"]),
+            metadata=md,
+        ),
+    ),
     "OpenHostSession": (
         "bridge",
         lambda s, md: s.OpenHostSession(bridge_pb2.OpenHostSessionRequest(session_id=VICTIM), metadata=md),
@@ -346,6 +353,14 @@ async def test_another_sessions_invocations_cannot_be_cancelled_run_or_reported_
         )
         foreign = await failure(bridge.ReportToolProgress(report, metadata=metadata(Role.HOST, ATTACKER)))
         assert_refused(foreign, Code.HOST_SESSION_UNKNOWN)
+        start = bridge_pb2.StartToolRequestsRequest(
+            host_session_id=secured.host.host_session_id, tool_request_ids=[tool_request_id]
+        )
+        foreign = await failure(bridge.StartToolRequests(start, metadata=metadata(Role.HOST, ATTACKER)))
+        assert_refused(foreign, Code.HOST_SESSION_UNKNOWN)
+        # A caller's token is not a host's, even for the right session.
+        foreign = await failure(bridge.StartToolRequests(start, metadata=metadata(Role.CALL, VICTIM)))
+        assert_refused(foreign, Code.PERMISSION_DENIED)
         assert not running.done()
         # The victim's own token may cancel it.
         assert await victim.cancel_invocation(tool_request_id) is True

@@ -49,7 +49,7 @@ export const ERROR_TABLE = {
     status: "DEADLINE_EXCEEDED",
     retryable: false,
     callerFault: false,
-    message: "The tool did not answer before its deadline; the call has ended.",
+    message: "No answer before the deadline; the call has ended. Hosts that acknowledge starts never start it late.",
   },
   TOOL_HOST_UNAVAILABLE: {
     status: "UNAVAILABLE",
@@ -61,7 +61,7 @@ export const ERROR_TABLE = {
     status: "UNAVAILABLE",
     retryable: false,
     callerFault: false,
-    message: "The handler host went away during the call; the tool may have run.",
+    message: "The handler host went away after the tool may have started; it may have run.",
   },
   TOOL_CANCELLED: {
     status: "CANCELLED",

@@ -8,6 +8,9 @@
 //   eval {tab, expression}                     evaluate in the tab, awaited
 //   wait {tab, expression, timeoutMs}          until the expression is truthy
 //   close {tab}
+//   hold {tab, method}                         hold the tab's calls of that BridgeService method, unanswered
+//   held {tab}                                 how many calls are held
+//   reload {tab}                               fail the held calls (never sent) and reload the page
 //   press {tab, key}                           a real key press on the focused element
 //   axe {tab}                                  axe-core's violations on the page
 //   screenshot {tab, path, selector?}          a PNG of the page, or of one element
@@ -52,6 +55,8 @@ const servers = [await serve(), await serve()];
 const origins = servers.map((server) => `http://127.0.0.1:${server.address().port}`);
 const browsers = new Map();
 const tabs = new Map();
+// The calls `hold` keeps unanswered, by tab.
+const holding = new Map();
 
 async function browser(webmcp) {
   if (!browsers.has(webmcp)) {
@@ -71,11 +76,25 @@ const commands = {
     const logs = [];
     page.on("pageerror", (error) => logs.push(`pageerror: ${error.message}`));
     await page.goto(`${origins[origin]}${where}?${new URLSearchParams(query)}`);
-    // The page has run its start(): resolved or rejected.
-    await page.waitForFunction(() => window.toolmesh && (window.toolmesh.started || window.toolmesh.startError), null, {
-      timeout: 30_000,
-    });
-    return page.evaluate(() => ({ started: window.toolmesh.started, startError: window.toolmesh.startError }));
+    return started(page);
+  },
+  async hold({ tab, method }) {
+    const held = [];
+    holding.set(tab, held);
+    await tabs.get(tab).route(`**/toolmesh.v1.BridgeService/${method}`, (route) => held.push(route));
+    return true;
+  },
+  async held({ tab }) {
+    return holding.get(tab)?.length ?? 0;
+  },
+  async reload({ tab }) {
+    const page = tabs.get(tab);
+    // Failed in the page, never sent on: the bridge never hears of them.
+    await Promise.all((holding.get(tab) ?? []).map((route) => route.abort()));
+    holding.delete(tab);
+    await page.unrouteAll({ behavior: "ignoreErrors" });
+    await page.reload();
+    return started(page);
   },
   async eval({ tab, expression }) {
     return tabs.get(tab).evaluate(`(async () => (${expression}))()`);
@@ -120,6 +139,14 @@ const commands = {
     return true;
   },
 };
+
+/** Once the page has run its start(): whether it resolved, or why it rejected. */
+async function started(page) {
+  await page.waitForFunction(() => window.toolmesh && (window.toolmesh.started || window.toolmesh.startError), null, {
+    timeout: 30_000,
+  });
+  return page.evaluate(() => ({ started: window.toolmesh.started, startError: window.toolmesh.startError }));
+}
 
 const write = (message) => process.stdout.write(`${JSON.stringify(message)}\n`);
 write({ origins });

@@ -53,6 +53,7 @@ PUBLIC: Mapping[str, Rule] = MappingProxyType(
         "toolmesh.v1.BridgeService/DeclareHostTools": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/AnswerReadCheck": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/ReportToolProgress": Rule(frozenset({HOST}), None),
+        "toolmesh.v1.BridgeService/StartToolRequests": Rule(frozenset({HOST}), None),
     }
 )
 

@@ -8,6 +8,11 @@ transition is atomic.
 A request goes to a host of its session that can handle the tool, one that
 reads its stream first (toolmesh.bridge.reading), then one with a named
 handler, then the least loaded. A host that stopped reading is taken for gone.
+
+A host that acknowledges starts asks (`start_requests`) before it runs each request, and is
+told START at most once per request, only while the request is pending on it: so a request
+it was never told START for has not run, and when the host goes away it goes to another host
+of the session (or waits for the next), as a redeliverable one does.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from toolmesh.bridge.progress import ProgressGate, ProgressSink
 from toolmesh.bridge.reading import READ_CHECK_AFTER_S, ReadChecks, Reading
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
+from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
@@ -41,12 +46,31 @@ log = logging.getLogger("toolmesh.bridge")
 READ_CHECK_TIMEOUT_S = READ_CHECK_TIMEOUT_MS / 1000
 
 
+class StartVerdict(enum.Enum):
+    """What `start_requests` answers for one request (the wire's ToolStartVerdict)."""
+
+    START = "start"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    ENDED = "ended"
+    UNKNOWN = "unknown"
+    ALREADY_STARTED = "already_started"
+
+
 class EndReason(enum.Enum):
     ANSWERED = "answered"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     HOST_GONE = "host_gone"
 
+
+# What asking to start a request that has ended answers.
+_START_AFTER_END = {
+    EndReason.ANSWERED: StartVerdict.ENDED,
+    EndReason.TIMED_OUT: StartVerdict.TIMED_OUT,
+    EndReason.CANCELLED: StartVerdict.CANCELLED,
+    EndReason.HOST_GONE: StartVerdict.ENDED,
+}
 
 # How a refused late submit says why the request had ended.
 _ENDED_BECAUSE = {
@@ -101,6 +125,8 @@ class HostSession:
     retiring: bool = False
     # The grant key of the token that opened it (None without authentication): its share.
     grant: str | None = None
+    # It asks before starting each request (start_requests) and runs none it was not told START for.
+    acknowledges_starts: bool = False
     _beat: asyncio.TimerHandle | None = None
 
     def preference(self, tool_name: str) -> int:
@@ -157,6 +183,9 @@ class PendingRequest:
     after_check: int = 0
     # Where its progress reports go, rate-limited; None when nobody listens.
     progress: ProgressGate | None = None
+    # Its host may have started it: told START, or it reported progress or answered. A host that
+    # does not acknowledge starts may have as soon as it was sent: this then stays False unread.
+    host_started: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,9 +264,11 @@ class Router:
         replaces: str = "",
         *,
         grant: str | None = None,
+        acknowledges_starts: bool = False,
     ) -> HostSession:
         """A new host session; `replaces`: one of the same session it takes over from (or "");
-        `grant`: the grant key of the host's token (its subject; None without authentication)."""
+        `grant`: the grant key of the host's token (its subject; None without authentication);
+        `acknowledges_starts`: it asks before starting each request (`start_requests`)."""
         if self._shutting_down:
             # A host opening now would be cut off at once: let it find a bridge that stays.
             raise ToolmeshError(Code.SHUTTING_DOWN)
@@ -261,6 +292,7 @@ class Router:
             handler_names=names,
             has_generic_handler=has_generic_handler,
             grant=grant,
+            acknowledges_starts=acknowledges_starts,
         )
         self._hosts[host.host_session_id] = host
         self._by_session.setdefault(session_id, []).append(host)
@@ -373,12 +405,19 @@ class Router:
             self._by_session.pop(host.session_id, None)
         for pending in list(host.in_flight.values()):
             host.in_flight.pop(pending.request.tool_request_id, None)
-            if pending.request.redeliverable:
-                # Safe to run again: hand it to another host, now or when one connects.
+            never_started = host.acknowledges_starts and not pending.host_started
+            if pending.request.redeliverable or never_started:
+                # Safe to run (again): hand it to another host, now or when one connects, whose
+                # START (a redeliverable one may have started here) is its own.
+                pending.host_started = False
                 other = self._pick(host.session_id, pending.request.tool_name)
                 log.info(
                     "redelivering after host left",
-                    extra={"tool_request_id": pending.request.tool_request_id, "waiting": other is None},
+                    extra={
+                        "tool_request_id": pending.request.tool_request_id,
+                        "waiting": other is None,
+                        "never_started": never_started,
+                    },
                 )
                 if other is not None:
                     self._deliver(pending, other, again=True)
@@ -390,7 +429,7 @@ class Router:
             pending.settle(
                 Outcome.runtime_error(
                     Code.TOOL_HOST_DISCONNECTED,
-                    "It is not read-only or idempotent, so it was not sent again.",
+                    "It may have started, and it is not read-only or idempotent, so it was not sent again.",
                     {"toolRequestId": pending.request.tool_request_id},
                 )
             )
@@ -480,6 +519,9 @@ class Router:
                 details = {"sessionId": request.session_id}
                 settle(Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE, details=details))
             return
+        # The deadline on this bridge's clock travels with the request: a host that reads it late
+        # counts from it, not from its reading.
+        request = replace(request, deadline_unix_ms=math.floor(time.time() * 1000) + request.timeout_ms)
         pending = PendingRequest(request, None, settle, time.monotonic())
         if on_progress is not None:
             pending.progress = ProgressGate(on_progress)
@@ -549,9 +591,49 @@ class Router:
         if not valid_numbers(progress.progress, progress.total):
             return ProgressVerdict.INVALID, False
         message, truncated = capped_message(progress.message)
+        pending.host_started = True  # it runs: from now on it is no longer safe to send elsewhere
         if pending.progress is not None:
             pending.progress.offer(replace(progress, message=message or None))
         return ProgressVerdict.ACCEPTED, truncated
+
+    def start_requests(
+        self, host_session_id: str, tool_request_ids: Iterable[str], sessions: Container[str] | None = None
+    ) -> list[StartVerdict]:
+        """Whether the host may start each request (one verdict per id, in order): START at most once
+        per request, to the host session it is pending on, before its deadline by this bridge's clock.
+
+        A request found past its deadline (its timer has not run yet) ends here with TOOL_TIMEOUT.
+        Raises ToolmeshError: HOST_SESSION_UNKNOWN as `host` does, INVALID_REQUEST for a malformed
+        id or too many of them (then nothing starts).
+        """
+        host = self.host(host_session_id, sessions)
+        ids = list(tool_request_ids)
+        if len(ids) > MAX_CALLS_PER_MESSAGE:
+            raise ToolmeshError(
+                Code.INVALID_REQUEST,
+                f"At most {MAX_CALLS_PER_MESSAGE} ids per call.",
+                {"limit": str(MAX_CALLS_PER_MESSAGE)},
+            )
+        for tool_request_id in ids:
+            require_id(tool_request_id, "tool_request_ids")
+        return [self._start_one(host, tool_request_id) for tool_request_id in ids]
+
+    def _start_one(self, host: HostSession, tool_request_id: str) -> StartVerdict:
+        pending = self._pending.get(tool_request_id)
+        if pending is None:
+            ended = self._ended.get(tool_request_id)
+            if ended is None or ended.host_session_id != host.host_session_id:
+                return StartVerdict.UNKNOWN
+            return _START_AFTER_END[ended.reason]
+        if pending.host is not host:
+            return StartVerdict.UNKNOWN
+        if pending.host_started:
+            return StartVerdict.ALREADY_STARTED
+        if time.monotonic() >= pending.started + pending.request.timeout_ms / 1000:
+            self._expire(pending)  # this clock fences the deadline, however late its timer runs
+            return StartVerdict.TIMED_OUT
+        pending.host_started = True
+        return StartVerdict.START
 
     def submitting_host(
         self, host_session_id: str, tool_request_id: str, sessions: Container[str] | None = None

@@ -1,11 +1,14 @@
 """BridgeService over gRPC: a thin adapter onto Router and Declarations.
 
-The host-facing methods (`host_events`, `submit`, `declare`, `answer_read_check`) are shared with the
+The host-facing methods (`host_events`, `submit`, `declare`, `answer_read_check`, `report_progress`,
+`start_requests`) are shared with the
 web port (toolmesh.bridge.web), which serves them over Connect and gRPC-Web.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator, Container
 from dataclasses import replace
 
@@ -15,7 +18,7 @@ from toolmesh.bridge.cancels import HeldRequests
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.outcomes import OutcomeRecorder, accept
-from toolmesh.bridge.router import EndReason, Heartbeat, Router, ToolRequestCancelled
+from toolmesh.bridge.router import EndReason, Heartbeat, Router, StartVerdict, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.progress import ProgressVerdict, ToolProgress
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
@@ -29,6 +32,14 @@ _PROGRESS_STATUS = {
     ProgressVerdict.INVALID: bridge_pb2.PROGRESS_REPORT_STATUS_INVALID,
     ProgressVerdict.REQUEST_UNKNOWN: bridge_pb2.PROGRESS_REPORT_STATUS_REQUEST_UNKNOWN,
     ProgressVerdict.REQUEST_ENDED: bridge_pb2.PROGRESS_REPORT_STATUS_REQUEST_ENDED,
+}
+_START_VERDICTS = {
+    StartVerdict.START: bridge_pb2.TOOL_START_VERDICT_START,
+    StartVerdict.TIMED_OUT: bridge_pb2.TOOL_START_VERDICT_TIMED_OUT,
+    StartVerdict.CANCELLED: bridge_pb2.TOOL_START_VERDICT_CANCELLED,
+    StartVerdict.ENDED: bridge_pb2.TOOL_START_VERDICT_ENDED,
+    StartVerdict.UNKNOWN: bridge_pb2.TOOL_START_VERDICT_UNKNOWN,
+    StartVerdict.ALREADY_STARTED: bridge_pb2.TOOL_START_VERDICT_ALREADY_STARTED,
 }
 _CANCEL_REASONS = {
     EndReason.TIMED_OUT: bridge_pb2.CANCEL_REASON_TIMEOUT,
@@ -47,12 +58,15 @@ async def host_events(
         request.has_generic_handler,
         request.replaces_host_session_id,
         grant=caller(),
+        acknowledges_starts=request.acknowledges_starts,
     )
     try:
         yield bridge_pb2.OpenHostSessionResponse(
             opened=bridge_pb2.HostSessionOpened(
                 host_session_id=host.host_session_id,
                 heartbeat_interval_ms=round(router.heartbeat_s * 1000),
+                server_time_unix_ms=_now_ms(),
+                starts_acknowledged=host.acknowledges_starts,
             )
         )
         while True:
@@ -60,7 +74,8 @@ async def host_events(
             if event is None:
                 return  # another host session of the host took over, and this one answered all it held
             if isinstance(event, Heartbeat):
-                heartbeat = bridge_pb2.Heartbeat(read_check=event.read_check)
+                # The clock as it leaves, not as it was queued: the host takes it for "now".
+                heartbeat = bridge_pb2.Heartbeat(read_check=event.read_check, server_time_unix_ms=_now_ms())
                 yield bridge_pb2.OpenHostSessionResponse(heartbeat=heartbeat)
             elif isinstance(event, ToolRequestCancelled):
                 yield bridge_pb2.OpenHostSessionResponse(
@@ -89,6 +104,24 @@ async def submit(
         router, recorder, request.host_session_id, request.tool_request_id, outcome, sessions=sessions
     )
     return bridge_pb2.SubmitToolResultResponse()
+
+
+def _now_ms() -> int:
+    return math.floor(time.time() * 1000)
+
+
+def start_requests(
+    router: Router, request: bridge_pb2.StartToolRequestsRequest, sessions: Container[str] | None
+) -> bridge_pb2.StartToolRequestsResponse:
+    """`sessions`: as for `submit`."""
+    ids = request.tool_request_ids
+    verdicts = router.start_requests(request.host_session_id, ids, sessions)
+    return bridge_pb2.StartToolRequestsResponse(
+        starts=[
+            bridge_pb2.ToolStart(tool_request_id=tool_request_id, verdict=_START_VERDICTS[verdict])
+            for tool_request_id, verdict in zip(ids, verdicts, strict=True)
+        ]
+    )
 
 
 def answer_read_check(
@@ -162,6 +195,11 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self, request: bridge_pb2.ReportToolProgressRequest, context: ServicerContext
     ) -> bridge_pb2.ReportToolProgressResponse:
         return report_progress(self._router, request, scope(Role.HOST))
+
+    async def StartToolRequests(
+        self, request: bridge_pb2.StartToolRequestsRequest, context: ServicerContext
+    ) -> bridge_pb2.StartToolRequestsResponse:
+        return start_requests(self._router, request, scope(Role.HOST))
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext

@@ -1,8 +1,8 @@
 """The bridge's web port: the host-facing RPCs over Connect and gRPC-Web, for pages.
 
 A browser cannot send gRPC (HTTP/2 with trailers), so the bridge also serves
-OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and ReportToolProgress
-over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
+OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck, ReportToolProgress and
+StartToolRequests over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
 and Declarations of its gRPC port. The routes come from protoc-gen-connectrpc
 (connectrpc, on our protobuf messages); uvicorn serves them.
 
@@ -41,7 +41,14 @@ from toolmesh.auth.tokens import Verifier
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
-from toolmesh.bridge.servicer import answer_read_check, declare, host_events, report_progress, submit
+from toolmesh.bridge.servicer import (
+    answer_read_check,
+    declare,
+    host_events,
+    report_progress,
+    start_requests,
+    submit,
+)
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.runtime.instrument import until_token_expires
 from toolmesh.runtime.web import (
@@ -87,6 +94,7 @@ HOST_FACING = (
     "DeclareHostTools",
     "AnswerReadCheck",
     "ReportToolProgress",
+    "StartToolRequests",
 )
 HOST_FACING_PATHS = frozenset(_SERVICE + name for name in HOST_FACING)
 
@@ -151,6 +159,15 @@ class WebBridge(BridgeService):
             return report_progress(self._router, request, scope(Role.HOST))
         except Exception as exc:
             fail("ReportToolProgress", exc)
+
+    async def start_tool_requests(
+        self, request: bridge_pb2.StartToolRequestsRequest, ctx: RequestContext[Any, Any]
+    ) -> bridge_pb2.StartToolRequestsResponse:
+        try:
+            await admit(self._admit["StartToolRequests"], request, ctx)
+            return start_requests(self._router, request, scope(Role.HOST))
+        except Exception as exc:
+            fail("StartToolRequests", exc)
 
     async def declare_host_tools(
         self, request: bridge_pb2.DeclareHostToolsRequest, ctx: RequestContext[Any, Any]

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, SubmitToolResultRequest, SubmitToolResultResponse
+from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, StartToolRequestsRequest, StartToolRequestsResponse, SubmitToolResultRequest, SubmitToolResultResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -44,8 +44,8 @@ class BridgeService(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -59,7 +59,8 @@ class BridgeService(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -72,7 +73,9 @@ class BridgeService(Protocol):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect.
+        for three heartbeat intervals should reconnect. HostSessionOpened and every
+        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+        tells how much time a request has left from its deadline_unix_ms.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -83,7 +86,8 @@ class BridgeService(Protocol):
         session. A host that answered before and leaves a read check unanswered
         for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
-        host and the others end with TOOL_HOST_DISCONNECTED.
+        host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+        that acknowledges starts never started (see StartToolRequests).
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -183,6 +187,40 @@ class BridgeService(Protocol):
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
         or it has ended; or one of a session the token does not name);
         INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def start_tool_requests(self, request: StartToolRequestsRequest, ctx: RequestContext[StartToolRequestsRequest, StartToolRequestsResponse], /) -> StartToolRequestsResponse:
+        """
+        StartToolRequests asks the bridge whether the host may start the handlers
+        of requests it received: a host that opened its session with
+        acknowledges_starts (and was told starts_acknowledged) calls it before
+        running each request, batching the requests it read together, and runs a
+        handler only after START. The bridge answers START at most once per
+        request (once per delivery for a redeliverable one, which may run again
+        anyway), and only to the host session it last sent the request to; a
+        request whose deadline passed by the bridge's clock (the caller gets
+        TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+        must not run it. So when such a host goes away (its stream ends, or it
+        stops answering read checks), a request it never got START for has not
+        run: the bridge sends it to another host of the session, or keeps it for
+        the next one to connect, within the time it has left, whether or not it
+        is redeliverable. A request it got START for keeps the outcome of a
+        started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+        report the bridge accepts, or a result, counts as a start too. A host
+        whose call fails (a transport failure, an error) does not run the
+        requests it named: it cannot know the answer.
+
+        At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+        INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name: then none
+        of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+        malformed id, too many ids).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -289,6 +327,17 @@ class BridgeServiceASGIApplication(ConnectASGIApplication[BridgeService]):
                     ),
                     function=svc.report_tool_progress,
                 ),
+                "/toolmesh.v1.BridgeService/StartToolRequests": Endpoint.unary(
+                    method=MethodInfo(
+                        name="StartToolRequests",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=StartToolRequestsRequest,
+                        output=StartToolRequestsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.start_tool_requests,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": Endpoint.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -331,8 +380,8 @@ class BridgeServiceClient(ConnectClient):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -346,7 +395,8 @@ class BridgeServiceClient(ConnectClient):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -389,7 +439,9 @@ class BridgeServiceClient(ConnectClient):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect.
+        for three heartbeat intervals should reconnect. HostSessionOpened and every
+        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+        tells how much time a request has left from its deadline_unix_ms.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -400,7 +452,8 @@ class BridgeServiceClient(ConnectClient):
         session. A host that answered before and leaves a read check unanswered
         for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
-        host and the others end with TOOL_HOST_DISCONNECTED.
+        host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+        that acknowledges starts never started (see StartToolRequests).
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -582,6 +635,57 @@ class BridgeServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    async def start_tool_requests(
+        self,
+        request: StartToolRequestsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> StartToolRequestsResponse:
+        """
+        StartToolRequests asks the bridge whether the host may start the handlers
+        of requests it received: a host that opened its session with
+        acknowledges_starts (and was told starts_acknowledged) calls it before
+        running each request, batching the requests it read together, and runs a
+        handler only after START. The bridge answers START at most once per
+        request (once per delivery for a redeliverable one, which may run again
+        anyway), and only to the host session it last sent the request to; a
+        request whose deadline passed by the bridge's clock (the caller gets
+        TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+        must not run it. So when such a host goes away (its stream ends, or it
+        stops answering read checks), a request it never got START for has not
+        run: the bridge sends it to another host of the session, or keeps it for
+        the next one to connect, within the time it has left, whether or not it
+        is redeliverable. A request it got START for keeps the outcome of a
+        started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+        report the bridge accepts, or a result, counts as a start too. A host
+        whose call fails (a transport failure, an error) does not run the
+        requests it named: it cannot know the answer.
+
+        At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+        INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name: then none
+        of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+        malformed id, too many ids).
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="StartToolRequests",
+                service_name="toolmesh.v1.BridgeService",
+                input=StartToolRequestsRequest,
+                output=StartToolRequestsResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def dispatch_tool_request(
         self,
         request: DispatchToolRequestRequest,
@@ -658,8 +762,8 @@ class BridgeServiceSync(Protocol):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -673,7 +777,8 @@ class BridgeServiceSync(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -686,7 +791,9 @@ class BridgeServiceSync(Protocol):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect.
+        for three heartbeat intervals should reconnect. HostSessionOpened and every
+        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+        tells how much time a request has left from its deadline_unix_ms.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -697,7 +804,8 @@ class BridgeServiceSync(Protocol):
         session. A host that answered before and leaves a read check unanswered
         for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
-        host and the others end with TOOL_HOST_DISCONNECTED.
+        host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+        that acknowledges starts never started (see StartToolRequests).
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -797,6 +905,40 @@ class BridgeServiceSync(Protocol):
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
         or it has ended; or one of a session the token does not name);
         INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def start_tool_requests(self, request: StartToolRequestsRequest, ctx: RequestContext[StartToolRequestsRequest, StartToolRequestsResponse], /) -> StartToolRequestsResponse:
+        """
+        StartToolRequests asks the bridge whether the host may start the handlers
+        of requests it received: a host that opened its session with
+        acknowledges_starts (and was told starts_acknowledged) calls it before
+        running each request, batching the requests it read together, and runs a
+        handler only after START. The bridge answers START at most once per
+        request (once per delivery for a redeliverable one, which may run again
+        anyway), and only to the host session it last sent the request to; a
+        request whose deadline passed by the bridge's clock (the caller gets
+        TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+        must not run it. So when such a host goes away (its stream ends, or it
+        stops answering read checks), a request it never got START for has not
+        run: the bridge sends it to another host of the session, or keeps it for
+        the next one to connect, within the time it has left, whether or not it
+        is redeliverable. A request it got START for keeps the outcome of a
+        started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+        report the bridge accepts, or a result, counts as a start too. A host
+        whose call fails (a transport failure, an error) does not run the
+        requests it named: it cannot know the answer.
+
+        At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+        INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name: then none
+        of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+        malformed id, too many ids).
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -901,6 +1043,17 @@ class BridgeServiceWSGIApplication(ConnectWSGIApplication):
                     ),
                     function=service.report_tool_progress,
                 ),
+                "/toolmesh.v1.BridgeService/StartToolRequests": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="StartToolRequests",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=StartToolRequestsRequest,
+                        output=StartToolRequestsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.start_tool_requests,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": EndpointSync.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -943,8 +1096,8 @@ class BridgeServiceClientSync(ConnectClientSync):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -958,7 +1111,8 @@ class BridgeServiceClientSync(ConnectClientSync):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -1001,7 +1155,9 @@ class BridgeServiceClientSync(ConnectClientSync):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect.
+        for three heartbeat intervals should reconnect. HostSessionOpened and every
+        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+        tells how much time a request has left from its deadline_unix_ms.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -1012,7 +1168,8 @@ class BridgeServiceClientSync(ConnectClientSync):
         session. A host that answered before and leaves a read check unanswered
         for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
-        host and the others end with TOOL_HOST_DISCONNECTED.
+        host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+        that acknowledges starts never started (see StartToolRequests).
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -1188,6 +1345,57 @@ class BridgeServiceClientSync(ConnectClientSync):
                 service_name="toolmesh.v1.BridgeService",
                 input=ReportToolProgressRequest,
                 output=ReportToolProgressResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def start_tool_requests(
+        self,
+        request: StartToolRequestsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> StartToolRequestsResponse:
+        """
+        StartToolRequests asks the bridge whether the host may start the handlers
+        of requests it received: a host that opened its session with
+        acknowledges_starts (and was told starts_acknowledged) calls it before
+        running each request, batching the requests it read together, and runs a
+        handler only after START. The bridge answers START at most once per
+        request (once per delivery for a redeliverable one, which may run again
+        anyway), and only to the host session it last sent the request to; a
+        request whose deadline passed by the bridge's clock (the caller gets
+        TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+        must not run it. So when such a host goes away (its stream ends, or it
+        stops answering read checks), a request it never got START for has not
+        run: the bridge sends it to another host of the session, or keeps it for
+        the next one to connect, within the time it has left, whether or not it
+        is redeliverable. A request it got START for keeps the outcome of a
+        started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+        report the bridge accepts, or a result, counts as a start too. A host
+        whose call fails (a transport failure, an error) does not run the
+        requests it named: it cannot know the answer.
+
+        At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+        INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name: then none
+        of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+        malformed id, too many ids).
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="StartToolRequests",
+                service_name="toolmesh.v1.BridgeService",
+                input=StartToolRequestsRequest,
+                output=StartToolRequestsResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

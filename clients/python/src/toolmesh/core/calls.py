@@ -25,3 +25,6 @@ class ToolRequest:
     trace_context: Mapping[str, str] = field(default_factory=dict)
     # Read-only or idempotent: may be sent again to another host if its host leaves.
     redeliverable: bool = False
+    # The deadline on the bridge's clock (ms since the Unix epoch), set by the bridge for its
+    # hosts; 0 elsewhere (timeout_ms rules).
+    deadline_unix_ms: int = 0

@@ -143,7 +143,10 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.TOOL_TIMEOUT: ErrorSpec(
         status=S.DEADLINE_EXCEEDED,
         retryable=False,
-        message="The tool did not answer before its deadline; the call has ended.",
+        message=(
+            "No answer before the deadline; the call has ended. "
+            "Hosts that acknowledge starts never start it late."
+        ),
     ),
     Code.TOOL_HOST_UNAVAILABLE: ErrorSpec(
         status=S.UNAVAILABLE,
@@ -153,7 +156,7 @@ _TABLE: dict[Code, ErrorSpec] = {
     Code.TOOL_HOST_DISCONNECTED: ErrorSpec(
         status=S.UNAVAILABLE,
         retryable=False,
-        message="The handler host went away during the call; the tool may have run.",
+        message="The handler host went away after the tool may have started; it may have run.",
     ),
     Code.TOOL_CANCELLED: ErrorSpec(
         status=S.CANCELLED,

@@ -113,11 +113,15 @@ def request_to_pb(request: ToolRequest) -> bridge_pb2.ToolRequest:
         timeout_ms=request.timeout_ms,
         trace_context=dict(request.trace_context),
         redeliverable=request.redeliverable,
+        deadline_unix_ms=request.deadline_unix_ms,
     )
 
 
 def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
-    """Read a tool request from the invocation service; raise ToolmeshError(INVALID_REQUEST) if malformed."""
+    """Read a tool request from the invocation service; raise ToolmeshError(INVALID_REQUEST) if malformed.
+
+    Its deadline_unix_ms is left out: the bridge sets its own, from timeout_ms.
+    """
     require_id(message.session_id, "session_id")
     require_id(message.turn_id, "turn_id")
     require_id(message.tool_request_id, "tool_request_id")

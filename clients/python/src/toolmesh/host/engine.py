@@ -27,7 +27,7 @@ from toolmesh.core.bearer import Bearer, TokenSource, renew_in
 from toolmesh.core.channels import open_channel
 from toolmesh.core.errors import ERROR_TABLE, RETRYABLE_STATUSES, Code, ToolmeshError, code_for_reason
 from toolmesh.core.exceptions import exception_fields
-from toolmesh.core.limits import READ_CHECK_TIMEOUT_MS
+from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import capped_message
 from toolmesh.core.rpcstatus import error_code, error_info, status_of, token_expired
@@ -50,6 +50,8 @@ _MISSED_HEARTBEATS = 3
 # The bridge refused the host itself: its token, or the address it was given.
 _REFUSALS = frozenset({Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.WRONG_LISTENER})
 DECLARE_TIMEOUT_S = 10.0
+# The longest wait for the bridge's answer to StartToolRequests; no answer, no start.
+START_TIMEOUT_S = 10.0
 READ_CHECK_TIMEOUT_S = READ_CHECK_TIMEOUT_MS / 1000
 
 Handler = Callable[[dict[str, Any], ToolContext], Any]
@@ -191,6 +193,46 @@ class _Silence:
 
 
 @dataclass(slots=True)
+class _Stream:
+    """One host stream's own facts.
+
+    Its host session, whether its bridge acknowledges starts, and the offset of the bridge's
+    clock from this process's `time.monotonic()`.
+    """
+
+    host_session_id: str = ""
+    starts_acknowledged: bool = False
+    # The largest (bridge time - monotonic time at reading) seen, in ms: a delay on the way (a
+    # pause of this process, a slow network) only lowers a sample. None until the bridge sends one.
+    offset_ms: float | None = None
+
+    def heard_clock(self, server_time_unix_ms: int) -> None:
+        if server_time_unix_ms:
+            sample = server_time_unix_ms - time.monotonic() * 1000
+            self.offset_ms = sample if self.offset_ms is None else max(self.offset_ms, sample)
+
+    def deadline_of(self, request: bridge_pb2.ToolRequest) -> float:
+        """The request's deadline as a `time.monotonic()` value.
+
+        From the bridge's deadline when it gave one (a request read late has less time left than
+        its timeout_ms says), never later than its timeout_ms from now.
+        """
+        by_timeout = time.monotonic() + request.timeout_ms / 1000
+        if request.deadline_unix_ms and self.offset_ms is not None:
+            return min(by_timeout, (request.deadline_unix_ms - self.offset_ms) / 1000)
+        return by_timeout
+
+
+@dataclass(frozen=True, slots=True)
+class _Starting:
+    """A request read from a bridge that acknowledges starts, waiting for its START."""
+
+    request: bridge_pb2.ToolRequest
+    ctx: ToolContext
+    handler: Registered
+
+
+@dataclass(slots=True)
 class ActiveCall:
     """A tool request whose handler or submit is still running."""
 
@@ -234,8 +276,10 @@ class HostEngine:
         token: TokenSource | None,
         tools: Registrations,
         report: Reporter,
+        acknowledge_starts: bool = True,
     ) -> None:
         self.session_id = session_id
+        self._acknowledge_starts = acknowledge_starts
         self.host_name = host_name
         self._tools = tools
         self._report = report
@@ -266,6 +310,12 @@ class HostEngine:
         # The host sessions whose streams are open: a result goes to the one its request came on.
         self._open_sessions: set[str] = set()
         self.host_session_id = ""
+        # Requests read and not asked to start yet, by host session: asked together, in one call.
+        self._to_start: dict[str, list[_Starting]] = {}
+        # The host sessions with a StartToolRequests call in flight: those read meanwhile wait for it.
+        self._asking: set[str] = set()
+        # Requests waiting for the bridge's START, by id: a cancellation meanwhile reaches them here.
+        self._starting: dict[str, ToolContext] = {}
 
     # -- the state machine ------------------------------------------------
     def _on(self, trigger: Trigger) -> None:
@@ -413,6 +463,7 @@ class HostEngine:
                     handler_names=sorted(self._tools.handlers),
                     has_generic_handler=self._tools.generic is not None,
                     replaces_host_session_id=replaces,
+                    acknowledges_starts=self._acknowledge_starts,
                 ),
                 metadata=Bearer.with_token(token),
             )
@@ -455,7 +506,7 @@ class HostEngine:
 
     async def _read_events(self, call: Any, silence: _Silence) -> None:
         # This stream's host session: its requests' results go there, even once a renewal took over.
-        host_session_id = ""
+        stream = _Stream()
         try:
             while True:
                 event = await call.read()
@@ -463,15 +514,19 @@ class HostEngine:
                 if event is grpc.aio.EOF:
                     return
                 if event.WhichOneof("event") == "opened":
-                    host_session_id = event.opened.host_session_id
-                    self._open_sessions.add(host_session_id)
-                self._on_event(event, host_session_id, silence)
+                    stream.host_session_id = event.opened.host_session_id
+                    # Asked for, and taken: the bridge starts none of this stream's requests unasked.
+                    stream.starts_acknowledged = self._acknowledge_starts and event.opened.starts_acknowledged
+                    self._open_sessions.add(stream.host_session_id)
+                self._on_event(event, stream, silence)
         finally:
-            self._open_sessions.discard(host_session_id)
+            self._open_sessions.discard(stream.host_session_id)
 
-    def _on_event(self, event: Any, host_session_id: str, silence: _Silence) -> None:
+    def _on_event(self, event: Any, stream: _Stream, silence: _Silence) -> None:
         kind = event.WhichOneof("event")
+        host_session_id = stream.host_session_id
         if kind == "opened":
+            stream.heard_clock(event.opened.server_time_unix_ms)
             self.host_session_id = host_session_id
             silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
             self._refusal = None
@@ -487,11 +542,13 @@ class HostEngine:
             else:
                 self._ready.set()
         elif kind == "tool_request":
-            self._begin(event.tool_request, host_session_id)
+            self._begin(event.tool_request, stream)
         elif kind == "cancelled":
             self._cancel(event.cancelled)
-        elif kind == "heartbeat" and event.heartbeat.read_check:
-            self._answer_read_check(host_session_id, event.heartbeat.read_check)
+        elif kind == "heartbeat":
+            stream.heard_clock(event.heartbeat.server_time_unix_ms)
+            if event.heartbeat.read_check:
+                self._answer_read_check(host_session_id, event.heartbeat.read_check)
 
     def _answer_read_check(self, host_session_id: str, read_check: int) -> None:
         """Tell the bridge this host reads its stream: it routes requests to hosts that do."""
@@ -531,16 +588,97 @@ class HostEngine:
             log.warning("declaring tools failed", extra={"session_id": self.session_id, "code": code.value})
             self._report(code, error.details() or "", session_id=self.session_id)
 
-    def _begin(self, request: bridge_pb2.ToolRequest, host_session_id: str) -> None:
+    def _begin(self, request: bridge_pb2.ToolRequest, stream: _Stream) -> None:
+        """Run the request; from a bridge that acknowledges starts, only once it says START."""
         ctx = ToolContext(
             session_id=request.session_id,
             turn_id=request.turn_id,
             tool_request_id=request.tool_request_id,
             tool_name=request.tool_name,
-            deadline=time.monotonic() + request.timeout_ms / 1000,
+            deadline=stream.deadline_of(request),
             reporter=self._progress_reporter(request.tool_request_id),
         )
         handler = self._tools.handlers.get(ctx.tool_name) or self._tools.generic
+        if handler is not None and ctx.time_remaining() <= 0:
+            # Read after its deadline (this process paused, or the stream lagged): the caller has
+            # TOOL_TIMEOUT, or is about to.
+            log.info("tool request not started", extra=_ids(ctx) | {"cause": "DEADLINE_PASSED"})
+            return
+        if handler is None or not stream.starts_acknowledged:
+            # Without a handler nothing runs: the answer (TOOL_HANDLER_NOT_FOUND) needs no START.
+            self._run(request, ctx, handler, stream.host_session_id)
+            return
+        self._starting[ctx.tool_request_id] = ctx
+        batch = self._to_start.setdefault(stream.host_session_id, [])
+        batch.append(_Starting(request, ctx, handler))
+        if len(batch) == 1 and stream.host_session_id not in self._asking:
+            # Those read in this turn of the loop go in one call; while it is in flight, those read
+            # meanwhile wait and go together in the next (one call per round trip, not per request).
+            asyncio.get_running_loop().call_soon(self._ask_to_start, stream.host_session_id)
+
+    def _ask_to_start(self, host_session_id: str) -> None:
+        batch = self._to_start.pop(host_session_id, [])
+        if not batch or self.stopping:
+            return
+        if len(batch) > MAX_CALLS_PER_MESSAGE:
+            self._to_start[host_session_id] = batch[MAX_CALLS_PER_MESSAGE:]
+        self._asking.add(host_session_id)
+        task = asyncio.create_task(self._start_when_told(host_session_id, batch[:MAX_CALLS_PER_MESSAGE]))
+        self._answering.add(task)
+
+        def asked(done: asyncio.Task[None]) -> None:
+            self._answering.discard(done)
+            self._asking.discard(host_session_id)
+            if host_session_id in self._to_start:
+                self._ask_to_start(host_session_id)
+
+        task.add_done_callback(asked)
+
+    async def _start_when_told(self, host_session_id: str, batch: list[_Starting]) -> None:
+        """Ask the bridge to start `batch`, and run those it says START for; none if it does not answer."""
+        request = bridge_pb2.StartToolRequestsRequest(
+            host_session_id=host_session_id,
+            tool_request_ids=[starting.ctx.tool_request_id for starting in batch],
+        )
+        wait_s = min(max(1.0, *(starting.ctx.time_remaining() for starting in batch)), START_TIMEOUT_S)
+        verdicts: dict[str, bridge_pb2.ToolStartVerdict.ValueType] = {}
+        try:
+            with telemetry.client_call("toolmesh.v1.BridgeService/StartToolRequests") as metadata:
+                response = await self._stub.StartToolRequests(
+                    request, timeout=wait_s, metadata=await self._bearer.metadata(metadata)
+                )
+            verdicts = {start.tool_request_id: start.verdict for start in response.starts}
+        except asyncio.CancelledError:
+            for starting in batch:
+                self._starting.pop(starting.ctx.tool_request_id, None)
+            raise
+        except Exception as error:
+            # A transport failure, a refusal, a token callback that failed: the answer is unknown,
+            # and running without it could run the request twice (the bridge may send it elsewhere).
+            status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else type(error).__name__
+            log.warning(
+                "tool requests not started: the bridge did not answer",
+                extra={"session_id": self.session_id, "count": len(batch), "cause": status},
+            )
+        for starting in batch:
+            ctx = starting.ctx
+            self._starting.pop(ctx.tool_request_id, None)
+            verdict = verdicts.get(ctx.tool_request_id, bridge_pb2.TOOL_START_VERDICT_UNSPECIFIED)
+            if verdict == bridge_pb2.TOOL_START_VERDICT_START and not ctx.cancelled and not self.stopping:
+                self._run(starting.request, ctx, starting.handler, host_session_id)
+            elif verdicts:
+                cause = bridge_pb2.ToolStartVerdict.Name(verdict).removeprefix("TOOL_START_VERDICT_")
+                if verdict == bridge_pb2.TOOL_START_VERDICT_START:
+                    cause = "CANCELLED" if ctx.cancelled else "SHUTTING_DOWN"
+                log.info("tool request not started", extra=_ids(ctx) | {"cause": cause})
+
+    def _run(
+        self,
+        request: bridge_pb2.ToolRequest,
+        ctx: ToolContext,
+        handler: Registered | None,
+        host_session_id: str,
+    ) -> None:
         task = asyncio.create_task(
             self._serve(handler, request.arguments_json, ctx, host_session_id, dict(request.trace_context))
         )
@@ -606,10 +744,14 @@ class HostEngine:
             )
 
     def _cancel(self, cancelled: bridge_pb2.ToolRequestCancelled) -> None:
+        reason = "timeout" if cancelled.reason == bridge_pb2.CANCEL_REASON_TIMEOUT else "cancelled"
+        starting = self._starting.get(cancelled.tool_request_id)
+        if starting is not None:
+            starting.cancellation.set(reason)  # START or not, it is not run now
+            return
         active = self.active.get(cancelled.tool_request_id)
         if active is None:
             return
-        reason = "timeout" if cancelled.reason == bridge_pb2.CANCEL_REASON_TIMEOUT else "cancelled"
         active.ctx.cancellation.set(reason)
         log.info("tool call cancelled", extra=_ids(active.ctx) | {"reason": reason})
         if active.cancellable and not active.submitting:

@@ -86,6 +86,13 @@ class ToolHost:
         credentials: TLS for a channel it opens (toolmesh.core.tls.client_credentials).
         token: A token naming the session with the role host: text, or a callback (sync or
             async) asked before each call, so that a long-lived host can refresh it.
+        acknowledge_starts: Ask the bridge before starting each request (StartToolRequests, one
+            call for the requests read together) and run only those it says START for: a request
+            whose deadline passed by the bridge's clock never starts, and one this host never
+            started when it goes away runs on another host instead of failing. False: run each
+            request as it is read, as hosts did before (one round trip less per call; a request
+            in flight when the host goes away then ends TOOL_HOST_DISCONNECTED unless read-only
+            or idempotent).
     """
 
     def __init__(
@@ -97,6 +104,7 @@ class ToolHost:
         channel: grpc.aio.Channel | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         token: TokenSource | None = None,
+        acknowledge_starts: bool = True,
     ) -> None:
         self.session_id = session_id
         self.bridge_target = bridge_target
@@ -112,6 +120,7 @@ class ToolHost:
             token=token,
             tools=self._tools,
             report=self._report,
+            acknowledge_starts=acknowledge_starts,
         )
         # The task `start()` runs `run()` in.
         self._runner: asyncio.Task[None] | None = None

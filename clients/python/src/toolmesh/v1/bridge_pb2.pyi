@@ -82,6 +82,52 @@ PROGRESS_REPORT_STATUS_REQUEST_ENDED: ProgressReportStatus.ValueType  # 4
 """Dropped: the request has ended (answered, timed out, cancelled)."""
 Global___ProgressReportStatus: _TypeAlias = ProgressReportStatus  # noqa: Y015
 
+class _ToolStartVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolStartVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolStartVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_START_VERDICT_UNSPECIFIED: _ToolStartVerdict.ValueType  # 0
+    """Never sent."""
+    TOOL_START_VERDICT_START: _ToolStartVerdict.ValueType  # 1
+    """Run the handler now: the bridge has recorded that this host started it."""
+    TOOL_START_VERDICT_TIMED_OUT: _ToolStartVerdict.ValueType  # 2
+    """Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
+    TOOL_START_VERDICT_CANCELLED: _ToolStartVerdict.ValueType  # 3
+    """It was cancelled: the caller gave up on it."""
+    TOOL_START_VERDICT_ENDED: _ToolStartVerdict.ValueType  # 4
+    """It has ended otherwise (answered)."""
+    TOOL_START_VERDICT_UNKNOWN: _ToolStartVerdict.ValueType  # 5
+    """This host session holds no request of that id: never sent to it, sent to
+    another host session since, or forgotten long after it ended.
+    """
+    TOOL_START_VERDICT_ALREADY_STARTED: _ToolStartVerdict.ValueType  # 6
+    """START was given for it already (asked twice): it is not given again."""
+
+class ToolStartVerdict(_ToolStartVerdict, metaclass=_ToolStartVerdictEnumTypeWrapper):
+    """Whether a host may start a request's handler. Only START lets it: for
+    every other verdict the host does not run the request.
+    """
+
+TOOL_START_VERDICT_UNSPECIFIED: ToolStartVerdict.ValueType  # 0
+"""Never sent."""
+TOOL_START_VERDICT_START: ToolStartVerdict.ValueType  # 1
+"""Run the handler now: the bridge has recorded that this host started it."""
+TOOL_START_VERDICT_TIMED_OUT: ToolStartVerdict.ValueType  # 2
+"""Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
+TOOL_START_VERDICT_CANCELLED: ToolStartVerdict.ValueType  # 3
+"""It was cancelled: the caller gave up on it."""
+TOOL_START_VERDICT_ENDED: ToolStartVerdict.ValueType  # 4
+"""It has ended otherwise (answered)."""
+TOOL_START_VERDICT_UNKNOWN: ToolStartVerdict.ValueType  # 5
+"""This host session holds no request of that id: never sent to it, sent to
+another host session since, or forgotten long after it ended.
+"""
+TOOL_START_VERDICT_ALREADY_STARTED: ToolStartVerdict.ValueType  # 6
+"""START was given for it already (asked twice): it is not given again."""
+Global___ToolStartVerdict: _TypeAlias = ToolStartVerdict  # noqa: Y015
+
 @_typing.final
 class OpenHostSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -91,6 +137,7 @@ class OpenHostSessionRequest(_message.Message):
     HANDLER_NAMES_FIELD_NUMBER: _builtins.int
     HAS_GENERIC_HANDLER_FIELD_NUMBER: _builtins.int
     REPLACES_HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGES_STARTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Required. The session whose tools this host serves; [A-Za-z0-9_.:-]{1,128}."""
     host_name: _builtins.str
@@ -107,6 +154,14 @@ class OpenHostSessionRequest(_message.Message):
     its stream (no error) when the requests it holds are answered, so that no
     call is lost to the renewal. An id that names no open host session of the
     same session is ignored.
+    """
+    acknowledges_starts: _builtins.bool
+    """The host asks before it starts each request (StartToolRequests) and runs
+    none it was not told START for. HostSessionOpened.starts_acknowledged
+    says whether the bridge takes it so; a bridge that does not (an older
+    one) leaves it false, and the host then runs requests as it reads them.
+    A host without it is served as before: a non-redeliverable request in
+    flight to it when it goes away ends with TOOL_HOST_DISCONNECTED.
     """
     @_builtins.property
     def handler_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -129,10 +184,11 @@ class OpenHostSessionRequest(_message.Message):
         handler_names: _abc.Iterable[_builtins.str] | None = ...,
         has_generic_handler: _builtins.bool = ...,
         replaces_host_session_id: _builtins.str = ...,
+        acknowledges_starts: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "replaces_host_session_id", b"replaces_host_session_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledges_starts", b"acknowledges_starts", "handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "replaces_host_session_id", b"replaces_host_session_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -190,19 +246,35 @@ class HostSessionOpened(_message.Message):
 
     HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    SERVER_TIME_UNIX_MS_FIELD_NUMBER: _builtins.int
+    STARTS_ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
     host_session_id: _builtins.str
     """Identifies this host session in SubmitToolResult."""
     heartbeat_interval_ms: _builtins.int
     """The bridge sends a heartbeat at least this often."""
+    server_time_unix_ms: _builtins.int
+    """The bridge's clock when it sent this event, in ms since the Unix epoch.
+    The host estimates the offset of its own clock from the bridge's as the
+    largest (server_time_unix_ms minus its clock when it read the event) over
+    this event and the heartbeats: a delay on the way only lowers a sample.
+    0 from a bridge that does not send it.
+    """
+    starts_acknowledged: _builtins.bool
+    """The bridge took OpenHostSessionRequest.acknowledges_starts: the host must
+    ask StartToolRequests before running each request. False when the host
+    did not ask for it, or the bridge does not know it.
+    """
     def __init__(
         self,
         *,
         host_session_id: _builtins.str = ...,
         heartbeat_interval_ms: _builtins.int = ...,
+        server_time_unix_ms: _builtins.int = ...,
+        starts_acknowledged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "host_session_id", b"host_session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "host_session_id", b"host_session_id", "server_time_unix_ms", b"server_time_unix_ms", "starts_acknowledged", b"starts_acknowledged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -242,6 +314,7 @@ class ToolRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     REDELIVERABLE_FIELD_NUMBER: _builtins.int
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session the call was made in."""
     turn_id: _builtins.str
@@ -258,12 +331,24 @@ class ToolRequest(_message.Message):
     """Time left for the host to answer when this request was sent, in ms: the
     tool's timeout on first delivery, and only what is left of it when the
     request is sent again to another host (see redeliverable). After it the
-    request is cancelled and a late result refused.
+    request is cancelled and a late result refused. A host should count from
+    deadline_unix_ms when it is set: timeout_ms counts from the sending, and
+    a host that reads the request late (a pause, a busy page) would
+    overestimate the time left.
     """
     redeliverable: _builtins.bool
     """The tool is read-only or idempotent: if its host goes away mid-call, the
     bridge may send the request again to a host of the session that connects
-    before the deadline. Otherwise the call ends with TOOL_HOST_DISCONNECTED.
+    before the deadline. Otherwise the call ends with TOOL_HOST_DISCONNECTED
+    (unless the host acknowledges starts and never started it: see
+    StartToolRequests).
+    """
+    deadline_unix_ms: _builtins.int
+    """The request's deadline on the bridge's clock, in ms since the Unix epoch
+    (see HostSessionOpened.server_time_unix_ms): the same on every delivery.
+    Set by the bridge on requests it sends to hosts; the bridge ignores it in
+    DispatchToolRequest(s), where timeout_ms rules. A host never starts a
+    request whose deadline has passed. 0: not known (an older bridge).
     """
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -283,10 +368,11 @@ class ToolRequest(_message.Message):
         timeout_ms: _builtins.int = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         redeliverable: _builtins.bool = ...,
+        deadline_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "redeliverable", b"redeliverable", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "deadline_unix_ms", b"deadline_unix_ms", "redeliverable", b"redeliverable", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -328,19 +414,26 @@ class Heartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     READ_CHECK_FIELD_NUMBER: _builtins.int
+    SERVER_TIME_UNIX_MS_FIELD_NUMBER: _builtins.int
     read_check: _builtins.int
     """Nonzero: a read check. Answer it with AnswerReadCheck as soon as this
     event is read, so the bridge knows this host reads its stream (see
     OpenHostSession for what it does with the answers).
     """
+    server_time_unix_ms: _builtins.int
+    """The bridge's clock when it sent the heartbeat, in ms since the Unix
+    epoch (see HostSessionOpened.server_time_unix_ms). 0 from a bridge that
+    does not send it.
+    """
     def __init__(
         self,
         *,
         read_check: _builtins.int = ...,
+        server_time_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_check", b"read_check"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["read_check", b"read_check", "server_time_unix_ms", b"server_time_unix_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -546,6 +639,82 @@ class ReportToolProgressResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportToolProgressResponse: _TypeAlias = ReportToolProgressResponse  # noqa: Y015
+
+@_typing.final
+class StartToolRequestsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    host_session_id: _builtins.str
+    """Required. From HostSessionOpened: the host session the requests came on."""
+    @_builtins.property
+    def tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Required. The requests the host is about to start, at most 1,000
+        (limits.MAX_CALLS_PER_MESSAGE); each id once.
+        """
+
+    def __init__(
+        self,
+        *,
+        host_session_id: _builtins.str = ...,
+        tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_session_id", b"host_session_id", "tool_request_ids", b"tool_request_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartToolRequestsRequest: _TypeAlias = StartToolRequestsRequest  # noqa: Y015
+
+@_typing.final
+class StartToolRequestsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def starts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolStart]:
+        """One per id asked, in the order asked."""
+
+    def __init__(
+        self,
+        *,
+        starts: _abc.Iterable[Global___ToolStart] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["starts", b"starts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartToolRequestsResponse: _TypeAlias = StartToolRequestsResponse  # noqa: Y015
+
+@_typing.final
+class ToolStart(_message.Message):
+    """ToolStart answers one id of StartToolRequests."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """The request asked about."""
+    verdict: Global___ToolStartVerdict.ValueType
+    """Run it, or why not."""
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        verdict: Global___ToolStartVerdict.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tool_request_id", b"tool_request_id", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolStart: _TypeAlias = ToolStart  # noqa: Y015
 
 @_typing.final
 class DispatchToolRequestRequest(_message.Message):

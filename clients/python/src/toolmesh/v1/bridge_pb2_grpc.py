@@ -31,8 +31,8 @@ class BridgeServiceStub:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -46,7 +46,8 @@ class BridgeServiceStub:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -84,6 +85,11 @@ class BridgeServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressResponse.FromString,
                 _registered_method=True)
+        self.StartToolRequests = channel.unary_unary(
+                '/toolmesh.v1.BridgeService/StartToolRequests',
+                request_serializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsResponse.FromString,
+                _registered_method=True)
         self.DispatchToolRequest = channel.unary_unary(
                 '/toolmesh.v1.BridgeService/DispatchToolRequest',
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.SerializeToString,
@@ -102,8 +108,8 @@ class BridgeServiceServicer:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -117,7 +123,8 @@ class BridgeServiceServicer:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -130,7 +137,9 @@ class BridgeServiceServicer:
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect.
+        for three heartbeat intervals should reconnect. HostSessionOpened and every
+        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+        tells how much time a request has left from its deadline_unix_ms.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -141,7 +150,8 @@ class BridgeServiceServicer:
         session. A host that answered before and leaves a read check unanswered
         for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
-        host and the others end with TOOL_HOST_DISCONNECTED.
+        host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+        that acknowledges starts never started (see StartToolRequests).
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -250,6 +260,41 @@ class BridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartToolRequests(self, request, context):
+        """StartToolRequests asks the bridge whether the host may start the handlers
+        of requests it received: a host that opened its session with
+        acknowledges_starts (and was told starts_acknowledged) calls it before
+        running each request, batching the requests it read together, and runs a
+        handler only after START. The bridge answers START at most once per
+        request (once per delivery for a redeliverable one, which may run again
+        anyway), and only to the host session it last sent the request to; a
+        request whose deadline passed by the bridge's clock (the caller gets
+        TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+        must not run it. So when such a host goes away (its stream ends, or it
+        stops answering read checks), a request it never got START for has not
+        run: the bridge sends it to another host of the session, or keeps it for
+        the next one to connect, within the time it has left, whether or not it
+        is redeliverable. A request it got START for keeps the outcome of a
+        started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+        report the bridge accepts, or a result, counts as a start too. A host
+        whose call fails (a transport failure, an error) does not run the
+        requests it named: it cannot know the answer.
+
+        At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+        INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name: then none
+        of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+        malformed id, too many ids).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DispatchToolRequest(self, request, context):
         """DispatchToolRequest sends one tool request to a host that serves the
         session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -314,6 +359,11 @@ def add_BridgeServiceServicer_to_server(servicer, server):
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressResponse.SerializeToString,
             ),
+            'StartToolRequests': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartToolRequests,
+                    request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsResponse.SerializeToString,
+            ),
             'DispatchToolRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.DispatchToolRequest,
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.FromString,
@@ -338,8 +388,8 @@ class BridgeService:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -353,7 +403,8 @@ class BridgeService:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -485,6 +536,33 @@ class BridgeService:
             '/toolmesh.v1.BridgeService/ReportToolProgress',
             toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressRequest.SerializeToString,
             toolmesh_dot_v1_dot_bridge__pb2.ReportToolProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartToolRequests(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.BridgeService/StartToolRequests',
+            toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsRequest.SerializeToString,
+            toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsResponse.FromString,
             options,
             channel_credentials,
             insecure,

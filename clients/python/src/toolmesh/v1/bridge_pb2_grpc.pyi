@@ -32,8 +32,8 @@ class BridgeServiceStub:
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -47,7 +47,8 @@ class BridgeServiceStub:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -64,7 +65,9 @@ class BridgeServiceStub:
     and heartbeats until the host goes away or the server stops (then the
     stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
     reconnect, to another bridge if there is one). A host that sees no event
-    for three heartbeat intervals should reconnect.
+    for three heartbeat intervals should reconnect. HostSessionOpened and every
+    Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+    tells how much time a request has left from its deadline_unix_ms.
 
     Routing: a tool request goes to a host of its session that reads its
     stream, known by its answers to read checks (Heartbeat.read_check,
@@ -75,7 +78,8 @@ class BridgeServiceStub:
     session. A host that answered before and leaves a read check unanswered
     for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
     ends as if it had gone, its read-only or idempotent requests go to another
-    host and the others end with TOOL_HOST_DISCONNECTED.
+    host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+    that acknowledges starts never started (see StartToolRequests).
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -164,6 +168,37 @@ class BridgeServiceStub:
     or it has ended; or one of a session the token does not name);
     INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
     """
+    StartToolRequests: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.StartToolRequestsRequest, _bridge_pb2.StartToolRequestsResponse]
+    """StartToolRequests asks the bridge whether the host may start the handlers
+    of requests it received: a host that opened its session with
+    acknowledges_starts (and was told starts_acknowledged) calls it before
+    running each request, batching the requests it read together, and runs a
+    handler only after START. The bridge answers START at most once per
+    request (once per delivery for a redeliverable one, which may run again
+    anyway), and only to the host session it last sent the request to; a
+    request whose deadline passed by the bridge's clock (the caller gets
+    TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+    must not run it. So when such a host goes away (its stream ends, or it
+    stops answering read checks), a request it never got START for has not
+    run: the bridge sends it to another host of the session, or keeps it for
+    the next one to connect, within the time it has left, whether or not it
+    is redeliverable. A request it got START for keeps the outcome of a
+    started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+    report the bridge accepts, or a result, counts as a start too. A host
+    whose call fails (a transport failure, an error) does not run the
+    requests it named: it cannot know the answer.
+
+    At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+    INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended; or one of a session the token does not name: then none
+    of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+    malformed id, too many ids).
+    """
     DispatchToolRequest: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -200,8 +235,8 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -215,7 +250,8 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -229,7 +265,9 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     and heartbeats until the host goes away or the server stops (then the
     stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
     reconnect, to another bridge if there is one). A host that sees no event
-    for three heartbeat intervals should reconnect.
+    for three heartbeat intervals should reconnect. HostSessionOpened and every
+    Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+    tells how much time a request has left from its deadline_unix_ms.
 
     Routing: a tool request goes to a host of its session that reads its
     stream, known by its answers to read checks (Heartbeat.read_check,
@@ -240,7 +278,8 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     session. A host that answered before and leaves a read check unanswered
     for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
     ends as if it had gone, its read-only or idempotent requests go to another
-    host and the others end with TOOL_HOST_DISCONNECTED.
+    host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+    that acknowledges starts never started (see StartToolRequests).
 
     Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
     handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -329,6 +368,37 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     or it has ended; or one of a session the token does not name);
     INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
     """
+    StartToolRequests: _aio.UnaryUnaryMultiCallable[_bridge_pb2.StartToolRequestsRequest, _bridge_pb2.StartToolRequestsResponse]  # type: ignore[assignment]
+    """StartToolRequests asks the bridge whether the host may start the handlers
+    of requests it received: a host that opened its session with
+    acknowledges_starts (and was told starts_acknowledged) calls it before
+    running each request, batching the requests it read together, and runs a
+    handler only after START. The bridge answers START at most once per
+    request (once per delivery for a redeliverable one, which may run again
+    anyway), and only to the host session it last sent the request to; a
+    request whose deadline passed by the bridge's clock (the caller gets
+    TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+    must not run it. So when such a host goes away (its stream ends, or it
+    stops answering read checks), a request it never got START for has not
+    run: the bridge sends it to another host of the session, or keeps it for
+    the next one to connect, within the time it has left, whether or not it
+    is redeliverable. A request it got START for keeps the outcome of a
+    started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+    report the bridge accepts, or a result, counts as a start too. A host
+    whose call fails (a transport failure, an error) does not run the
+    requests it named: it cannot know the answer.
+
+    At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+    INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession.
+
+    Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+    or it has ended; or one of a session the token does not name: then none
+    of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+    malformed id, too many ids).
+    """
     DispatchToolRequest: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DispatchToolRequestRequest, _bridge_pb2.DispatchToolRequestResponse]  # type: ignore[assignment]
     """DispatchToolRequest sends one tool request to a host that serves the
     session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -364,8 +434,8 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult. The host path uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
-    ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
 
@@ -379,7 +449,8 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress needs the same token as SubmitToolResult.
+    ReportToolProgress and StartToolRequests need the same token as
+    SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -397,7 +468,9 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect.
+        for three heartbeat intervals should reconnect. HostSessionOpened and every
+        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+        tells how much time a request has left from its deadline_unix_ms.
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -408,7 +481,8 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         session. A host that answered before and leaves a read check unanswered
         for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
         ends as if it had gone, its read-only or idempotent requests go to another
-        host and the others end with TOOL_HOST_DISCONNECTED.
+        host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+        that acknowledges starts never started (see StartToolRequests).
 
         Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
         handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -520,6 +594,43 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
         or it has ended; or one of a session the token does not name);
         INVALID_ARGUMENT with reason INVALID_REQUEST (a malformed id).
+        """
+
+    @_abc_1.abstractmethod
+    def StartToolRequests(
+        self,
+        request: _bridge_pb2.StartToolRequestsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bridge_pb2.StartToolRequestsResponse, _abc.Awaitable[_bridge_pb2.StartToolRequestsResponse]]:
+        """StartToolRequests asks the bridge whether the host may start the handlers
+        of requests it received: a host that opened its session with
+        acknowledges_starts (and was told starts_acknowledged) calls it before
+        running each request, batching the requests it read together, and runs a
+        handler only after START. The bridge answers START at most once per
+        request (once per delivery for a redeliverable one, which may run again
+        anyway), and only to the host session it last sent the request to; a
+        request whose deadline passed by the bridge's clock (the caller gets
+        TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+        must not run it. So when such a host goes away (its stream ends, or it
+        stops answering read checks), a request it never got START for has not
+        run: the bridge sends it to another host of the session, or keeps it for
+        the next one to connect, within the time it has left, whether or not it
+        is redeliverable. A request it got START for keeps the outcome of a
+        started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+        report the bridge accepts, or a result, counts as a start too. A host
+        whose call fails (a transport failure, an error) does not run the
+        requests it named: it cannot know the answer.
+
+        At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+        INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession.
+
+        Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+        or it has ended; or one of a session the token does not name: then none
+        of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+        malformed id, too many ids).
         """
 
     @_abc_1.abstractmethod

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/bridge.proto.
  */
 export const file_toolmesh_v1_bridge: GenFile = /*@__PURE__*/
-  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIpUBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAki6wEKF09wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlEjAKBm9wZW5lZBgBIAEoCzIeLnRvb2xtZXNoLnYxLkhvc3RTZXNzaW9uT3BlbmVkSAASMAoMdG9vbF9yZXF1ZXN0GAIgASgLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3RIABI2CgljYW5jZWxsZWQYAyABKAsyIS50b29sbWVzaC52MS5Ub29sUmVxdWVzdENhbmNlbGxlZEgAEisKCWhlYXJ0YmVhdBgEIAEoCzIWLnRvb2xtZXNoLnYxLkhlYXJ0YmVhdEgAQgcKBWV2ZW50IksKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0imQIKC1Rvb2xSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEhYKDmFyZ3VtZW50c19qc29uGAUgASgJEhIKCnRpbWVvdXRfbXMYBiABKA0SQQoNdHJhY2VfY29udGV4dBgHIAMoCzIqLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0LlRyYWNlQ29udGV4dEVudHJ5EhUKDXJlZGVsaXZlcmFibGUYCCABKAgaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJaChRUb29sUmVxdWVzdENhbmNlbGxlZBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSKQoGcmVhc29uGAIgASgOMhkudG9vbG1lc2gudjEuQ2FuY2VsUmVhc29uIh8KCUhlYXJ0YmVhdBISCgpyZWFkX2NoZWNrGAEgASgEInYKF1N1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAiABKAkSKQoHb3V0Y29tZRgDIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lIhoKGFN1Ym1pdFRvb2xSZXN1bHRSZXNwb25zZSJFChZBbnN3ZXJSZWFkQ2hlY2tSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRISCgpyZWFkX2NoZWNrGAIgASgEIhkKF0Fuc3dlclJlYWRDaGVja1Jlc3BvbnNlIl4KF0RlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIqCgV0b29scxgCIAMoCzIbLnRvb2xtZXNoLnYxLlRvb2xEZWZpbml0aW9uIiwKGERlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBCKOAQoZUmVwb3J0VG9vbFByb2dyZXNzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEhAKCHByb2dyZXNzGAMgASgBEhIKBXRvdGFsGAQgASgBSACIAQESDwoHbWVzc2FnZRgFIAEoCUIICgZfdG90YWwiagoaUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USMQoGc3RhdHVzGAEgASgOMiEudG9vbG1lc2gudjEuUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSGQoRbWVzc2FnZV90cnVuY2F0ZWQYAiABKAgiRwoaRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QSKQoHcmVxdWVzdBgBIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0IkgKG0Rpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRIpCgdvdXRjb21lGAEgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiagobRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QSHwoXY2FuY2VsX3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkieQocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQSKwoIcHJvZ3Jlc3MYAiADKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3MikQEKDkRpc3BhdGNoUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIrCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWVIABIvCgdyZWZ1c2FsGAMgASgLMhwudG9vbG1lc2gudjEuRGlzcGF0Y2hSZWZ1c2FsSABCCAoGcmVzdWx0IjIKD0Rpc3BhdGNoUmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCSplCgxDYW5jZWxSZWFzb24SHQoZQ0FOQ0VMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFUNBTkNFTF9SRUFTT05fVElNRU9VVBABEhsKF0NBTkNFTF9SRUFTT05fQ0FOQ0VMTEVEEAIq3QEKFFByb2dyZXNzUmVwb3J0U3RhdHVzEiYKIlBST0dSRVNTX1JFUE9SVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIjCh9QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0FDQ0VQVEVEEAESIgoeUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19JTlZBTElEEAISKgomUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19SRVFVRVNUX1VOS05PV04QAxIoCiRQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfRU5ERUQQBDLRBQoNQnJpZGdlU2VydmljZRJeCg9PcGVuSG9zdFNlc3Npb24SIy50b29sbWVzaC52MS5PcGVuSG9zdFNlc3Npb25SZXF1ZXN0GiQudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2UwARJfChBTdWJtaXRUb29sUmVzdWx0EiQudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlcXVlc3QaJS50b29sbWVzaC52MS5TdWJtaXRUb29sUmVzdWx0UmVzcG9uc2USXwoQRGVjbGFyZUhvc3RUb29scxIkLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0GiUudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlElwKD0Fuc3dlclJlYWRDaGVjaxIjLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1JlcXVlc3QaJC50b29sbWVzaC52MS5BbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZRJlChJSZXBvcnRUb29sUHJvZ3Jlc3MSJi50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXF1ZXN0GicudG9vbG1lc2gudjEuUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USaAoTRGlzcGF0Y2hUb29sUmVxdWVzdBInLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXF1ZXN0GigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEm8KFERpc3BhdGNoVG9vbFJlcXVlc3RzEigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0GikudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZSgBMAFiBnByb3RvMw", [file_toolmesh_v1_tool]);
+  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIrIBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAkSGwoTYWNrbm93bGVkZ2VzX3N0YXJ0cxgGIAEoCCLrAQoXT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2USMAoGb3BlbmVkGAEgASgLMh4udG9vbG1lc2gudjEuSG9zdFNlc3Npb25PcGVuZWRIABIwCgx0b29sX3JlcXVlc3QYAiABKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdEgAEjYKCWNhbmNlbGxlZBgDIAEoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0Q2FuY2VsbGVkSAASKwoJaGVhcnRiZWF0GAQgASgLMhYudG9vbG1lc2gudjEuSGVhcnRiZWF0SABCBwoFZXZlbnQihQEKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0SGwoTc2VydmVyX3RpbWVfdW5peF9tcxgDIAEoAxIbChNzdGFydHNfYWNrbm93bGVkZ2VkGAQgASgIIrMCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIEhgKEGRlYWRsaW5lX3VuaXhfbXMYCSABKAMaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJaChRUb29sUmVxdWVzdENhbmNlbGxlZBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSKQoGcmVhc29uGAIgASgOMhkudG9vbG1lc2gudjEuQ2FuY2VsUmVhc29uIjwKCUhlYXJ0YmVhdBISCgpyZWFkX2NoZWNrGAEgASgEEhsKE3NlcnZlcl90aW1lX3VuaXhfbXMYAiABKAMidgoXU3VibWl0VG9vbFJlc3VsdFJlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhcKD3Rvb2xfcmVxdWVzdF9pZBgCIAEoCRIpCgdvdXRjb21lGAMgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiGgoYU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlIkUKFkFuc3dlclJlYWRDaGVja1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhIKCnJlYWRfY2hlY2sYAiABKAQiGQoXQW5zd2VyUmVhZENoZWNrUmVzcG9uc2UiXgoXRGVjbGFyZUhvc3RUb29sc1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEioKBXRvb2xzGAIgAygLMhsudG9vbG1lc2gudjEuVG9vbERlZmluaXRpb24iLAoYRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgEIo4BChlSZXBvcnRUb29sUHJvZ3Jlc3NSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAiABKAkSEAoIcHJvZ3Jlc3MYAyABKAESEgoFdG90YWwYBCABKAFIAIgBARIPCgdtZXNzYWdlGAUgASgJQggKBl90b3RhbCJqChpSZXBvcnRUb29sUHJvZ3Jlc3NSZXNwb25zZRIxCgZzdGF0dXMYASABKA4yIS50b29sbWVzaC52MS5Qcm9ncmVzc1JlcG9ydFN0YXR1cxIZChFtZXNzYWdlX3RydW5jYXRlZBgCIAEoCCJNChhTdGFydFRvb2xSZXF1ZXN0c1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhgKEHRvb2xfcmVxdWVzdF9pZHMYAiADKAkiQwoZU3RhcnRUb29sUmVxdWVzdHNSZXNwb25zZRImCgZzdGFydHMYASADKAsyFi50b29sbWVzaC52MS5Ub29sU3RhcnQiVAoJVG9vbFN0YXJ0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIuCgd2ZXJkaWN0GAIgASgOMh0udG9vbG1lc2gudjEuVG9vbFN0YXJ0VmVyZGljdCJHChpEaXNwYXRjaFRvb2xSZXF1ZXN0UmVxdWVzdBIpCgdyZXF1ZXN0GAEgASgLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QiSAobRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEikKB291dGNvbWUYASABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJqChtEaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QSKgoIcmVxdWVzdHMYASADKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdBIfChdjYW5jZWxfdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCSJ5ChxEaXNwYXRjaFRvb2xSZXF1ZXN0c1Jlc3BvbnNlEiwKB3Jlc3VsdHMYASADKAsyGy50b29sbWVzaC52MS5EaXNwYXRjaFJlc3VsdBIrCghwcm9ncmVzcxgCIAMoCzIZLnRvb2xtZXNoLnYxLlRvb2xQcm9ncmVzcyKRAQoORGlzcGF0Y2hSZXN1bHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEisKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZUgAEi8KB3JlZnVzYWwYAyABKAsyHC50b29sbWVzaC52MS5EaXNwYXRjaFJlZnVzYWxIAEIICgZyZXN1bHQiMgoPRGlzcGF0Y2hSZWZ1c2FsEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJKmUKDENhbmNlbFJlYXNvbhIdChlDQU5DRUxfUkVBU09OX1VOU1BFQ0lGSUVEEAASGQoVQ0FOQ0VMX1JFQVNPTl9USU1FT1VUEAESGwoXQ0FOQ0VMX1JFQVNPTl9DQU5DRUxMRUQQAirdAQoUUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSJgoiUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19VTlNQRUNJRklFRBAAEiMKH1BST0dSRVNTX1JFUE9SVF9TVEFUVVNfQUNDRVBURUQQARIiCh5QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0lOVkFMSUQQAhIqCiZQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfVU5LTk9XThADEigKJFBST0dSRVNTX1JFUE9SVF9TVEFUVVNfUkVRVUVTVF9FTkRFRBAEKv4BChBUb29sU3RhcnRWZXJkaWN0EiIKHlRPT0xfU1RBUlRfVkVSRElDVF9VTlNQRUNJRklFRBAAEhwKGFRPT0xfU1RBUlRfVkVSRElDVF9TVEFSVBABEiAKHFRPT0xfU1RBUlRfVkVSRElDVF9USU1FRF9PVVQQAhIgChxUT09MX1NUQVJUX1ZFUkRJQ1RfQ0FOQ0VMTEVEEAMSHAoYVE9PTF9TVEFSVF9WRVJESUNUX0VOREVEEAQSHgoaVE9PTF9TVEFSVF9WRVJESUNUX1VOS05PV04QBRImCiJUT09MX1NUQVJUX1ZFUkRJQ1RfQUxSRUFEWV9TVEFSVEVEEAYytQYKDUJyaWRnZVNlcnZpY2USXgoPT3Blbkhvc3RTZXNzaW9uEiMudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVxdWVzdBokLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlMAESXwoQU3VibWl0VG9vbFJlc3VsdBIkLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0GiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlEl8KEERlY2xhcmVIb3N0VG9vbHMSJC50b29sbWVzaC52MS5EZWNsYXJlSG9zdFRvb2xzUmVxdWVzdBolLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRJcCg9BbnN3ZXJSZWFkQ2hlY2sSIy50b29sbWVzaC52MS5BbnN3ZXJSZWFkQ2hlY2tSZXF1ZXN0GiQudG9vbG1lc2gudjEuQW5zd2VyUmVhZENoZWNrUmVzcG9uc2USZQoSUmVwb3J0VG9vbFByb2dyZXNzEiYudG9vbG1lc2gudjEuUmVwb3J0VG9vbFByb2dyZXNzUmVxdWVzdBonLnRvb2xtZXNoLnYxLlJlcG9ydFRvb2xQcm9ncmVzc1Jlc3BvbnNlEmIKEVN0YXJ0VG9vbFJlcXVlc3RzEiUudG9vbG1lc2gudjEuU3RhcnRUb29sUmVxdWVzdHNSZXF1ZXN0GiYudG9vbG1lc2gudjEuU3RhcnRUb29sUmVxdWVzdHNSZXNwb25zZRJoChNEaXNwYXRjaFRvb2xSZXF1ZXN0EicudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QaKC50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0UmVzcG9uc2USbwoURGlzcGF0Y2hUb29sUmVxdWVzdHMSKC50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QaKS50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0c1Jlc3BvbnNlKAEwAWIGcHJvdG8z", [file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.OpenHostSessionRequest
@@ -67,6 +67,18 @@ export type OpenHostSessionRequest = Message<"toolmesh.v1.OpenHostSessionRequest
    * @generated from field: string replaces_host_session_id = 5;
    */
   replacesHostSessionId: string;
+
+  /**
+   * The host asks before it starts each request (StartToolRequests) and runs
+   * none it was not told START for. HostSessionOpened.starts_acknowledged
+   * says whether the bridge takes it so; a bridge that does not (an older
+   * one) leaves it false, and the host then runs requests as it reads them.
+   * A host without it is served as before: a non-redeliverable request in
+   * flight to it when it goes away ends with TOOL_HOST_DISCONNECTED.
+   *
+   * @generated from field: bool acknowledges_starts = 6;
+   */
+  acknowledgesStarts: boolean;
 };
 
 /**
@@ -148,6 +160,26 @@ export type HostSessionOpened = Message<"toolmesh.v1.HostSessionOpened"> & {
    * @generated from field: uint32 heartbeat_interval_ms = 2;
    */
   heartbeatIntervalMs: number;
+
+  /**
+   * The bridge's clock when it sent this event, in ms since the Unix epoch.
+   * The host estimates the offset of its own clock from the bridge's as the
+   * largest (server_time_unix_ms minus its clock when it read the event) over
+   * this event and the heartbeats: a delay on the way only lowers a sample.
+   * 0 from a bridge that does not send it.
+   *
+   * @generated from field: int64 server_time_unix_ms = 3;
+   */
+  serverTimeUnixMs: bigint;
+
+  /**
+   * The bridge took OpenHostSessionRequest.acknowledges_starts: the host must
+   * ask StartToolRequests before running each request. False when the host
+   * did not ask for it, or the bridge does not know it.
+   *
+   * @generated from field: bool starts_acknowledged = 4;
+   */
+  startsAcknowledged: boolean;
 };
 
 /**
@@ -203,7 +235,10 @@ export type ToolRequest = Message<"toolmesh.v1.ToolRequest"> & {
    * Time left for the host to answer when this request was sent, in ms: the
    * tool's timeout on first delivery, and only what is left of it when the
    * request is sent again to another host (see redeliverable). After it the
-   * request is cancelled and a late result refused.
+   * request is cancelled and a late result refused. A host should count from
+   * deadline_unix_ms when it is set: timeout_ms counts from the sending, and
+   * a host that reads the request late (a pause, a busy page) would
+   * overestimate the time left.
    *
    * @generated from field: uint32 timeout_ms = 6;
    */
@@ -221,11 +256,24 @@ export type ToolRequest = Message<"toolmesh.v1.ToolRequest"> & {
   /**
    * The tool is read-only or idempotent: if its host goes away mid-call, the
    * bridge may send the request again to a host of the session that connects
-   * before the deadline. Otherwise the call ends with TOOL_HOST_DISCONNECTED.
+   * before the deadline. Otherwise the call ends with TOOL_HOST_DISCONNECTED
+   * (unless the host acknowledges starts and never started it: see
+   * StartToolRequests).
    *
    * @generated from field: bool redeliverable = 8;
    */
   redeliverable: boolean;
+
+  /**
+   * The request's deadline on the bridge's clock, in ms since the Unix epoch
+   * (see HostSessionOpened.server_time_unix_ms): the same on every delivery.
+   * Set by the bridge on requests it sends to hosts; the bridge ignores it in
+   * DispatchToolRequest(s), where timeout_ms rules. A host never starts a
+   * request whose deadline has passed. 0: not known (an older bridge).
+   *
+   * @generated from field: int64 deadline_unix_ms = 9;
+   */
+  deadlineUnixMs: bigint;
 };
 
 /**
@@ -279,6 +327,15 @@ export type Heartbeat = Message<"toolmesh.v1.Heartbeat"> & {
    * @generated from field: uint64 read_check = 1;
    */
   readCheck: bigint;
+
+  /**
+   * The bridge's clock when it sent the heartbeat, in ms since the Unix
+   * epoch (see HostSessionOpened.server_time_unix_ms). 0 from a bridge that
+   * does not send it.
+   *
+   * @generated from field: int64 server_time_unix_ms = 2;
+   */
+  serverTimeUnixMs: bigint;
 };
 
 /**
@@ -498,6 +555,80 @@ export const ReportToolProgressResponseSchema: GenMessage<ReportToolProgressResp
   messageDesc(file_toolmesh_v1_bridge, 13);
 
 /**
+ * @generated from message toolmesh.v1.StartToolRequestsRequest
+ */
+export type StartToolRequestsRequest = Message<"toolmesh.v1.StartToolRequestsRequest"> & {
+  /**
+   * Required. From HostSessionOpened: the host session the requests came on.
+   *
+   * @generated from field: string host_session_id = 1;
+   */
+  hostSessionId: string;
+
+  /**
+   * Required. The requests the host is about to start, at most 1,000
+   * (limits.MAX_CALLS_PER_MESSAGE); each id once.
+   *
+   * @generated from field: repeated string tool_request_ids = 2;
+   */
+  toolRequestIds: string[];
+};
+
+/**
+ * Describes the message toolmesh.v1.StartToolRequestsRequest.
+ * Use `create(StartToolRequestsRequestSchema)` to create a new message.
+ */
+export const StartToolRequestsRequestSchema: GenMessage<StartToolRequestsRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 14);
+
+/**
+ * @generated from message toolmesh.v1.StartToolRequestsResponse
+ */
+export type StartToolRequestsResponse = Message<"toolmesh.v1.StartToolRequestsResponse"> & {
+  /**
+   * One per id asked, in the order asked.
+   *
+   * @generated from field: repeated toolmesh.v1.ToolStart starts = 1;
+   */
+  starts: ToolStart[];
+};
+
+/**
+ * Describes the message toolmesh.v1.StartToolRequestsResponse.
+ * Use `create(StartToolRequestsResponseSchema)` to create a new message.
+ */
+export const StartToolRequestsResponseSchema: GenMessage<StartToolRequestsResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 15);
+
+/**
+ * ToolStart answers one id of StartToolRequests.
+ *
+ * @generated from message toolmesh.v1.ToolStart
+ */
+export type ToolStart = Message<"toolmesh.v1.ToolStart"> & {
+  /**
+   * The request asked about.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * Run it, or why not.
+   *
+   * @generated from field: toolmesh.v1.ToolStartVerdict verdict = 2;
+   */
+  verdict: ToolStartVerdict;
+};
+
+/**
+ * Describes the message toolmesh.v1.ToolStart.
+ * Use `create(ToolStartSchema)` to create a new message.
+ */
+export const ToolStartSchema: GenMessage<ToolStart> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 16);
+
+/**
  * @generated from message toolmesh.v1.DispatchToolRequestRequest
  */
 export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolRequestRequest"> & {
@@ -514,7 +645,7 @@ export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolReques
  * Use `create(DispatchToolRequestRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestRequestSchema: GenMessage<DispatchToolRequestRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 14);
+  messageDesc(file_toolmesh_v1_bridge, 17);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestResponse
@@ -533,7 +664,7 @@ export type DispatchToolRequestResponse = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestResponseSchema: GenMessage<DispatchToolRequestResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 15);
+  messageDesc(file_toolmesh_v1_bridge, 18);
 
 /**
  * One message may carry many requests and cancellations: a sender that has
@@ -563,7 +694,7 @@ export type DispatchToolRequestsRequest = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestsRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestsRequestSchema: GenMessage<DispatchToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 16);
+  messageDesc(file_toolmesh_v1_bridge, 19);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestsResponse
@@ -591,7 +722,7 @@ export type DispatchToolRequestsResponse = Message<"toolmesh.v1.DispatchToolRequ
  * Use `create(DispatchToolRequestsResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestsResponseSchema: GenMessage<DispatchToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 17);
+  messageDesc(file_toolmesh_v1_bridge, 20);
 
 /**
  * DispatchResult answers one request of the stream.
@@ -635,7 +766,7 @@ export type DispatchResult = Message<"toolmesh.v1.DispatchResult"> & {
  * Use `create(DispatchResultSchema)` to create a new message.
  */
 export const DispatchResultSchema: GenMessage<DispatchResult> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 18);
+  messageDesc(file_toolmesh_v1_bridge, 21);
 
 /**
  * DispatchRefusal says why the bridge did not take a request: nothing ran.
@@ -664,7 +795,7 @@ export type DispatchRefusal = Message<"toolmesh.v1.DispatchRefusal"> & {
  * Use `create(DispatchRefusalSchema)` to create a new message.
  */
 export const DispatchRefusalSchema: GenMessage<DispatchRefusal> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 19);
+  messageDesc(file_toolmesh_v1_bridge, 22);
 
 /**
  * Why a request was cancelled.
@@ -751,13 +882,77 @@ export const ProgressReportStatusSchema: GenEnum<ProgressReportStatus> = /*@__PU
   enumDesc(file_toolmesh_v1_bridge, 1);
 
 /**
+ * Whether a host may start a request's handler. Only START lets it: for
+ * every other verdict the host does not run the request.
+ *
+ * @generated from enum toolmesh.v1.ToolStartVerdict
+ */
+export enum ToolStartVerdict {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: TOOL_START_VERDICT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Run the handler now: the bridge has recorded that this host started it.
+   *
+   * @generated from enum value: TOOL_START_VERDICT_START = 1;
+   */
+  START = 1,
+
+  /**
+   * Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT.
+   *
+   * @generated from enum value: TOOL_START_VERDICT_TIMED_OUT = 2;
+   */
+  TIMED_OUT = 2,
+
+  /**
+   * It was cancelled: the caller gave up on it.
+   *
+   * @generated from enum value: TOOL_START_VERDICT_CANCELLED = 3;
+   */
+  CANCELLED = 3,
+
+  /**
+   * It has ended otherwise (answered).
+   *
+   * @generated from enum value: TOOL_START_VERDICT_ENDED = 4;
+   */
+  ENDED = 4,
+
+  /**
+   * This host session holds no request of that id: never sent to it, sent to
+   * another host session since, or forgotten long after it ended.
+   *
+   * @generated from enum value: TOOL_START_VERDICT_UNKNOWN = 5;
+   */
+  UNKNOWN = 5,
+
+  /**
+   * START was given for it already (asked twice): it is not given again.
+   *
+   * @generated from enum value: TOOL_START_VERDICT_ALREADY_STARTED = 6;
+   */
+  ALREADY_STARTED = 6,
+}
+
+/**
+ * Describes the enum toolmesh.v1.ToolStartVerdict.
+ */
+export const ToolStartVerdictSchema: GenEnum<ToolStartVerdict> = /*@__PURE__*/
+  enumDesc(file_toolmesh_v1_bridge, 2);
+
+/**
  * BridgeService connects handler hosts (the application side) with the
  * invocation service. A host opens a session and receives tool requests and
  * cancellations on a server stream; it answers each request with the unary
  * SubmitToolResult. The host path uses only unary and server-streaming calls,
  * so gRPC-Web and Connect clients can serve tools too: the bridge serves
- * OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck and
- * ReportToolProgress (never the Dispatch RPCs) over the Connect protocol and
+ * OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+ * ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
  * gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
  * configured to allow.
  *
@@ -771,7 +966,8 @@ export const ProgressReportStatusSchema: GenEnum<ProgressReportStatus> = /*@__PU
  * metadata) with the role host for the session; without a valid one they fail
  * with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
  * the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
- * ReportToolProgress needs the same token as SubmitToolResult.
+ * ReportToolProgress and StartToolRequests need the same token as
+ * SubmitToolResult.
  * DispatchToolRequest and DispatchToolRequests are internal: served only on
  * the bridge's internal listener, to the invocation service (mutual TLS when
  * configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -786,7 +982,9 @@ export const BridgeService: GenService<{
    * and heartbeats until the host goes away or the server stops (then the
    * stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
    * reconnect, to another bridge if there is one). A host that sees no event
-   * for three heartbeat intervals should reconnect.
+   * for three heartbeat intervals should reconnect. HostSessionOpened and every
+   * Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
+   * tells how much time a request has left from its deadline_unix_ms.
    *
    * Routing: a tool request goes to a host of its session that reads its
    * stream, known by its answers to read checks (Heartbeat.read_check,
@@ -797,7 +995,8 @@ export const BridgeService: GenService<{
    * session. A host that answered before and leaves a read check unanswered
    * for 10 s (limits.READ_CHECK_TIMEOUT_MS) has stopped reading: its session
    * ends as if it had gone, its read-only or idempotent requests go to another
-   * host and the others end with TOOL_HOST_DISCONNECTED.
+   * host and the others end with TOOL_HOST_DISCONNECTED, but for those a host
+   * that acknowledges starts never started (see StartToolRequests).
    *
    * Errors: INVALID_ARGUMENT with reason INVALID_REQUEST (bad session id or
    * handler name); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED and RetryInfo
@@ -920,6 +1119,44 @@ export const BridgeService: GenService<{
     methodKind: "unary";
     input: typeof ReportToolProgressRequestSchema;
     output: typeof ReportToolProgressResponseSchema;
+  },
+  /**
+   * StartToolRequests asks the bridge whether the host may start the handlers
+   * of requests it received: a host that opened its session with
+   * acknowledges_starts (and was told starts_acknowledged) calls it before
+   * running each request, batching the requests it read together, and runs a
+   * handler only after START. The bridge answers START at most once per
+   * request (once per delivery for a redeliverable one, which may run again
+   * anyway), and only to the host session it last sent the request to; a
+   * request whose deadline passed by the bridge's clock (the caller gets
+   * TOOL_TIMEOUT) or that was cancelled is answered so instead, and the host
+   * must not run it. So when such a host goes away (its stream ends, or it
+   * stops answering read checks), a request it never got START for has not
+   * run: the bridge sends it to another host of the session, or keeps it for
+   * the next one to connect, within the time it has left, whether or not it
+   * is redeliverable. A request it got START for keeps the outcome of a
+   * started one (TOOL_HOST_DISCONNECTED unless redeliverable). A progress
+   * report the bridge accepts, or a result, counts as a start too. A host
+   * whose call fails (a transport failure, an error) does not run the
+   * requests it named: it cannot know the answer.
+   *
+   * At most 1,000 ids per call (limits.MAX_CALLS_PER_MESSAGE); more is
+   * INVALID_ARGUMENT with reason INVALID_REQUEST, and nothing is started.
+   *
+   * Called by the host holding the host session, the peers that may call
+   * OpenHostSession.
+   *
+   * Errors: NOT_FOUND with reason HOST_SESSION_UNKNOWN (no such host session,
+   * or it has ended; or one of a session the token does not name: then none
+   * of its requests start); INVALID_ARGUMENT with reason INVALID_REQUEST (a
+   * malformed id, too many ids).
+   *
+   * @generated from rpc toolmesh.v1.BridgeService.StartToolRequests
+   */
+  startToolRequests: {
+    methodKind: "unary";
+    input: typeof StartToolRequestsRequestSchema;
+    output: typeof StartToolRequestsResponseSchema;
   },
   /**
    * DispatchToolRequest sends one tool request to a host that serves the
