@@ -10,6 +10,7 @@ import { Codes, errorInfo, type HostError } from "./errors.js";
 import { READ_CHECK_TIMEOUT_MS, RECONNECT_BACKOFF_FIRST_MS, RENEW_AHEAD_MS } from "./gen/tables.js";
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
 import { convertReturn, runtimeError } from "./results.js";
+import { inHandlerSpan } from "./tracing.js";
 import { Waiters } from "./waiters.js";
 
 /**
@@ -450,6 +451,7 @@ export class HostEngine {
       toolRequestId: request.toolRequestId,
       toolName: request.toolName,
       deadline: Date.now() + request.timeoutMs,
+      traceContext: Object.freeze({ ...request.traceContext }),
       signal: controller.signal,
       timeRemainingMs() {
         return Math.max(0, this.deadline - Date.now());
@@ -506,7 +508,7 @@ export class HostEngine {
     }
     let value: unknown;
     try {
-      value = await handler(JSON.parse(argumentsJson) as ToolArguments, ctx);
+      value = await inHandlerSpan(ctx, () => handler(JSON.parse(argumentsJson) as ToolArguments, ctx));
     } catch (thrown) {
       if (ctx.signal.aborted) {
         return undefined; // it gave up as it was told to
