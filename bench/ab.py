@@ -32,11 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import measure, procs, tracing
+from bench import loops, measure, procs, tracing
 
 MARK = "ab-result "
 READY = "ab-side ready"
-SIDES = ("floor", "baseline", "head")
+SIDES = ("floor", "baseline", "head", "head-uvloop")
+# With --uvloop, a fourth side: this tree again, every process of it on uvloop (bench.loops).
+UVLOOP_ENV = {"TOOLMESH_EVENT_LOOP": "uvloop"}
 # What each round measures on each side: (figure group, way of calling, kind of measurement).
 MEASUREMENTS = (("unary", "sequential"), ("unary", "throughput"), ("stream", "throughput"))
 # The figures of one round on one side, from its measurements (see round_figures).
@@ -192,6 +194,13 @@ def summarize(rounds: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, A
             key: _spread([h[key] / b[key] for h, b in zip(figures["head"], figures["baseline"], strict=True)])
             for _, key in FIGURES
         }
+    if "head-uvloop" in figures:
+        out["uvloop/head"] = {
+            key: _spread(
+                [u[key] / h[key] for u, h in zip(figures["head-uvloop"], figures["head"], strict=True)]
+            )
+            for _, key in FIGURES
+        }
     if "floor" in figures:
         out["versus_floor"] = {
             side: {
@@ -222,7 +231,7 @@ def _ratio(spread: dict[str, float]) -> str:
 def table(results: dict[str, Any]) -> str:
     meta, summary = results["meta"], results["summary"]
     sides = [side for side in SIDES if side in summary["medians"]]
-    names = {"floor": "floor", "baseline": meta["baseline"], "head": meta["head"]}
+    names = {"floor": "floor", "baseline": meta["baseline"], "head": meta["head"], "head-uvloop": "uvloop"}
     lines = [
         f"A/B: {meta['baseline']} (baseline) against {meta['head']} (head), "
         f"medians of {summary['rounds']} rounds, sides in turns",
@@ -235,12 +244,17 @@ def table(results: dict[str, Any]) -> str:
             else []
         ),
         "",
-        f"  {'figure':<32}" + "".join(f"{names[side]:>14}" for side in sides) + f"{'head/baseline':>24}",
+        f"  {'figure':<32}"
+        + "".join(f"{names[side]:>14}" for side in sides)
+        + f"{'head/baseline':>24}"
+        + (f"{'uvloop/head':>24}" if "uvloop/head" in summary else ""),
     ]
     for label, key in FIGURES:
         row = f"  {label:<32}" + "".join(f"{summary['medians'][side][key]:>14.3f}" for side in sides)
         if "head/baseline" in summary:
             row += f"{_ratio(summary['head/baseline'][key]):>24}"
+        if "uvloop/head" in summary:
+            row += f"{_ratio(summary['uvloop/head'][key]):>24}"
         lines.append(row)
     if "versus_floor" in summary:
         lines.append("")
@@ -277,6 +291,7 @@ async def run(
     head: str,
     load: Callable[[], str],
     traced: bool = False,
+    uvloop: bool = False,
 ) -> dict[str, Any]:
     """With `traced`, both toolmesh sides export their spans over OTLP to a receiver in this process."""
     async with contextlib.AsyncExitStack() as stack:
@@ -292,6 +307,7 @@ async def run(
             head=head,
             load=load,
             exporting=exporting,
+            uvloop=uvloop,
         )
     if sink is not None:
         results["meta"]["spans_received"] = sink.spans
@@ -310,6 +326,7 @@ async def _run(
     head: str,
     load: Callable[[], str],
     exporting: dict[str, str],
+    uvloop: bool,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -323,14 +340,20 @@ async def _run(
         "load_before": load(),
         "traced": bool(exporting),
     }
-    measured: dict[str, list[dict[str, dict[str, Any]]]] = {side: [] for side in SIDES}
+    names = [side for side in SIDES if uvloop or side != "head-uvloop"]
+    measured: dict[str, list[dict[str, dict[str, Any]]]] = {side: [] for side in names}
     with tempfile.TemporaryDirectory(prefix="toolmesh-ab-") as directory:
         sha, baseline_env = procs.extract(ref, Path(directory))
         meta["baseline"] = sha
-        environments = {"floor": {}, "baseline": baseline_env | exporting, "head": exporting}
+        environments = {
+            "floor": {},
+            "baseline": baseline_env | exporting,
+            "head": exporting,
+            "head-uvloop": UVLOOP_ENV | exporting,
+        }
         sides: list[Side] = []
         try:
-            for name in SIDES:
+            for name in names:
                 print(f"... A/B: starting the {name} side", file=sys.stderr, flush=True)
                 sides.append(
                     await _start(name, "floor" if name == "floor" else "toolmesh", environments[name], warmup)
@@ -365,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("kind", choices=["floor", "toolmesh"])
     parser.add_argument("--warmup", type=int, default=200)
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.kind, args.warmup))
+    loops.run(_serve(args.kind, args.warmup))
 
 
 if __name__ == "__main__":

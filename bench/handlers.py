@@ -6,13 +6,18 @@ Configured through the environment:
 - BENCH_HOLD_LIMIT_S: but none waits for the others longer than this,
 - BENCH_ARRIVALS_FILE: where `hold` keeps the count of calls that arrived (every 50),
 - BENCH_COUNTER_FILE: `counted` appends one line per execution here,
-- BENCH_COUNTED_S: how long a `counted` execution takes.
+- BENCH_COUNTED_S: how long a `counted` execution takes,
+- BENCH_EXECUTIONS_FILE: `chaos` appends each execution's start and end (or cancellation) here,
+  one JSON line each (bench.chaos reads them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
+import uuid
 from typing import Any
 
 from toolmesh.host import ToolContext
@@ -71,4 +76,38 @@ async def counted(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"ok": True}
 
 
-HANDLERS = {"noop": noop, "noop_sync": noop_sync, "hold": hold, "counted": counted}
+def _executed(event: str, args: dict[str, Any], ctx: ToolContext, execution: str) -> None:
+    line = {
+        "event": event,
+        "key": args["key"],
+        "toolRequestId": ctx.tool_request_id,
+        "execution": execution,
+        "at": time.time(),  # the machine's clock, as the caller's answers are timed
+        "leftS": ctx.time_remaining(),
+    }
+    # Opened and closed per line: a SIGKILL loses nothing written before it.
+    with open(os.environ["BENCH_EXECUTIONS_FILE"], "a") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+async def chaos(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Record its start, take `ms`, record its end; answer which execution this was."""
+    execution = uuid.uuid4().hex
+    _executed("start", args, ctx, execution)
+    try:
+        await asyncio.sleep(args["ms"] / 1000)
+    except asyncio.CancelledError:
+        _executed("cancelled", args, ctx, execution)
+        raise
+    _executed("end", args, ctx, execution)
+    return {"key": args["key"], "execution": execution}
+
+
+HANDLERS = {
+    "noop": noop,
+    "noop_sync": noop_sync,
+    "hold": hold,
+    "counted": counted,
+    "chaos_write": chaos,
+    "chaos_read": chaos,
+}

@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 
+from bench import loops
 from bench.handlers import HANDLERS
 from toolmesh.core import otel
 from toolmesh.core.bearer import token_from_env
@@ -52,7 +53,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     otel.configure("toolmesh-host")  # exports only when OTEL_* says where
     try:
-        asyncio.run(serve(args.bridge, args.session))
+        loops.run(serve(args.bridge, args.session))
     finally:
         otel.shutdown()
 

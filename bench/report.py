@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import replicas
+from bench import cluster, replicas
 
 LABELS = {
     "floor": "floor: bare grpc.aio chain, 3 processes",
@@ -102,6 +102,9 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "value": versus_memory["calls_per_s"],
             "met": versus_memory["calls_per_s"] >= MIN_THROUGHPUT_VS_MEMORY,
         }
+    sharded = results.get("cluster")
+    if sharded is not None:
+        found |= cluster.targets(sharded)
     secured = results.get("security")
     if secured is not None:
         for name, ratio in secured["tls+tokens/plain"].items():
@@ -222,6 +225,9 @@ def _state_lines(results: dict[str, Any]) -> list[str]:
     stored = results.get("store")
     if stored is not None:
         lines += _store_lines(stored)
+    sharded = results.get("cluster")
+    if sharded is not None:
+        lines += cluster.lines(sharded, _figures)
     replicated = results.get("replicas")
     if replicated is not None:
         lines += replicas.lines(replicated, _figures)

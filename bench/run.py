@@ -26,6 +26,7 @@ import grpc
 
 from bench import (
     ab,
+    cluster,
     floor,
     measure,
     procs,
@@ -41,7 +42,7 @@ from bench import (
 from toolmesh.client import InvocationClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("validation", "latency", "store", "replicas", "tracing", "security", "scale", "join")
+SECTIONS = ("validation", "latency", "store", "cluster", "replicas", "tracing", "security", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Sizes:
     validation_iterations: int = 2000
     # Turns of plaintext and TLS+tokens measurements.
     security_rounds: int = 3
+    # Sessions whose keys are spread over the cluster's primaries.
+    spread_sessions: int = 1000
 
 
 QUICK = Sizes(
@@ -73,6 +76,7 @@ QUICK = Sizes(
     join_execution_s=0.1,
     validation_iterations=20,
     security_rounds=1,
+    spread_sessions=30,
 )
 
 
@@ -398,6 +402,20 @@ async def run(sizes: Sizes, sections: tuple[str, ...], profile: Path | None) -> 
     if "store" in sections:
         print("... state in memory, then in Redis", file=sys.stderr, flush=True)
         results["store"] = await measure_store(sizes)
+    if "cluster" in sections:
+        print(
+            "... one Redis, a Redis Cluster (3+3), the cluster with durable claims",
+            file=sys.stderr,
+            flush=True,
+        )
+        results["cluster"] = await cluster.measure_cluster(
+            calls=sizes.calls,
+            warmup=sizes.warmup,
+            concurrency=sizes.concurrency,
+            seconds=sizes.seconds,
+            warmup_s=sizes.warmup_s,
+            sessions=sizes.spread_sessions,
+        )
     if "replicas" in sections:
         print("... replicas: 1+1, routed, 2+2 on one Redis", file=sys.stderr, flush=True)
         results["replicas"] = await replicas.measure_replicas(
@@ -472,6 +490,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="with --ab: both sides trace, exporting every span over OTLP to a receiver in this process",
     )
+    parser.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="with --ab: a fourth side, this tree with every process on uvloop (TOOLMESH_EVENT_LOOP)",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {
@@ -486,6 +509,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.uvloop and args.ab is None:
+        parser.error("--uvloop is a side of the A/B: add --ab REF")
     if args.ab is not None:
         if sections != ("latency",):
             parser.error("--ab measures the latency section alone: add --only latency")
@@ -501,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
                 head=_commit(),
                 load=_load,
                 traced=args.traced,
+                uvloop=args.uvloop,
             )
         )
         print(ab.table(results))

@@ -67,7 +67,8 @@ async def redis_server(tmp_path: Path) -> AsyncIterator[RedisServer]:
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """A Redis Cluster of three primaries on free ports, for this test process (started on first use)."""
+    """A Redis Cluster of three primaries, each with a replica, on free ports, for this test process
+    (started on first use)."""
     cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
     try:
         cluster.start()

@@ -32,6 +32,8 @@ from toolmesh.client.config import DEFAULT_PORTS
 from toolmesh.core.scrape import DEFAULT_METRICS_PORT
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.runtime.server import serve_until_signalled
+from toolmesh.store.durability import Mode
+from toolmesh.store.redis_cluster import parse_cluster_url
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -613,3 +615,187 @@ def test_build_context_leaves_out_local_state() -> None:
     assert {".git", ".venv", "**/node_modules", "**/__pycache__", "bench/results"} <= set(ignored)
     # What the image builds from must not be ignored.
     assert not {"clients", "services", "clients/python", "**/README.md", "*.md"} & set(ignored)
+
+
+# ---- the Redis Cluster option: the Kubernetes overlay (deploy/k8s/redis-cluster) against the
+# pinned Kubernetes' schemas and the base it patches, the compose override
+# (deploy/compose/redis-cluster.yaml) against the compose file, both against the store URL's parser
+
+OVERLAY = K8S / "redis-cluster"
+COMPOSE_OVERRIDE = K8S.parent / "compose/redis-cluster.yaml"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [document for document in yaml.safe_load_all(path.read_text()) if document]
+
+
+def overlay_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    """The overlay's own objects (not its patches), by kind and name."""
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in documents(OVERLAY / "redis-cluster.yaml")}
+
+
+def nodes() -> dict[str, Any]:
+    return overlay_objects()[("StatefulSet", "redis-cluster")]
+
+
+def arg(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.unit
+def test_the_overlay_is_the_base_with_its_redis_replaced_by_the_cluster() -> None:
+    kustomization = load(OVERLAY / "kustomization.yaml")
+    assert kustomization["resources"] == ["..", "redis-cluster.yaml"]
+    assert kustomization["namespace"] == "toolmesh"
+    listed = {patch["path"] for patch in kustomization["patches"]}
+    assert listed == {p.name for p in OVERLAY.glob("*.yaml")} - {"kustomization.yaml", "redis-cluster.yaml"}
+    deleted = {
+        (doc["kind"], doc["metadata"]["name"])
+        for doc in documents(OVERLAY / "without-single-redis.yaml")
+        if doc.get("$patch") == "delete"
+    }
+    base_redis = {
+        (kind, name)
+        for kind in ("StatefulSet", "Service", "NetworkPolicy")
+        for name in k8s(kind)
+        if name == "redis"
+    }
+    assert (
+        deleted == base_redis == {("StatefulSet", "redis"), ("Service", "redis"), ("NetworkPolicy", "redis")}
+    )
+
+
+@pytest.mark.unit
+def test_every_object_of_the_overlay_is_valid_for_the_pinned_kubernetes() -> None:
+    objects = overlay_objects()
+    assert {kind for kind, _ in objects} == {"StatefulSet", "Service", "Job", "NetworkPolicy"}
+    for (kind, name), document in objects.items():
+        assert document["metadata"]["namespace"] == "toolmesh"
+        try:
+            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{kind} {name}: {error.message} at {list(error.absolute_path)}")
+
+
+@pytest.mark.unit
+def test_six_nodes_in_cluster_mode_keep_their_state_and_announce_stable_names() -> None:
+    statefulset = nodes()
+    assert statefulset["spec"]["replicas"] == 6
+    container = only_container(statefulset)
+    args = container["args"]
+    assert args[0] == "redis-server" and arg(args, "--cluster-enabled") == "yes"
+    data = arg(args, "--dir")
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {claim["metadata"]["name"]: data}
+    assert arg(args, "--cluster-config-file").startswith(data + "/") and arg(args, "--appendonly") == "yes"
+    # Each node's DNS name: $(POD_NAME) is the pod's, under the headless Service.
+    assert arg(args, "--cluster-announce-hostname") == f"$(POD_NAME).{statefulset['spec']['serviceName']}"
+    assert arg(args, "--cluster-preferred-endpoint-type") == "hostname"
+    (pod_name,) = container["env"]
+    assert pod_name == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    service = overlay_objects()[("Service", statefulset["spec"]["serviceName"])]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert selects(service["spec"]["selector"], statefulset["spec"]["template"]["metadata"]["labels"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"redis": 6379, "cluster-bus": 16379}  # the bus: the client port + 10000
+    assert {p["port"] for p in service["spec"]["ports"]} == set(ports.values())
+
+
+@pytest.mark.unit
+def test_the_bootstrap_job_forms_three_primaries_with_a_replica_each_from_every_node() -> None:
+    statefulset = nodes()
+    job = overlay_objects()[("Job", "redis-cluster-bootstrap")]
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    service = statefulset["spec"]["serviceName"]
+    (loop,) = re.findall(r"for i in ([0-9 ]+); do", script)
+    assert [int(i) for i in loop.split()] == list(range(statefulset["spec"]["replicas"]))
+    assert f'host="redis-cluster-$i.{service}"' in script
+    assert "redis-cli --cluster create $nodes --cluster-replicas 1 --cluster-yes" in script
+    assert "cluster_state:ok" in script  # formed once: a second run leaves it alone
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
+
+
+@pytest.mark.unit
+def test_pods_of_the_cluster_are_locked_down() -> None:
+    for kind, name in (("StatefulSet", "redis-cluster"), ("Job", "redis-cluster-bootstrap")):
+        spec = overlay_objects()[(kind, name)]["spec"]["template"]["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True and context["capabilities"]["drop"] == ["ALL"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert container["resources"]["limits"]
+
+
+@pytest.mark.unit
+def test_only_the_services_reach_the_nodes_and_the_nodes_reach_each_other() -> None:
+    policy = overlay_objects()[("NetworkPolicy", "redis-cluster")]
+    statefulset = nodes()
+    assert selects(
+        policy["spec"]["podSelector"]["matchLabels"], statefulset["spec"]["template"]["metadata"]["labels"]
+    )
+    admitted: dict[frozenset[str], set[str]] = {}
+    for rule in policy["spec"]["ingress"]:
+        (peer,) = rule["from"]
+        (names,) = [
+            e["values"]
+            for e in peer["podSelector"]["matchExpressions"]
+            if e["key"] == "app.kubernetes.io/name"
+        ]
+        admitted[frozenset(p["port"] for p in rule["ports"])] = set(names)
+    assert admitted == {
+        frozenset({"redis"}): set(SERVICES),
+        frozenset({"redis", "cluster-bus"}): {"redis-cluster", "redis-cluster-bootstrap"},
+    }
+    job = overlay_objects()[("Job", "redis-cluster-bootstrap")]
+    assert (
+        job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "redis-cluster-bootstrap"
+    )
+
+
+@pytest.mark.unit
+def test_the_services_store_names_nodes_of_the_cluster_with_durable_claims_on() -> None:
+    (patch,) = documents(OVERLAY / "store.yaml")
+    assert (patch["kind"], patch["metadata"]["name"]) == ("ConfigMap", "toolmesh-config")
+    assert "TOOLMESH_STORE" in k8s("ConfigMap")["toolmesh-config"]["data"]  # the key it replaces
+    address = parse_cluster_url(patch["data"]["TOOLMESH_STORE"])
+    assert address.durability.mode is Mode.AUTO  # on: every primary has a replica
+    statefulset = nodes()
+    names = {
+        f"redis-cluster-{i}.{statefulset['spec']['serviceName']}"
+        for i in range(statefulset["spec"]["replicas"])
+    }
+    assert address.nodes and all(host in names and port == 6379 for host, port in address.nodes)
+
+
+@pytest.mark.unit
+def test_the_compose_override_runs_the_services_on_a_six_node_cluster() -> None:
+    override = load(COMPOSE_OVERRIDE)["services"]
+    node_names = sorted(name for name in override if name.startswith("redis-node-"))
+    assert len(node_names) == 6
+    for name in node_names:
+        command = override[name]["command"]
+        assert arg(command, "--cluster-enabled") == "yes" and arg(command, "--appendonly") == "yes"
+        assert arg(command, "--cluster-announce-hostname") == name
+        assert override[name]["volumes"] == [f"{name}:/data"]
+        assert override[name]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    init = override["redis-cluster-init"]
+    assert init["depends_on"] == {name: {"condition": "service_healthy"} for name in node_names}
+    script = init["command"][2]
+    assert [f"getent hosts {name} " in script for name in node_names] == [True] * 6
+    assert "--cluster-replicas 1" in script
+    replicas = [
+        name
+        for service in SERVICES
+        for name, body in load(K8S.parent / "compose/docker-compose.yaml")["services"].items()
+        if body in compose_replicas(service)
+    ]
+    assert len(replicas) == 6
+    for name in replicas:
+        assert override[name]["depends_on"] == {
+            "redis-cluster-init": {"condition": "service_completed_successfully"}
+        }
+        address = parse_cluster_url(override[name]["environment"]["TOOLMESH_STORE"])
+        assert {host for host, _ in address.nodes} <= set(node_names)
+    assert set(load(COMPOSE_OVERRIDE)["volumes"]) == set(node_names)

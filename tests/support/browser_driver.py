@@ -93,8 +93,15 @@ class BrowserDriver:
         found: list[dict[str, Any]] = await self.command("axe", tab=tab)
         return found
 
-    async def screenshot(self, tab: str, path: str) -> None:
-        await self.command("screenshot", tab=tab, path=path)
+    async def screenshot(self, tab: str, path: str, selector: str | None = None) -> None:
+        """A PNG of the tab's page, or of the element `selector` finds (cropped to it)."""
+        await self.command("screenshot", tab=tab, path=path, selector=selector)
+
+    async def heap(self, tab: str) -> dict[str, int]:
+        """After a full garbage collection (CDP): the tab's JS heap in use (`heapBytes`), its DOM
+        nodes (`nodes`) and JS event listeners (`listeners`)."""
+        counters: dict[str, int] = await self.command("heap", tab=tab)
+        return counters
 
     async def eval(self, tab: str, expression: str) -> Any:
         return await self.command("eval", tab=tab, expression=expression)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,4 +30,26 @@ async def count(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"key": args["key"], "runs": len(runs(args["key"])), "servedBy": os.getpid()}
 
 
-HANDLERS = {"count": count, "count_short": count, "count_read_only": count}
+async def report_until_cancelled(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Count this run, report progress every 10 ms until cancelled (or `steps` reports), and write
+    the wall-clock time it saw its cancellation in cancelled-<key>."""
+    with (MARKERS / f"runs-{args['key']}").open("a") as log:
+        log.write(ctx.tool_request_id + "\n")
+    step = 0
+    try:
+        while step < int(args.get("steps", 1_000_000)):
+            step += 1
+            await ctx.report_progress(step)
+            await asyncio.sleep(0.01)
+    except asyncio.CancelledError:
+        (MARKERS / f"cancelled-{args['key']}").write_text(f"{time.time()} {ctx.cancellation.reason}")
+        raise
+    return {"key": args["key"], "steps": step}
+
+
+HANDLERS = {
+    "count": count,
+    "count_short": count,
+    "count_read_only": count,
+    "report_until_cancelled": report_until_cancelled,
+}

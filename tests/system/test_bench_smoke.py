@@ -101,6 +101,24 @@ def test_bench_faults_quick_runs_every_scenario(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_bench_chaos_quick_checks_a_history_under_faults(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.chaos", "--quick", "--seed", "1", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "starts after TOOL_TIMEOUT" in completed.stdout
+    [written] = tmp_path.glob("chaos-*.json")
+    results = json.loads(written.read_text())
+    assert results["settings"]["seed"] == 1 and results["faults"]["history"]
+    assert results["figures"]["calls chaos_write"] > 0 and results["figures"]["attempts"] > 0
+
+
+@pytest.mark.timeout(240)
 def test_mcp_both_ways_runs_every_way(tmp_path: Path) -> None:
     sizes = ["--calls", "20", "--seconds", "0.5", "--rounds", "1"]
     completed = subprocess.run(

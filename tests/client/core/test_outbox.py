@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from toolmesh.core.outbox import Outbox
+from toolmesh.core.outbox import GATHER_TURNS, Outbox
 from toolmesh_testing import eventually
 
 pytestmark = pytest.mark.unit
@@ -60,3 +60,54 @@ async def test_splits_at_the_item_budget_and_counts_the_bytes_waiting() -> None:
     assert await outbox.take() == ["ccc", "dddd"]
     outbox.clear()
     assert (len(outbox), outbox.bytes) == (0, 0)
+
+
+async def _put_each_turn(outbox: Outbox[str], items: list[str]) -> None:
+    """One item per turn of the event loop, as concurrent calls' sends arrive."""
+    for item in items:
+        await asyncio.sleep(0)
+        outbox.put(item)
+
+
+async def test_with_more_coming_a_take_gathers_the_items_of_the_next_turns() -> None:
+    outbox: Outbox[str] = Outbox(len, more_coming=lambda: len(outbox) < 4)
+    outbox.put("a")
+    putting = asyncio.ensure_future(_put_each_turn(outbox, ["b", "c", "d", "e"]))
+    # Gathers while more are said to come (fewer than 4 waiting), then takes at once.
+    assert await outbox.take() == ["a", "b", "c", "d"]
+    await putting
+    assert await outbox.take() == ["e"]
+
+
+async def test_a_lone_item_goes_at_once() -> None:
+    outbox: Outbox[str] = Outbox(len, more_coming=lambda: False)
+    outbox.put("a")
+    putting = asyncio.ensure_future(_put_each_turn(outbox, ["b"]))
+    assert await outbox.take() == ["a"]  # not the one put a turn later
+    await putting
+    assert await outbox.take() == ["b"]
+
+
+async def test_gathering_stops_after_its_turns_though_more_keep_coming() -> None:
+    outbox: Outbox[str] = Outbox(len, more_coming=lambda: True)
+    outbox.put("first")
+    items = [f"i{n}" for n in range(GATHER_TURNS * 3)]
+    putting = asyncio.ensure_future(_put_each_turn(outbox, items))
+    taken = await outbox.take()
+    assert taken[0] == "first"
+    # Every item put during its turns, and no more than one per turn: bounded, never a timer.
+    assert 1 < len(taken) <= GATHER_TURNS + 1
+    putting.cancel()
+
+
+async def test_a_take_whose_items_were_dropped_while_gathering_waits_for_the_next() -> None:
+    outbox: Outbox[str] = Outbox(len, more_coming=lambda: True)
+    outbox.put("dropped")
+    taking = asyncio.ensure_future(outbox.take())
+    await asyncio.sleep(0)
+    outbox.clear()
+    for _ in range(GATHER_TURNS + 2):  # past its gathering: empty, it waits again
+        await asyncio.sleep(0)
+    assert not taking.done()
+    outbox.put("next")
+    assert await asyncio.wait_for(taking, 1) == ["next"]

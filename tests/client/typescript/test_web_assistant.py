@@ -12,24 +12,18 @@ signal. Key presses are playwright's, on the focused element.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from assistant_page import PAGE, Page
 from browser_driver import TYPESCRIPT, BrowserDriver, build_test_page
 from scripted_model import Hold, ScriptedModel, Step, answer, before, failure, raw, running_model, tool_calls
 from toolmesh.assistant.errors import TURN_TABLE, TurnCode
 from toolmesh.assistant.results import TEXT_LIMIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-
-PAGE = "window.toolmesh"
-# Set to a folder to keep PNGs of the widget's states.
-SHOTS = os.environ.get("TOOLMESH_ASSISTANT_SCREENSHOTS", "")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -44,35 +38,6 @@ async def driver() -> AsyncIterator[BrowserDriver]:
 async def model() -> AsyncIterator[ScriptedModel]:
     async with running_model(cors=True) as server:
         yield server
-
-
-class Page:
-    def __init__(self, driver: BrowserDriver, tab: str) -> None:
-        self.driver, self.tab = driver, tab
-
-    async def eval(self, expression: str) -> Any:
-        return await self.driver.eval(self.tab, expression)
-
-    async def wait(self, expression: str, timeout_ms: int = 10_000) -> None:
-        await self.driver.wait(self.tab, expression, timeout_ms)
-
-    async def send(self, text: str) -> int:
-        index: int = await self.eval(f"{PAGE}.send({json.dumps(text)})")
-        return index
-
-    async def outcome(self, index: int) -> dict[str, str]:
-        done = f"{PAGE}.sent[{index}].answer !== undefined || {PAGE}.sent[{index}].code !== undefined"
-        await self.wait(done)
-        result: dict[str, str] = await self.eval(f"{PAGE}.sent[{index}]")
-        return result
-
-    async def tool_results(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = await self.eval(f"{PAGE}.toolResults()")
-        return found
-
-    async def shot(self, name: str) -> None:
-        if SHOTS:
-            await self.driver.screenshot(self.tab, str(Path(SHOTS) / f"{name}.png"))
 
 
 _tabs = iter(range(1 << 30))
@@ -290,3 +255,17 @@ async def test_the_turn_table_is_the_python_one() -> None:
     generated = (TYPESCRIPT / "assistant" / "src" / "gen" / "turns.ts").read_text()
     for code, spec in TURN_TABLE.items():
         assert f"  {code.value}: {{" in generated and json.dumps(spec.message) in generated
+
+
+async def test_the_conversation_keeps_its_latest_whole_turns(
+    driver: BrowserDriver, model: ScriptedModel
+) -> None:
+    page = await open_page(driver, model, *(answer(f"a{n}") for n in range(1, 5)), maxMessages="5")
+    for n in range(1, 5):
+        assert await page.outcome(await page.send(f"u{n}")) == {"answer": f"a{n}"}
+    # Before u4: u1 and a1 went, whole, so that u4 fitted beside what was left.
+    kept = ["u2", "a2", "u3", "a3", "u4", "a4"]
+    assert await page.eval(f"{PAGE}.assistant.state.messages.map(m => m.text)") == kept
+    assert [m["content"] for m in model.requests[3]["messages"] if m["role"] != "system"] == kept[:-1]
+    # The widget dropped the same items and drew only the new ones.
+    assert await page.eval(f"{PAGE}.items()") == kept

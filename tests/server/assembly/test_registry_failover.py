@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -107,3 +108,18 @@ async def test_a_registry_replica_killed_fails_no_call(deployment: Deployment) -
     assert {code_of(result) for result in late} == {"TOOL_HOST_UNAVAILABLE"}
     # The broken watch kept its list while it reconnected to the other replica.
     await eventually(lambda: any("reconnecting" in line for line in deployment.invocation.output))
+
+
+async def test_a_registry_replica_stopped_fails_no_first_lookup(deployment: Deployment) -> None:
+    """SIGSTOPped, the preferred replica keeps its connections open and answers nothing: the first
+    lookup of each session goes on to the other replica instead of waiting out its deadline."""
+    stopped = deployment.registries[0].process
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        async with InvocationClient(deployment.invocation.target) as client:
+            late = await asyncio.gather(*(call(client, session) for session in LATE_SESSIONS))
+            again = await asyncio.gather(*(call(client, session) for session in LATE_SESSIONS))
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    # Found (no host serves them: the lookup passed, the dispatch did not).
+    assert {code_of(result) for result in [*late, *again]} == {"TOOL_HOST_UNAVAILABLE"}

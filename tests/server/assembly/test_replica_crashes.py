@@ -7,8 +7,9 @@ import contextlib
 import json
 import logging
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +20,10 @@ from redis.asyncio import Redis
 
 from redis_testing import SHARED_URL, RedisServer, delete_prefixed, new_prefix
 from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
-from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.client import InvocationClient, InvocationState, RegistryClient
 from toolmesh.contracts.ledger import Ledger
+from toolmesh.core.errors import Code
+from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import Stores, open_stores
@@ -409,3 +412,102 @@ async def test_a_result_handed_in_on_another_bridge_replica_during_a_redis_outag
     assert json.loads(result.outcome.result_json or "")["runs"] == 1
     assert runs(tmp_path, key) == [tool_request_id]
     assert [r for r in host_logs if r.get("msg") == "submit failed"] == []
+
+
+# The invocation replica that runs a call dies; another one takes its cancellation. The bridge
+# replica holding the request follows the store's cancellations: the handler hears it at once.
+UNTIL_CANCELLED = ToolSpec(
+    "report_until_cancelled", "Reports progress until cancelled", '{"type": "object"}', timeout_ms=30_000
+)
+
+
+async def test_a_cancel_reaches_the_host_when_the_replica_running_the_call_died(tmp_path: Path) -> None:
+    prefix = new_prefix()
+    key = uuid.uuid4().hex
+    try:
+        async with running_replicas(tmp_path, SHARED_URL, prefix, tools=[UNTIL_CANCELLED]) as replicas:
+            async with InvocationClient(replicas.doomed.target) as client:
+                calling = asyncio.create_task(
+                    client.invoke(SESSION, UNTIL_CANCELLED.name, {"key": key}, turn_id="t")
+                )
+                [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+                replicas.doomed.process.kill()
+                lost = await asyncio.wait_for(calling, 10)
+            assert lost.outcome is None, lost
+            marker = tmp_path / f"cancelled-{key}"
+            async with InvocationClient(f"127.0.0.1:{replicas.survivor.port}") as other:
+                asked_at = time.time()
+                assert await other.cancel_invocation(tool_request_id) is True
+                await eventually(lambda: marker.exists() and marker.read_text(), timeout=5)
+                seen_at, reason = marker.read_text().split()
+                record = await other.get_invocation(tool_request_id)
+                retried = await other.invoke(SESSION, UNTIL_CANCELLED.name, {"key": key}, turn_id="t")
+    finally:
+        await delete_prefixed(SHARED_URL, prefix)
+    # Within a second (same machine clock), long before the 30 s deadline would have ended it.
+    assert reason == "cancelled" and float(seen_at) - asked_at < 1.0
+    assert record.state is InvocationState.CANCELLED
+    assert retried.outcome is not None and retried.outcome.code == Code.TOOL_CANCELLED and retried.replayed
+    assert runs(tmp_path, key) == [tool_request_id]
+
+
+async def test_progress_reaches_a_caller_that_joined_through_another_invocation_replica(
+    tmp_path: Path,
+) -> None:
+    """Two invocation replicas, processes of their own: a RunTool caller on each, the second an
+    exact retry that joins the invocation the first replica runs."""
+    prefix = new_prefix()
+    registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
+    registry_internal = f"127.0.0.1:{registry.internal_port}"
+    bridge, _ = await start_bridge(registry_target=registry_internal, stores=open_stores(SHARED_URL, prefix))
+    bridge_internal = f"127.0.0.1:{bridge.internal_port}"
+    env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
+    invocations = [
+        await start_service_process(
+            "invocation", "--registry", registry_internal, "--bridge", bridge_internal, env=env
+        )
+        for _ in range(2)
+    ]
+    host: HostProcess | None = None
+    key = uuid.uuid4().hex
+    # 150 reports 10 ms apart: the bridge forwards at most one per 100 ms.
+    arguments = {"key": key, "steps": 150}
+    seen: list[list[tuple[float, float]]] = [[], []]
+    try:
+        async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
+            await client.put_tools(SESSION, [UNTIL_CANCELLED])
+        bridge_target = f"127.0.0.1:{bridge.port}"
+        host = await start_host_process(bridge_target, SESSION, "ledger_handlers:HANDLERS", tmp_path)
+        async with (
+            InvocationClient(invocations[0].target) as first,
+            InvocationClient(invocations[1].target) as second,
+        ):
+
+            def noting(index: int) -> Callable[[ToolProgress], None]:
+                return lambda progress: seen[index].append((time.monotonic(), progress.progress))
+
+            running = asyncio.create_task(
+                first.invoke(SESSION, UNTIL_CANCELLED.name, arguments, turn_id="t", on_progress=noting(0))
+            )
+            await eventually(lambda: seen[0])
+            joined_at = time.monotonic()
+            joining = asyncio.create_task(
+                second.invoke(SESSION, UNTIL_CANCELLED.name, arguments, turn_id="t", on_progress=noting(1))
+            )
+            ran, joined = await asyncio.wait_for(asyncio.gather(running, joining), 30)
+            ended_at = time.monotonic()
+    finally:
+        if host is not None:
+            await host.stop()
+        for invocation in invocations:
+            await invocation.stop()
+        for server in (bridge, registry):
+            await server.stop(0.5)
+        await delete_prefixed(SHARED_URL, prefix)
+    assert ran.outcome is not None and ran.outcome.failure is None, ran
+    assert joined.joined and joined.tool_request_id == ran.tool_request_id and joined.outcome == ran.outcome
+    assert runs(tmp_path, key) == [ran.tool_request_id]
+    values = [value for _, value in seen[1]]
+    # Several reports reached the joined caller, newer ones only, no more than one per 100 ms.
+    assert len(values) >= 3 and values == sorted(set(values)), values
+    assert len(values) <= (ended_at - joined_at) / 0.1 + 2, values

@@ -10,6 +10,7 @@ import pytest
 from toolmesh.bridge.progress import ProgressGate
 from toolmesh.bridge.router import Router
 from toolmesh.cli.call import progress_line
+from toolmesh.contracts.cancels import CancelBoard
 from toolmesh.contracts.ledger import CancelVerdict, InvocationState, Ledger
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
@@ -17,7 +18,6 @@ from toolmesh.core.limits import PROGRESS_MESSAGE_MAX_CHARS
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
 from toolmesh.core.tools import ToolSpec
-from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.ports import ProgressSink
 from toolmesh.store.base import Versioned

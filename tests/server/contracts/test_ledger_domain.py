@@ -22,6 +22,7 @@ from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.rules.limits import limits_from
+from toolmesh.store import slots
 from toolmesh.store.backends import open_stores
 from toolmesh.store.ledger import Delivered, LeaseRefused, LeaseTerms, LedgerStore
 from toolmesh.store.memory import MemoryLedgerStore
@@ -55,6 +56,8 @@ class Clock:
     params=[
         pytest.param("memory", marks=pytest.mark.unit),
         pytest.param("redis", marks=pytest.mark.integration),
+        # Sessions sharded over three primaries, each with a replica (durable claims on).
+        pytest.param("cluster", marks=pytest.mark.integration),
     ]
 )
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[LedgerStore, Clock, str]]:
@@ -64,10 +67,13 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[tuple[LedgerS
         yield MemoryLedgerStore(clock=clock), clock, ""
         return
     prefix = new_prefix()
-    stores = open_stores(SHARED_URL, prefix)
+    # The cluster is this test process's own: its keys (every ledger key expires) go with it.
+    url = request.getfixturevalue("redis_cluster").url if request.param == "cluster" else SHARED_URL
+    stores = open_stores(url, prefix)
     yield stores.ledger, Clock(real=True), prefix
     await stores.close()
-    await delete_prefixed(SHARED_URL, prefix)
+    if url == SHARED_URL:
+        await delete_prefixed(SHARED_URL, prefix)
 
 
 @pytest.fixture
@@ -83,10 +89,16 @@ def ledger(backend: tuple[LedgerStore, Clock, str]) -> Ledger:
 async def window_passed(ledger: Ledger, exact: ToolCall, tool_request_id: str) -> None:
     """An exact retry of `tool_request_id` after its window is refused, naming it; nothing is claimed."""
     with pytest.raises(ToolmeshError) as raised:
-        await ledger.claim(exact, "tr_late", 10_000)
+        await ledger.claim(exact, tr("late"), 10_000)
     assert raised.value.code is Code.RETRY_WINDOW_PASSED
     assert raised.value.metadata["toolRequestId"] == tool_request_id
-    assert await ledger.get("tr_late") is None
+    assert await ledger.get(tr("late")) is None
+
+
+def tr(name: str) -> str:
+    """A tool request id named `name`, carrying a slot tag as the invocation service mints them (a
+    cluster refuses to claim an id without one)."""
+    return slots.tool_request_id("s", name.replace("_", ""))
 
 
 def call(arguments: str = '{"a": 1}', tool: str = "t", session: str = "s") -> ToolCall:
@@ -108,62 +120,62 @@ def test_identity_ignores_spelling_but_not_meaning() -> None:
 
 
 async def test_join_then_replay_then_confirm(ledger: Ledger) -> None:
-    first = await ledger.claim(call(), "tr_1", 10_000)
+    first = await ledger.claim(call(), tr("1"), 10_000)
     assert first.is_new
-    joined = await ledger.claim(call('{ "a" : 1 }'), "tr_2", 10_000)
-    assert not joined.is_new and joined.record.tool_request_id == "tr_1" and not joined.record.finished
-    await ledger.finish("tr_1", Outcome.success("7"))
-    replay = await ledger.claim(call(), "tr_3", 10_000)
+    joined = await ledger.claim(call('{ "a" : 1 }'), tr("2"), 10_000)
+    assert not joined.is_new and joined.record.tool_request_id == tr("1") and not joined.record.finished
+    await ledger.finish(tr("1"), Outcome.success("7"))
+    replay = await ledger.claim(call(), tr("3"), 10_000)
     assert not replay.is_new and replay.record.outcome == Outcome.success("7")
-    await ledger.confirm("tr_1")
-    fresh = await ledger.claim(call(), "tr_4", 10_000)
+    await ledger.confirm(tr("1"))
+    fresh = await ledger.claim(call(), tr("4"), 10_000)
     assert fresh.is_new
-    record = await ledger.get("tr_1")
+    record = await ledger.get(tr("1"))
     assert record is not None and record.delivered and record.state is InvocationState.COMPLETED
 
 
 async def test_each_call_attached_to_an_invocation_gets_its_own_attachment(ledger: Ledger) -> None:
-    first = await ledger.claim(call(), "tr_1", 10_000)
-    joined = await ledger.claim(call(), "tr_2", 10_000)
-    await ledger.finish("tr_1", Outcome.success("7"))
-    replayed = await ledger.claim(call(), "tr_3", 10_000)
+    first = await ledger.claim(call(), tr("1"), 10_000)
+    joined = await ledger.claim(call(), tr("2"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("7"))
+    replayed = await ledger.claim(call(), tr("3"), 10_000)
     assert [first.attachment_id, joined.attachment_id, replayed.attachment_id] == ["1", "2", "3"]
 
 
 async def test_a_confirmation_releases_the_invocation_only_for_its_caller(ledger: Ledger) -> None:
     """Caller A gave up (attachment 1); B joined (2), got the outcome and confirmed: A's exact
     retry still replays; once A confirmed too, an identical call runs anew."""
-    await ledger.claim(call(), "tr_1", 10_000)
-    joined = await ledger.claim(call(), "tr_2", 10_000)
-    await ledger.finish("tr_1", Outcome.success("7"))
-    await ledger.confirm("tr_1", attachment_id=joined.attachment_id)
-    await ledger.confirm("tr_1", attachment_id=joined.attachment_id)  # twice: still only B's
-    await ledger.confirm("tr_1", attachment_id="99")  # no such attachment: nothing
-    retry = await ledger.claim(call(), "tr_3", 10_000)
-    assert not retry.is_new and retry.record.tool_request_id == "tr_1"
+    await ledger.claim(call(), tr("1"), 10_000)
+    joined = await ledger.claim(call(), tr("2"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("7"))
+    await ledger.confirm(tr("1"), attachment_id=joined.attachment_id)
+    await ledger.confirm(tr("1"), attachment_id=joined.attachment_id)  # twice: still only B's
+    await ledger.confirm(tr("1"), attachment_id="99")  # no such attachment: nothing
+    retry = await ledger.claim(call(), tr("3"), 10_000)
+    assert not retry.is_new and retry.record.tool_request_id == tr("1")
     assert retry.record.outcome == Outcome.success("7")
-    record = await ledger.get("tr_1")
+    record = await ledger.get(tr("1"))
     assert record is not None and not record.delivered
     # A confirms the attachment its first call made and its retry's, carried on its next call.
-    mine = [Delivered("tr_1", "1"), Delivered("tr_1", retry.attachment_id)]
-    fresh = await ledger.claim(call(), "tr_4", 10_000, confirmed=mine)
+    mine = [Delivered(tr("1"), "1"), Delivered(tr("1"), retry.attachment_id)]
+    fresh = await ledger.claim(call(), tr("4"), 10_000, confirmed=mine)
     assert fresh.is_new
-    record = await ledger.get("tr_1")
+    record = await ledger.get(tr("1"))
     assert record is not None and record.delivered
 
 
 async def test_an_attachment_never_confirmed_holds_the_invocation_only_within_the_window(
     ledger: Ledger, clock: Clock
 ) -> None:
-    await ledger.claim(call(), "tr_1", 10_000)  # its caller gives up for good
-    joined = await ledger.claim(call(), "tr_2", 10_000)
-    await ledger.finish("tr_1", Outcome.success("7"))
-    await ledger.confirm("tr_1", attachment_id=joined.attachment_id)
-    assert not (await ledger.claim(call(), "tr_3", 10_000)).is_new
+    await ledger.claim(call(), tr("1"), 10_000)  # its caller gives up for good
+    joined = await ledger.claim(call(), tr("2"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("7"))
+    await ledger.confirm(tr("1"), attachment_id=joined.attachment_id)
+    assert not (await ledger.claim(call(), tr("3"), 10_000)).is_new
     await clock.advance(POLICY.replay_window_s + 0.1)
-    await window_passed(ledger, call(), "tr_1")
+    await window_passed(ledger, call(), tr("1"))
     await clock.advance(POLICY.late_retry_notice_s)
-    assert (await ledger.claim(call(), "tr_4", 10_000)).is_new
+    assert (await ledger.claim(call(), tr("4"), 10_000)).is_new
 
 
 async def test_the_claimant_s_replay_window_holds_whoever_finishes(
@@ -172,72 +184,72 @@ async def test_the_claimant_s_replay_window_holds_whoever_finishes(
     """A bridge replica records the host's outcome with a ledger of its own default policy."""
     store, clock, _ = backend
     claimant, bridge = Ledger(store, POLICY, clock=clock), Ledger(store, LedgerPolicy(), clock=clock)
-    await claimant.claim(call(), "tr_1", 10_000)
-    await bridge.finish("tr_1", Outcome.success("7"))
-    assert not (await claimant.claim(call(), "tr_2", 10_000)).is_new
+    await claimant.claim(call(), tr("1"), 10_000)
+    await bridge.finish(tr("1"), Outcome.success("7"))
+    assert not (await claimant.claim(call(), tr("2"), 10_000)).is_new
     await clock.advance(POLICY.replay_window_s + 0.1)
-    await window_passed(claimant, call(), "tr_1")
-    await window_passed(bridge, call(), "tr_1")
+    await window_passed(claimant, call(), tr("1"))
+    await window_passed(bridge, call(), tr("1"))
     await clock.advance(POLICY.late_retry_notice_s)
-    assert (await claimant.claim(call(), "tr_3", 10_000)).is_new
+    assert (await claimant.claim(call(), tr("3"), 10_000)).is_new
 
 
 async def test_the_id_alone_confirms_every_attachment(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.claim(call(), "tr_2", 10_000)
-    await ledger.finish("tr_1", Outcome.success("7"))
-    await ledger.confirm("tr_1")
-    assert (await ledger.claim(call(), "tr_3", 10_000)).is_new
-    record = await ledger.get("tr_1")
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.claim(call(), tr("2"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("7"))
+    await ledger.confirm(tr("1"))
+    assert (await ledger.claim(call(), tr("3"), 10_000)).is_new
+    record = await ledger.get(tr("1"))
     assert record is not None and record.delivered
 
 
 async def test_an_idempotency_key_attaches_each_retry(ledger: Ledger) -> None:
-    first = await ledger.claim(call(), "tr_1", 10_000, "key-1")
-    await ledger.finish("tr_1", Outcome.success("1"))
-    again = await ledger.claim(call(), "tr_2", 10_000, "key-1")
+    first = await ledger.claim(call(), tr("1"), 10_000, "key-1")
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    again = await ledger.claim(call(), tr("2"), 10_000, "key-1")
     assert not again.is_new and again.attachment_id == "2"
-    await ledger.confirm("tr_1", attachment_id=first.attachment_id)
-    record = await ledger.get("tr_1")
+    await ledger.confirm(tr("1"), attachment_id=first.attachment_id)
+    record = await ledger.get(tr("1"))
     assert record is not None and not record.delivered  # the retry's caller has not confirmed
-    await ledger.confirm("tr_1", attachment_id=again.attachment_id)
-    record = await ledger.get("tr_1")
+    await ledger.confirm(tr("1"), attachment_id=again.attachment_id)
+    record = await ledger.get(tr("1"))
     assert record is not None and record.delivered
     # A delivered keyed invocation still answers its key; a confirmation of that attachment is harmless.
-    late = await ledger.claim(call(), "tr_3", 10_000, "key-1")
+    late = await ledger.claim(call(), tr("3"), 10_000, "key-1")
     assert not late.is_new and late.record.delivered and late.attachment_id == "3"
-    await ledger.confirm("tr_1", attachment_id=late.attachment_id)
+    await ledger.confirm(tr("1"), attachment_id=late.attachment_id)
 
 
 async def test_confirm_before_the_outcome_is_refused(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.claim(call(), tr("1"), 10_000)
     with pytest.raises(ToolmeshError) as raised:
-        await ledger.confirm("tr_1")
+        await ledger.confirm(tr("1"))
     assert raised.value.code is Code.INVOCATION_RUNNING
-    await ledger.confirm("tr_unknown")  # unknown or expired: nothing to do
+    await ledger.confirm(tr("unknown"))  # unknown or expired: nothing to do
 
 
 async def test_replay_window_and_the_shorter_timeout_window(ledger: Ledger, clock: Clock) -> None:
-    await ledger.claim(call('{"k": "ok"}'), "tr_ok", 10_000)
-    await ledger.finish("tr_ok", Outcome.success("1"))
-    await ledger.claim(call('{"k": "slow"}'), "tr_slow", 10_000)
-    await ledger.finish("tr_slow", Outcome.runtime_error(Code.TOOL_TIMEOUT))
+    await ledger.claim(call('{"k": "ok"}'), tr("ok"), 10_000)
+    await ledger.finish(tr("ok"), Outcome.success("1"))
+    await ledger.claim(call('{"k": "slow"}'), tr("slow"), 10_000)
+    await ledger.finish(tr("slow"), Outcome.runtime_error(Code.TOOL_TIMEOUT))
     await clock.advance(0.3)
-    await window_passed(ledger, call('{"k": "slow"}'), "tr_slow")
-    assert not (await ledger.claim(call('{"k": "ok"}'), "tr_ok2", 10_000)).is_new
+    await window_passed(ledger, call('{"k": "slow"}'), tr("slow"))
+    assert not (await ledger.claim(call('{"k": "ok"}'), tr("ok2"), 10_000)).is_new
     await clock.advance(POLICY.late_retry_notice_s)
-    assert (await ledger.claim(call('{"k": "slow"}'), "tr_slow2", 10_000)).is_new
+    assert (await ledger.claim(call('{"k": "slow"}'), tr("slow2"), 10_000)).is_new
     await clock.advance(POLICY.replay_window_s - POLICY.late_retry_notice_s)
-    await window_passed(ledger, call('{"k": "ok"}'), "tr_ok")
+    await window_passed(ledger, call('{"k": "ok"}'), tr("ok"))
     await clock.advance(POLICY.late_retry_notice_s)
-    assert (await ledger.claim(call('{"k": "ok"}'), "tr_ok3", 10_000)).is_new
+    assert (await ledger.claim(call('{"k": "ok"}'), tr("ok3"), 10_000)).is_new
 
 
 async def test_unreachable_bridge_is_not_replayed(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.finish("tr_1", Outcome.runtime_error(Code.BRIDGE_UNAVAILABLE))
-    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
-    record = await ledger.get("tr_1")
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.finish(tr("1"), Outcome.runtime_error(Code.BRIDGE_UNAVAILABLE))
+    assert (await ledger.claim(call(), tr("2"), 10_000)).is_new
+    record = await ledger.get(tr("1"))
     assert record is not None and record.state is InvocationState.FAILED
 
 
@@ -245,42 +257,42 @@ async def test_unreachable_bridge_is_not_replayed(ledger: Ledger) -> None:
 async def test_a_try_again_outcome_is_not_replayed_under_an_idempotency_key(
     ledger: Ledger, code: Code
 ) -> None:
-    assert (await ledger.claim(call(), "tr_1", 10_000, "key-1")).is_new
-    await ledger.finish("tr_1", Outcome.runtime_error(code))
-    again = await ledger.claim(call(), "tr_2", 10_000, "key-1")
-    assert again.is_new and again.record.tool_request_id == "tr_2"
+    assert (await ledger.claim(call(), tr("1"), 10_000, "key-1")).is_new
+    await ledger.finish(tr("1"), Outcome.runtime_error(code))
+    again = await ledger.claim(call(), tr("2"), 10_000, "key-1")
+    assert again.is_new and again.record.tool_request_id == tr("2")
     # The key now belongs to the new invocation: its outcome is the one replayed.
-    await ledger.finish("tr_2", Outcome.success("5"))
-    third = await ledger.claim(call(), "tr_3", 10_000, "key-1")
-    assert not third.is_new and third.record.tool_request_id == "tr_2"
+    await ledger.finish(tr("2"), Outcome.success("5"))
+    third = await ledger.claim(call(), tr("3"), 10_000, "key-1")
+    assert not third.is_new and third.record.tool_request_id == tr("2")
 
 
 async def test_a_host_unavailable_outcome_is_not_replayed_to_an_exact_retry(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE))
-    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.finish(tr("1"), Outcome.runtime_error(Code.TOOL_HOST_UNAVAILABLE))
+    assert (await ledger.claim(call(), tr("2"), 10_000)).is_new
 
 
 async def test_idempotency_key(ledger: Ledger, clock: Clock) -> None:
-    assert (await ledger.claim(call(), "tr_1", 10_000, "key-1")).is_new
-    await ledger.finish("tr_1", Outcome.success("1"))
-    await ledger.confirm("tr_1")
+    assert (await ledger.claim(call(), tr("1"), 10_000, "key-1")).is_new
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    await ledger.confirm(tr("1"))
     await clock.advance(POLICY.replay_window_s + 0.2)  # past the replay window, within the key's retention
-    again = await ledger.claim(call('{"a":1.0}'), "tr_2", 10_000, "key-1")
-    assert not again.is_new and again.record.tool_request_id == "tr_1"
+    again = await ledger.claim(call('{"a":1.0}'), tr("2"), 10_000, "key-1")
+    assert not again.is_new and again.record.tool_request_id == tr("1")
     with pytest.raises(ToolmeshError) as raised:
-        await ledger.claim(call('{"a": 2}'), "tr_3", 10_000, "key-1")
+        await ledger.claim(call('{"a": 2}'), tr("3"), 10_000, "key-1")
     assert raised.value.code is Code.IDEMPOTENCY_KEY_REUSED
-    assert raised.value.metadata["toolRequestId"] == "tr_1"
+    assert raised.value.metadata["toolRequestId"] == tr("1")
     # Keys belong to a session.
-    assert (await ledger.claim(call(session="s2"), "tr_4", 10_000, "key-1")).is_new
+    assert (await ledger.claim(call(session="s2"), tr("4"), 10_000, "key-1")).is_new
 
 
 async def test_lost_owner_running_record_expires(ledger: Ledger, clock: Clock) -> None:
-    await ledger.claim(call(), "tr_1", 100)
+    await ledger.claim(call(), tr("1"), 100)
     await clock.advance(0.1 + POLICY.running_grace_s + 0.1)
-    assert await ledger.get("tr_1") is None
-    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
+    assert await ledger.get(tr("1")) is None
+    assert (await ledger.claim(call(), tr("2"), 10_000)).is_new
 
 
 @pytest.mark.unit
@@ -304,13 +316,13 @@ async def test_every_ledger_key_in_redis_expires() -> None:
     ledger = Ledger(stores.ledger)
     client = Redis.from_url(SHARED_URL)
     try:
-        await ledger.claim(call('{"n": 1}'), "tr_run", 10_000)
-        await ledger.claim(call('{"n": 2}'), "tr_done", 10_000)
-        await ledger.finish("tr_done", Outcome.success("1"))
-        await ledger.claim(call('{"n": 3}'), "tr_keyed", 1000, "key")
-        await ledger.claim(call('{"n": 4}'), "tr_confirmed", 10_000)
-        await ledger.finish("tr_confirmed", Outcome.success("1"))
-        await ledger.confirm("tr_confirmed")
+        await ledger.claim(call('{"n": 1}'), tr("run"), 10_000)
+        await ledger.claim(call('{"n": 2}'), tr("done"), 10_000)
+        await ledger.finish(tr("done"), Outcome.success("1"))
+        await ledger.claim(call('{"n": 3}'), tr("keyed"), 1000, "key")
+        await ledger.claim(call('{"n": 4}'), tr("confirmed"), 10_000)
+        await ledger.finish(tr("confirmed"), Outcome.success("1"))
+        await ledger.confirm(tr("confirmed"))
         keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
         # 4 records, 2 identity pointers (none for the keyed call, the confirmed one's dropped), 1 key.
         assert len(keys) == 7
@@ -326,13 +338,13 @@ async def test_a_joiner_elsewhere_waits_for_the_finish(backend: tuple[LedgerStor
     """Two ledgers on one store (two replicas): the second joins and is woken by the first's finish."""
     store, clock, _ = backend
     owner, joiner = Ledger(store, POLICY, clock=clock), Ledger(store, POLICY, clock=clock)
-    assert (await owner.claim(call(), "tr_1", 10_000)).is_new
-    joined = await joiner.claim(call(), "tr_2", 10_000)
-    assert not joined.is_new and joined.record.tool_request_id == "tr_1"
-    waiting = asyncio.ensure_future(joiner.wait_finished("tr_1"))
+    assert (await owner.claim(call(), tr("1"), 10_000)).is_new
+    joined = await joiner.claim(call(), tr("2"), 10_000)
+    assert not joined.is_new and joined.record.tool_request_id == tr("1")
+    waiting = asyncio.ensure_future(joiner.wait_finished(tr("1")))
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    await owner.finish("tr_1", Outcome.success("42"))
+    await owner.finish(tr("1"), Outcome.success("42"))
     record = await asyncio.wait_for(waiting, 5)
     assert record is not None and record.outcome == Outcome.success("42")
 
@@ -343,62 +355,62 @@ async def test_a_joiner_is_told_when_the_running_record_expires_in_redis() -> No
     stores = open_stores(SHARED_URL, prefix)
     try:
         owner = Ledger(stores.ledger, POLICY)
-        await owner.claim(call(), "tr_1", 100)  # and its owner dies: nobody finishes it
-        assert await asyncio.wait_for(owner.wait_finished("tr_1"), 5) is None
+        await owner.claim(call(), tr("1"), 100)  # and its owner dies: nobody finishes it
+        assert await asyncio.wait_for(owner.wait_finished(tr("1")), 5) is None
     finally:
         await stores.close()
         await delete_prefixed(SHARED_URL, prefix)
 
 
 async def test_confirmations_carried_on_a_claim_apply_before_it(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.finish("tr_1", Outcome.success("1"))
-    await ledger.claim(call('{"other": 1}'), "tr_running", 10_000)
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    await ledger.claim(call('{"other": 1}'), tr("running"), 10_000)
     # The exact retry that carries the first call's confirmation is a new invocation.
     retry = await ledger.claim(
-        call(), "tr_2", 10_000, confirmed=delivered("tr_1", "tr_running", "tr_unknown")
+        call(), tr("2"), 10_000, confirmed=delivered(tr("1"), tr("running"), tr("unknown"))
     )
     assert retry.is_new
-    first = await ledger.get("tr_1")
+    first = await ledger.get(tr("1"))
     assert first is not None and first.delivered
-    running = await ledger.get("tr_running")
+    running = await ledger.get(tr("running"))
     assert running is not None and not running.delivered and not running.finished
-    await ledger.finish("tr_2", Outcome.success("2"))
-    keyed = await ledger.claim(call(), "tr_3", 10_000, "key-1", confirmed=delivered("tr_2"))
+    await ledger.finish(tr("2"), Outcome.success("2"))
+    keyed = await ledger.claim(call(), tr("3"), 10_000, "key-1", confirmed=delivered(tr("2")))
     assert keyed.is_new
-    second = await ledger.get("tr_2")
+    second = await ledger.get(tr("2"))
     assert second is not None and second.delivered
 
 
 async def test_confirmations_of_other_sessions_change_nothing(ledger: Ledger) -> None:
-    for session, request_id in (("mine", "tr_mine"), ("theirs", "tr_theirs")):
+    for session, request_id in (("mine", tr("mine")), ("theirs", tr("theirs"))):
         await ledger.claim(call(session=session), request_id, 10_000)
         await ledger.finish(request_id, Outcome.success("1"))
-    allowed = await ledger.permitted(delivered("tr_mine", "tr_theirs", "tr_unknown"), {"mine"})
-    assert list(allowed) == delivered("tr_mine")
-    await ledger.confirm("tr_theirs", {"mine"})
-    theirs = await ledger.get("tr_theirs")
+    allowed = await ledger.permitted(delivered(tr("mine"), tr("theirs"), tr("unknown")), {"mine"})
+    assert list(allowed) == delivered(tr("mine"))
+    await ledger.confirm(tr("theirs"), {"mine"})
+    theirs = await ledger.get(tr("theirs"))
     assert theirs is not None and not theirs.delivered
-    await ledger.confirm("tr_mine", {"mine"})
-    mine = await ledger.get("tr_mine")
+    await ledger.confirm(tr("mine"), {"mine"})
+    mine = await ledger.get(tr("mine"))
     assert mine is not None and mine.delivered
 
 
 async def test_the_first_finish_wins_and_an_unknown_invocation_is_not_made(ledger: Ledger) -> None:
     # The bridge replica and the invocation replica may both record the outcome.
-    await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.finish("tr_1", Outcome.success("1"))
-    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_TIMEOUT))
-    record = await ledger.get("tr_1")
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    await ledger.finish(tr("1"), Outcome.runtime_error(Code.TOOL_TIMEOUT))
+    record = await ledger.get(tr("1"))
     assert record is not None and record.outcome == Outcome.success("1")
-    await ledger.finish("tr_never_claimed", Outcome.success("1"))
-    assert await ledger.get("tr_never_claimed") is None
+    await ledger.finish(tr("never_claimed"), Outcome.success("1"))
+    assert await ledger.get(tr("never_claimed")) is None
 
 
 async def test_a_call_whose_owner_is_lost_ends_timed_out_after_its_deadline_and_grace(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 100)  # its owner never finishes it
+    await ledger.claim(call(), tr("1"), 100)  # its owner never finishes it
     started = asyncio.get_running_loop().time()
-    record = await asyncio.wait_for(ledger.outcome_from_owner("tr_1", 100), 5)
+    record = await asyncio.wait_for(ledger.outcome_from_owner(tr("1"), 100), 5)
     assert asyncio.get_running_loop().time() - started >= 0.15  # not before deadline + grace
     assert record is not None and record.state is InvocationState.TIMED_OUT and record.outcome is not None
     failure = record.outcome.failure
@@ -407,47 +419,47 @@ async def test_a_call_whose_owner_is_lost_ends_timed_out_after_its_deadline_and_
 
 
 async def test_an_outcome_recorded_by_the_owner_in_time_wins(ledger: Ledger) -> None:
-    await ledger.claim(call(), "tr_1", 10_000)
-    waiting = asyncio.create_task(ledger.outcome_from_owner("tr_1", 10_000))
-    await ledger.finish("tr_1", Outcome.success("5"))
+    await ledger.claim(call(), tr("1"), 10_000)
+    waiting = asyncio.create_task(ledger.outcome_from_owner(tr("1"), 10_000))
+    await ledger.finish(tr("1"), Outcome.success("5"))
     record = await asyncio.wait_for(waiting, 5)
     assert record is not None and record.outcome == Outcome.success("5")
 
 
 async def test_a_cancel_ends_a_running_invocation_and_is_replayed(ledger: Ledger) -> None:
-    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    claimed = await ledger.claim(call(), tr("1"), 10_000)
     assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
-    record = await ledger.get("tr_1")
+    record = await ledger.get(tr("1"))
     assert record is not None and record.state is InvocationState.CANCELLED and record.outcome is not None
     assert record.outcome.code == Code.TOOL_CANCELLED
     # The owner's own outcome arrives too late: the first finish won.
-    await ledger.finish("tr_1", Outcome.success("1"))
-    replay = await ledger.claim(call(), "tr_2", 10_000)
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    replay = await ledger.claim(call(), tr("2"), 10_000)
     assert not replay.is_new and replay.record.outcome == record.outcome
     # Cancelling again, or what has ended, changes nothing.
     assert await ledger.cancel(claimed.record) is CancelVerdict.ENDED
 
 
 async def test_a_cancel_leaves_alone_an_invocation_a_call_joined(ledger: Ledger) -> None:
-    claimed = await ledger.claim(call(), "tr_1", 10_000)
-    joined = await ledger.claim(call(), "tr_2", 10_000)
+    claimed = await ledger.claim(call(), tr("1"), 10_000)
+    joined = await ledger.claim(call(), tr("2"), 10_000)
     assert not joined.is_new
     assert await ledger.cancel(claimed.record) is CancelVerdict.JOINED
-    record = await ledger.get("tr_1")
+    record = await ledger.get(tr("1"))
     assert record is not None and not record.finished
-    keyed = await ledger.claim(call('{"k": 1}'), "tr_k1", 10_000, idempotency_key="key")
-    assert not (await ledger.claim(call('{"k": 1}'), "tr_k2", 10_000, idempotency_key="key")).is_new
+    keyed = await ledger.claim(call('{"k": 1}'), tr("k1"), 10_000, idempotency_key="key")
+    assert not (await ledger.claim(call('{"k": 1}'), tr("k2"), 10_000, idempotency_key="key")).is_new
     assert await ledger.cancel(keyed.record) is CancelVerdict.JOINED
 
 
 async def test_a_replayed_call_does_not_count_as_joined_and_a_gone_invocation_is_none(
     ledger: Ledger,
 ) -> None:
-    claimed = await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.finish("tr_1", Outcome.success("1"))
-    assert not (await ledger.claim(call(), "tr_2", 10_000)).is_new  # a replay, not a join
+    claimed = await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    assert not (await ledger.claim(call(), tr("2"), 10_000)).is_new  # a replay, not a join
     assert await ledger.cancel(claimed.record) is CancelVerdict.ENDED
-    never = replace(claimed.record, tool_request_id="tr_never_claimed")
+    never = replace(claimed.record, tool_request_id=tr("never_claimed"))
     assert await ledger.cancel(never) is None
 
 
@@ -455,15 +467,15 @@ async def test_a_finish_after_a_cancel_says_the_invocation_was_cancelled(
     backend: tuple[LedgerStore, Clock, str], ledger: Ledger
 ) -> None:
     store = backend[0]
-    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    claimed = await ledger.claim(call(), tr("1"), 10_000)
     assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
     # The owner's outcome came as the cancel did: the ledger's TOOL_CANCELLED is everyone's.
-    assert await ledger.finish("tr_1", Outcome.success("1")) is False
-    assert await store.finish("tr_1", b"{}", "", 1.0, 1.0) == "cancelled"
-    other = await ledger.claim(call('{"b": 2}'), "tr_2", 10_000)
-    assert await ledger.finish("tr_2", Outcome.success("2")) is True
-    assert other.is_new and await store.finish("tr_2", b"{}", "", 1.0, 1.0) == "ended"
-    assert await store.finish("tr_never", b"{}", "", 1.0, 1.0) == "ended"
+    assert await ledger.finish(tr("1"), Outcome.success("1")) is False
+    assert await store.finish(tr("1"), b"{}", "", 1.0, 1.0) == "cancelled"
+    other = await ledger.claim(call('{"b": 2}'), tr("2"), 10_000)
+    assert await ledger.finish(tr("2"), Outcome.success("2")) is True
+    assert other.is_new and await store.finish(tr("2"), b"{}", "", 1.0, 1.0) == "ended"
+    assert await store.finish(tr("never"), b"{}", "", 1.0, 1.0) == "ended"
 
 
 # The session's place among calls in flight, taken and given back in the claim's and finish's own steps.
@@ -480,40 +492,40 @@ async def refused(ledger: Ledger, new_id: str, idempotency_key: str = "") -> Non
 
 
 async def test_a_new_invocation_holds_its_place_until_it_finishes(ledger: Ledger) -> None:
-    assert (await ledger.claim(call(), "tr_1", 10_000, lease=ONE_PLACE)).is_new
-    await refused(ledger, "tr_2")
-    await refused(ledger, "tr_3", idempotency_key="k")
-    joined = await ledger.claim(call(), "tr_4", 10_000, lease=ONE_PLACE)  # a join takes no place
-    assert not joined.is_new and joined.record.tool_request_id == "tr_1"
-    await ledger.finish("tr_1", Outcome.success("1"))
-    replayed = await ledger.claim(call(), "tr_5", 10_000, lease=ONE_PLACE)
+    assert (await ledger.claim(call(), tr("1"), 10_000, lease=ONE_PLACE)).is_new
+    await refused(ledger, tr("2"))
+    await refused(ledger, tr("3"), idempotency_key="k")
+    joined = await ledger.claim(call(), tr("4"), 10_000, lease=ONE_PLACE)  # a join takes no place
+    assert not joined.is_new and joined.record.tool_request_id == tr("1")
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    replayed = await ledger.claim(call(), tr("5"), 10_000, lease=ONE_PLACE)
     assert not replayed.is_new
     # The keyed claim refused before left no key behind: this one is new, not KeyReused.
-    keyed = await ledger.claim(call('{"a": 3}'), "tr_6", 10_000, "k", lease=ONE_PLACE)
+    keyed = await ledger.claim(call('{"a": 3}'), tr("6"), 10_000, "k", lease=ONE_PLACE)
     assert keyed.is_new
-    await refused(ledger, "tr_7")
+    await refused(ledger, tr("7"))
     # A replay under the key takes no place either.
-    assert not (await ledger.claim(call('{"a": 3}'), "tr_8", 10_000, "k", lease=ONE_PLACE)).is_new
+    assert not (await ledger.claim(call('{"a": 3}'), tr("8"), 10_000, "k", lease=ONE_PLACE)).is_new
 
 
 async def test_a_cancel_and_a_lost_owner_give_the_place_back(ledger: Ledger) -> None:
-    claimed = await ledger.claim(call(), "tr_1", 10_000, lease=ONE_PLACE)
+    claimed = await ledger.claim(call(), tr("1"), 10_000, lease=ONE_PLACE)
     assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
-    assert (await ledger.claim(call('{"a": 2}'), "tr_2", 100, lease=ONE_PLACE)).is_new
-    record = await asyncio.wait_for(ledger.outcome_from_owner("tr_2", 100), 5)
+    assert (await ledger.claim(call('{"a": 2}'), tr("2"), 100, lease=ONE_PLACE)).is_new
+    record = await asyncio.wait_for(ledger.outcome_from_owner(tr("2"), 100), 5)
     assert record is not None and record.state is InvocationState.TIMED_OUT
-    assert (await ledger.claim(call('{"a": 3}'), "tr_3", 10_000, lease=ONE_PLACE)).is_new
+    assert (await ledger.claim(call('{"a": 3}'), tr("3"), 10_000, lease=ONE_PLACE)).is_new
 
 
 async def test_a_place_is_given_back_apart_and_lapses_after_its_ttl(ledger: Ledger, clock: Clock) -> None:
-    await ledger.claim(call(), "tr_1", 10_000, lease=ONE_PLACE)
-    await ledger.release_lease(ONE_PLACE, "tr_1")  # its caller left before an outcome
-    await ledger.release_lease(ONE_PLACE, "tr_1")  # twice, or never held: nothing
+    await ledger.claim(call(), tr("1"), 10_000, lease=ONE_PLACE)
+    await ledger.release_lease(ONE_PLACE, tr("1"))  # its caller left before an outcome
+    await ledger.release_lease(ONE_PLACE, tr("1"))  # twice, or never held: nothing
     brief = LeaseTerms(ONE_PLACE.key, 1, 0.05)
-    assert (await ledger.claim(call('{"a": 2}'), "tr_2", 10_000, lease=brief)).is_new
-    await refused(ledger, "tr_3")
+    assert (await ledger.claim(call('{"a": 2}'), tr("2"), 10_000, lease=brief)).is_new
+    await refused(ledger, tr("3"))
     await clock.advance(0.1)
-    assert (await ledger.claim(call('{"a": 4}'), "tr_4", 10_000, lease=ONE_PLACE)).is_new
+    assert (await ledger.claim(call('{"a": 4}'), tr("4"), 10_000, lease=ONE_PLACE)).is_new
 
 
 def limits_policy(*settings: str) -> LedgerPolicy:
@@ -543,25 +555,25 @@ async def test_windows_set_through_the_limits_replay_then_say_the_window_passed(
         record_retention_s=0.5,  # shorter than the pointer: the record is kept as long as it
     )
     ledger = Ledger(store, policy, clock=clock)
-    first = await ledger.claim(call(), "tr_1", 10_000)
+    first = await ledger.claim(call(), tr("1"), 10_000)
     safe_until = ledger.retry_safe_until(first.record)
     assert safe_until == clock.now + 1.0
-    await ledger.finish("tr_1", outcome, claimed=first.record)
+    await ledger.finish(tr("1"), outcome, claimed=first.record)
     await clock.advance(0.6)
-    replayed = await ledger.claim(call(), "tr_2", 10_000)
+    replayed = await ledger.claim(call(), tr("2"), 10_000)
     assert not replayed.is_new and replayed.record.outcome == outcome
     await clock.advance(0.6)
     with pytest.raises(ToolmeshError) as raised:
-        await ledger.claim(call(), "tr_3", 10_000)
+        await ledger.claim(call(), tr("3"), 10_000)
     assert raised.value.code is Code.RETRY_WINDOW_PASSED
-    assert raised.value.metadata["toolRequestId"] == "tr_1"
+    assert raised.value.metadata["toolRequestId"] == tr("1")
     assert raised.value.metadata["replayWindowS"] == "1"
     assert raised.value.metadata["retrySafeUntil"].endswith("Z")
-    assert await ledger.get("tr_3") is None  # nothing claimed, nothing to run
-    still = await ledger.get("tr_1")
+    assert await ledger.get(tr("3")) is None  # nothing claimed, nothing to run
+    still = await ledger.get(tr("1"))
     assert still is not None and still.outcome == outcome  # reconcilable past record_retention_s
     await clock.advance(1.0)
-    assert (await ledger.claim(call(), "tr_4", 10_000)).is_new
+    assert (await ledger.claim(call(), tr("4"), 10_000)).is_new
 
 
 async def test_a_late_retry_runs_anew_once_the_earlier_invocation_is_confirmed(
@@ -573,9 +585,9 @@ async def test_a_late_retry_runs_anew_once_the_earlier_invocation_is_confirmed(
         limits_policy("replay_window_s=1", "timeout_replay_window_s=1", "late_retry_notice_s=60"),
         clock=clock,
     )
-    await ledger.claim(call(), "tr_1", 10_000)
-    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_TIMEOUT))
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.finish(tr("1"), Outcome.runtime_error(Code.TOOL_TIMEOUT))
     await clock.advance(1.1)
-    await window_passed(ledger, call(), "tr_1")
-    await ledger.confirm("tr_1")  # reconciled: the caller means to run it again
-    assert (await ledger.claim(call(), "tr_2", 10_000)).is_new
+    await window_passed(ledger, call(), tr("1"))
+    await ledger.confirm(tr("1"))  # reconciled: the caller means to run it again
+    assert (await ledger.claim(call(), tr("2"), 10_000)).is_new

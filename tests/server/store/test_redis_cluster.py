@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from redis.asyncio import Redis
+from redis.crc import key_slot
+from redis.exceptions import MovedError
 
 from redis_testing import LocalCluster, new_prefix
+from toolmesh.core.progress import ToolProgress
+from toolmesh.invocation.progress_relay import ProgressRelay
 from toolmesh.store import slots
 from toolmesh.store.backends import describe_store, open_stores
 from toolmesh.store.redis_cluster import parse_cluster_url
+from toolmesh_testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +49,8 @@ async def test_sessions_spread_over_every_primary(redis_cluster: LocalCluster) -
     finally:
         await stores.close()
     holders: dict[str, set[int]] = {}
-    for port in redis_cluster.ports:
+    primaries = redis_cluster.primary_ports()
+    for port in primaries:
         node = Redis(port=port)
         try:
             keys = [key.decode() async for key in node.scan_iter(match=f"{prefix}*")]
@@ -54,4 +62,37 @@ async def test_sessions_spread_over_every_primary(redis_cluster: LocalCluster) -
             )
             holders.setdefault(session, set()).add(port)
     assert all(len(ports) == 1 for ports in holders.values())  # a session's keys: one node
-    assert {port for ports in holders.values() for port in ports} == set(redis_cluster.ports)
+    assert {port for ports in holders.values() for port in ports} == set(primaries)
+
+
+async def test_an_invocation_s_progress_travels_in_its_session_s_slot(redis_cluster: LocalCluster) -> None:
+    """Written by the replica running it, watched by another (sharded pub/sub on the slot's node)."""
+    prefix = new_prefix()
+    owner, joiner = open_stores(redis_cluster.url, prefix), open_stores(redis_cluster.url, prefix)
+    tool_request_id = slots.tool_request_id("progress-session", "cd34")
+    seen: list[ToolProgress] = []
+    following = asyncio.create_task(ProgressRelay(joiner.store).follow(tool_request_id, seen.append))
+    relay = ProgressRelay(owner.store)
+    try:
+        relay.publish(ToolProgress(tool_request_id, 1, None, None), 30)
+        await eventually(lambda: seen)
+        relay.publish(ToolProgress(tool_request_id, 2, None, None), 30)
+        await eventually(lambda: seen[-1].progress == 2)
+    finally:
+        following.cancel()
+        await relay.aclose()
+        await owner.close()
+        await joiner.close()
+    tag = slots.hash_tag(slots.session_tag("progress-session"))
+    key = f"{prefix}invocation:progress:{tag}{tool_request_id}"
+    holders = []
+    for port in redis_cluster.primary_ports():
+        node = Redis(port=port)
+        try:
+            if await node.exists(key):
+                holders.append(port)
+        except MovedError:
+            pass  # not this node's slot
+        finally:
+            await node.aclose()
+    assert len(holders) == 1 and key_slot(key.encode()) == key_slot(tag.encode())

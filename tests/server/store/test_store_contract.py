@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
-from toolmesh.invocation.cancels import CancelBoard
+from toolmesh.contracts.cancels import CancelBoard
 from toolmesh.store.backends import open_stores
 from toolmesh.store.base import Store, VersionConflict
 from toolmesh.store.memory import InMemoryStore

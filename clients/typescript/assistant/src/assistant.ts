@@ -2,7 +2,7 @@
 // Python assistant's semantics, toolmesh.assistant). A failed tool call becomes a failed
 // ToolResult the model reads in the same turn, unless its code ends turns (the turn table's
 // `endsTurn`); BUSY rejects a send while a turn runs and changes nothing.
-import type { ChannelTool, ToolChannel, ToolList } from "./channel.js";
+import type { ChannelTool, ToolChannel, ToolList, ToolProgressReport } from "./channel.js";
 import { AgentError, TURN_TABLE, type TurnCode } from "./errors.js";
 import { chatCompletions, type ChatModel, type FunctionTool, type Message, type ModelEndpoint, type ToolCallRequest } from "./model.js";
 import { failure, type JsonValue, type ToolResult } from "./results.js";
@@ -31,6 +31,13 @@ export interface AssistantOptions {
   readonly maxRounds?: number;
   /** The longest one model call or one tool call may take, in ms (default 60 000): TIMEOUT. */
   readonly timeoutMs?: number;
+  /**
+   * The conversation kept, in messages (default 200; Infinity keeps all): each send first drops
+   * the oldest whole turns until at most this many remain with its own message, so a long-lived
+   * page's memory, its widget and the model's input stay bounded. The running turn is never cut
+   * (it adds its own messages); a turn is dropped whole, so the conversation stays valid.
+   */
+  readonly maxMessages?: number;
 }
 
 export type AssistantStatus = "idle" | "running" | "disposed";
@@ -38,7 +45,13 @@ export type AssistantStatus = "idle" | "running" | "disposed";
 /** What the turn is doing now, for a widget to show each tool call as it happens. */
 export type Activity =
   | { readonly kind: "model" }
-  | { readonly kind: "confirming" | "calling"; readonly call: ToolCallRequest; readonly tool: ChannelTool };
+  | {
+      readonly kind: "confirming" | "calling";
+      readonly call: ToolCallRequest;
+      readonly tool: ChannelTool;
+      /** The handler's latest progress report, while it runs (channels that have them). */
+      readonly progress?: ToolProgressReport;
+    };
 
 /** One immutable snapshot of an assistant, as subscribers receive it. */
 export interface AssistantState {
@@ -94,6 +107,18 @@ function deadline(parent: AbortSignal, ms: number, what: string): { signal: Abor
   };
 }
 
+/** The conversation an assistant keeps by default, in messages (AssistantOptions.maxMessages). */
+export const DEFAULT_MAX_MESSAGES = 200;
+
+/** The latest whole turns of `messages` (each from a user message on) that fit in `room` messages. */
+function kept(messages: readonly Message[], room: number): readonly Message[] {
+  if (messages.length <= room) return messages;
+  for (let start = messages.length - room; start < messages.length; start += 1) {
+    if (messages[start]?.role === "user") return messages.slice(start);
+  }
+  return [];
+}
+
 /** Every tool call of the last assistant message that no tool message answers. */
 function unanswered(messages: readonly Message[]): ToolCallRequest[] {
   for (let index = messages.length - 1; index >= 0; index -= 1) {
@@ -118,6 +143,7 @@ export class Assistant {
   private readonly confirmer: Confirm | undefined;
   private readonly maxRounds: number;
   private readonly timeoutMs: number;
+  private readonly maxMessages: number;
   private current: AssistantState = INITIAL;
   private readonly listeners = new Set<Listener>();
   private generation = 0;
@@ -129,6 +155,7 @@ export class Assistant {
     this.confirmer = options.confirm;
     this.maxRounds = options.maxRounds ?? 8;
     this.timeoutMs = options.timeoutMs ?? 60_000;
+    this.maxMessages = options.maxMessages ?? DEFAULT_MAX_MESSAGES;
   }
 
   /** The state now: status, conversation, the last turn's error. */
@@ -159,7 +186,7 @@ export class Assistant {
     this.set({
       ...this.current,
       status: "running",
-      messages: [...this.current.messages, { role: "user", text }],
+      messages: [...kept(this.current.messages, this.maxMessages - 1), { role: "user", text }],
       error: null,
       turnId,
       activity: null,
@@ -320,8 +347,14 @@ export class Assistant {
     this.activity(generation, { kind: "calling", call: request, tool });
     const ms = Math.min(this.timeoutMs, tool.timeoutMs ?? Infinity);
     const call = deadline(signal, ms, `The tool ${tool.name}`);
+    const onProgress = (progress: ToolProgressReport): void => {
+      if (!call.signal.aborted) this.activity(generation, { kind: "calling", call: request, tool, progress });
+    };
     try {
-      return await raced(this.channel.invoke(tool, input, { signal: call.signal, turnId, timeoutMs: ms }), call.signal);
+      return await raced(
+        this.channel.invoke(tool, input, { signal: call.signal, turnId, timeoutMs: ms, onProgress }),
+        call.signal,
+      );
     } finally {
       call.done();
     }

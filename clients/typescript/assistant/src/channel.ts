@@ -23,6 +23,18 @@ export interface InvokeOptions {
   readonly signal: AbortSignal;
   readonly turnId: string;
   readonly timeoutMs: number;
+  /** Told each progress report of the handler, as the call runs (best effort; toolmesh() only). */
+  readonly onProgress?: (progress: ToolProgressReport) => void;
+}
+
+/** A handler's report of how far it has got (toolmesh's ToolProgress). */
+export interface ToolProgressReport {
+  /** On the handler's own scale, growing from one report to the next. */
+  readonly progress: number;
+  /** What `progress` reaches when done, when the handler knows. */
+  readonly total?: number;
+  /** The handler's words for people; empty when it gave none. */
+  readonly message: string;
 }
 
 /**

@@ -5,6 +5,7 @@
  */
 export {
   Assistant,
+  DEFAULT_MAX_MESSAGES,
   offer,
   type Activity,
   type AssistantOptions,
@@ -14,7 +15,7 @@ export {
   type ConfirmationRequest,
   type Listener,
 } from "./assistant.js";
-export type { ChannelTool, InvokeOptions, ToolChannel, ToolList } from "./channel.js";
+export type { ChannelTool, InvokeOptions, ToolChannel, ToolList, ToolProgressReport } from "./channel.js";
 export { AgentError, TEXT_LIMIT, TURN_TABLE, messageOf, type TurnCode, type TurnSpec } from "./errors.js";
 export {
   chatCompletions,

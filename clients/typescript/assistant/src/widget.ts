@@ -3,6 +3,7 @@
 // Themable through CSS custom properties (README, "Theming"); `defineAssistantElement()`
 // registers it.
 import type { Assistant, AssistantState, ConfirmationRequest } from "./assistant.js";
+import type { ToolProgressReport } from "./channel.js";
 import { AgentError, messageOf } from "./errors.js";
 import type { Message } from "./model.js";
 
@@ -21,6 +22,7 @@ li.tool.failed { border-left-color: var(--tm-danger, #a4161a); }
 .code { font-family: ui-monospace, monospace; font-weight: 600; }
 [role=alert] { color: var(--tm-danger, #a4161a); margin: .5em 0; }
 [role=status] { min-height: 1.4em; margin: .4em 0; color: var(--tm-muted, #45454f); }
+progress { width: 100%; accent-color: var(--tm-accent, #2451b7); }
 form { display: flex; gap: .5em; align-items: flex-end; flex-wrap: wrap; }
 label { flex-basis: 100%; font-weight: 600; }
 textarea { flex: 1; min-height: 2.6em; font: inherit; }
@@ -40,6 +42,7 @@ const TEMPLATE = `
   <h2 id="title" part="title">Assistant</h2>
   <div part="log" role="log" aria-label="Conversation" aria-live="polite" tabindex="0"><ol></ol></div>
   <p part="status" role="status" aria-live="polite"></p>
+  <progress part="progress" aria-label="Tool progress" hidden></progress>
   <p part="error" role="alert" hidden></p>
   <form part="composer">
     <label for="input">Message</label>
@@ -66,12 +69,20 @@ function codeLine(code: string): [HTMLElement, Text] {
   return [span, document.createTextNode(` ${messageOf(code as AgentError["code"])}`)];
 }
 
+/** A progress report in words: "(3 of 10: message)", or the value alone without a total. */
+function progressText(report: ToolProgressReport): string {
+  const amount = report.total === undefined ? `${report.progress}` : `${report.progress} of ${report.total}`;
+  return report.message === "" ? `(${amount})` : `(${amount}: ${report.message})`;
+}
+
 /** The custom element; `assistant` attaches it, `confirm` is the Confirm to give the Assistant. */
 export class ToolmeshAssistantElement extends HTMLElement {
   private readonly root: ShadowRoot;
   private current: Assistant | null = null;
   private unsubscribe: (() => void) | null = null;
   private notice = "";
+  // The messages the conversation's items show, in order.
+  private shown: Message[] = [];
 
   constructor() {
     super();
@@ -165,29 +176,62 @@ export class ToolmeshAssistantElement extends HTMLElement {
   };
 
   private render(state: AssistantState): void {
-    const log = this.find("ol");
-    log.replaceChildren(...state.messages.map((m) => this.item(m)));
-    const scroller = this.find("[role=log]");
-    scroller.scrollTop = scroller.scrollHeight;
+    this.renderMessages(state.messages);
     const running = state.status === "running";
     this.find<HTMLButtonElement>("#stop").disabled = !running;
     const status = this.find("[role=status]");
     const activity = state.activity;
+    const report = running && activity?.kind === "calling" ? activity.progress : undefined;
     status.textContent = !running
       ? state.status === "disposed"
         ? "The assistant is closed."
         : ""
       : activity?.kind === "calling"
-        ? `Running ${activity.tool.name}…`
+        ? `Running ${activity.tool.name}…${report === undefined ? "" : ` ${progressText(report)}`}`
         : activity?.kind === "confirming"
           ? `Waiting for your confirmation of ${activity.tool.name}…`
           : "Thinking…";
+    const bar = this.find<HTMLProgressElement>("progress");
+    bar.hidden = report === undefined;
+    if (report?.total !== undefined) {
+      bar.max = report.total;
+      bar.value = Math.min(report.progress, report.total);
+    } else {
+      bar.removeAttribute("value"); // indeterminate: the handler gave no total
+    }
     const alert = this.find("[role=alert]");
     const code = state.error?.code ?? (this.notice !== "" && running ? this.notice : "");
     if (!running) this.notice = "";
     alert.hidden = code === "";
     alert.dataset["code"] = code;
     alert.replaceChildren(...(code === "" ? [] : codeLine(code)));
+  }
+
+  /**
+   * The conversation's items, one per message, changed only where the messages did: messages are
+   * appended, and the assistant drops old turns from the front (maxMessages), so the DOM changes
+   * by those items alone and a long conversation costs nothing per state change.
+   */
+  private renderMessages(messages: readonly Message[]): void {
+    const log = this.find("ol");
+    const current = new Set(messages);
+    let dropped = 0;
+    while (dropped < this.shown.length && !current.has(this.shown[dropped]!)) dropped += 1;
+    const kept = this.shown.slice(dropped);
+    if (kept.some((message, index) => messages[index] !== message)) {
+      // Not a trim and an append (clear(), a new assistant): draw it all again.
+      this.shown = [];
+      log.replaceChildren();
+    } else {
+      for (let index = 0; index < dropped; index += 1) log.firstElementChild?.remove();
+      this.shown = kept;
+    }
+    if (this.shown.length === messages.length) return;
+    const added = messages.slice(this.shown.length);
+    log.append(...added.map((message) => this.item(message)));
+    this.shown = [...this.shown, ...added];
+    const scroller = this.find("[role=log]");
+    scroller.scrollTop = scroller.scrollHeight;
   }
 
   private item(message: Message): HTMLLIElement {

@@ -1,8 +1,11 @@
 // The assistant's browser-test page: an Assistant over WebMCP tools and its widget, driven from
 // tests/client/typescript/test_web_assistant.py. Query: model (the scripted endpoint), mc
 // (native | standin | absent | incomplete | throws | notlist), schema (ok | notobject |
-// dialect), timeoutMs, maxRounds.
+// dialect), timeoutMs, maxRounds, maxMessages; with baseUrl, session and token, the tools are that toolmesh
+// session's instead (the toolmesh() channel, over the services' web port; registryUrl when the
+// registry's is another; protocol: connect or grpc-web).
 import { AgentError, Assistant, webmcp, type JsonValue } from "../src/index.js";
+import { toolmesh } from "../src/toolmesh.js";
 import { defineAssistantElement, type ToolmeshAssistantElement } from "../src/widget.js";
 
 type Execute = (input: Record<string, JsonValue>, client: { signal?: AbortSignal }) => unknown;
@@ -133,14 +136,32 @@ if (context?.registerTool !== undefined && mode !== "throws" && mode !== "notlis
   for (const tool of tools) await context.registerTool(tool);
 }
 
+/** The RunTool requests the toolmesh() channel sent (each attempt of a call is one). */
+const runToolRequests: string[] = [];
+const countingFetch: typeof fetch = (input, init) => {
+  const url = input instanceof Request ? input.url : String(input);
+  if (url.endsWith("/RunTool")) runToolRequests.push(url);
+  return fetch(input, init);
+};
+
 defineAssistantElement();
 const element = document.querySelector("toolmesh-assistant") as ToolmeshAssistantElement;
 const assistant = new Assistant({
   model: { url: query.get("model") ?? "/v1", model: "scripted" },
-  tools: webmcp(),
+  tools: query.has("baseUrl")
+    ? toolmesh({
+        baseUrl: query.get("baseUrl")!,
+        ...(query.has("registryUrl") ? { registryUrl: query.get("registryUrl")! } : {}),
+        sessionId: query.get("session") ?? "",
+        token: query.get("token") ?? "",
+        fetch: countingFetch,
+        protocol: query.get("protocol") === "grpc-web" ? "grpc-web" : "connect",
+      })
+    : webmcp(),
   confirm: element.confirm,
   ...(query.has("timeoutMs") ? { timeoutMs: Number(query.get("timeoutMs")) } : {}),
   ...(query.has("maxRounds") ? { maxRounds: Number(query.get("maxRounds")) } : {}),
+  ...(query.has("maxMessages") ? { maxMessages: Number(query.get("maxMessages")) } : {}),
 });
 element.assistant = assistant;
 
@@ -157,6 +178,7 @@ const sent: Sent[] = [];
   notes,
   aborts,
   sent,
+  runToolRequests,
   /** send() from the page; the outcome lands in `sent`. */
   send(text: string): number {
     const index = sent.length;
@@ -179,13 +201,26 @@ const sent: Sent[] = [];
   },
   releaseSlow: () => releaseSlow?.(),
   error: () => assistant.state.error?.code ?? null,
+  /** The widget's status line and progress bar: [text, value or null, max, hidden]. */
+  progress: () => {
+    const bar = element.shadowRoot!.querySelector("progress") as HTMLProgressElement;
+    return [
+      (element.shadowRoot!.querySelector("[role=status]") as HTMLElement).textContent,
+      bar.hasAttribute("value") ? bar.value : null,
+      bar.max,
+      bar.hidden,
+    ];
+  },
   status: () => assistant.state.status,
   alert: () => (element.shadowRoot!.querySelector("[role=alert]") as HTMLElement).textContent,
   alertHidden: () => (element.shadowRoot!.querySelector("[role=alert]") as HTMLElement).hidden,
   log: () => (element.shadowRoot!.querySelector("ol") as HTMLElement).textContent,
+  items: () => Array.from(element.shadowRoot!.querySelectorAll("li"), (item) => item.textContent),
   toolResults: () =>
     assistant.state.messages.flatMap((m) =>
-      m.role === "tool" ? [{ name: m.call.name, ok: m.result.ok, code: m.result.code, text: m.result.text, data: m.result.data }] : [],
+      m.role === "tool"
+        ? [{ name: m.call.name, ok: m.result.ok, code: m.result.code, text: m.result.text, data: m.result.data, cause: m.result.cause }]
+        : [],
     ),
   dialogOpen: () => (element.shadowRoot!.querySelector("dialog") as HTMLDialogElement).open,
   /** The id of the focused element, through the shadow root. */
@@ -227,3 +262,29 @@ async function bench(calls: number): Promise<{ directMs: number; turnMs: number 
   return { directMs, turnMs };
 }
 (window as unknown as { toolmesh: { bench: typeof bench } }).toolmesh.bench = bench;
+
+/** The memory bench: `count` more turns, each one list_notes call and an answer, through an
+ * Assistant the widget shows (an in-page model: no network). `maxMessages` as the option; the
+ * assistant is made on the first call and kept for the next. Returns the widget's list length. */
+let memoryAssistant: Assistant | null = null;
+async function memoryTurns(count: number, maxMessages: number | null): Promise<number> {
+  if (memoryAssistant === null) {
+    let round = 0;
+    memoryAssistant = new Assistant({
+      tools: webmcp(),
+      ...(maxMessages === null ? {} : { maxMessages }),
+      model: {
+        async complete() {
+          round += 1;
+          return round % 2 === 1
+            ? { text: "", toolCalls: [{ id: `c${round}`, name: "list_notes", argumentsJson: "{}" }] }
+            : { text: `Turn ${round / 2}: there are no notes.`, toolCalls: [] };
+        },
+      },
+    });
+    element.assistant = memoryAssistant;
+  }
+  for (let i = 0; i < count; i += 1) await memoryAssistant.send(`list the notes (${i})`);
+  return element.shadowRoot!.querySelectorAll("li").length;
+}
+(window as unknown as { toolmesh: { memoryTurns: typeof memoryTurns } }).toolmesh.memoryTurns = memoryTurns;

@@ -10,7 +10,9 @@
 //   close {tab}
 //   press {tab, key}                           a real key press on the focused element
 //   axe {tab}                                  axe-core's violations on the page
-//   screenshot {tab, path}                     a PNG of the page
+//   screenshot {tab, path, selector?}          a PNG of the page, or of one element
+//   heap {tab}                                 after a full GC (CDP): {heapBytes, nodes, listeners}:
+//                                              the JS heap in use, DOM nodes, JS event listeners
 // `open` takes a `path`: "/" the host's test page, "/assistant" the assistant's.
 // Browsers launched with and without WebMCP (--enable-features=WebMCP) as tabs need them.
 import { chromium } from "playwright-core";
@@ -95,9 +97,22 @@ const commands = {
       (await window.axe.run(document)).violations.map((v) => ({ id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target) })),
     );
   },
-  async screenshot({ tab, path: file }) {
-    await tabs.get(tab).screenshot({ path: file });
+  async screenshot({ tab, path: file, selector }) {
+    const page = tabs.get(tab);
+    await (selector ? page.locator(selector).screenshot({ path: file }) : page.screenshot({ path: file }));
     return true;
+  },
+  async heap({ tab }) {
+    const page = tabs.get(tab);
+    const cdp = await page.context().newCDPSession(page);
+    try {
+      await cdp.send("HeapProfiler.collectGarbage");
+      const { usedSize } = await cdp.send("Runtime.getHeapUsage");
+      const { nodes, jsEventListeners } = await cdp.send("Memory.getDOMCounters");
+      return { heapBytes: usedSize, nodes, listeners: jsEventListeners };
+    } finally {
+      await cdp.detach();
+    }
   },
   async close({ tab }) {
     await tabs.get(tab)?.close();

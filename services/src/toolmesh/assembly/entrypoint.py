@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
 
 from toolmesh.client.config import DEFAULT_PORTS
-from toolmesh.core import otel, scrape
+from toolmesh.core import event_loop, otel, scrape
 from toolmesh.core.logs import configure_logging
 from toolmesh.core.scrape import MetricsEndpoint
 from toolmesh.rules import limits
 from toolmesh.runtime import security
 from toolmesh.runtime.security import Security
 from toolmesh.runtime.server import CannotListen, RunningServer, serve_until_signalled
+from toolmesh.runtime.web import add_web_arguments
 from toolmesh.store.backends import PREFIX_ENV, STORE_ENV, Stores, describe_store, open_stores, store_url
 
 # Internal listeners (registry lookups, bridge dispatch): loopback unless told otherwise.
@@ -73,6 +73,23 @@ def parse_args(
     return args
 
 
+def add_web_port_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    """--web-listen (the port for pages), --web-origins and --web-hosts: the bridge's flags."""
+    parser.add_argument(
+        "--web-listen",
+        default=default,
+        help="address of the port for pages, Connect and gRPC-Web (default %(default)s; 'off' serves "
+        "none; off loopback it needs TLS and tokens, as --listen)",
+    )
+    add_web_arguments(parser)
+
+
+def web_address(args: argparse.Namespace) -> str | None:
+    """The --web-listen address, None for 'off'."""
+    address: str = args.web_listen
+    return None if address == "off" else address
+
+
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
@@ -114,6 +131,11 @@ def run(
     service: str, start: Callable[[], Awaitable[RunningServer]], metrics: MetricsEndpoint | None = None
 ) -> None:
     """Start the service, print its ports (so a parent process can read them), serve until signalled."""
+    try:
+        factory = event_loop.loop_factory()
+    except ValueError as error:
+        print(f"toolmesh {service}: {error}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
     configure_logging(f"toolmesh-{service}")
     otel.configure(f"toolmesh-{service}", metric_readers=() if metrics is None else (metrics.reader,))
 
@@ -139,7 +161,7 @@ def run(
         await serve_until_signalled([server])
 
     try:
-        asyncio.run(main())
+        event_loop.run(main(), factory)
     except security.Unprotected as refusal:
         print(f"toolmesh {service}: {refusal}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)

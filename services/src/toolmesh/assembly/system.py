@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from toolmesh.bridge.cancels import HeldRequests
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.observability import RouterTelemetry
 from toolmesh.bridge.outcomes import OutcomeRecorder
@@ -16,11 +18,12 @@ from toolmesh.bridge.router import Router
 from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import HOST_FACING_PATHS, start_web_server, web_connect
+from toolmesh.contracts.cancels import CancelBoard
 from toolmesh.contracts.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation import web as invocation_web
-from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.invoker import Invoker
 from toolmesh.invocation.observability import InvocationTelemetry
+from toolmesh.invocation.progress_relay import ProgressRelay
 from toolmesh.invocation.quotas import Quotas
 from toolmesh.invocation.remote import (
     RoutedDispatcher,
@@ -36,10 +39,10 @@ from toolmesh.registry.servicer import registry_service
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 from toolmesh.runtime.security import LOOPBACK, Security
 from toolmesh.runtime.server import CannotListen, RunningServer, start_server
-from toolmesh.runtime.web import WebRoutes, guarded
+from toolmesh.runtime.web import WebRoutes, WebServer, guarded
 from toolmesh.store.backends import MEMORY, Stores, open_stores
 
-# How long a starting invocation replica waits to follow other replicas' cancellations.
+# How long a starting replica waits to follow the cancellations posted in the store.
 FOLLOW_READY_S = 5.0
 # Internal listeners on a free loopback port unless told otherwise.
 INTERNAL_ADDRESS = "127.0.0.1:0"
@@ -53,16 +56,25 @@ async def start_registry(
     internal_address: str = INTERNAL_ADDRESS,
     limits: Limits = DEFAULT_LIMITS,
     web_routes: WebRoutes | None = None,
+    web_address: str | None = None,
+    web_origins: Sequence[str] = (),
+    web_hosts: Sequence[str] = (),
 ) -> RunningServer:
     """The registry, keeping its tools in `stores` (closed when it stops; default: its own memory).
 
-    With `web_routes` (a web port of this process), its read RPCs are served there too.
+    With `web_routes` (a web port of this process), its read RPCs are served there too; with
+    `web_address`, on a web port of its own (`web_origins`, `web_hosts` as for the bridge's).
     """
+    if web_address is not None:
+        security.check_public(web_address)
     stores = stores or open_stores()
     registry = Registry(stores.store, limits)
-    if web_routes is not None:
+    # A port of its own, unless it shares one of this process's (web_routes).
+    own_routes = WebRoutes() if web_address is not None and web_routes is None else None
+    routes = web_routes or own_routes
+    if routes is not None:
         app = registry_web.web_connect(registry, security.verifier, read_max_bytes=limits.message_bytes)
-        web_routes.add(app, registry_web.READ_PATHS)
+        routes.add(app, registry_web.READ_PATHS)
     try:
         running = await start_server(
             [registry_service(registry)],
@@ -75,7 +87,33 @@ async def start_registry(
         await stores.close()
         raise
     running.after_stop.append(stores.close)
+    if own_routes is not None and web_address is not None:
+        await serve_web_port(
+            running, own_routes, web_address, web_origins=web_origins, web_hosts=web_hosts, security=security
+        )
     return running
+
+
+async def serve_web_port(
+    running: RunningServer,
+    routes: WebRoutes,
+    web_address: str,
+    *,
+    web_origins: Sequence[str],
+    web_hosts: Sequence[str],
+    security: Security,
+) -> WebServer:
+    """Serve `routes` on a web port of `running`'s, stopped first after its gRPC server (whose
+    streams have ended by then); stops `running` and raises CannotListen when the address is taken."""
+    app = guarded(routes, routes, web_origins, [*web_hosts, web_address.rpartition(":")[0].strip("[]")])
+    try:
+        web = await start_web_server(app, web_address, security.tls)
+    except CannotListen:
+        await running.stop(0)
+        raise
+    running.web_port = web.port
+    running.after_stop.insert(0, lambda: web.stop(1.0))
+    return web
 
 
 async def start_bridge(
@@ -114,7 +152,8 @@ async def start_bridge(
     lists = RegistryToolLists(registry_target, security.peer_channel) if registry_target is not None else None
     declarations = Declarations(router, lists, limits)
     recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger, ledger_policy(limits)))
-    service = bridge_service(router, declarations, recorder)
+    holds = HeldRequests()
+    service = bridge_service(router, declarations, recorder, None if stores is None else holds)
     running = await start_server(
         [service], address, security=security, internal_address=internal_address, limits=limits
     )
@@ -122,7 +161,11 @@ async def start_bridge(
         host = internal_address.rsplit(":", 1)[0]
         routes = Routes(stores.store, advertise or f"{host}:{running.internal_port}", router)
         routes.start()
-        running.after_stop.append(routes.aclose)
+        # Requests outlive the invocation replica that sent them: a cancellation another one
+        # takes comes through the store.
+        board = CancelBoard(stores.store)
+        stop_following = await follow_cancellations(lambda ready: holds.follow(board, ready))
+        running.after_stop += [routes.aclose, stop_following]
     if recorder is not None:
         running.after_stop.append(recorder.aclose)
     if stores is not None:
@@ -135,13 +178,9 @@ async def start_bridge(
             router, declarations, security.verifier, recorder, read_max_bytes=limits.message_bytes
         )
         served.add(connect, HOST_FACING_PATHS)
-        app = guarded(served, served, web_origins, [*web_hosts, web_address.rpartition(":")[0].strip("[]")])
-        try:
-            web = await start_web_server(app, web_address, security.tls)
-        except CannotListen:
-            await running.stop(0)
-            raise
-        running.web_port = web.port
+        web = await serve_web_port(
+            running, served, web_address, web_origins=web_origins, web_hosts=web_hosts, security=security
+        )
         shutdown = service.on_shutdown
 
         async def on_shutdown() -> None:
@@ -150,9 +189,25 @@ async def start_bridge(
                 await shutdown()
 
         service.on_shutdown = on_shutdown
-        # After the gRPC server's stop: the host streams have ended by then.
-        running.after_stop.insert(0, lambda: web.stop(1.0))
     return running, router
+
+
+async def follow_cancellations(
+    follow: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+) -> Callable[[], Awaitable[None]]:
+    """Start `follow(ready)` in a task, wait up to FOLLOW_READY_S for it to set `ready` (it
+    follows the store's cancellations), and return what stops it."""
+    ready = asyncio.Event()
+    following = asyncio.create_task(follow(ready))
+    with contextlib.suppress(TimeoutError):  # a store still unreachable: it follows once it is back
+        await asyncio.wait_for(ready.wait(), FOLLOW_READY_S)
+
+    async def stop_following() -> None:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+
+    return stop_following
 
 
 def ledger_policy(limits: Limits) -> LedgerPolicy:
@@ -176,6 +231,9 @@ async def start_invocation(
     security: Security = LOOPBACK,
     limits: Limits = DEFAULT_LIMITS,
     web_routes: WebRoutes | None = None,
+    web_address: str | None = None,
+    web_origins: Sequence[str] = (),
+    web_hosts: Sequence[str] = (),
 ) -> RunningServer:
     """The invocation service; `registry_target` and `bridge_target` are their internal listeners.
 
@@ -183,9 +241,12 @@ async def start_invocation(
     target such as `dns:///registry:7411` or `ipv4:10.0.0.1:7411,10.0.0.2:7411` (round_robin).
 
     It keeps its ledger in `stores` (closed when it stops; default: its own memory). With
-    `web_routes` (a web port of this process), its caller RPCs are served there too.
+    `web_routes` (a web port of this process), its caller RPCs are served there too; with
+    `web_address`, on a web port of its own (`web_origins`, `web_hosts` as for the bridge's).
     """
     security.check_public(address)
+    if web_address is not None:
+        security.check_public(web_address)
     security.check_peer()
     stores = stores or open_stores()
     # Every registry replica `registry_target` names (comma-separated, or one gRPC target).
@@ -199,6 +260,8 @@ async def start_invocation(
     dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_channel, recorded=stores.shared)
     # Replicas sharing the ledger hear of each other's cancellations through the store.
     cancels = CancelBoard(stores.store) if stores.shared else None
+    # And of the progress of invocations their callers joined through another replica.
+    relay = ProgressRelay(stores.store) if stores.shared else None
     validation = Validation(limits)
     invoker = Invoker(
         catalog,
@@ -209,23 +272,19 @@ async def start_invocation(
         validation=validation,
         quotas=Quotas(stores.store, limits),
         cancels=cancels,
+        progress=relay,
     )
-    if web_routes is not None:
+    # A port of its own, unless it shares one of this process's (web_routes).
+    own_routes = WebRoutes() if web_address is not None and web_routes is None else None
+    routes = web_routes or own_routes
+    if routes is not None:
         app = invocation_web.web_connect(invoker, security.verifier, read_max_bytes=limits.message_bytes)
-        web_routes.add(app, invocation_web.CALLER_FACING_PATHS)
-    following_ready = asyncio.Event()
-    following = asyncio.create_task(invoker.follow_cancellations(following_ready))
-    with contextlib.suppress(TimeoutError):  # a store still unreachable: it follows once it is back
-        await asyncio.wait_for(following_ready.wait(), FOLLOW_READY_S)
-
-    async def stop_following() -> None:
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
-
+        routes.add(app, invocation_web.CALLER_FACING_PATHS)
+    stop_following = await follow_cancellations(invoker.follow_cancellations)
     closers = [
         validation.aclose,
         stop_following,
+        *([relay.aclose] if relay is not None else []),
         catalog.aclose,
         *(channel.close for _, channel in registries),
         dispatcher.aclose,
@@ -239,6 +298,10 @@ async def start_invocation(
             await close()
         raise
     running.after_stop += closers
+    if own_routes is not None and web_address is not None:
+        await serve_web_port(
+            running, own_routes, web_address, web_origins=web_origins, web_hosts=web_hosts, security=security
+        )
     return running
 
 

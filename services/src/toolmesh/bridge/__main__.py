@@ -2,15 +2,17 @@ import argparse
 import os
 
 from toolmesh.assembly.entrypoint import (
+    add_web_port_arguments,
     dependency_address,
     metrics_of,
     parse_args,
     run,
     security_of,
     stores_of,
+    web_address,
 )
 from toolmesh.assembly.system import start_bridge
-from toolmesh.bridge.web import DEFAULT_WEB_PORT, add_web_arguments, web_hosts, web_origins
+from toolmesh.bridge.web import DEFAULT_WEB_PORT, web_hosts, web_origins
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import MEMORY, store_url
 
@@ -18,12 +20,7 @@ ADVERTISE_ENV = "TOOLMESH_ADVERTISE_ADDR"
 
 
 def _extend(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--web-listen",
-        default=f"127.0.0.1:{DEFAULT_WEB_PORT}",
-        help="address of the port for pages, Connect and gRPC-Web (default %(default)s; 'off' serves none)",
-    )
-    add_web_arguments(parser)
+    add_web_port_arguments(parser, f"127.0.0.1:{DEFAULT_WEB_PORT}")
     parser.add_argument(
         "--advertise",
         help="this replica's internal listener address as invocation replicas reach it, written in "
@@ -35,7 +32,7 @@ async def _start() -> RunningServer:
     server, _ = await start_bridge(
         args.listen,
         registry_target=dependency_address(args, "registry"),
-        web_address=None if args.web_listen == "off" else args.web_listen,
+        web_address=web_address(args),
         web_origins=web_origins(args.web_origins),
         web_hosts=web_hosts(args.web_hosts),
         security=security,

@@ -15,6 +15,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from toolmesh.bridge.cancels import HeldRequests
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import Router
 from toolmesh.core import correlation, telemetry
@@ -39,14 +40,22 @@ _SPAN_ATTRIBUTES = {
 class DispatchStream:
     """With `recorder` (a shared ledger), every outcome is also written there, and requests
     outlive the stream: its invocation replica may have died, and the call should still end
-    and be recorded for an exact retry elsewhere. Without one, requests end with the stream."""
+    and be recorded for an exact retry elsewhere. Without one, requests end with the stream.
+    `holds`: where this replica lists the requests its streams hold, for cancellations that come
+    through the store rather than on the stream (toolmesh.bridge.cancels)."""
 
-    def __init__(self, router: Router, recorder: OutcomeRecorder | None = None) -> None:
+    def __init__(
+        self, router: Router, recorder: OutcomeRecorder | None = None, holds: HeldRequests | None = None
+    ) -> None:
         self._router = router
         self._recorder = recorder
+        self._holds = holds
         # Results (and progress reports) to send back, in the order requests ended (reports were
         # made); closed when the stream may end.
-        self._results: Outbox[bridge_pb2.DispatchResult | tool_pb2.ToolProgress] = Outbox(_result_size)
+        self._results: Outbox[bridge_pb2.DispatchResult | tool_pb2.ToolProgress] = Outbox(
+            _result_size,
+            more_coming=lambda: bool(self._held),  # other requests' results (Outbox)
+        )
         # Requests taken from this stream that have no outcome yet, with their spans.
         self._held: dict[str, Any] = {}
         self._reading = True
@@ -122,9 +131,11 @@ class DispatchStream:
             ),
         ):
             self._held[tool_request_id] = span
+            if self._holds is not None:
+                self._holds.hold(tool_request_id, self._cancel)
 
             def settle(outcome: Outcome) -> None:
-                self._held.pop(tool_request_id, None)
+                self._release(tool_request_id)
                 if self._recorder is not None and not _nothing_ran(outcome):
                     self._recorder.record(tool_request_id, outcome)
                 if span.is_recording():
@@ -143,12 +154,18 @@ class DispatchStream:
             try:
                 self._router.start(request, settle, progressed)
             except ToolmeshError as error:
-                self._held.pop(tool_request_id, None)
+                self._release(tool_request_id)
                 span.end()
                 self._refuse(tool_request_id, error)
 
+    def _release(self, tool_request_id: str) -> Any:
+        """Its span, no longer held (None when it was not)."""
+        if self._holds is not None:
+            self._holds.release(tool_request_id, self._cancel)
+        return self._held.pop(tool_request_id, None)
+
     def _cancel(self, tool_request_id: str) -> None:
-        span = self._held.pop(tool_request_id, None)
+        span = self._release(tool_request_id)
         if span is not None:
             self._router.cancel(tool_request_id)
             span.set_attribute(telemetry.OUTCOME_CODE, "CANCELLED")

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import caller, scope
+from toolmesh.bridge.cancels import HeldRequests
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.outcomes import OutcomeRecorder, accept
@@ -125,11 +126,16 @@ async def declare(
 
 class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     def __init__(
-        self, router: Router, declarations: Declarations, recorder: OutcomeRecorder | None = None
+        self,
+        router: Router,
+        declarations: Declarations,
+        recorder: OutcomeRecorder | None = None,
+        holds: HeldRequests | None = None,
     ) -> None:
         self._router = router
         self._declarations = declarations
         self._recorder = recorder
+        self._holds = holds
 
     async def OpenHostSession(
         self, request: bridge_pb2.OpenHostSessionRequest, context: ServicerContext
@@ -178,15 +184,21 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         request_iterator: AsyncIterator[bridge_pb2.DispatchToolRequestsRequest],
         context: ServicerContext,
     ) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
-        async for response in relay(DispatchStream(self._router, self._recorder), request_iterator):
+        async for response in relay(
+            DispatchStream(self._router, self._recorder, self._holds), request_iterator
+        ):
             yield response
 
 
 def bridge_service(
-    router: Router, declarations: Declarations, recorder: OutcomeRecorder | None = None
+    router: Router,
+    declarations: Declarations,
+    recorder: OutcomeRecorder | None = None,
+    holds: HeldRequests | None = None,
 ) -> Service:
-    """`recorder`: the shared ledger outcomes are recorded in too (None: only sent back)."""
-    servicer = BridgeServicer(router, declarations, recorder)
+    """`recorder`: the shared ledger outcomes are recorded in too (None: only sent back); `holds`:
+    the held requests that cancellations posted in the store stop (toolmesh.bridge.cancels)."""
+    servicer = BridgeServicer(router, declarations, recorder, holds)
 
     async def on_shutdown() -> None:
         router.shutdown()

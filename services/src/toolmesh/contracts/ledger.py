@@ -31,6 +31,7 @@ from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError, code_for_reas
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.store.ledger import (
     FIRST_ATTACHMENT,
+    ClaimNotReplicated,
     Delivered,
     KeyReused,
     LeaseTerms,
@@ -91,6 +92,8 @@ def state_of(outcome: Outcome) -> InvocationState:
 
 # The outcome of a cancelled invocation: replayed to an exact retry like any other (not retryable).
 CANCELLED = Outcome.runtime_error(Code.TOOL_CANCELLED, "It was cancelled by a caller.")
+# Why a claim no replica confirmed (durable claims) is refused; it never ran.
+NOT_REPLICATED = "No replica of the state store confirmed the claim in time."
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +330,8 @@ class Ledger:
         `confirmed`: deliveries to confirm first, in the same atomic step (as confirm_all).
         `lease`: taken in the same step when the call starts a new invocation (its finish gives it
         back); LeaseRefused when it cannot be (nothing was claimed).
-        Raises ToolmeshError: IDEMPOTENCY_KEY_REUSED, or STORE_UNAVAILABLE (nothing was claimed).
+        Raises ToolmeshError: IDEMPOTENCY_KEY_REUSED, or STORE_UNAVAILABLE (nothing was claimed, or,
+        with durable claims, no replica confirmed the claim: nothing runs it).
         """
         identity = identity_of(call, arguments) or f"{call.session_id}:{call.tool_name}:unique:{new_id}"
         record = InvocationRecord(
@@ -369,16 +373,32 @@ class Ledger:
                         "toolRequestId": reused.tool_request_id,
                     },
                 ) from None
+            except ClaimNotReplicated as unconfirmed:
+                raise await self._not_replicated(record, unconfirmed) from None
         else:
-            existing = await self._store.claim(
-                new_id, self._encode(record), identity, running_ttl, confirmed=confirmed, lease=lease
-            )
+            try:
+                existing = await self._store.claim(
+                    new_id, self._encode(record), identity, running_ttl, confirmed=confirmed, lease=lease
+                )
+            except ClaimNotReplicated as unconfirmed:
+                raise await self._not_replicated(record, unconfirmed) from None
         if existing is None:
             return Claim(record, True)
         attached = self._decode(existing)
         if not attached.idempotency_key and self._window_passed(attached):
             raise self._too_late(attached)
         return Claim(attached, False, existing.attachment_id)
+
+    async def _not_replicated(
+        self, record: InvocationRecord, unconfirmed: ClaimNotReplicated
+    ) -> ToolmeshError:
+        """The refusal of a claim no replica confirmed. A new invocation it stored is ended first, with
+        a retryable outcome (so not replayed): nothing runs it, the exact retry claims anew, and a
+        call that joined it meanwhile is told to retry."""
+        if unconfirmed.stored is None:
+            failure = Outcome.runtime_error(Code.STORE_UNAVAILABLE, NOT_REPLICATED)
+            await self.finish(record.tool_request_id, failure, claimed=record)
+        return ToolmeshError(Code.STORE_UNAVAILABLE, NOT_REPLICATED)
 
     def _window_passed(self, record: InvocationRecord) -> bool:
         """Whether `record` finished more than its replay window ago (its pointer is kept longer,

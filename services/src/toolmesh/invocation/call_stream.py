@@ -52,7 +52,10 @@ class CallStream:
         # Who calls (a token's subject), for the rate per caller.
         self._caller = caller
         # Each result, and whether it refuses a duplicate call id (sent apart: see the proto).
-        self._results: Outbox[tuple[invocation_pb2.StreamedToolResult, bool]] = Outbox(_result_size)
+        self._results: Outbox[tuple[invocation_pb2.StreamedToolResult, bool]] = Outbox(
+            _result_size,
+            more_coming=lambda: bool(self._open),  # other calls' results (Outbox)
+        )
         self._pause_bytes = pause_bytes
         self._max_bytes = max_bytes
         # Set while the results waiting to be sent are few enough to take more calls.

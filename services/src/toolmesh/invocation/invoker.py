@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from collections.abc import Awaitable, Callable, Container, Coroutine, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
+from toolmesh.contracts.cancels import CancelBoard
 from toolmesh.contracts.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger, rfc3339
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
@@ -19,7 +20,6 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
-from toolmesh.invocation.cancels import CancelBoard
 from toolmesh.invocation.ports import (
     Dispatcher,
     InvocationObserver,
@@ -28,6 +28,7 @@ from toolmesh.invocation.ports import (
     ProgressSink,
     ToolCatalog,
 )
+from toolmesh.invocation.progress_relay import ProgressRelay
 from toolmesh.invocation.quotas import Lease, Quotas
 from toolmesh.invocation.validation import Validation, validate_now
 from toolmesh.rules.shares import Shares
@@ -62,7 +63,44 @@ class InvokeResult:
 
 def new_tool_request_id(session_id: str) -> str:
     """A new id, carrying its session's slot tag (toolmesh.store.slots: found on a cluster by id alone)."""
-    return slots.tool_request_id(session_id, uuid.uuid4().hex)
+    return _id_prefix(session_id) + _RANDOM.uuid4_hex()
+
+
+@lru_cache(maxsize=4096)
+def _id_prefix(session_id: str) -> str:
+    """`tr_<tag>_`: the session's slot tag is a digest, the same for each of its calls."""
+    return slots.tool_request_id(session_id, "")
+
+
+class _RandomPool:
+    """`uuid.uuid4().hex` from the kernel's random bytes taken 4 KiB at a time.
+
+    The same ids (version 4, random from os.urandom), without a system call and a
+    UUID object each: uuid4 cost a call several microseconds. A forked child drops
+    the bytes it inherited, so that it mints no id its parent mints.
+    """
+
+    _SIZE = 4096
+
+    def __init__(self) -> None:
+        self._bytes = b""
+        self._at = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._bytes, self._at = b"", 0
+
+    def uuid4_hex(self) -> str:
+        if self._at + 16 > len(self._bytes):
+            self._bytes, self._at = os.urandom(self._SIZE), 0
+        raw = bytearray(self._bytes[self._at : self._at + 16])
+        self._at += 16
+        raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+        raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+        return raw.hex()
+
+
+_RANDOM = _RandomPool()
 
 
 def check_confirmations(deliveries: Sequence[Delivered]) -> None:
@@ -142,9 +180,11 @@ class Invoker:
         validation: Validation | None = None,
         quotas: Quotas | None = None,
         cancels: CancelBoard | None = None,
+        progress: ProgressRelay | None = None,
     ) -> None:
         """`cancels`: where cancellations go for the replica that runs the invocation, when replicas
-        share the ledger (None: this process runs every invocation it records).
+        share the ledger (None: this process runs every invocation it records); `progress`: where
+        the progress of invocations goes for callers that joined them through another replica.
         `max_in_flight`: calls waiting here at once (default: the `calls_in_flight` limit)."""
         self._catalog = catalog
         self._dispatcher = dispatcher
@@ -174,6 +214,7 @@ class Invoker:
         self._cancels = cancels
         # Callers told of the progress of invocations running here, by tool request id.
         self._listeners: dict[str, list[ProgressSink]] = {}
+        self._relay = progress
 
     async def invoke(
         self,
@@ -200,7 +241,8 @@ class Invoker:
         `sessions`: those the caller may call (None: all); PERMISSION_DENIED for another.
         `caller`: who calls (a token's subject; None: unauthenticated), for the rate per caller.
         `on_progress` gets the progress reports of the invocation while the call
-        waits for it, when this process runs it (best effort).
+        waits for it (best effort): from the bridge when this process runs it, else
+        through the store from the replica that does (with a ProgressRelay).
         """
         check_envelope(call)
         if sessions is not None and call.session_id not in sessions:
@@ -322,11 +364,17 @@ class Invoker:
             )
         listeners = self._listeners.setdefault(record.tool_request_id, [])
         listeners.append(on_progress)
+        following = None
+        if self._relay is not None and not claim.is_new and record.tool_request_id not in self._running:
+            # Joined an invocation another replica runs: its progress comes through the store.
+            following = asyncio.create_task(self._relay.follow(record.tool_request_id, on_progress))
         try:
             return await self._attach_stating(
                 claim, request, tool, leaves_early, lease, safe_until=safe_until
             )
         finally:
+            if following is not None:
+                following.cancel()
             listeners.remove(on_progress)
             if not listeners:
                 self._listeners.pop(record.tool_request_id, None)
@@ -484,7 +532,8 @@ class Invoker:
         if dispatching is not None:
             self._dispatching[tool_request_id] = dispatching
         try:
-            outcome = await self._dispatcher.dispatch(request, self._progressed)
+            progressed = self._progressed if self._relay is None else partial(self._relayed, request)
+            outcome = await self._dispatcher.dispatch(request, progressed)
         except asyncio.CancelledError:
             if tool_request_id not in self._cancelling or dispatching is None:
                 raise
@@ -510,6 +559,13 @@ class Invoker:
         if not await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed):
             return CANCELLED  # cancelled as the host answered: the ledger's outcome is everyone's
         return outcome
+
+    def _relayed(self, request: ToolRequest, progress: ToolProgress) -> None:
+        """To this replica's callers, and through the store to other replicas' (kept no longer
+        than the request may run)."""
+        self._progressed(progress)
+        if self._relay is not None:
+            self._relay.publish(progress, request.timeout_ms / 1000)
 
     def _progressed(self, progress: ToolProgress) -> None:
         for listener in self._listeners.get(progress.tool_request_id, ()):

@@ -168,14 +168,30 @@ class RegistryReplicas:
 
     async def watch(self, session_id: str) -> AsyncGenerator[ToolSet, None]:
         """WatchTools through the first replica that answers. A stream that breaks after its first
-        message raises REGISTRY_UNAVAILABLE: the cache keeps the list and reconnects."""
+        message raises REGISTRY_UNAVAILABLE: the cache keeps the list and reconnects.
+
+        A replica that takes the stream and sends nothing (a stopped process keeps its connections
+        open) is left for the next one after its share of REGISTRY_TIMEOUT_S, so that the
+        cache's own wait for a first list still ends with one from a replica that answers."""
         last: ToolmeshError | None = None
-        for index in self._order():
+        order = self._order()
+        first_list_s = REGISTRY_TIMEOUT_S / (len(order) + 1)
+        for index in order:
             received = False
             try:
                 async with contextlib.aclosing(self._clients[index].watch_tools(session_id)) as updates:
+                    try:
+                        async with asyncio.timeout(first_list_s):
+                            tools = await anext(updates)
+                    except TimeoutError:
+                        self._failed(index)
+                        last = unavailable(session_id, cause="watch_timeout")
+                        continue
+                    except StopAsyncIteration:
+                        return
+                    received = True
+                    yield tools
                     async for tools in updates:
-                        received = True
                         yield tools
                 return
             except grpc.aio.AioRpcError as error:

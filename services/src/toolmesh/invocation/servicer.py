@@ -55,15 +55,16 @@ class EarlyId:
         until when its exact retry joins or replays it) if the wait lasts."""
         left = self._context.time_remaining()
         delay = EARLY_ID_AFTER_S if left is None else min(EARLY_ID_AFTER_S, left / 4)
+        # The time is written out only if sent: most calls end first, and formatting it costs.
         self._timer = asyncio.get_running_loop().call_later(
-            delay, self._send, tool_request_id, attachment_id, rfc3339(safe_until)
+            delay, self._send, tool_request_id, attachment_id, safe_until
         )
 
-    def _send(self, tool_request_id: str, attachment_id: str, safe_until: str) -> None:
+    def _send(self, tool_request_id: str, attachment_id: str, safe_until: float) -> None:
         metadata = (
             (TOOL_REQUEST_ID_METADATA, tool_request_id),
             (ATTACHMENT_ID_METADATA, attachment_id),
-            (RETRY_SAFE_UNTIL_METADATA, safe_until),
+            (RETRY_SAFE_UNTIL_METADATA, rfc3339(safe_until)),
         )
         self._sending = asyncio.ensure_future(self._context.send_initial_metadata(metadata))
 

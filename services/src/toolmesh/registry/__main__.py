@@ -1,7 +1,18 @@
-from toolmesh.assembly.entrypoint import metrics_of, parse_args, run, security_of, stores_of
+from toolmesh.assembly.entrypoint import (
+    add_web_port_arguments,
+    metrics_of,
+    parse_args,
+    run,
+    security_of,
+    stores_of,
+    web_address,
+)
 from toolmesh.assembly.system import start_registry
+from toolmesh.runtime.web import web_hosts, web_origins
 
-args = parse_args("registry")
+# The web port (the registry's reads for pages) is off unless asked for: pages usually reach it
+# through `toolmesh up`'s or a proxy's one origin.
+args = parse_args("registry", extend=lambda parser: add_web_port_arguments(parser, "off"))
 security = security_of(args)
 run(
     "registry",
@@ -11,6 +22,9 @@ run(
         security=security,
         internal_address=args.internal_listen,
         limits=args.limits,
+        web_address=web_address(args),
+        web_origins=web_origins(args.web_origins),
+        web_hosts=web_hosts(args.web_hosts),
     ),
     metrics_of(args, security),
 )

@@ -73,6 +73,16 @@ class KeyReused(Exception):
         self.tool_request_id = tool_request_id
 
 
+class ClaimNotReplicated(Exception):
+    """Durable claims (toolmesh.store.durability): the claim was stored on the primary, but no replica
+    confirmed it in time, so a failover could lose it. `stored` is what the claim returned: None when
+    it stored a new invocation (nothing runs it: the ledger ends it), else the one it attached to."""
+
+    def __init__(self, stored: StoredInvocation | None) -> None:
+        super().__init__("no replica confirmed the claim in time")
+        self.stored = stored
+
+
 class LedgerStore(Protocol):
     async def claim(
         self,
@@ -97,6 +107,9 @@ class LedgerStore(Protocol):
 
         `lease` is taken only when a new invocation is stored (a join or replay takes none);
         raises LeaseRefused, storing nothing, when it cannot be.
+
+        With durable claims, returns once a replica has the claim; ClaimNotReplicated when none
+        confirmed it in time.
         """
         ...
 

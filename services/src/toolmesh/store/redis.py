@@ -28,6 +28,7 @@ from redis.exceptions import NoScriptError
 
 from toolmesh.store import slots
 from toolmesh.store.base import VersionConflict, Versioned
+from toolmesh.store.durability import Mode, split_durability
 from toolmesh.store.redis_link import Link
 from toolmesh.store.redis_watch import Subscriptions, watch
 
@@ -112,6 +113,9 @@ class RedisConnection:
     cluster = False
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX) -> None:
+        url, durability = split_durability(url)
+        # One Redis waits for a replica only when told to (`auto` is off: it may have none).
+        self._wait = durability.wait_command() if durability.mode is Mode.ON else None
         # The pool only turns the URL into a connection class and its settings; nothing is pooled.
         settings = ConnectionPool.from_url(
             url,
@@ -129,13 +133,20 @@ class RedisConnection:
         self._link = Link(connect)
         self.subscriptions = Subscriptions(connect)
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str] = ()) -> Any:
-        """The script's reply; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot be reached in time."""
+    async def run(
+        self, script: Script, keys: Sequence[str], args: Sequence[bytes | str] = (), *, durable: bool = False
+    ) -> Any:
+        """The script's reply; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot be reached in time.
+
+        `durable` (a claim or a finish), with durable claims on: answered once a replica has it;
+        NotReplicated when none confirmed in time (the script ran).
+        """
+        wait = self._wait if durable else None
         try:
-            return await self._link.send("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._link.send("EVALSHA", script.sha, len(keys), *keys, *args, wait=wait)
         except NoScriptError:  # a restarted Redis has no scripts: load it (it did not run)
             await self._link.send("SCRIPT", "LOAD", script.source)
-            return await self._link.send("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._link.send("EVALSHA", script.sha, len(keys), *keys, *args, wait=wait)
 
     async def close(self) -> None:
         await self.subscriptions.close()
@@ -195,8 +206,11 @@ class RedisStore:
 
 def describe(url: str) -> str:
     """The URL without its password, to show; ValueError when it is not a Redis URL."""
+    url, durability = split_durability(url)
     kwargs: dict[str, Any] = dict(parse_url(url))
+    durable = "" if durability.mode is Mode.AUTO else f" (durable claims {durability.mode.value})"
     if "path" in kwargs:
-        return f"unix://{kwargs['path']}"
+        return f"unix://{kwargs['path']}{durable}"
     scheme = "rediss" if url.startswith("rediss:") else "redis"
-    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    host, port, db = kwargs.get("host", "localhost"), kwargs.get("port", 6379), kwargs.get("db", 0)
+    return f"{scheme}://{host}:{port}/{db}{durable}"

@@ -23,19 +23,22 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
     ClusterError,
+    MovedError,
     NoScriptError,
     RedisClusterException,
     TryAgainError,
@@ -44,6 +47,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.store.durability import Durability, Mode, NotReplicated, split_durability
 from toolmesh.store.redis import CONNECT_TIMEOUT_S, DEFAULT_PREFIX, REPLY_TIMEOUT_S, Script
 from toolmesh.store.redis_watch import (
     RECONNECT_CAP_S,
@@ -67,6 +71,11 @@ UNAVAILABLE = (
     TryAgainError,
     RedisClusterException,
 )
+# How many redirections (MOVED, ASK, TRYAGAIN) a durable script follows, as redis-py's own commands.
+REDIRECTIONS = RedisCluster.RedisClusterRequestTTL
+TRY_AGAIN_PAUSE_S = 0.05
+# `durable=auto` asks a primary again after this long whether it has a replica.
+REPLICAS_FRESH_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,17 +86,22 @@ class ClusterAddress:
     tls: bool = False
     username: str | None = None
     password: str | None = None
+    durability: Durability = field(default_factory=Durability)
 
     def describe(self) -> str:
         scheme = SCHEMES[1] if self.tls else SCHEMES[0]
-        return f"{scheme}://" + ",".join(f"{host}:{port}" for host, port in self.nodes)
+        mode = self.durability.mode
+        durable = "" if mode is Mode.AUTO else f" (durable claims {mode.value})"
+        return f"{scheme}://" + ",".join(f"{host}:{port}" for host, port in self.nodes) + durable
 
 
 def parse_cluster_url(url: str) -> ClusterAddress:
-    """redis+cluster://[user:password@]host:port[,host:port…][/0] (rediss+cluster:// with TLS).
+    """redis+cluster://[user:password@]host:port[,host:port…][/0][?durable=…] (rediss+cluster:// with
+    TLS; the durability parameters as toolmesh.store.durability says).
 
     ValueError for anything else; a cluster has only database 0.
     """
+    url, durability = split_durability(url)
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES:
         raise ValueError(f"not a Redis Cluster URL: {parts.scheme}://")
@@ -100,12 +114,16 @@ def parse_cluster_url(url: str) -> ClusterAddress:
             raise ValueError("a Redis Cluster URL names its nodes as host:port,host:port")
         nodes.append((host.strip("[]"), int(port)))
     if parts.path.strip("/") not in ("", "0") or parts.query:
-        raise ValueError("a Redis Cluster has only database 0, and takes no options in its URL")
+        raise ValueError(
+            "a Redis Cluster has only database 0, and takes no options in its URL but durable and "
+            "durable_wait_ms"
+        )
     return ClusterAddress(
         tuple(nodes),
         tls=parts.scheme == SCHEMES[1],
         username=unquote(username) or None,
         password=unquote(password) or None,
+        durability=durability,
     )
 
 
@@ -133,6 +151,11 @@ class ClusterConnection:
             "protocol": 2,
         }
         self._tls = address.tls
+        self._durability = address.durability
+        # A durable script's node was lost: read the slot map again before the next one.
+        self._slots_stale = False
+        # Whether each primary has a replica that is not failed, by node name, and when it was read.
+        self._replicas: dict[str, tuple[bool, float]] = {}
         self.client = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in address.nodes],
             ssl=address.tls,
@@ -144,24 +167,122 @@ class ClusterConnection:
         kind = SSLConnection if self._tls else Connection
         return kind(host=host, port=port, **self._settings)
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str] = ()) -> Any:
-        """The script's reply, run on the node of its keys' slot; STORE_UNAVAILABLE when it cannot be."""
+    async def run(
+        self, script: Script, keys: Sequence[str], args: Sequence[bytes | str] = (), *, durable: bool = False
+    ) -> Any:
+        """The script's reply, run on the node of its keys' slot; STORE_UNAVAILABLE when it cannot be.
+
+        `durable` (a claim or a finish), with durable claims on (or `auto` and the slot's primary has
+        a replica): answered once a replica has it; NotReplicated when none confirmed in time (the
+        script ran)."""
         sharded = script.sharded
         try:
+            if durable and self._durability.mode is not Mode.OFF:
+                slot = key_slot(keys[0].encode())
+                if self._durability.mode is Mode.ON or await self._has_replica(slot):
+                    return await self._run_waiting(sharded, slot, keys, args)
             try:
                 return await self.client.execute_command("EVALSHA", sharded.sha, len(keys), *keys, *args)
             except NoScriptError:  # that node has not seen it (new, restarted, promoted): it did not run
                 return await self.client.execute_command("EVAL", sharded.source, len(keys), *keys, *args)
-        except NoScriptError:
+        except (NoScriptError, NotReplicated):
             raise
         except UNAVAILABLE as error:
+            self._slots_stale = True  # a durable script reads the slot map again before it runs
             if not isinstance(error, (RedisConnectionError, RedisTimeoutError, OSError)):
                 log.warning("store cluster unavailable", extra={"error": type(error).__name__})
             raise ToolmeshError(Code.STORE_UNAVAILABLE) from error
 
+    async def _has_replica(self, slot: int) -> bool:
+        """Whether the slot's primary has a replica that is not failed, as the primary says
+        (CLUSTER NODES, read again after REPLICAS_FRESH_S; CLUSTER SLOTS leaves out a replica
+        that has not replicated a byte yet)."""
+        await self._current_slots()
+        primary = self.client.nodes_manager.get_node_from_slot(slot)
+        known = self._replicas.get(primary.name)
+        now = time.monotonic()
+        if known is None or now - known[1] > REPLICAS_FRESH_S:
+            nodes = await primary.execute_command("CLUSTER", "NODES")
+            known = self._replicas[primary.name] = (_has_live_replica(bytes(nodes).decode()), now)
+        return known[0]
+
+    async def _current_slots(self) -> None:
+        if self._slots_stale:
+            self._slots_stale = False
+            await self.client.nodes_manager.initialize()
+        else:
+            await self.client.initialize()  # nothing once initialized (unless redis-py asked again)
+
+    async def _run_waiting(
+        self, script: Script, slot: int, keys: Sequence[str], args: Sequence[bytes | str]
+    ) -> Any:
+        """The script, then WAIT, written together on one connection to the slot's primary (WAIT
+        counts the replicas that have that connection's writes). Follows MOVED, ASK and TRYAGAIN
+        (the script did not run) as redis-py does; a lost connection is never retried."""
+        command: tuple[Any, ...] = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        asked: ClusterNode | None = None
+        for _ in range(REDIRECTIONS):
+            await self._current_slots()
+            node = asked or self.client.nodes_manager.get_node_from_slot(slot)
+            commands: list[tuple[Any, ...]] = [("ASKING",)] if asked else []
+            commands += [command, self._durability.wait_command()]
+            replies = await self._pipeline(node, commands)
+            reply, acked = replies[-2], replies[-1]
+            asked = None
+            if isinstance(reply, NoScriptError):  # that node has not seen it: it did not run
+                command = ("EVAL", script.source, len(keys), *keys, *args)
+            elif isinstance(reply, MovedError):
+                await self.client.nodes_manager.move_slot(reply)
+            elif isinstance(reply, AskError):
+                asked = self.client.nodes_manager.get_node(host=reply.host, port=reply.port)
+                if asked is None:  # a node the map does not know yet
+                    self._slots_stale = True
+            elif isinstance(reply, TryAgainError):  # the slot is moving: its keys are on two nodes
+                await asyncio.sleep(TRY_AGAIN_PAUSE_S)
+            elif isinstance(reply, Exception):
+                raise reply
+            elif isinstance(acked, int) and acked >= 1:
+                return reply
+            elif isinstance(acked, (RedisConnectionError, RedisTimeoutError)):
+                self._slots_stale = True
+                raise acked  # the script ran; whether a replica has it is unknown
+            else:
+                raise NotReplicated(reply)
+        raise ClusterError("too many redirections")
+
+    async def _pipeline(self, node: ClusterNode, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Each command's reply (an error as an exception in its place); a lost connection raises."""
+        pipeline = [PipelineCommand(position, *args) for position, args in enumerate(commands)]
+        try:
+            await node.execute_pipeline(pipeline)
+        except UNAVAILABLE:
+            self._slots_stale = True
+            raise
+        results = [command.result for command in pipeline]
+        if any(isinstance(result, (RedisConnectionError, RedisTimeoutError)) for result in results[:-1]):
+            self._slots_stale = True
+            raise next(r for r in results if isinstance(r, (RedisConnectionError, RedisTimeoutError)))
+        return results
+
     async def close(self) -> None:
         await self.subscriptions.close()
         await self.client.aclose()
+
+
+def _has_live_replica(nodes: str) -> bool:
+    """Whether the node whose CLUSTER NODES this is (`myself`) has a replica that is not failed."""
+    me = ""
+    replicas_of: list[str] = []
+    for line in nodes.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        flags = fields[2].split(",")
+        if "myself" in flags:
+            me = fields[0]
+        if "slave" in flags and "fail" not in flags:
+            replicas_of.append(fields[3])
+    return me in replicas_of
 
 
 class ClusterSubscriptions:

@@ -22,20 +22,34 @@ Keys, under the connection's prefix:
 Every key expires. The scripts read keys named by other keys (the invocation
 a pointer names), so all the keys of a script live in one slot: on a cluster
 each carries its session's hash tag (_names, toolmesh.store.slots).
+
+With durable claims (toolmesh.store.durability) the claim and finish scripts
+are answered once a replica has them.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from toolmesh.store import slots
-from toolmesh.store.ledger import Delivered, KeyReused, LeaseRefused, LeaseTerms, StoredInvocation
+from toolmesh.store.durability import NotReplicated
+from toolmesh.store.ledger import (
+    ClaimNotReplicated,
+    Delivered,
+    KeyReused,
+    LeaseRefused,
+    LeaseTerms,
+    StoredInvocation,
+)
 from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
 from toolmesh.store.redis_watch import watch
 
 if TYPE_CHECKING:
     from toolmesh.store.redis_cluster import ClusterConnection
+
+log = logging.getLogger("toolmesh.store")
 
 # Leases: a sorted set of lease ids scored by when each lapses (the server's clock, in ms).
 # take_lease(key, id, limit, ttl ms) holds one of at most `limit`; false when they are held.
@@ -295,12 +309,26 @@ class RedisLedgerStore:
             *terms,
             *_pairs(confirmed),
         ]
-        found = await self._run(_CLAIM, keys, args)
+        return await self._claiming(_CLAIM, keys, args, terms[0], _claimed)
+
+    async def _claiming(
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[bytes | str],
+        lease_key: str,
+        claimed: Callable[[Any], StoredInvocation | None],
+    ) -> StoredInvocation | None:
+        """Run a claim script (durably, with durable claims on); `claimed` reads its reply."""
+        try:
+            found = await self._run(script, keys, args, durable=True)
+        except NotReplicated as unconfirmed:
+            if unconfirmed.reply == 0:
+                raise LeaseRefused(lease_key) from None  # nothing was stored
+            raise ClaimNotReplicated(claimed(unconfirmed.reply)) from None
         if found == 0:
-            raise LeaseRefused(terms[0])
-        return (
-            None if found is None else StoredInvocation(found[0].decode(), found[1], False, found[2].decode())
-        )
+            raise LeaseRefused(lease_key)
+        return claimed(found)
 
     async def claim_keyed(
         self,
@@ -330,14 +358,7 @@ class RedisLedgerStore:
             *terms,
             *_pairs(confirmed),
         ]
-        found = await self._run(_CLAIM_KEYED, keys, args)
-        if found is None:
-            return None
-        if found == 0:
-            raise LeaseRefused(terms[0])
-        if found[0] == 0:
-            raise KeyReused(found[1].decode())
-        return StoredInvocation(found[1].decode(), found[2], found[3] == 1, found[4].decode())
+        return await self._claiming(_CLAIM_KEYED, keys, args, terms[0], _claimed_keyed)
 
     def _ending(self, tool_request_id: str, identity: str) -> list[str]:
         records, identities, _, _ = self._names(self._tag(tool_request_id))
@@ -357,7 +378,14 @@ class RedisLedgerStore:
             milliseconds(replay_s),
             identity,
         ]
-        return bytes(await self._run(_FINISH, keys, args)).decode()
+        try:
+            answer = await self._run(_FINISH, keys, args, durable=True)
+        except NotReplicated as unconfirmed:
+            # The outcome is known and stored on the primary: the call goes on with it (a failover
+            # now could lose it, and an exact retry would then be told the outcome is unavailable).
+            log.warning("outcome not confirmed by a replica", extra={"tool_request_id": tool_request_id})
+            answer = unconfirmed.reply
+        return bytes(answer).decode()
 
     async def cancel(
         self, tool_request_id: str, record: bytes, identity: str, keep_s: float, replay_s: float
@@ -413,6 +441,21 @@ class RedisLedgerStore:
     def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
         channel = self._record(tool_request_id).encode()
         return watch(self._connection.subscriptions, channel, lambda: self._read_expiring(tool_request_id))
+
+
+def _claimed(found: Any) -> StoredInvocation | None:
+    """The _CLAIM script's reply (not 0: a refused lease): None for a new invocation, else the
+    invocation it attached to."""
+    return None if found is None else StoredInvocation(found[0].decode(), found[1], False, found[2].decode())
+
+
+def _claimed_keyed(found: Any) -> StoredInvocation | None:
+    """The _CLAIM_KEYED script's reply (not 0), as _claimed; KeyReused for a key of other arguments."""
+    if found is None:
+        return None
+    if found[0] == 0:
+        raise KeyReused(found[1].decode())
+    return StoredInvocation(found[1].decode(), found[2], found[3] == 1, found[4].decode())
 
 
 def _named(records: str, deliveries: Sequence[Delivered]) -> list[str]:

@@ -8,6 +8,10 @@ come within the reply timeout, or a broken connection, fails every command
 still waiting (STORE_UNAVAILABLE) and the next command connects again:
 replies are never matched to the wrong command, and a command is never sent
 twice.
+
+A durable command (toolmesh.store.durability) is answered only once a replica
+has it: one WAIT follows the last durable command of a write, and covers every
+write this connection made before it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.store.durability import NotReplicated
 
 log = logging.getLogger("toolmesh.store")
 
@@ -36,8 +41,9 @@ class Link:
     def __init__(self, connect: Callable[[], AbstractConnection]) -> None:
         self._connect = connect
         self._connection: AbstractConnection | None = None
-        # Commands not written yet, and the replies awaited for those written, in order.
-        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        # Commands not written yet (with the WAIT a durable one needs after it, else None), and the
+        # replies awaited for those written, in order.
+        self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any], tuple[Any, ...] | None]] = []
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._sent = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -46,10 +52,14 @@ class Link:
         # not under it (redis-py would write on a closed socket's None writer).
         self._writing: AbstractConnection | None = None
 
-    def send(self, *args: Any) -> asyncio.Future[Any]:
-        """The command's reply, to await; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot answer."""
+    def send(self, *args: Any, wait: tuple[Any, ...] | None = None) -> asyncio.Future[Any]:
+        """The command's reply, to await; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot answer.
+
+        With `wait` (a WAIT command), the reply comes once WAIT has answered: NotReplicated (holding
+        the reply) when no replica confirmed.
+        """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queued.append((args, future))
+        self._queued.append((args, future, wait))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
         return future
@@ -61,9 +71,9 @@ class Link:
             try:
                 connection = self._connection or await self._open()
                 batch, self._queued = self._queued, []
-                self._waiting.extend(future for _, future in batch)
+                commands = self._with_waits(batch)
                 self._sent.set()
-                packed = connection.pack_commands([args for args, _ in batch])
+                packed = connection.pack_commands(commands)
                 self._writing = connection
                 try:
                     await connection.send_packed_command(packed, check_health=False)
@@ -75,6 +85,31 @@ class Link:
                 if not isinstance(error, LOST):
                     log.error("store connection failed", extra={"error": type(error).__name__})
                 await self._lose()
+
+    def _with_waits(
+        self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any], tuple[Any, ...] | None]]
+    ) -> list[tuple[Any, ...]]:
+        """The batch's commands, each awaited in order; one WAIT after the last durable one, which
+        answers the durable ones (their replies held until then)."""
+        commands = [args for args, _, _ in batch]
+        durable = [(future, wait) for _, future, wait in batch if wait is not None]
+        if not durable:
+            self._waiting.extend(future for _, future, _ in batch)
+            return commands
+        replies: list[tuple[asyncio.Future[Any], asyncio.Future[Any]]] = []
+        for _, future, wait in batch:
+            if wait is None:
+                self._waiting.append(future)
+            else:
+                reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                self._waiting.append(reply)
+                replies.append((reply, future))
+        # The longest wait any of them asked for (they share it).
+        wait_command = max((wait for _, wait in durable), key=lambda command: command[-1])
+        acked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append(acked)
+        acked.add_done_callback(lambda _: _answer_durable(replies, acked))
+        return [*commands, wait_command]
 
     async def _open(self) -> AbstractConnection:
         connection = self._connect()
@@ -114,7 +149,7 @@ class Link:
     async def _lose(self) -> None:
         """Fail every command written or queued; the next command connects again."""
         connection, self._connection = self._connection, None
-        failed = [*self._waiting, *(future for _, future in self._queued)]
+        failed = [*self._waiting, *(future for _, future, _ in self._queued)]
         self._waiting.clear()
         self._queued = []
         for future in failed:
@@ -133,3 +168,23 @@ class Link:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self._lose()
+
+
+def _answer_durable(
+    replies: list[tuple[asyncio.Future[Any], asyncio.Future[Any]]], acked: asyncio.Future[Any]
+) -> None:
+    """Answer each durable command from its reply and the WAIT's (replies come in order: every
+    reply is in by the WAIT's)."""
+    confirmed = not acked.exception() and isinstance(acked.result(), int) and acked.result() >= 1
+    for reply, future in replies:
+        if future.done():
+            continue  # its caller left
+        error = reply.exception() if reply.done() else ToolmeshError(Code.STORE_UNAVAILABLE)
+        if error is None and acked.exception() is not None:
+            error = acked.exception()  # the script ran; whether a replica has it is unknown
+        if error is not None:
+            future.set_exception(error)
+        elif confirmed:
+            future.set_result(reply.result())
+        else:
+            future.set_exception(NotReplicated(reply.result()))

@@ -22,6 +22,8 @@ _TAGGED_ID = re.compile(rf"tr_([0-9a-f]{{{_TAG_DIGITS}}})_[0-9A-Za-z]+")
 
 # Generic-store keys that end in a session id (registry tools, bridge routes).
 SESSION_KEYS = ("registry:tools:", "bridge:route:")
+# Generic-store keys that end in a tool request id (an invocation's latest progress report).
+REQUEST_KEYS = ("invocation:progress:",)
 
 
 def session_tag(session_id: str) -> str:
@@ -45,9 +47,14 @@ def hash_tag(tag: str) -> str:
 
 
 def tagged_key(key: str) -> str:
-    """A generic-store key in its session's slot when it names a session; else unchanged."""
+    """A generic-store key in its session's slot when it names a session, or a tool request id that
+    carries its session's tag; else unchanged."""
     for kind in SESSION_KEYS:
         if key.startswith(kind):
             session = key[len(kind) :]
             return kind + hash_tag(session_tag(session)) + session
+    for kind in REQUEST_KEYS:
+        if key.startswith(kind):
+            tag = id_tag(key[len(kind) :])
+            return key if tag is None else kind + hash_tag(tag) + key[len(kind) :]
     return key

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from toolmesh.cli import call, chat, host, invocations, mcp, tools
 from toolmesh.cli.output import EXIT_INTERRUPTED
-from toolmesh.core import otel
+from toolmesh.core import event_loop, otel
 from toolmesh.core.logs import configure_logging
 
 
@@ -64,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(_MISSING[given[0]], file=sys.stderr)
         sys.exit(2)
     args = parser.parse_args(given)
+    try:
+        factory = event_loop.loop_factory()
+    except ValueError as error:
+        parser.error(str(error))
     service = _SERVICE_NAMES.get(args.command, "toolmesh-cli")
     configure_logging(service, None if args.command in _SERVICE_NAMES else "WARNING")
     # A command that serves metrics (`up`, `mcp`) says so with a `metrics_endpoint` default: its
@@ -76,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     otel.configure(service, metric_readers=() if args.metrics is None else (args.metrics.reader,))
     try:
-        code = asyncio.run(args.run(args))
+        code = event_loop.run(args.run(args), factory)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     finally:

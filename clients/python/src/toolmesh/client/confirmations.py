@@ -85,7 +85,11 @@ class PendingConfirmations:
         # deliveries by the time it runs, and no task is needed at all.
         if self._check is None:
             loop = asyncio.get_running_loop()
-            self._check = loop.call_later(self._delay_s, self._start_flush)
+            self._check = (
+                loop.call_soon(self._start_flush)  # a timer costs several times more, on every call
+                if self._delay_s <= 0
+                else loop.call_later(self._delay_s, self._start_flush)
+            )
 
     def _start_flush(self) -> None:
         self._check = None

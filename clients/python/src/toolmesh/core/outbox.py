@@ -4,6 +4,16 @@ A stream writer sends one message at a time and waits for each; whatever
 became ready meanwhile goes out together in the next message. Under load that
 turns many small messages (each a gRPC operation and a wake-up on both ends)
 into a few larger ones, at no cost to a lone message.
+
+A write takes little time, though, and concurrent calls become ready a few
+turns of the event loop apart (each arrives as its own gRPC completion and
+takes a few steps to its send): with 64 calls in flight, an outbox that took
+what was there at once sent 1.1 calls per message. So an outbox told
+`more_coming` (the owner's word that other items are on their way: calls in
+flight that are not in the outbox yet) lets the event loop run up to
+GATHER_TURNS more turns before it takes, while more are coming: a flush at
+the end of the turns in which the items of concurrent calls arrive. A lone
+item (nothing more coming) goes at once, and none ever waits for a timer.
 """
 
 from __future__ import annotations
@@ -20,6 +30,9 @@ T = TypeVar("T")
 # Well under the transport's message limit (limits.MAX_MESSAGE_BYTES),
 # which a single item always fits.
 BATCH_BYTES = 1024 * 1024
+# Turns of the event loop a take lets run while more items are coming (see above): with 64 calls
+# in flight, about 3.5 calls per message instead of 1.1.
+GATHER_TURNS = 8
 
 
 class Outbox(Generic[T]):
@@ -30,8 +43,11 @@ class Outbox(Generic[T]):
         size_of: Callable[[T], int],
         batch_bytes: int = BATCH_BYTES,
         batch_items: int = MAX_CALLS_PER_MESSAGE,
+        more_coming: Callable[[], bool] | None = None,
     ) -> None:
+        """`more_coming`: whether items not put yet are on their way (then a take gathers them)."""
         self._size_of = size_of
+        self._more_coming = more_coming
         self._batch_bytes = batch_bytes
         self._batch_items = batch_items
         self._items: deque[tuple[T, int]] = deque()
@@ -66,9 +82,23 @@ class Outbox(Generic[T]):
     async def take(self) -> list[T]:
         """The items ready now, oldest first, up to the budgets (at least one).
 
-        Waits while there are none; [] once closed and empty.
+        Waits while there are none; [] once closed and empty. With `more_coming`, first lets the
+        event loop run while it says so (up to GATHER_TURNS turns, or a full batch).
         """
         await self._ready.wait()
+        if self._more_coming is not None:
+            turns = 0
+            while (
+                turns < GATHER_TURNS
+                and not self._closed
+                and len(self._items) < self._batch_items
+                and self._more_coming()
+            ):
+                await asyncio.sleep(0)
+                turns += 1
+            if not self._items and not self._closed:  # dropped meanwhile (clear): wait for more
+                self._ready.clear()
+                return await self.take()
         batch: list[T] = []
         total = 0
         while self._items and len(batch) < self._batch_items:

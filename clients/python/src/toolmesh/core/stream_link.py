@@ -46,7 +46,10 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         on_response: Callable[[Response], None] | None = None,
     ) -> None:
         """`on_response` sees each response before its results settle: for what else it carries."""
-        self._outbox: Outbox[Item] = Outbox(size_of)
+        # Other calls in flight on the link: a send waits a few turns of the loop for theirs (Outbox).
+        self._outbox: Outbox[Item] = Outbox(
+            size_of, more_coming=lambda: len(self._waiting) > len(self._outbox)
+        )
         self._on_response = on_response
         self._batch = batch
         self._results_of = results_of

@@ -2,6 +2,8 @@
 
 Replicas share nothing but the store, so a cancellation is posted there: one
 key, every replica watches it, and the one that runs the invocation stops it.
+Bridge replicas watch it too: the one holding the request stops it at its host
+when the invocation replica that sent it died (toolmesh.bridge.cancels).
 The key holds the ids of the last KEEP cancellations (JSON), each added with
 a conditional write so none is lost to a concurrent one; a watcher that
 misses intermediate versions still finds every id in the latest one. A
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.store.base import Store, VersionConflict
 
-log = logging.getLogger("toolmesh.invocation")
+log = logging.getLogger("toolmesh.cancels")
 
 CANCELS_KEY = "invocation:cancels"
 # Enough for every cancellation of a burst to be seen by a watcher that reads only the last version.

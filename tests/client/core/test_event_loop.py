@@ -1,0 +1,47 @@
+"""TOOLMESH_EVENT_LOOP: which event loop a toolmesh process runs on (toolmesh.core.event_loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from toolmesh.core import event_loop
+
+pytestmark = pytest.mark.unit
+
+
+async def _loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+@pytest.mark.parametrize("value", [None, "", "asyncio"])
+def test_the_standard_loop_unless_told(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv(event_loop.ENV, raising=False)
+    else:
+        monkeypatch.setenv(event_loop.ENV, value)
+    factory = event_loop.loop_factory()
+    assert factory is None
+    assert event_loop.run(_loop_module(), factory).startswith("asyncio")
+
+
+def test_uvloop_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(event_loop.ENV, "uvloop")
+    factory = event_loop.loop_factory()
+    assert factory is not None
+    assert event_loop.run(_loop_module(), factory).startswith("uvloop")
+
+
+def test_an_unknown_loop_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(event_loop.ENV, "trio")
+    with pytest.raises(ValueError, match="must be one of asyncio, uvloop"):
+        event_loop.loop_factory()
+
+
+def test_uvloop_missing_is_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(event_loop.ENV, "uvloop")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed: its import fails
+    with pytest.raises(ValueError, match=r"toolmesh\[uvloop\]"):
+        event_loop.loop_factory()

@@ -1,0 +1,89 @@
+"""The chaos run's checker (bench/chaos.py) on a made-up history: no process is started.
+
+Run as the project does (`python -m pytest`, scripts/test), which puts the repository, and so
+`bench`, on sys.path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import Attempt, Call, Fault, check, read_executions
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_000_000.0
+
+
+def ok(tool_request_id: str, execution: str, at: float) -> Attempt:
+    return Attempt(0, at - 0.5, at, "OK", True, tool_request_id, execution)
+
+
+def executions_file(tmp_path: Path, lines: list[dict[str, object]]) -> Path:
+    path = tmp_path / "executions-host0.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"event": "st')  # cut by a kill
+    return path
+
+
+def event(kind: str, key: str, tool_request_id: str, execution: str, at: float) -> dict[str, object]:
+    return {
+        "event": kind,
+        "key": key,
+        "toolRequestId": tool_request_id,
+        "execution": execution,
+        "at": at,
+        "leftS": 1.0,
+    }
+
+
+def test_the_checker_counts_each_kind_of_violation_once(tmp_path: Path) -> None:
+    path = executions_file(
+        tmp_path,
+        [
+            # fine: one execution, its result answered
+            event("start", "fine", "tr_1", "x1", T0),
+            event("end", "fine", "tr_1", "x1", T0 + 0.1),
+            # twice: a non-idempotent call that ran twice
+            event("start", "twice", "tr_2", "x2", T0),
+            event("start", "twice", "tr_2", "x2b", T0 + 1),
+            # lost: ran to its end in time, the caller got TOOL_TIMEOUT; and its handler started late
+            event("start", "late", "tr_3", "x3", T0 + 7),
+            event("end", "late", "tr_3", "x3", T0 + 7.1),
+            event("start", "lost", "tr_4", "x4", T0),
+            event("end", "lost", "tr_4", "x4", T0 + 0.2),
+        ],
+    )
+    calls = [
+        Call("fine", "chaos_write", T0, [ok("tr_1", "x1", T0 + 0.2)]),
+        Call("twice", "chaos_write", T0, [ok("tr_2", "x2b", T0 + 1.2)]),
+        Call("late", "chaos_write", T0, [Attempt(1, T0, T0 + 6, "TOOL_TIMEOUT", True, "tr_3")]),
+        Call(
+            "lost",
+            "chaos_write",
+            T0,
+            [
+                Attempt(0, T0, T0 + 12, "CALLER_DEADLINE_EXCEEDED", False, "tr_4"),
+                Attempt(1, T0 + 12, T0 + 14, "TOOL_TIMEOUT", True, "tr_4", owner_lost=True),
+            ],
+        ),
+        # never started, yet answered TOOL_HOST_DISCONNECTED; then an untyped error
+        Call("gone", "chaos_write", T0, [Attempt(0, T0, T0 + 1, "TOOL_HOST_DISCONNECTED", True, "tr_5")]),
+        Call("odd", "chaos_read", T0, [Attempt(0, T0, T0 + 1, "SOMETHING_ELSE", True, "tr_6")]),
+        # REGISTRY_UNAVAILABLE while registry0 was stopped and registry1 up
+        Call("reg", "chaos_read", T0, [Attempt(0, T0 + 1, T0 + 1.5, "REGISTRY_UNAVAILABLE", False)]),
+        # one attempt answered long past its own deadline
+        Call("hung", "chaos_read", T0, [Attempt(0, T0, T0 + 30, "CALLER_DEADLINE_EXCEEDED", False)]),
+    ]
+    faults = [Fault("pause", "registry0", T0, T0 + 2)]
+    figures = check(calls, read_executions([path]), faults)["figures"]
+    assert figures["duplicates (non-idempotent)"] == 1
+    assert figures["lost outcomes"] == 1  # "lost"; "late" ran past any deadline it can have had
+    assert figures["starts after TOOL_TIMEOUT"] == 1
+    assert figures["TOOL_HOST_DISCONNECTED never started"] == 1
+    assert figures["untyped errors"] == 1
+    assert figures["REGISTRY_UNAVAILABLE one registry down"] == 1
+    assert figures["answers past deadline"] == 1
+    assert figures["calls ok"] == 2 and figures["calls without an outcome"] == 2
