@@ -16,6 +16,7 @@ import {
 } from "./gen/tables.js";
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
 import { convertReturn, runtimeError } from "./results.js";
+import { inHandlerSpan } from "./tracing.js";
 import { Waiters } from "./waiters.js";
 
 /**
@@ -490,6 +491,7 @@ export class HostEngine {
       toolRequestId: request.toolRequestId,
       toolName: request.toolName,
       deadline: Date.now() + timeLeftMs(request, facts),
+      traceContext: Object.freeze({ ...request.traceContext }),
       signal: controller.signal,
       timeRemainingMs() {
         return Math.max(0, this.deadline - Date.now());
@@ -629,7 +631,7 @@ export class HostEngine {
     }
     let value: unknown;
     try {
-      value = await handler(JSON.parse(argumentsJson) as ToolArguments, ctx);
+      value = await inHandlerSpan(ctx, () => handler(JSON.parse(argumentsJson) as ToolArguments, ctx));
     } catch (thrown) {
       if (ctx.signal.aborted) {
         return undefined; // it gave up as it was told to

@@ -25,6 +25,12 @@ export interface ToolContext {
    * SUBMIT_TOOL_RESULT_FAILED with cause REQUEST_ENDED (or SHUTTING_DOWN).
    */
   readonly signal: AbortSignal;
+  /**
+   * The W3C trace context the request carries (`traceparent`, `tracestate`; empty when the
+   * runtime does not trace), for the handler's own spans. With a tracer provider registered
+   * through @opentelemetry/api, the handler already runs in an `execute_tool` span, its child.
+   */
+  readonly traceContext: Readonly<Record<string, string>>;
   /** Milliseconds left before the deadline, 0 when it has passed. */
   timeRemainingMs(): number;
   /**

@@ -34,7 +34,8 @@ from toolmesh_testing import (
     toolmesh_command,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+# Seven processes start in the first test's fixture: slow on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 
 SESSION = "mcp-traced"
 

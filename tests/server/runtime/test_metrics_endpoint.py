@@ -39,7 +39,8 @@ from toolmesh_testing import (
 )
 from trust_testing import Pki
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+# Toolmesh up, a host and Prometheus start in the first test's fixtures.
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy/grafana/toolmesh-dashboard.json"

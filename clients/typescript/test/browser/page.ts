@@ -2,11 +2,13 @@
 // Query: session, baseUrl (several bridge replicas' separated by commas), protocol (connect|grpc-web),
 // mode (handlers|webmcp).
 import { ToolHost, serveWebMCP, type HostError, type ToolContext } from "../../src/index.js";
+import { registerCollectingTracer, type CollectedSpan } from "./collecting_tracer.js";
 
 interface Seen {
   tool: string;
   sessionId: string;
   toolRequestId: string;
+  traceContext: Record<string, string>;
 }
 
 interface AbortRecord {
@@ -22,6 +24,8 @@ interface WebMCPDocument {
 }
 
 const query = new URLSearchParams(location.search);
+// traced=1: a tracer provider registered through @opentelemetry/api, its spans on `spans`.
+const spans: CollectedSpan[] = query.get("traced") === "1" ? registerCollectingTracer() : [];
 const protocol = query.get("protocol") === "grpc-web" ? "grpc-web" : "connect";
 const host = new ToolHost({
   baseUrl: (query.get("baseUrl") ?? "").split(","),
@@ -42,6 +46,7 @@ const todos: string[] = [];
 const held: (() => void)[] = [];
 
 const state = {
+  spans,
   seen,
   aborts,
   errors,
@@ -66,7 +71,8 @@ const state = {
 (window as unknown as { toolmesh: typeof state }).toolmesh = state;
 
 function note(tool: string, ctx: ToolContext): void {
-  seen.push({ tool, sessionId: ctx.sessionId, toolRequestId: ctx.toolRequestId });
+  const traceContext = { ...ctx.traceContext };
+  seen.push({ tool, sessionId: ctx.sessionId, toolRequestId: ctx.toolRequestId, traceContext });
 }
 
 host.onError((error) => errors.push(error));
