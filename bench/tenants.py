@@ -938,6 +938,7 @@ def command_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="toolmesh")
     module.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv[1:])
+    args.metrics = None  # set by toolmesh.cli.main for the commands that serve metrics; none here
     sys.exit(asyncio.run(args.run(args)))
 
 

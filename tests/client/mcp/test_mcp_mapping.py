@@ -9,7 +9,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from toolmesh.client.invocation import CallResult
-from toolmesh.core.errors import Code
+from toolmesh.core.errors import ERROR_TABLE, Code
 from toolmesh.core.outcome import ErrorKind, Outcome, ToolFailure
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.mcp.mapping import (
@@ -74,7 +74,8 @@ def test_errors_become_is_error_with_code_and_retryable() -> None:
     [block] = timeout.content
     assert isinstance(block, types.TextContent)
     text = block.text
-    assert text.startswith("TOOL_TIMEOUT: The tool did not answer") and text.endswith("fail the same way.")
+    assert text.startswith(f"TOOL_TIMEOUT: {ERROR_TABLE[Code.TOOL_TIMEOUT].message}")
+    assert text.endswith("fail the same way.")
 
 
 def test_an_unknown_tool_is_invalid_params() -> None:

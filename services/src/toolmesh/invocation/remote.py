@@ -171,17 +171,19 @@ class RegistryReplicas:
         message raises REGISTRY_UNAVAILABLE: the cache keeps the list and reconnects.
 
         A replica that takes the stream and sends nothing (a stopped process keeps its connections
-        open) is left for the next one after its share of REGISTRY_TIMEOUT_S, so that the
+        open) is left for the next one (if there is one) after its share of REGISTRY_TIMEOUT_S, so that the
         cache's own wait for a first list still ends with one from a replica that answers."""
         last: ToolmeshError | None = None
         order = self._order()
         first_list_s = REGISTRY_TIMEOUT_S / (len(order) + 1)
-        for index in order:
+        for position, index in enumerate(order):
             received = False
+            # The last replica to try gets the cache's whole wait: there is none to leave it for.
+            bound = first_list_s if position < len(order) - 1 else None
             try:
                 async with contextlib.aclosing(self._clients[index].watch_tools(session_id)) as updates:
                     try:
-                        async with asyncio.timeout(first_list_s):
+                        async with asyncio.timeout(bound):
                             tools = await anext(updates)
                     except TimeoutError:
                         self._failed(index)
