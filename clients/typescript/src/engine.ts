@@ -94,8 +94,13 @@ export interface EngineOptions {
 /** The bridge refused the host itself: its token, or where it connected. */
 const REFUSALS = new Set<string>([Codes.UNAUTHENTICATED, Codes.PERMISSION_DENIED, Codes.WRONG_LISTENER]);
 
-/** Submits that fail in transport are tried again until the call's deadline, this much past it at most. */
-const SUBMIT_GRACE_MS = 5_000;
+/**
+ * A submit attempt waits for the bridge's answer until the call's deadline and this much past it
+ * (the network's delay, the clocks' offset), never longer: a bridge that does not answer by then
+ * (frozen, a broken link) has ended the call without this result anyway. Failures in transport
+ * are tried again within that bound.
+ */
+const SUBMIT_GRACE_MS = 1_000;
 const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.ResourceExhausted, Code.Unknown]);
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
@@ -674,7 +679,7 @@ export class HostEngine {
       try {
         await this.client.submitToolResult(
           { hostSessionId, toolRequestId: ctx.toolRequestId, outcome },
-          { timeoutMs: Math.max(ctx.timeRemainingMs(), 1_000) + SUBMIT_GRACE_MS, headers: await this.headers() },
+          { timeoutMs: Math.max(ctx.timeRemainingMs(), 0) + SUBMIT_GRACE_MS, headers: await this.headers() },
         );
         return;
       } catch (error) {

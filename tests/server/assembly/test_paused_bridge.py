@@ -26,10 +26,18 @@ from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from toolmesh.assembly.system import start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
-from toolmesh.host import ToolContext, ToolHost
+from toolmesh.host import HostError, ToolContext, ToolHost
+from toolmesh.host.engine import SUBMIT_GRACE_S
+from toolmesh.invocation.remote import BRIDGE_GRACE_S
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
-from toolmesh_testing import HostProcess, ServiceProcess, start_host_process, start_service_process
+from toolmesh_testing import (
+    HostProcess,
+    ServiceProcess,
+    eventually,
+    start_host_process,
+    start_service_process,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +46,7 @@ OBJECT = '{"type": "object"}'
 TOOLS = [
     ToolSpec("count", "Counts its runs", OBJECT, timeout_ms=10_000),
     ToolSpec("count_short", "Counts its runs, briefly", OBJECT, timeout_ms=1_000),
+    ToolSpec("wait", "Returns when the test says", OBJECT, timeout_ms=3_000),
     ToolSpec(
         "count_read_only",
         "Counts its runs, briefly; read-only",
@@ -74,8 +83,14 @@ def counting_host(bridge_target: str, marker_dir: Path) -> ToolHost:
     return host
 
 
-@pytest_asyncio.fixture(params=["acknowledging starts", "not acknowledging starts"])
-async def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Deployment]:
+@dataclass
+class Services:
+    bridge: ServiceProcess
+    invocation: RunningServer
+
+
+@pytest_asyncio.fixture
+async def services() -> AsyncIterator[Services]:
     prefix = new_prefix()
     registry = await start_registry(stores=open_stores(SHARED_URL, prefix))
     registry_internal = f"127.0.0.1:{registry.internal_port}"
@@ -86,21 +101,32 @@ async def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     )
     async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
         await client.put_tools(SESSION, TOOLS)
-    host: HostProcess | ToolHost
-    if request.param == "acknowledging starts":
-        host = await start_host_process(bridge.target, SESSION, "ledger_handlers:HANDLERS", tmp_path)
-    else:
-        host = counting_host(bridge.target, tmp_path)
-        await host.start()
     try:
-        yield Deployment(bridge, invocation, host)
+        yield Services(bridge, invocation)
     finally:
         bridge.process.send_signal(signal.SIGCONT)
-        await host.stop()
         await bridge.stop()
         for server in (invocation, registry):
             await server.stop(0.5)
         await delete_prefixed(SHARED_URL, prefix)
+
+
+@pytest_asyncio.fixture(params=["acknowledging starts", "not acknowledging starts"])
+async def deployment(
+    request: pytest.FixtureRequest, services: Services, tmp_path: Path
+) -> AsyncIterator[Deployment]:
+    target = services.bridge.target
+    host: HostProcess | ToolHost
+    if request.param == "acknowledging starts":
+        host = await start_host_process(target, SESSION, "ledger_handlers:HANDLERS", tmp_path)
+    else:
+        host = counting_host(target, tmp_path)
+        await host.start()
+    try:
+        yield Deployment(services.bridge, services.invocation, host)
+    finally:
+        services.bridge.process.send_signal(signal.SIGCONT)
+        await host.stop()
 
 
 async def test_requests_read_past_their_deadline_by_a_thawed_bridge_never_start(
@@ -130,3 +156,42 @@ async def test_requests_read_past_their_deadline_by_a_thawed_bridge_never_start(
         assert runs(tmp_path, after_key) == [after.tool_request_id]
     for key in late.values():
         assert runs(tmp_path, key) == [], key
+
+
+async def test_a_result_for_a_frozen_bridge_is_given_up_at_the_deadline(
+    services: Services, tmp_path: Path
+) -> None:
+    """The submit waits for the frozen bridge until the call's deadline and SUBMIT_GRACE_S, not
+    longer: the host hears it failed before the caller (whose invocation service waits
+    BRIDGE_GRACE_S past the deadline) is told TOOL_TIMEOUT."""
+    assert SUBMIT_GRACE_S < BRIDGE_GRACE_S
+    bridge = services.bridge.process
+    started = asyncio.Event()
+    released = asyncio.Event()
+    events: list[str] = []
+
+    async def wait(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        started.set()
+        await released.wait()
+        return {"key": args["key"]}
+
+    def failed(error: HostError) -> None:
+        events.append(f"host: {error.code.value}")
+
+    host = ToolHost(services.bridge.target, SESSION)
+    host.on_tool("wait", wait)
+    host.on_error(failed)
+    await host.start()
+    try:
+        async with InvocationClient(f"127.0.0.1:{services.invocation.port}") as client:
+            calling = asyncio.create_task(client.invoke(SESSION, "wait", {"key": "k"}, turn_id="t"))
+            await asyncio.wait_for(started.wait(), 10)
+            bridge.send_signal(signal.SIGSTOP)
+            released.set()  # the handler's result goes to a bridge that reads nothing
+            result = await asyncio.wait_for(calling, 15)
+            events.append(f"caller: {result.outcome.code if result.outcome else result.code}")
+            await eventually(lambda: len(events) == 2)
+    finally:
+        bridge.send_signal(signal.SIGCONT)
+        await host.stop()
+    assert events == ["host: SUBMIT_TOOL_RESULT_FAILED", "caller: TOOL_TIMEOUT"], events
