@@ -8,6 +8,7 @@ import {
 } from "./gen/toolmesh/v1/bridge_pb.js";
 import type { ToolDefinition, ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
 import { Codes, errorInfo, type HostError } from "./errors.js";
+import { ERROR_TABLE } from "./gen/tables.js";
 import {
   MAX_CALLS_PER_MESSAGE,
   READ_CHECK_TIMEOUT_MS,
@@ -664,8 +665,8 @@ export class HostEngine {
   }
 
   /**
-   * Hand the outcome to the bridge, trying transport failures again until the
-   * call's deadline. When the stream broke meanwhile (its bridge replica may be
+   * Hand the outcome to the bridge, trying transport failures and retryable
+   * refusals again until the call's deadline. When the stream broke meanwhile (its bridge replica may be
    * gone), wait for the next connection and hand it in there, naming the same
    * request under the new host session. Sending the same outcome twice is safe:
    * the bridge keeps one outcome per request and says whether it was this one.
@@ -687,7 +688,12 @@ export class HostEngine {
         if (attempt > 1 && info?.reason === Codes.REQUEST_ENDED && info.metadata["ended"] === "answered") {
           return; // an earlier attempt got through; its answer was lost on the way back
         }
-        const transient = error instanceof ConnectError && TRANSIENT.has(error.code) && info === undefined;
+        // The transport's own failures, and refusals whose code is retryable (STORE_UNAVAILABLE:
+        // the bridge could not read the ledger yet).
+        const transient =
+          info === undefined
+            ? error instanceof ConnectError && TRANSIENT.has(error.code)
+            : info.reason in ERROR_TABLE && ERROR_TABLE[info.reason as keyof typeof ERROR_TABLE].retryable;
         if (transient && ctx.timeRemainingMs() > 0 && !this.stopRequested) {
           await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
           continue;
