@@ -8,6 +8,7 @@ import {
 } from "./gen/toolmesh/v1/bridge_pb.js";
 import type { ToolDefinition, ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
 import { Codes, errorInfo, type HostError } from "./errors.js";
+import { ERROR_TABLE } from "./gen/tables.js";
 import {
   MAX_CALLS_PER_MESSAGE,
   READ_CHECK_TIMEOUT_MS,
@@ -94,8 +95,13 @@ export interface EngineOptions {
 /** The bridge refused the host itself: its token, or where it connected. */
 const REFUSALS = new Set<string>([Codes.UNAUTHENTICATED, Codes.PERMISSION_DENIED, Codes.WRONG_LISTENER]);
 
-/** Submits that fail in transport are tried again until the call's deadline, this much past it at most. */
-const SUBMIT_GRACE_MS = 5_000;
+/**
+ * A submit attempt waits for the bridge's answer until the call's deadline and this much past it
+ * (the network's delay, the clocks' offset), never longer: a bridge that does not answer by then
+ * (frozen, a broken link) has ended the call without this result anyway. Failures in transport
+ * are tried again within that bound.
+ */
+const SUBMIT_GRACE_MS = 1_000;
 const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.ResourceExhausted, Code.Unknown]);
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
@@ -659,8 +665,8 @@ export class HostEngine {
   }
 
   /**
-   * Hand the outcome to the bridge, trying transport failures again until the
-   * call's deadline. When the stream broke meanwhile (its bridge replica may be
+   * Hand the outcome to the bridge, trying transport failures and retryable
+   * refusals again until the call's deadline. When the stream broke meanwhile (its bridge replica may be
    * gone), wait for the next connection and hand it in there, naming the same
    * request under the new host session. Sending the same outcome twice is safe:
    * the bridge keeps one outcome per request and says whether it was this one.
@@ -674,7 +680,7 @@ export class HostEngine {
       try {
         await this.client.submitToolResult(
           { hostSessionId, toolRequestId: ctx.toolRequestId, outcome },
-          { timeoutMs: Math.max(ctx.timeRemainingMs(), 1_000) + SUBMIT_GRACE_MS, headers: await this.headers() },
+          { timeoutMs: Math.max(ctx.timeRemainingMs(), 0) + SUBMIT_GRACE_MS, headers: await this.headers() },
         );
         return;
       } catch (error) {
@@ -682,7 +688,12 @@ export class HostEngine {
         if (attempt > 1 && info?.reason === Codes.REQUEST_ENDED && info.metadata["ended"] === "answered") {
           return; // an earlier attempt got through; its answer was lost on the way back
         }
-        const transient = error instanceof ConnectError && TRANSIENT.has(error.code) && info === undefined;
+        // The transport's own failures, and refusals whose code is retryable (STORE_UNAVAILABLE:
+        // the bridge could not read the ledger yet).
+        const transient =
+          info === undefined
+            ? error instanceof ConnectError && TRANSIENT.has(error.code)
+            : info.reason in ERROR_TABLE && ERROR_TABLE[info.reason as keyof typeof ERROR_TABLE].retryable;
         if (transient && ctx.timeRemainingMs() > 0 && !this.stopRequested) {
           await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
           continue;

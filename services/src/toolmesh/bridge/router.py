@@ -503,6 +503,11 @@ class Router:
         request_id = request.tool_request_id
         if request_id in self._pending or request_id in self._ended:
             raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"toolRequestId": request_id})
+        if request.timeout_ms <= 0:
+            # Its invocation's deadline passed before this bridge read it (see request_from_pb):
+            # its caller hears TOOL_TIMEOUT, so no host may start it.
+            settle(Outcome.runtime_error(Code.TOOL_TIMEOUT, "The deadline passed before the bridge read it."))
+            return
         host = self._pick(request.session_id, request.tool_name)
         if host is None:
             if self.serves(request.session_id):

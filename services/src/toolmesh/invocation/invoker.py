@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import time
 from collections.abc import Awaitable, Callable, Container, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -333,6 +335,8 @@ class Invoker:
             arguments_json=call.arguments_json,
             timeout_ms=tool.effective_timeout_ms,
             redeliverable=tool.annotations.read_only or tool.annotations.idempotent,
+            # Every bridge it reaches, however late it reads it, ends it by then.
+            invocation_deadline_unix_ms=math.floor(time.time() * 1000) + tool.effective_timeout_ms,
         )
         lease = self._quotas.in_flight(call.session_id, tool.effective_timeout_ms)
 

@@ -28,3 +28,6 @@ class ToolRequest:
     # The deadline on the bridge's clock (ms since the Unix epoch), set by the bridge for its
     # hosts; 0 elsewhere (timeout_ms rules).
     deadline_unix_ms: int = 0
+    # The invocation's deadline on the invocation service's clock (ms since the Unix epoch), sent
+    # to the bridge, which folds it into timeout_ms when it reads the request; 0 elsewhere.
+    invocation_deadline_unix_ms: int = 0

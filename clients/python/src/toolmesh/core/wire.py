@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import time
+
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
@@ -114,13 +117,16 @@ def request_to_pb(request: ToolRequest) -> bridge_pb2.ToolRequest:
         trace_context=dict(request.trace_context),
         redeliverable=request.redeliverable,
         deadline_unix_ms=request.deadline_unix_ms,
+        invocation_deadline_unix_ms=request.invocation_deadline_unix_ms,
     )
 
 
 def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
     """Read a tool request from the invocation service; raise ToolmeshError(INVALID_REQUEST) if malformed.
 
-    Its deadline_unix_ms is left out: the bridge sets its own, from timeout_ms.
+    Its deadline_unix_ms is left out: the bridge sets its own, from timeout_ms. An
+    invocation_deadline_unix_ms cuts timeout_ms to the time left until it, read now: 0 when it
+    has passed (the router ends such a request with TOOL_TIMEOUT, never sending it to a host).
     """
     require_id(message.session_id, "session_id")
     require_id(message.turn_id, "turn_id")
@@ -128,13 +134,17 @@ def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
     require_tool_name(message.tool_name)
     if message.timeout_ms <= 0:
         raise ToolmeshError(Code.INVALID_REQUEST, "timeout_ms must be positive.", {"field": "timeout_ms"})
+    timeout_ms = message.timeout_ms
+    if message.invocation_deadline_unix_ms:
+        left_ms = message.invocation_deadline_unix_ms - math.floor(time.time() * 1000)
+        timeout_ms = max(0, min(timeout_ms, left_ms))
     return ToolRequest(
         session_id=message.session_id,
         turn_id=message.turn_id,
         tool_request_id=message.tool_request_id,
         tool_name=message.tool_name,
         arguments_json=message.arguments_json,
-        timeout_ms=message.timeout_ms,
+        timeout_ms=timeout_ms,
         trace_context=dict(message.trace_context),
         redeliverable=message.redeliverable,
     )

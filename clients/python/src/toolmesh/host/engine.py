@@ -42,7 +42,10 @@ log = logging.getLogger("toolmesh.host")
 PROGRESS_TIMEOUT_S = 5.0
 # Results in flight to the bridge at once; the rest wait their turn here, not in gRPC.
 MAX_CONCURRENT_SUBMITS = 256
-SUBMIT_GRACE_S = 5.0
+# A submit attempt waits for the bridge's answer until the call's deadline and this much past it
+# (the network's delay, the clocks' offset), never longer: a bridge that does not answer by then
+# (frozen, a broken link) has ended the call without this result anyway.
+SUBMIT_GRACE_S = 1.0
 # How long stop() lets results already on their way to the bridge arrive.
 STOP_GRACE_S = 2.0
 # Missing this many heartbeats in a row means the bridge is gone.
@@ -884,7 +887,7 @@ class HostEngine:
                     with telemetry.client_call("toolmesh.v1.BridgeService/SubmitToolResult") as metadata:
                         await self._stub.SubmitToolResult(
                             request,
-                            timeout=max(ctx.time_remaining(), 1.0) + SUBMIT_GRACE_S,
+                            timeout=max(ctx.time_remaining(), 0.0) + SUBMIT_GRACE_S,
                             metadata=await self._bearer.metadata(metadata),
                         )
                 return None, ""

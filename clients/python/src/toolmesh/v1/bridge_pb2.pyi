@@ -315,6 +315,7 @@ class ToolRequest(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     REDELIVERABLE_FIELD_NUMBER: _builtins.int
     DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    INVOCATION_DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session the call was made in."""
     turn_id: _builtins.str
@@ -347,8 +348,21 @@ class ToolRequest(_message.Message):
     """The request's deadline on the bridge's clock, in ms since the Unix epoch
     (see HostSessionOpened.server_time_unix_ms): the same on every delivery.
     Set by the bridge on requests it sends to hosts; the bridge ignores it in
-    DispatchToolRequest(s), where timeout_ms rules. A host never starts a
-    request whose deadline has passed. 0: not known (an older bridge).
+    DispatchToolRequest(s), where timeout_ms and invocation_deadline_unix_ms
+    rule. A host never starts a request whose deadline has passed. 0: not
+    known (an older bridge).
+    """
+    invocation_deadline_unix_ms: _builtins.int
+    """The invocation's deadline on the invocation service's clock, in ms since
+    the Unix epoch: set by the invocation service in DispatchToolRequest(s),
+    the same on every bridge it sends the request to. The bridge's deadline
+    is the earlier of it and timeout_ms counted from when the bridge reads
+    the request, so that a bridge that reads it late (a pause, a backlog)
+    does not give it longer than its caller waits. A request already past it
+    when read ends with TOOL_TIMEOUT without reaching any host (nothing ran).
+    The clocks are assumed synchronised (NTP): a skew moves the deadline by
+    as much. 0: not known (an older invocation service); timeout_ms rules.
+    Not set on requests sent to hosts (see deadline_unix_ms).
     """
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -369,10 +383,11 @@ class ToolRequest(_message.Message):
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         redeliverable: _builtins.bool = ...,
         deadline_unix_ms: _builtins.int = ...,
+        invocation_deadline_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "deadline_unix_ms", b"deadline_unix_ms", "redeliverable", b"redeliverable", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "deadline_unix_ms", b"deadline_unix_ms", "invocation_deadline_unix_ms", b"invocation_deadline_unix_ms", "redeliverable", b"redeliverable", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
