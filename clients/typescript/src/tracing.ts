@@ -1,39 +1,10 @@
-// The handler's span through the page's @opentelemetry/api (an optional peer dependency).
-//
-// Nothing is imported at run time: the API keeps what a page registered (its tracer provider,
-// its context manager) on a global of its major version, which is read here. A page that
-// registered no tracer provider gets no span, and pays one property look-up per call.
-import type { Context, Span, SpanContext, Tracer } from "@opentelemetry/api";
+// The handler's span through the page's @opentelemetry/api (an optional peer dependency,
+// read from its registered global: otel.ts).
+import type { Context, Span, SpanContext } from "@opentelemetry/api";
 import type { ToolContext } from "./host.js";
+import { ERROR, SERVER, SPAN_KEY, activeContext, registeredApi } from "./otel.js";
 
-const API = Symbol.for("opentelemetry.js.api.1");
-// The API's key of the current span in a Context.
-const SPAN_KEY = Symbol.for("OpenTelemetry Context Key SPAN");
-// SpanKind.SERVER and SpanStatusCode.ERROR of the API.
-const SERVER = 1;
-const ERROR = 2;
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
-
-interface RegisteredApi {
-  trace?: { getTracer(name: string): Tracer };
-  context?: { active(): Context; with<T>(context: Context, run: () => T): T };
-}
-
-/** A Context of values, for a page that registered no context manager. */
-class Values implements Context {
-  constructor(private readonly values: ReadonlyMap<symbol, unknown> = new Map()) {}
-  getValue(key: symbol): unknown {
-    return this.values.get(key);
-  }
-  setValue(key: symbol, value: unknown): Context {
-    return new Values(new Map(this.values).set(key, value));
-  }
-  deleteValue(key: symbol): Context {
-    const values = new Map(this.values);
-    values.delete(key);
-    return new Values(values);
-  }
-}
 
 /** The request's W3C trace context as the API's remote parent; undefined when it carries none. */
 function remoteParent(traceContext: Readonly<Record<string, string>>): SpanContext | undefined {
@@ -68,11 +39,11 @@ function carrying(spanContext: SpanContext): Span {
  * tracer provider, just run it. A throw marks the span TOOL_HANDLER_ERROR by type only.
  */
 export async function inHandlerSpan<T>(ctx: ToolContext, run: () => T | Promise<T>): Promise<T> {
-  const api = (globalThis as Record<symbol, RegisteredApi | undefined>)[API];
-  if (api?.trace === undefined) {
+  const api = registeredApi();
+  if (api === undefined) {
     return await run();
   }
-  const base = api.context?.active() ?? new Values();
+  const base: Context = activeContext(api);
   const parent = remoteParent(ctx.traceContext);
   const parentContext = parent === undefined ? base : base.setValue(SPAN_KEY, carrying(parent));
   const span = api.trace.getTracer("@toolmesh/host").startSpan(

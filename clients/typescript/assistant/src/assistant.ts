@@ -7,6 +7,7 @@ import { AgentError, TURN_TABLE, type TurnCode } from "./errors.js";
 import { chatCompletions, type ChatModel, type FunctionTool, type Message, type ModelEndpoint, type ToolCallRequest } from "./model.js";
 import { failure, type JsonValue, type ToolResult } from "./results.js";
 import { FUNCTION_NAME, describeViolations, schemaProblem, violations } from "./schema.js";
+import { INTERNAL, PROVIDER, endSpan, parentFor, startSpan, type Traced } from "./tracing.js";
 
 /** What a person is asked to confirm; `signal` aborts when the prompt is withdrawn. */
 export interface ConfirmationRequest {
@@ -139,6 +140,8 @@ function unanswered(messages: readonly Message[]): ToolCallRequest[] {
  */
 export class Assistant {
   private readonly model: ChatModel;
+  /** The endpoint's model, for the turn's span; unknown for a ChatModel object. */
+  private readonly endpointModel: string | undefined;
   private readonly channel: ToolChannel;
   private readonly confirmer: Confirm | undefined;
   private readonly maxRounds: number;
@@ -151,6 +154,7 @@ export class Assistant {
 
   constructor(options: AssistantOptions) {
     this.model = "complete" in options.model ? options.model : chatCompletions(options.model);
+    this.endpointModel = "complete" in options.model ? undefined : options.model.model;
     this.channel = options.tools;
     this.confirmer = options.confirm;
     this.maxRounds = options.maxRounds ?? 8;
@@ -192,8 +196,9 @@ export class Assistant {
       activity: null,
     });
     let error: AgentError | null = null;
+    const traced = this.turnSpan(turnId);
     try {
-      return await this.turn(turnId, generation, controller.signal);
+      return await this.turn(turnId, generation, controller.signal, traced);
     } catch (thrown) {
       error =
         thrown instanceof AgentError
@@ -201,6 +206,7 @@ export class Assistant {
           : new AgentError("INTERNAL", (thrown as Error)?.name ?? "error");
       throw error;
     } finally {
+      endSpan(traced, error ?? undefined);
       if (generation === this.generation) {
         this.end(error);
       }
@@ -276,13 +282,25 @@ export class Assistant {
     }
   }
 
-  private async turn(turnId: string, generation: number, signal: AbortSignal): Promise<string> {
+  /** The turn's `invoke_agent` span (the conventions' in-process agent), when the page traces. */
+  private turnSpan(turnId: string): Traced | undefined {
+    return startSpan("invoke_agent", INTERNAL, {
+      "gen_ai.operation.name": "invoke_agent",
+      ...(this.endpointModel === undefined
+        ? {}
+        : { "gen_ai.provider.name": PROVIDER, "gen_ai.request.model": this.endpointModel }),
+      "toolmesh.turn_id": turnId,
+    });
+  }
+
+  private async turn(turnId: string, generation: number, signal: AbortSignal, traced: Traced | undefined): Promise<string> {
     await raced(this.channel.check(signal), signal);
     for (let round = 1; ; round += 1) {
       const planned = await raced(this.channel.listTools(signal), signal);
       const functions = offer(planned);
       this.activity(generation, { kind: "model" });
       const call = deadline(signal, this.timeoutMs, "The model call");
+      parentFor(call.signal, traced);
       let reply;
       try {
         reply = await raced(this.model.complete(this.current.messages, functions, call.signal), call.signal);
@@ -298,7 +316,7 @@ export class Assistant {
         throw new AgentError("TURN_LIMIT", `The model asked for tools in more than ${this.maxRounds} rounds.`);
       }
       for (const request of reply.toolCalls) {
-        const result = await this.callTool(turnId, generation, request, planned, signal);
+        const result = await this.callTool(turnId, generation, request, planned, signal, traced);
         this.record(generation, { role: "tool", text: result.text, call: request, result });
         if (result.code !== null && TURN_TABLE[result.code].endsTurn) {
           throw new AgentError(result.code, `${request.name}: ${result.cause}.`);
@@ -313,6 +331,7 @@ export class Assistant {
     request: ToolCallRequest,
     planned: ToolList,
     signal: AbortSignal,
+    traced: Traced | undefined,
   ): Promise<ToolResult> {
     const tool = planned.tools.find((t) => t.name === request.name);
     if (tool === undefined) {
@@ -347,12 +366,13 @@ export class Assistant {
     this.activity(generation, { kind: "calling", call: request, tool });
     const ms = Math.min(this.timeoutMs, tool.timeoutMs ?? Infinity);
     const call = deadline(signal, ms, `The tool ${tool.name}`);
+    parentFor(call.signal, traced);
     const onProgress = (progress: ToolProgressReport): void => {
       if (!call.signal.aborted) this.activity(generation, { kind: "calling", call: request, tool, progress });
     };
     try {
       return await raced(
-        this.channel.invoke(tool, input, { signal: call.signal, turnId, timeoutMs: ms, onProgress }),
+        this.channel.invoke(tool, input, { signal: call.signal, turnId, timeoutMs: ms, onProgress, callId: request.id }),
         call.signal,
       );
     } finally {

@@ -23,6 +23,8 @@ export interface InvokeOptions {
   readonly signal: AbortSignal;
   readonly turnId: string;
   readonly timeoutMs: number;
+  /** The model's id of the tool call, when a model asked for it. */
+  readonly callId?: string;
   /** Told each progress report of the handler, as the call runs (best effort; toolmesh() only). */
   readonly onProgress?: (progress: ToolProgressReport) => void;
 }

@@ -2,6 +2,7 @@
 // holds no provider key: point `url` at a same-origin relay that adds it (README, "Relay").
 import { AgentError } from "./errors.js";
 import type { JsonValue, ToolResult } from "./results.js";
+import { CLIENT, PROVIDER, endSpan, recordResponse, serverAttributes, startSpan } from "./tracing.js";
 
 /** One tool call the model asked for; the arguments as the model wrote them. */
 export interface ToolCallRequest {
@@ -95,13 +96,19 @@ const isRecord = (value: unknown): value is { readonly [key: string]: unknown } 
 
 /** Read a chat-completions reply; raise AgentError(MODEL_ERROR) for anything unusable. */
 export function parseReply(content: string): ModelReply {
+  return replyOf(parseBody(content));
+}
+
+function parseBody(content: string): unknown {
   if (content.length > MAX_REPLY_CHARS) throw unusable(`it is larger than ${MAX_REPLY_CHARS} characters`);
-  let body: unknown;
   try {
-    body = JSON.parse(content);
+    return JSON.parse(content);
   } catch {
     throw unusable("it is not JSON");
   }
+}
+
+function replyOf(body: unknown): ModelReply {
   const choices = isRecord(body) ? body["choices"] : undefined;
   if (!Array.isArray(choices) || !isRecord(choices[0])) throw unusable("it has no choices");
   const message = choices[0]["message"];
@@ -139,28 +146,52 @@ export function chatCompletions(endpoint: ModelEndpoint): ChatModel {
   const doFetch = endpoint.fetch ?? ((input: RequestInfo | URL, init?: RequestInit) => fetch(input, init));
   return {
     async complete(messages, tools, signal) {
-      const body = requestBody(endpoint.model, messages, tools, endpoint.systemPrompt ?? "");
-      let response: Response;
-      let content: string;
+      const traced = startSpan(
+        `chat ${endpoint.model}`,
+        CLIENT,
+        {
+          "gen_ai.operation.name": "chat",
+          "gen_ai.provider.name": PROVIDER,
+          "gen_ai.request.model": endpoint.model,
+          ...serverAttributes(url),
+        },
+        signal,
+      );
       try {
-        response = await doFetch(url, {
-          method: "POST",
-          headers: { "content-type": "application/json", ...endpoint.headers },
-          body: JSON.stringify(body),
-          signal,
-        });
-        content = await response.text();
+        const body = parseBody(await post(messages, tools, signal));
+        recordResponse(traced, body);
+        const reply = replyOf(body);
+        endSpan(traced);
+        return reply;
       } catch (error) {
-        if (signal.aborted) throw signal.reason;
-        throw new AgentError(
-          "MODEL_ERROR",
-          `The model endpoint ${url} could not be reached (${(error as Error)?.name ?? "error"}).`,
-        );
+        endSpan(traced, error);
+        throw error;
       }
-      if (response.status >= 400) {
-        throw new AgentError("MODEL_ERROR", `The model endpoint ${url} answered HTTP ${response.status}.`);
-      }
-      return parseReply(content);
     },
   };
+
+  async function post(messages: readonly Message[], tools: readonly FunctionTool[], signal: AbortSignal): Promise<string> {
+    const body = requestBody(endpoint.model, messages, tools, endpoint.systemPrompt ?? "");
+    let response: Response;
+    let content: string;
+    try {
+      response = await doFetch(url, {
+        method: "POST",
+        headers: { "content-type": "application/json", ...endpoint.headers },
+        body: JSON.stringify(body),
+        signal,
+      });
+      content = await response.text();
+    } catch (error) {
+      if (signal.aborted) throw signal.reason;
+      throw new AgentError(
+        "MODEL_ERROR",
+        `The model endpoint ${url} could not be reached (${(error as Error)?.name ?? "error"}).`,
+      );
+    }
+    if (response.status >= 400) {
+      throw new AgentError("MODEL_ERROR", `The model endpoint ${url} answered HTTP ${response.status}.`);
+    }
+    return content;
+  }
 }

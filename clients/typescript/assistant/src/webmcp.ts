@@ -2,6 +2,7 @@
 import type { ChannelTool, InvokeOptions, ToolChannel, ToolList } from "./channel.js";
 import { AgentError } from "./errors.js";
 import { failure, plainJson, success, type JsonValue, type ToolResult } from "./results.js";
+import { INTERNAL, endSpan, startSpan } from "./tracing.js";
 
 /** `document.modelContext`, as far as the assistant uses it. */
 export interface ModelContextTools {
@@ -59,6 +60,16 @@ export function webmcp(options: WebMCPChannelOptions = {}): ToolChannel {
     return tools;
   };
 
+  const execute = async (tool: ChannelTool, args: { [key: string]: JsonValue }, signal: AbortSignal): Promise<ToolResult> => {
+    let raw: unknown;
+    try {
+      raw = await context().executeTool((tool as Listed).entry ?? tool, args, { signal });
+    } catch (error) {
+      const name = (error as Error)?.name ?? "an error";
+      return failure("EXECUTION_FAILED", `${tool.name} threw (${name}).`, "threw");
+    }
+    return webmcpResult(raw);
+  };
   const toTool = (entry: unknown): Listed => {
     if (!isRecord(entry) || typeof entry["name"] !== "string") {
       throw new AgentError("DISCOVERY_FAILED", "getTools() gave an entry that is not a tool.");
@@ -116,15 +127,30 @@ export function webmcp(options: WebMCPChannelOptions = {}): ToolChannel {
         signal.addEventListener("abort", () => waiters.delete(wake), { once: true });
       });
     },
-    async invoke(tool: ChannelTool, args, { signal }: InvokeOptions): Promise<ToolResult> {
-      let raw: unknown;
-      try {
-        raw = await context().executeTool((tool as Listed).entry ?? tool, args, { signal });
-      } catch (error) {
-        const name = (error as Error)?.name ?? "an error";
-        return failure("EXECUTION_FAILED", `${tool.name} threw (${name}).`, "threw");
-      }
-      return webmcpResult(raw);
+    async invoke(tool: ChannelTool, args, { signal, turnId, callId }: InvokeOptions): Promise<ToolResult> {
+      const traced = startSpan(
+        `execute_tool ${tool.name}`,
+        INTERNAL,
+        {
+          "gen_ai.operation.name": "execute_tool",
+          "gen_ai.tool.name": tool.name,
+          ...(callId === undefined ? {} : { "gen_ai.tool.call.id": callId }),
+          "gen_ai.tool.type": "function",
+          "toolmesh.turn_id": turnId,
+        },
+        signal,
+      );
+      if (traced === undefined) return await execute(tool, args, signal);
+      // A handler may ignore the signal: the span ends when the call is given up on.
+      let open = true;
+      const finish = (failed?: unknown): void => {
+        if (open) endSpan(traced, failed);
+        open = false;
+      };
+      signal.addEventListener("abort", () => finish(signal.reason), { once: true });
+      const result = await execute(tool, args, signal);
+      finish(result.code === null ? undefined : new AgentError(result.code));
+      return result;
     },
     dispose() {
       listening?.removeEventListener?.("toolchange", changed);

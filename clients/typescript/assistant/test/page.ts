@@ -3,7 +3,9 @@
 // (native | standin | absent | incomplete | throws | notlist), schema (ok | notobject |
 // dialect), timeoutMs, maxRounds, maxMessages; with baseUrl, session and token, the tools are that toolmesh
 // session's instead (the toolmesh() channel, over the services' web port; registryUrl when the
-// registry's is another; protocol: connect or grpc-web).
+// registry's is another; protocol: connect or grpc-web). traced=1: a tracer provider registered
+// through @opentelemetry/api, its spans on `spans`.
+import { registerCollectingTracer, type CollectedSpan } from "../../test/browser/collecting_tracer.js";
 import { AgentError, Assistant, webmcp, type JsonValue } from "../src/index.js";
 import { toolmesh } from "../src/toolmesh.js";
 import { defineAssistantElement, type ToolmeshAssistantElement } from "../src/widget.js";
@@ -40,6 +42,7 @@ class StandInModelContext extends EventTarget {
 
 const query = new URLSearchParams(location.search);
 const mode = query.get("mc") ?? "standin";
+const spans: CollectedSpan[] = query.get("traced") === "1" ? registerCollectingTracer() : [];
 const doc = document as unknown as { modelContext?: unknown };
 const notes: string[] = [];
 const aborts: string[] = [];
@@ -179,6 +182,7 @@ const sent: Sent[] = [];
   aborts,
   sent,
   runToolRequests,
+  spans,
   /** send() from the page; the outcome lands in `sent`. */
   send(text: string): number {
     const index = sent.length;

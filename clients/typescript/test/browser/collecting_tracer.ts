@@ -73,7 +73,7 @@ export function registerCollectingTracer(): CollectedSpan[] {
       return span;
     },
     startActiveSpan(): never {
-      throw new Error("not used by @toolmesh/host");
+      throw new Error("not used by @toolmesh/host or @toolmesh/assistant");
     },
   };
   const provider: TracerProvider = { getTracer: () => tracer };
