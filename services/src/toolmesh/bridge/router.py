@@ -38,6 +38,7 @@ from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message, valid_numbers
+from toolmesh.core.wire import time_left_ms
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 from toolmesh.rules.shares import Shares
 
@@ -186,6 +187,9 @@ class PendingRequest:
     # Its host may have started it: told START, or it reported progress or answered. A host that
     # does not acknowledge starts may have as soon as it was sent: this then stays False unread.
     host_started: bool = False
+    # The tool's timeout, reported with TOOL_TIMEOUT, when the bridge gave the request less (its
+    # invocation's deadline was nearer); 0: request.timeout_ms is it.
+    tool_timeout_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,8 +507,9 @@ class Router:
         request_id = request.tool_request_id
         if request_id in self._pending or request_id in self._ended:
             raise ToolmeshError(Code.REQUEST_DUPLICATE, "", {"toolRequestId": request_id})
-        if request.timeout_ms <= 0:
-            # Its invocation's deadline passed before this bridge read it (see request_from_pb):
+        left_ms = time_left_ms(request)
+        if left_ms <= 0:
+            # Its invocation's deadline passed before this bridge read it (see time_left_ms):
             # its caller hears TOOL_TIMEOUT, so no host may start it.
             settle(Outcome.runtime_error(Code.TOOL_TIMEOUT, "The deadline passed before the bridge read it."))
             return
@@ -526,8 +531,15 @@ class Router:
             return
         # The deadline on this bridge's clock travels with the request: a host that reads it late
         # counts from it, not from its reading.
-        request = replace(request, deadline_unix_ms=math.floor(time.time() * 1000) + request.timeout_ms)
-        pending = PendingRequest(request, None, settle, time.monotonic())
+        # Hosts get the time left, never the invocation's deadline (another clock's).
+        tool_timeout_ms = request.timeout_ms
+        request = replace(
+            request,
+            timeout_ms=left_ms,
+            deadline_unix_ms=math.floor(time.time() * 1000) + left_ms,
+            invocation_deadline_unix_ms=0,
+        )
+        pending = PendingRequest(request, None, settle, time.monotonic(), tool_timeout_ms=tool_timeout_ms)
         if on_progress is not None:
             pending.progress = ProgressGate(on_progress)
         self._pending[request_id] = pending
@@ -562,11 +574,11 @@ class Router:
 
     def _expire(self, pending: PendingRequest) -> None:
         self._stop(pending, EndReason.TIMED_OUT)
-        timeout_ms = pending.request.timeout_ms
+        timeout_ms = pending.tool_timeout_ms or pending.request.timeout_ms
         pending.settle(
             Outcome.runtime_error(
                 Code.TOOL_TIMEOUT,
-                f"No result within {timeout_ms} ms.",
+                f"No result within {pending.request.timeout_ms} ms.",
                 {"timeoutMs": timeout_ms, "waitedMs": round((time.monotonic() - pending.started) * 1000)},
             )
         )

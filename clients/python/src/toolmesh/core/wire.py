@@ -124,9 +124,7 @@ def request_to_pb(request: ToolRequest) -> bridge_pb2.ToolRequest:
 def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
     """Read a tool request from the invocation service; raise ToolmeshError(INVALID_REQUEST) if malformed.
 
-    Its deadline_unix_ms is left out: the bridge sets its own, from timeout_ms. An
-    invocation_deadline_unix_ms cuts timeout_ms to the time left until it, read now: 0 when it
-    has passed (the router ends such a request with TOOL_TIMEOUT, never sending it to a host).
+    Its deadline_unix_ms is left out: the bridge sets its own, from `time_left_ms`.
     """
     require_id(message.session_id, "session_id")
     require_id(message.turn_id, "turn_id")
@@ -134,20 +132,27 @@ def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
     require_tool_name(message.tool_name)
     if message.timeout_ms <= 0:
         raise ToolmeshError(Code.INVALID_REQUEST, "timeout_ms must be positive.", {"field": "timeout_ms"})
-    timeout_ms = message.timeout_ms
-    if message.invocation_deadline_unix_ms:
-        left_ms = message.invocation_deadline_unix_ms - math.floor(time.time() * 1000)
-        timeout_ms = max(0, min(timeout_ms, left_ms))
     return ToolRequest(
         session_id=message.session_id,
         turn_id=message.turn_id,
         tool_request_id=message.tool_request_id,
         tool_name=message.tool_name,
         arguments_json=message.arguments_json,
-        timeout_ms=timeout_ms,
+        timeout_ms=message.timeout_ms,
         trace_context=dict(message.trace_context),
         redeliverable=message.redeliverable,
+        invocation_deadline_unix_ms=message.invocation_deadline_unix_ms,
     )
+
+
+def time_left_ms(request: ToolRequest) -> int:
+    """The time a bridge gives a request it reads now: its timeout_ms, cut to what is left until
+    its invocation's deadline when the request carries one (0 when that has passed: the router
+    then ends it with TOOL_TIMEOUT, never sending it to a host)."""
+    if not request.invocation_deadline_unix_ms:
+        return request.timeout_ms
+    left_ms = request.invocation_deadline_unix_ms - math.floor(time.time() * 1000)
+    return max(0, min(request.timeout_ms, left_ms))
 
 
 def progress_to_pb(progress: ToolProgress) -> tool_pb2.ToolProgress:
