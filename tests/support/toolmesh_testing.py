@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -156,6 +157,15 @@ async def start_host_process(
 
 def toolmesh_command() -> list[str]:
     return [sys.executable, "-m", "toolmesh.cli.main"]
+
+
+def run_to_end(*args: str, timeout: float = 220) -> subprocess.CompletedProcess[str]:
+    """Run `python ARGS` in the repository to its end and require exit 0 (its stderr's tail says why not)."""
+    completed = subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed
 
 
 async def run_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str, str]:

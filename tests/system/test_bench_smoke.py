@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from toolmesh_testing import run_to_end
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 TABLE_HEADINGS = [
     "One no-op tool call",
     "Tracing overhead on a no-op toolmesh call",
@@ -29,15 +28,7 @@ TABLE_HEADINGS = [
 
 @pytest.mark.timeout(240)
 def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_to_end("-m", "bench", "--quick", "--out", str(tmp_path))
     for heading in TABLE_HEADINGS:
         assert heading in completed.stdout
     [written] = tmp_path.glob("bench-quick-*.json")
@@ -82,15 +73,7 @@ def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -
 
 @pytest.mark.timeout(240)
 def test_bench_faults_quick_runs_every_scenario(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.faults", "--quick", "--baseline", "none", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_to_end("-m", "bench.faults", "--quick", "--baseline", "none", "--out", str(tmp_path))
     [written] = tmp_path.glob("faults-quick-*.json")
     figures = json.loads(written.read_text())["results"]["this tree"]
     assert set(figures) == {"message", "unread", "recovery", "routing"}
@@ -102,15 +85,7 @@ def test_bench_faults_quick_runs_every_scenario(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_bench_chaos_quick_checks_a_history_under_faults(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--quick", "--seed", "1", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_to_end("-m", "bench.chaos", "--quick", "--seed", "1", "--out", str(tmp_path))
     assert "starts after TOOL_TIMEOUT" in completed.stdout
     [written] = tmp_path.glob("chaos-*.json")
     results = json.loads(written.read_text())
@@ -121,15 +96,7 @@ def test_bench_chaos_quick_checks_a_history_under_faults(tmp_path: Path) -> None
 @pytest.mark.timeout(240)
 def test_mcp_both_ways_runs_every_way(tmp_path: Path) -> None:
     sizes = ["--calls", "20", "--seconds", "0.5", "--rounds", "1"]
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.mcp_both_ways", *sizes, "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_to_end("-m", "bench.mcp_both_ways", *sizes, "--out", str(tmp_path))
     [written] = tmp_path.glob("mcp_both_ways-*.json")
     results = json.loads(written.read_text())
     assert set(results["ratios"]) == {"gateway (stdio)", "gateway (HTTP)", "host --mcp"}
@@ -138,15 +105,7 @@ def test_mcp_both_ways_runs_every_way(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_bench_limits_quick_runs_every_scenario(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.limits", "--quick", "--baseline", "none", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_to_end("-m", "bench.limits", "--quick", "--baseline", "none", "--out", str(tmp_path))
     [written] = tmp_path.glob("limits-quick-*.json")
     results = json.loads(written.read_text())["results"]
     assert set(results["this tree"]) == {"normal", "hostile", "lists"}

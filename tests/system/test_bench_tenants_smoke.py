@@ -3,29 +3,22 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from toolmesh_testing import run_to_end
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 ATTACKS = {"inflight", "subject", "mcp", "slow", "badtokens"}
 
 
 @pytest.mark.timeout(120)
 def test_bench_tenants_quick_replays_every_attack(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.tenants", "--quick", "--baseline", "none", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
+    completed = run_to_end(
+        "-m", "bench.tenants", "--quick", "--baseline", "none", "--out", str(tmp_path), timeout=110
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
     assert "targets, this tree" in completed.stdout
     [written] = tmp_path.glob("tenants-quick-*.json")
     results = json.loads(written.read_text())["results"]["this tree"]

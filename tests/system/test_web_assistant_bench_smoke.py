@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.web_assistant import run
+from toolmesh_testing import run_to_end
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -29,15 +27,7 @@ async def test_the_bench_reports_memory_for_both_bounds() -> None:
 
 @pytest.mark.timeout(240)
 def test_the_screenshot_script_takes_each_state(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "scripts/assistant_screenshots.py", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_to_end("scripts/assistant_screenshots.py", str(tmp_path))
     shots = {path.stem: path.read_bytes() for path in tmp_path.glob("*.png")}
     assert set(shots) == {"idle", "running-tool", "confirmation", "error", "done"}
     assert all(shot.startswith(PNG) for shot in shots.values())

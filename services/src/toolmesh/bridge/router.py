@@ -187,8 +187,8 @@ class PendingRequest:
     # Its host may have started it: told START, or it reported progress or answered. A host that
     # does not acknowledge starts may have as soon as it was sent: this then stays False unread.
     host_started: bool = False
-    # The tool's timeout, reported with TOOL_TIMEOUT, when the bridge gave the request less (its
-    # invocation's deadline was nearer); 0: request.timeout_ms is it.
+    # The tool's timeout, reported with TOOL_TIMEOUT: request.timeout_ms is what the bridge gave
+    # it, less when its invocation's deadline was nearer.
     tool_timeout_ms: int = 0
 
 
@@ -574,7 +574,7 @@ class Router:
 
     def _expire(self, pending: PendingRequest) -> None:
         self._stop(pending, EndReason.TIMED_OUT)
-        timeout_ms = pending.tool_timeout_ms or pending.request.timeout_ms
+        timeout_ms = pending.tool_timeout_ms
         pending.settle(
             Outcome.runtime_error(
                 Code.TOOL_TIMEOUT,
