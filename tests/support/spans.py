@@ -11,11 +11,26 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from toolmesh.core import otel, telemetry
+
 EXPORTER = InMemorySpanExporter()
+
+
+def hear_in_process(exporter: InMemorySpanExporter) -> None:
+    """Trace in this process (installed once per process, into EXPORTER), and let `exporter`, a
+    module's own, hear every span from now on, whichever module installed the provider."""
+    otel.configure("toolmesh-test", span_processors=[SimpleSpanProcessor(EXPORTER)])
+    assert telemetry.enabled()
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
 
 
 def _service_of(resource: Any) -> str:

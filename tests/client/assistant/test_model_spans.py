@@ -12,20 +12,17 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from scripted_model import ScriptedModel, failure, raw
-from spans import EXPORTER
+from spans import hear_in_process
 from toolmesh.assistant.chat_completions import OpenAIChatModel
 from toolmesh.assistant.config import ModelEndpoint
 from toolmesh.assistant.errors import AssistantError, TurnCode
 from toolmesh.assistant.messages import Author, Message, ToolCallRequest
 from toolmesh.assistant.model import FunctionTool
-from toolmesh.core import otel, telemetry
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -36,12 +33,7 @@ MODEL = "scripted-model-1"
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def model() -> AsyncIterator[tuple[ScriptedModel, OpenAIChatModel]]:
-    otel.configure("toolmesh-test", span_processors=[SimpleSpanProcessor(EXPORTER)])
-    assert telemetry.enabled()
-    # Whichever module installed the process's provider, this module's exporter hears it too.
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    hear_in_process(SPANS)
     server = await ScriptedModel().start()
     chat = OpenAIChatModel(ModelEndpoint(server.url, MODEL, api_key=MARKER), system_prompt=MARKER)
     yield server, chat

@@ -10,16 +10,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from browser_driver import BrowserDriver, build_test_page
-from spans import EXPORTER
+from spans import hear_in_process
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
-from toolmesh.core import otel, telemetry
 from toolmesh_testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -38,12 +35,7 @@ async def driver() -> AsyncIterator[BrowserDriver]:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def system(driver: BrowserDriver) -> AsyncIterator[LocalSystem]:
-    otel.configure("toolmesh-test", span_processors=[SimpleSpanProcessor(EXPORTER)])
-    assert telemetry.enabled()
-    # Whichever module installed the process's provider, this module's exporter hears it too.
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    hear_in_process(SPANS)
     running = await start_local_system(heartbeat_s=0.3, web_origins=[driver.origins[0]])
     yield running
     await running.stop(0.2)

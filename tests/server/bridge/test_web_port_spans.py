@@ -9,15 +9,12 @@ import grpc
 import httpx
 import pytest
 import pytest_asyncio
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from spans import EXPORTER
+from spans import hear_in_process
 from toolmesh.assembly.system import LocalSystem, start_local_system
-from toolmesh.core import otel, telemetry
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
 from toolmesh_testing import eventually
 
@@ -29,12 +26,7 @@ METHOD = "toolmesh.v1.BridgeService/SubmitToolResult"
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def system() -> AsyncIterator[LocalSystem]:
-    otel.configure("toolmesh-test", span_processors=[SimpleSpanProcessor(EXPORTER)])
-    assert telemetry.enabled()
-    # Whichever module installed the process's provider, this module's exporter hears it too.
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    hear_in_process(SPANS)
     running = await start_local_system(heartbeat_s=0.3)
     yield running
     await running.stop(0.2)

@@ -17,6 +17,7 @@ import type { ChannelTool, InvokeOptions, ToolChannel, ToolList } from "./channe
 import { AgentError } from "./errors.js";
 import { DOMAIN_ERROR_TURN, RUNTIME_TO_TURN, UNKNOWN_CODE_TURN } from "./gen/turns.js";
 import { failure, plainJson, success, type JsonValue, type ToolResult } from "./results.js";
+import { endSpan, startToolSpan, traceHeaders } from "./tracing.js";
 
 /** Attempts of one call in all (the first and its exact retries). */
 export const RETRY_ATTEMPTS = 3;
@@ -214,62 +215,75 @@ export function toolmesh(options: ToolmeshChannelOptions): ToolChannel {
         signal.addEventListener("abort", () => waiters.delete(wake), { once: true });
       });
     },
-    async invoke(tool, args, { signal, turnId, timeoutMs, onProgress }: InvokeOptions): Promise<ToolResult> {
-      const call = { sessionId: options.sessionId, turnId, toolName: tool.name, argumentsJson: JSON.stringify(args) };
-      const giveUpAt = Date.now() + timeoutMs;
-      // This page's attachments to the invocation: each attempt that got none confirms with the one that did.
-      const attachments = new Map<string, string[]>();
-      let invocationId = "";
-      let lastCause = "TRANSPORT_FAILED";
-      for (let attempt = 1; ; attempt += 1) {
-        const left = giveUpAt - Date.now();
-        if (left <= 0) return noOutcome("CALLER_DEADLINE_EXCEEDED", attempt - 1, invocationId);
-        let attachment = "";
-        try {
-          for await (const event of invocation.runTool({ call }, { signal, timeoutMs: left })) {
-            const { case: kind, value } = event.event;
-            if (kind === "started") {
-              invocationId = value.toolRequestId;
-              attachment = value.attachmentId;
-            } else if (kind === "progress") {
-              onProgress?.({
-                progress: value.progress,
-                ...(value.total !== undefined ? { total: value.total } : {}),
-                message: value.message,
-              });
-            } else if (kind === "outcome") {
-              confirm(value.toolRequestId, [value.attachmentId, ...(attachments.get(value.toolRequestId) ?? [])]);
-              return outcomeOf(value);
-            }
-          }
-          lastCause = "TRANSPORT_FAILED"; // the stream ended without its outcome
-        } catch (error) {
-          if (signal.aborted) {
-            // The assistant stopped waiting (Stop, its deadline): stop the tool too, when it is known.
-            if (invocationId !== "") {
-              void invocation.cancelInvocation({ toolRequestId: invocationId }).catch(() => undefined);
-            }
-            return failure("ABORTED", "The call was stopped.", "aborted");
-          }
-          const verdict = classify(error);
-          if (verdict.refusal !== undefined) return verdict.refusal;
-          if (verdict.final) return noOutcome(verdict.cause, attempt, invocationId);
-          lastCause = verdict.cause;
-        }
-        if (invocationId !== "" && attachment !== "") {
-          attachments.set(invocationId, [...(attachments.get(invocationId) ?? []), attachment]);
-        }
-        // No outcome came back: an exact retry (the same session, tool and arguments) joins the
-        // invocation while it runs, or replays its outcome; it never runs the tool again.
-        if (attempt >= RETRY_ATTEMPTS) return noOutcome(lastCause, attempt, invocationId);
-        const pause = RETRY_BACKOFF_MS * 2 ** (attempt - 1);
-        if (giveUpAt - Date.now() <= pause) return noOutcome("CALLER_DEADLINE_EXCEEDED", attempt, invocationId);
-        if (!(await paused(pause, signal))) return failure("ABORTED", "The call was stopped.", "aborted");
-      }
+    async invoke(tool, args, options: InvokeOptions): Promise<ToolResult> {
+      const traced = startToolSpan(tool.name, options.turnId, options.callId, options.signal);
+      const result = await run(tool, args, options, traceHeaders(traced));
+      endSpan(traced, result.code === null ? undefined : new AgentError(result.code));
+      return result;
     },
     dispose() {
       watching.abort();
       waiters.clear();
     },
   };
+
+  /** One call: its RunTool attempts (each with `headers`) until an outcome, a refusal or the give-up. */
+  async function run(
+    tool: ChannelTool,
+    args: { [key: string]: JsonValue },
+    { signal, turnId, timeoutMs, onProgress }: InvokeOptions,
+    headers: Record<string, string>,
+  ): Promise<ToolResult> {
+    const call = { sessionId: options.sessionId, turnId, toolName: tool.name, argumentsJson: JSON.stringify(args) };
+    const giveUpAt = Date.now() + timeoutMs;
+    // This page's attachments to the invocation: each attempt that got none confirms with the one that did.
+    const attachments = new Map<string, string[]>();
+    let invocationId = "";
+    let lastCause = "TRANSPORT_FAILED";
+    for (let attempt = 1; ; attempt += 1) {
+      const left = giveUpAt - Date.now();
+      if (left <= 0) return noOutcome("CALLER_DEADLINE_EXCEEDED", attempt - 1, invocationId);
+      let attachment = "";
+      try {
+        for await (const event of invocation.runTool({ call }, { signal, timeoutMs: left, headers })) {
+          const { case: kind, value } = event.event;
+          if (kind === "started") {
+            invocationId = value.toolRequestId;
+            attachment = value.attachmentId;
+          } else if (kind === "progress") {
+            onProgress?.({
+              progress: value.progress,
+              ...(value.total !== undefined ? { total: value.total } : {}),
+              message: value.message,
+            });
+          } else if (kind === "outcome") {
+            confirm(value.toolRequestId, [value.attachmentId, ...(attachments.get(value.toolRequestId) ?? [])]);
+            return outcomeOf(value);
+          }
+        }
+        lastCause = "TRANSPORT_FAILED"; // the stream ended without its outcome
+      } catch (error) {
+        if (signal.aborted) {
+          // The assistant stopped waiting (Stop, its deadline): stop the tool too, when it is known.
+          if (invocationId !== "") {
+            void invocation.cancelInvocation({ toolRequestId: invocationId }).catch(() => undefined);
+          }
+          return failure("ABORTED", "The call was stopped.", "aborted");
+        }
+        const verdict = classify(error);
+        if (verdict.refusal !== undefined) return verdict.refusal;
+        if (verdict.final) return noOutcome(verdict.cause, attempt, invocationId);
+        lastCause = verdict.cause;
+      }
+      if (invocationId !== "" && attachment !== "") {
+        attachments.set(invocationId, [...(attachments.get(invocationId) ?? []), attachment]);
+      }
+      // No outcome came back: an exact retry (the same session, tool and arguments) joins the
+      // invocation while it runs, or replays its outcome; it never runs the tool again.
+      if (attempt >= RETRY_ATTEMPTS) return noOutcome(lastCause, attempt, invocationId);
+      const pause = RETRY_BACKOFF_MS * 2 ** (attempt - 1);
+      if (giveUpAt - Date.now() <= pause) return noOutcome("CALLER_DEADLINE_EXCEEDED", attempt, invocationId);
+      if (!(await paused(pause, signal))) return failure("ABORTED", "The call was stopped.", "aborted");
+    }
+  }
 }

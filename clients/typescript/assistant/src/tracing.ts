@@ -1,11 +1,13 @@
 // The assistant's spans in the GenAI conventions' names (development, semantic conventions
 // 1.44.0), through the page's @opentelemetry/api when it registered a tracer provider (read from
 // the API's global, as @toolmesh/host does: nothing imported at run time). A turn is an INTERNAL
-// `invoke_agent` span; each model call a CLIENT `chat {model}` span and each webmcp() tool call
-// an INTERNAL `execute_tool {tool}` span, its children. Never a prompt, a message, an argument
-// or a result: the conventions' opt-in content attributes are not built.
+// `invoke_agent` span; each model call a CLIENT `chat {model}` span and each tool call (webmcp()
+// or toolmesh()) an INTERNAL `execute_tool {tool}` span, its children; a toolmesh() call sends its
+// span's W3C context with each RunTool attempt, so the services' spans join the turn's trace.
+// Never a prompt, a message, an argument or a result: the conventions' opt-in content attributes
+// are not built.
 import type { Attributes, Context, Span } from "@opentelemetry/api";
-import { ERROR, SPAN_KEY, activeContext, registeredApi } from "../../src/otel.js";
+import { ERROR, INTERNAL, SPAN_KEY, activeContext, registeredApi } from "../../src/otel.js";
 import { AgentError } from "./errors.js";
 
 export { CLIENT, INTERNAL } from "../../src/otel.js";
@@ -35,6 +37,39 @@ export function startSpan(name: string, kind: number, attributes: Attributes, si
 /** Calls given `signal` make their spans children of `traced`'s span. */
 export function parentFor(signal: AbortSignal, traced: Traced | undefined): void {
   if (traced !== undefined) parents.set(signal, traced.context);
+}
+
+/** The `execute_tool {tool}` span of one tool call, the child of its turn's span (via `signal`). */
+export function startToolSpan(
+  toolName: string,
+  turnId: string,
+  callId: string | undefined,
+  signal: AbortSignal,
+): Traced | undefined {
+  return startSpan(
+    `execute_tool ${toolName}`,
+    INTERNAL,
+    {
+      "gen_ai.operation.name": "execute_tool",
+      "gen_ai.tool.name": toolName,
+      ...(callId === undefined ? {} : { "gen_ai.tool.call.id": callId }),
+      "gen_ai.tool.type": "function",
+      "toolmesh.turn_id": turnId,
+    },
+    signal,
+  );
+}
+
+/** The W3C trace context headers (traceparent, tracestate) that make a request `traced`'s child. */
+export function traceHeaders(traced: Traced | undefined): Record<string, string> {
+  if (traced === undefined) return {};
+  const { traceId, spanId, traceFlags, traceState } = traced.span.spanContext();
+  const headers: Record<string, string> = {
+    traceparent: `00-${traceId}-${spanId}-${(traceFlags & 0xff).toString(16).padStart(2, "0")}`,
+  };
+  const state = traceState?.serialize() ?? "";
+  if (state !== "") headers["tracestate"] = state;
+  return headers;
 }
 
 /** End the span; a failure marks it by its turn code (or the thrown value's type), never its text. */

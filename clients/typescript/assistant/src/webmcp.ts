@@ -2,7 +2,7 @@
 import type { ChannelTool, InvokeOptions, ToolChannel, ToolList } from "./channel.js";
 import { AgentError } from "./errors.js";
 import { failure, plainJson, success, type JsonValue, type ToolResult } from "./results.js";
-import { INTERNAL, endSpan, startSpan } from "./tracing.js";
+import { endSpan, startToolSpan } from "./tracing.js";
 
 /** `document.modelContext`, as far as the assistant uses it. */
 export interface ModelContextTools {
@@ -128,18 +128,7 @@ export function webmcp(options: WebMCPChannelOptions = {}): ToolChannel {
       });
     },
     async invoke(tool: ChannelTool, args, { signal, turnId, callId }: InvokeOptions): Promise<ToolResult> {
-      const traced = startSpan(
-        `execute_tool ${tool.name}`,
-        INTERNAL,
-        {
-          "gen_ai.operation.name": "execute_tool",
-          "gen_ai.tool.name": tool.name,
-          ...(callId === undefined ? {} : { "gen_ai.tool.call.id": callId }),
-          "gen_ai.tool.type": "function",
-          "toolmesh.turn_id": turnId,
-        },
-        signal,
-      );
+      const traced = startToolSpan(tool.name, turnId, callId, signal);
       if (traced === undefined) return await execute(tool, args, signal);
       // A handler may ignore the signal: the span ends when the call is given up on.
       let open = true;

@@ -82,10 +82,15 @@ MAX_CONNECTIONS_PER_ADDRESS = 64
 # The largest request head (request line and headers) read (h11's incomplete event size).
 MAX_HEADER_BYTES = 16 * 1024
 
-# What Connect and gRPC-Web clients send, and the token a host will present.
-_ALLOWED_HEADERS = (
-    "authorization, content-type, connect-protocol-version, connect-timeout-ms, "
-    "connect-accept-encoding, connect-content-encoding, grpc-timeout, x-grpc-web, x-user-agent"
+# The W3C trace context a request's headers may carry; a page that traces sends its span's.
+_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
+# What Connect and gRPC-Web clients send, the token a host will present, and trace context.
+_ALLOWED_HEADERS = ", ".join(
+    (
+        "authorization, content-type, connect-protocol-version, connect-timeout-ms",
+        "connect-accept-encoding, connect-content-encoding, grpc-timeout, x-grpc-web, x-user-agent",
+        *_CONTEXT_HEADERS,
+    )
 )
 # gRPC-Web sends a status without messages in headers, which a page may only read when exposed.
 _EXPOSED_HEADERS = "grpc-status, grpc-message, grpc-status-details-bin, connect-content-encoding"
@@ -354,9 +359,6 @@ class _ServerSpans:
             span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
         span.end()
         otel_context.detach(attached)
-
-
-_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
 
 
 def _reason(error: ConnectError) -> str | None:
