@@ -61,10 +61,11 @@ async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict
     try:
         registry = await procs.start("registry", ["-m", "toolmesh.registry", "--listen", "127.0.0.1:0"])
         started.append(registry)
+        registry_internal = await registry.internal_target()
         bridge = await procs.start(
             "bridge",
             [
-                "-m", "toolmesh.bridge", "--listen", "127.0.0.1:0", "--registry", registry.target,
+                "-m", "toolmesh.bridge", "--listen", "127.0.0.1:0", "--registry", registry_internal,
                 "--web-listen", "127.0.0.1:0", "--web-origins", driver.origins[0],
             ],
         )  # fmt: skip
@@ -78,9 +79,9 @@ async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict
                 "--listen",
                 "127.0.0.1:0",
                 "--registry",
-                registry.target,
+                registry_internal,
                 "--bridge",
-                bridge.target,
+                await bridge.internal_target(),
             ],
         )
         started.append(invocation)

@@ -19,6 +19,9 @@ class ScriptedBridge(bridge_pb2_grpc.BridgeServiceServicer):
     async def SubmitToolResult(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 
+    async def SubmitToolResults(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
     async def DispatchToolRequest(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
 

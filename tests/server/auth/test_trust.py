@@ -207,6 +207,20 @@ PUBLIC_CALLS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
             metadata=md,
         ),
     ),
+    "SubmitToolResults": (
+        "bridge",
+        lambda s, md: s.SubmitToolResults(
+            bridge_pb2.SubmitToolResultsRequest(
+                host_session_id="hs_x",
+                results=[
+                    bridge_pb2.SubmittedToolResult(
+                        tool_request_id="tr_x", outcome=tool_pb2.ToolOutcome(result_json="{}")
+                    )
+                ],
+            ),
+            metadata=md,
+        ),
+    ),
     "OpenHostSession": (
         "bridge",
         lambda s, md: s.OpenHostSession(bridge_pb2.OpenHostSessionRequest(session_id=VICTIM), metadata=md),
@@ -360,6 +374,20 @@ async def test_another_sessions_invocations_cannot_be_cancelled_run_or_reported_
         assert_refused(foreign, Code.HOST_SESSION_UNKNOWN)
         # A caller's token is not a host's, even for the right session.
         foreign = await failure(bridge.StartToolRequests(start, metadata=metadata(Role.CALL, VICTIM)))
+        assert_refused(foreign, Code.PERMISSION_DENIED)
+        results = bridge_pb2.SubmitToolResultsRequest(
+            host_session_id=secured.host.host_session_id,
+            results=[
+                bridge_pb2.SubmittedToolResult(
+                    tool_request_id=tool_request_id, outcome=tool_pb2.ToolOutcome(result_json='{"forged":1}')
+                )
+            ],
+        )
+        # Another session's host token: the victim's host session is unknown to it, result by result.
+        (answer,) = (await bridge.SubmitToolResults(results, metadata=metadata(Role.HOST, ATTACKER))).answers
+        assert answer.tool_request_id == tool_request_id
+        assert answer.refusal.reason == Code.HOST_SESSION_UNKNOWN.value
+        foreign = await failure(bridge.SubmitToolResults(results, metadata=metadata(Role.CALL, VICTIM)))
         assert_refused(foreign, Code.PERMISSION_DENIED)
         assert not running.done()
         # The victim's own token may cancel it.

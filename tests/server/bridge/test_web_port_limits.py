@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -114,3 +115,18 @@ async def test_connections_are_capped_per_address_and_per_port() -> None:
                 return False
 
         assert await eventually(room)
+
+
+async def test_served_connections_send_small_writes_at_once() -> None:
+    # uvicorn writes a response's head and body apart: with Nagle's algorithm on, the second
+    # waits for the client's delayed ACK (about 40 ms on Linux), on every request.
+    server = await start_web_server(ok, "127.0.0.1:0")
+    clients = Clients(server.port)
+    try:
+        assert await answered(await clients.connect())
+        (connection,) = server.server.server_state.connections
+        sock = connection.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        await clients.close()
+        await server.stop(0)

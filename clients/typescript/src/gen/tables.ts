@@ -297,6 +297,13 @@ export const FULL_VIOLATION_REPORT_CHARS: number = 8192;
 export const MAX_CALLS_PER_MESSAGE: number = 1000;
 
 /**
+ * BridgeService.SubmitToolResults: at most MAX_CALLS_PER_MESSAGE results, their encoded outcomes
+ * at most this many bytes together (a result alone, up to MAX_RESULT_BYTES, always fits), well
+ * under the transport's MAX_MESSAGE_BYTES so that the refusal is a typed LIMIT_EXCEEDED.
+ */
+export const MAX_SUBMIT_RESULTS_BYTES: number = 2097152;
+
+/**
  * An InvokeTools stream whose caller reads its results slower than its calls
  * end: while more than UNREAD_RESULTS_PAUSE_BYTES of results wait to be sent,
  * the service takes no more calls from it (the caller's sends then wait, as

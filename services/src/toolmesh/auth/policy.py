@@ -50,6 +50,7 @@ PUBLIC: Mapping[str, Rule] = MappingProxyType(
         "toolmesh.v1.BridgeService/OpenHostSession": Rule(frozenset({HOST}), "session_id"),
         # The host session's own session must be one the token names.
         "toolmesh.v1.BridgeService/SubmitToolResult": Rule(frozenset({HOST}), None),
+        "toolmesh.v1.BridgeService/SubmitToolResults": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/DeclareHostTools": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/AnswerReadCheck": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/ReportToolProgress": Rule(frozenset({HOST}), None),

@@ -1,7 +1,7 @@
 """BridgeService over gRPC: a thin adapter onto Router and Declarations.
 
-The host-facing methods (`host_events`, `submit`, `declare`, `answer_read_check`, `report_progress`,
-`start_requests`) are shared with the
+The host-facing methods (`host_events`, `submit`, `submit_many`, `declare`, `answer_read_check`,
+`report_progress`, `start_requests`) are shared with the
 web port (toolmesh.bridge.web), which serves them over Connect and gRPC-Web.
 """
 
@@ -20,8 +20,11 @@ from toolmesh.bridge.dispatch_stream import DispatchStream
 from toolmesh.bridge.outcomes import OutcomeRecorder, accept
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, StartVerdict, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, MAX_SUBMIT_RESULTS_BYTES
 from toolmesh.core.progress import ProgressVerdict, ToolProgress
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
+from toolmesh.runtime import store_errors
 from toolmesh.runtime.relay import relay
 from toolmesh.runtime.rpc_types import ServicerContext
 from toolmesh.runtime.server import Service
@@ -106,6 +109,48 @@ async def submit(
     return bridge_pb2.SubmitToolResultResponse()
 
 
+async def submit_many(
+    router: Router,
+    recorder: OutcomeRecorder | None,
+    request: bridge_pb2.SubmitToolResultsRequest,
+    sessions: Container[str] | None,
+) -> bridge_pb2.SubmitToolResultsResponse:
+    """Several outcomes of one host session, each taken as `submit` takes one, in order, and answered
+    on its own: a refused one (its ToolmeshError as a ToolResultRefusal) never costs the others.
+
+    Raises ToolmeshError(LIMIT_EXCEEDED), taking none, over MAX_CALLS_PER_MESSAGE results or
+    MAX_SUBMIT_RESULTS_BYTES of outcomes."""
+    results = request.results
+    if len(results) > MAX_CALLS_PER_MESSAGE:
+        raise ToolmeshError(
+            Code.LIMIT_EXCEEDED,
+            f"At most {MAX_CALLS_PER_MESSAGE} results per call.",
+            {"limit": "max_results_per_submit", "value": str(MAX_CALLS_PER_MESSAGE)},
+        )
+    if sum(result.outcome.ByteSize() for result in results) > MAX_SUBMIT_RESULTS_BYTES:
+        raise ToolmeshError(
+            Code.LIMIT_EXCEEDED,
+            f"At most {MAX_SUBMIT_RESULTS_BYTES} bytes of outcomes per call; send fewer at once.",
+            {"limit": "max_submit_results_bytes", "value": str(MAX_SUBMIT_RESULTS_BYTES)},
+        )
+    answers = []
+    for result in results:
+        answer = bridge_pb2.ToolResultAnswer(tool_request_id=result.tool_request_id)
+        try:
+            outcome = outcome_from_pb(result.outcome)
+            telemetry.record_outcome(outcome)
+            await accept(
+                router, recorder, request.host_session_id, result.tool_request_id, outcome, sessions=sessions
+            )
+        except ToolmeshError as error:
+            store_errors.count("SubmitToolResults", error)
+            answer.refusal.reason = error.code.value
+            answer.refusal.message = error.message
+            answer.refusal.metadata.update(error.metadata)
+        answers.append(answer)
+    return bridge_pb2.SubmitToolResultsResponse(answers=answers)
+
+
 def _now_ms() -> int:
     return math.floor(time.time() * 1000)
 
@@ -180,6 +225,11 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self, request: bridge_pb2.SubmitToolResultRequest, context: ServicerContext
     ) -> bridge_pb2.SubmitToolResultResponse:
         return await submit(self._router, self._recorder, request, scope(Role.HOST))
+
+    async def SubmitToolResults(
+        self, request: bridge_pb2.SubmitToolResultsRequest, context: ServicerContext
+    ) -> bridge_pb2.SubmitToolResultsResponse:
+        return await submit_many(self._router, self._recorder, request, scope(Role.HOST))
 
     async def DeclareHostTools(
         self, request: bridge_pb2.DeclareHostToolsRequest, context: ServicerContext

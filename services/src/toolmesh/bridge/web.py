@@ -1,8 +1,9 @@
 """The bridge's web port: the host-facing RPCs over Connect and gRPC-Web, for pages.
 
 A browser cannot send gRPC (HTTP/2 with trailers), so the bridge also serves
-OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck, ReportToolProgress and
-StartToolRequests over the Connect protocol and gRPC-Web on HTTP/1.1, on a port of its own, sharing the Router
+OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
+ReportToolProgress and StartToolRequests over the Connect protocol and gRPC-Web on HTTP/1.1, on a
+port of its own, sharing the Router
 and Declarations of its gRPC port. The routes come from protoc-gen-connectrpc
 (connectrpc, on our protobuf messages); uvicorn serves them.
 
@@ -48,6 +49,7 @@ from toolmesh.bridge.servicer import (
     report_progress,
     start_requests,
     submit,
+    submit_many,
 )
 from toolmesh.core.limits import MAX_MESSAGE_BYTES
 from toolmesh.runtime.instrument import until_token_expires
@@ -91,6 +93,7 @@ _SERVICE = "/toolmesh.v1.BridgeService/"
 HOST_FACING = (
     "OpenHostSession",
     "SubmitToolResult",
+    "SubmitToolResults",
     "DeclareHostTools",
     "AnswerReadCheck",
     "ReportToolProgress",
@@ -141,6 +144,15 @@ class WebBridge(BridgeService):
             return await submit(self._router, self._recorder, request, scope(Role.HOST))
         except Exception as exc:
             fail("SubmitToolResult", exc)
+
+    async def submit_tool_results(
+        self, request: bridge_pb2.SubmitToolResultsRequest, ctx: RequestContext[Any, Any]
+    ) -> bridge_pb2.SubmitToolResultsResponse:
+        try:
+            await admit(self._admit["SubmitToolResults"], request, ctx)
+            return await submit_many(self._router, self._recorder, request, scope(Role.HOST))
+        except Exception as exc:
+            fail("SubmitToolResults", exc)
 
     async def answer_read_check(
         self, request: bridge_pb2.AnswerReadCheckRequest, ctx: RequestContext[Any, Any]

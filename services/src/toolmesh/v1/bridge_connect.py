@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, StartToolRequestsRequest, StartToolRequestsResponse, SubmitToolResultRequest, SubmitToolResultResponse
+from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, StartToolRequestsRequest, StartToolRequestsResponse, SubmitToolResultRequest, SubmitToolResultResponse, SubmitToolResultsRequest, SubmitToolResultsResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -42,9 +42,10 @@ class BridgeService(Protocol):
     BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -59,8 +60,8 @@ class BridgeService(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -120,6 +121,36 @@ class BridgeService(Protocol):
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
         INVALID_REQUEST (no outcome, malformed error). A host session of a session
         the token does not name is HOST_SESSION_UNKNOWN too.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    async def submit_tool_results(self, request: SubmitToolResultsRequest, ctx: RequestContext[SubmitToolResultsRequest, SubmitToolResultsResponse], /) -> SubmitToolResultsResponse:
+        """
+        SubmitToolResults hands in the outcomes of several tool requests of one
+        host session at once: what a host sends when several handlers end
+        together (a page's six connections per origin carry a few requests at a
+        time, so one request per result bounds its throughput). Each result is
+        taken as SubmitToolResult takes it, in the order sent, and answered on
+        its own: taken, or refused with the reason SubmitToolResult would fail
+        with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+        RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+        where the bridge could not read the ledger yet). A refused result never
+        costs the others theirs. A host session of a session the token does not
+        name is HOST_SESSION_UNKNOWN for each of its results.
+
+        Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+        outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+        a single result may be up to 1 MiB, so one always fits alone). A request
+        over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+        (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+        "value" its value), and no result in it is taken.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession (the same token as SubmitToolResult).
+
+        Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+        INVALID_REQUEST for a message that does not decode; every other refusal
+        is a result's own, in the response.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -294,6 +325,17 @@ class BridgeServiceASGIApplication(ConnectASGIApplication[BridgeService]):
                     ),
                     function=svc.submit_tool_result,
                 ),
+                "/toolmesh.v1.BridgeService/SubmitToolResults": Endpoint.unary(
+                    method=MethodInfo(
+                        name="SubmitToolResults",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=SubmitToolResultsRequest,
+                        output=SubmitToolResultsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=svc.submit_tool_results,
+                ),
                 "/toolmesh.v1.BridgeService/DeclareHostTools": Endpoint.unary(
                     method=MethodInfo(
                         name="DeclareHostTools",
@@ -378,9 +420,10 @@ class BridgeServiceClient(ConnectClient):
     BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -395,8 +438,8 @@ class BridgeServiceClient(ConnectClient):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -511,6 +554,53 @@ class BridgeServiceClient(ConnectClient):
                 service_name="toolmesh.v1.BridgeService",
                 input=SubmitToolResultRequest,
                 output=SubmitToolResultResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    async def submit_tool_results(
+        self,
+        request: SubmitToolResultsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> SubmitToolResultsResponse:
+        """
+        SubmitToolResults hands in the outcomes of several tool requests of one
+        host session at once: what a host sends when several handlers end
+        together (a page's six connections per origin carry a few requests at a
+        time, so one request per result bounds its throughput). Each result is
+        taken as SubmitToolResult takes it, in the order sent, and answered on
+        its own: taken, or refused with the reason SubmitToolResult would fail
+        with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+        RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+        where the bridge could not read the ledger yet). A refused result never
+        costs the others theirs. A host session of a session the token does not
+        name is HOST_SESSION_UNKNOWN for each of its results.
+
+        Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+        outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+        a single result may be up to 1 MiB, so one always fits alone). A request
+        over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+        (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+        "value" its value), and no result in it is taken.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession (the same token as SubmitToolResult).
+
+        Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+        INVALID_REQUEST for a message that does not decode; every other refusal
+        is a result's own, in the response.
+        """
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SubmitToolResults",
+                service_name="toolmesh.v1.BridgeService",
+                input=SubmitToolResultsRequest,
+                output=SubmitToolResultsResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),
@@ -760,9 +850,10 @@ class BridgeServiceSync(Protocol):
     BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -777,8 +868,8 @@ class BridgeServiceSync(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -838,6 +929,36 @@ class BridgeServiceSync(Protocol):
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
         INVALID_REQUEST (no outcome, malformed error). A host session of a session
         the token does not name is HOST_SESSION_UNKNOWN too.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
+    def submit_tool_results(self, request: SubmitToolResultsRequest, ctx: RequestContext[SubmitToolResultsRequest, SubmitToolResultsResponse], /) -> SubmitToolResultsResponse:
+        """
+        SubmitToolResults hands in the outcomes of several tool requests of one
+        host session at once: what a host sends when several handlers end
+        together (a page's six connections per origin carry a few requests at a
+        time, so one request per result bounds its throughput). Each result is
+        taken as SubmitToolResult takes it, in the order sent, and answered on
+        its own: taken, or refused with the reason SubmitToolResult would fail
+        with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+        RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+        where the bridge could not read the ledger yet). A refused result never
+        costs the others theirs. A host session of a session the token does not
+        name is HOST_SESSION_UNKNOWN for each of its results.
+
+        Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+        outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+        a single result may be up to 1 MiB, so one always fits alone). A request
+        over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+        (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+        "value" its value), and no result in it is taken.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession (the same token as SubmitToolResult).
+
+        Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+        INVALID_REQUEST for a message that does not decode; every other refusal
+        is a result's own, in the response.
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
@@ -1010,6 +1131,17 @@ class BridgeServiceWSGIApplication(ConnectWSGIApplication):
                     ),
                     function=service.submit_tool_result,
                 ),
+                "/toolmesh.v1.BridgeService/SubmitToolResults": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="SubmitToolResults",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=SubmitToolResultsRequest,
+                        output=SubmitToolResultsResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.UNARY,
+                    ),
+                    function=service.submit_tool_results,
+                ),
                 "/toolmesh.v1.BridgeService/DeclareHostTools": EndpointSync.unary(
                     method=MethodInfo(
                         name="DeclareHostTools",
@@ -1094,9 +1226,10 @@ class BridgeServiceClientSync(ConnectClientSync):
     BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -1111,8 +1244,8 @@ class BridgeServiceClientSync(ConnectClientSync):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -1227,6 +1360,53 @@ class BridgeServiceClientSync(ConnectClientSync):
                 service_name="toolmesh.v1.BridgeService",
                 input=SubmitToolResultRequest,
                 output=SubmitToolResultResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def submit_tool_results(
+        self,
+        request: SubmitToolResultsRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> SubmitToolResultsResponse:
+        """
+        SubmitToolResults hands in the outcomes of several tool requests of one
+        host session at once: what a host sends when several handlers end
+        together (a page's six connections per origin carry a few requests at a
+        time, so one request per result bounds its throughput). Each result is
+        taken as SubmitToolResult takes it, in the order sent, and answered on
+        its own: taken, or refused with the reason SubmitToolResult would fail
+        with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+        RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+        where the bridge could not read the ledger yet). A refused result never
+        costs the others theirs. A host session of a session the token does not
+        name is HOST_SESSION_UNKNOWN for each of its results.
+
+        Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+        outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+        a single result may be up to 1 MiB, so one always fits alone). A request
+        over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+        (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+        "value" its value), and no result in it is taken.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession (the same token as SubmitToolResult).
+
+        Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+        INVALID_REQUEST for a message that does not decode; every other refusal
+        is a result's own, in the response.
+        """
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SubmitToolResults",
+                service_name="toolmesh.v1.BridgeService",
+                input=SubmitToolResultsRequest,
+                output=SubmitToolResultsResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
             ),

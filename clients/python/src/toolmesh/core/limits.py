@@ -22,6 +22,10 @@ FULL_VIOLATION_REPORT_CHARS = 8 * 1024
 # INVALID_REQUEST (after the calls already taken are answered). Senders batch
 # at most this many, and so do the services in their responses.
 MAX_CALLS_PER_MESSAGE = 1_000
+# BridgeService.SubmitToolResults: at most MAX_CALLS_PER_MESSAGE results, their encoded outcomes
+# at most this many bytes together (a result alone, up to MAX_RESULT_BYTES, always fits), well
+# under the transport's MAX_MESSAGE_BYTES so that the refusal is a typed LIMIT_EXCEEDED.
+MAX_SUBMIT_RESULTS_BYTES = 2 * 1024 * 1024
 # An InvokeTools stream whose caller reads its results slower than its calls
 # end: while more than UNREAD_RESULTS_PAUSE_BYTES of results wait to be sent,
 # the service takes no more calls from it (the caller's sends then wait, as

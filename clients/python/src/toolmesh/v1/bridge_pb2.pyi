@@ -502,6 +502,172 @@ class SubmitToolResultResponse(_message.Message):
 Global___SubmitToolResultResponse: _TypeAlias = SubmitToolResultResponse  # noqa: Y015
 
 @_typing.final
+class SubmitToolResultsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    host_session_id: _builtins.str
+    """Required. From HostSessionOpened: the host session every result's request
+    came on.
+    """
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmittedToolResult]:
+        """Required. At most 1,000 (limits.MAX_CALLS_PER_MESSAGE), their outcomes at
+        most 2 MiB together (limits.MAX_SUBMIT_RESULTS_BYTES).
+        """
+
+    def __init__(
+        self,
+        *,
+        host_session_id: _builtins.str = ...,
+        results: _abc.Iterable[Global___SubmittedToolResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_session_id", b"host_session_id", "results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolResultsRequest: _TypeAlias = SubmitToolResultsRequest  # noqa: Y015
+
+@_typing.final
+class SubmittedToolResult(_message.Message):
+    """SubmittedToolResult is one outcome of SubmitToolResults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """Required. The request answered."""
+    @_builtins.property
+    def outcome(self) -> _tool_pb2.ToolOutcome:
+        """Required. The outcome (see SubmitToolResult for what a host may send)."""
+
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        outcome: _tool_pb2.ToolOutcome | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmittedToolResult: _TypeAlias = SubmittedToolResult  # noqa: Y015
+
+@_typing.final
+class SubmitToolResultsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolResultAnswer]:
+        """One per result sent, in the order sent."""
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___ToolResultAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitToolResultsResponse: _TypeAlias = SubmitToolResultsResponse  # noqa: Y015
+
+@_typing.final
+class ToolResultAnswer(_message.Message):
+    """ToolResultAnswer says what became of one result of SubmitToolResults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """The request the result answered."""
+    @_builtins.property
+    def refusal(self) -> Global___ToolResultRefusal:
+        """Unset: the outcome was taken. Set: it was not, and why."""
+
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        refusal: Global___ToolResultRefusal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refusal", b"refusal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refusal", b"refusal", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolResultAnswer: _TypeAlias = ToolResultAnswer  # noqa: Y015
+
+@_typing.final
+class ToolResultRefusal(_message.Message):
+    """ToolResultRefusal is the error SubmitToolResult would have failed with for
+    this result alone, as its ErrorInfo would say it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """A code of toolmesh's error table (see SubmitToolResults): whether it is
+    worth sending the same result again is the table's retryable.
+    """
+    message: _builtins.str
+    """For people."""
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """ErrorInfo's metadata: REQUEST_ENDED with ended "answered" says an earlier
+        submission of this same outcome got through.
+        """
+
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "metadata", b"metadata", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolResultRefusal: _TypeAlias = ToolResultRefusal  # noqa: Y015
+
+@_typing.final
 class AnswerReadCheckRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

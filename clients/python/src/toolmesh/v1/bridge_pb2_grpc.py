@@ -29,9 +29,10 @@ class BridgeServiceStub:
     """BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -46,8 +47,8 @@ class BridgeServiceStub:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -69,6 +70,11 @@ class BridgeServiceStub:
                 '/toolmesh.v1.BridgeService/SubmitToolResult',
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultResponse.FromString,
+                _registered_method=True)
+        self.SubmitToolResults = channel.unary_unary(
+                '/toolmesh.v1.BridgeService/SubmitToolResults',
+                request_serializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultsResponse.FromString,
                 _registered_method=True)
         self.DeclareHostTools = channel.unary_unary(
                 '/toolmesh.v1.BridgeService/DeclareHostTools',
@@ -106,9 +112,10 @@ class BridgeServiceServicer:
     """BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -123,8 +130,8 @@ class BridgeServiceServicer:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -185,6 +192,37 @@ class BridgeServiceServicer:
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
         INVALID_REQUEST (no outcome, malformed error). A host session of a session
         the token does not name is HOST_SESSION_UNKNOWN too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitToolResults(self, request, context):
+        """SubmitToolResults hands in the outcomes of several tool requests of one
+        host session at once: what a host sends when several handlers end
+        together (a page's six connections per origin carry a few requests at a
+        time, so one request per result bounds its throughput). Each result is
+        taken as SubmitToolResult takes it, in the order sent, and answered on
+        its own: taken, or refused with the reason SubmitToolResult would fail
+        with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+        RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+        where the bridge could not read the ledger yet). A refused result never
+        costs the others theirs. A host session of a session the token does not
+        name is HOST_SESSION_UNKNOWN for each of its results.
+
+        Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+        outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+        a single result may be up to 1 MiB, so one always fits alone). A request
+        over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+        (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+        "value" its value), and no result in it is taken.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession (the same token as SubmitToolResult).
+
+        Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+        INVALID_REQUEST for a message that does not decode; every other refusal
+        is a result's own, in the response.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -344,6 +382,11 @@ def add_BridgeServiceServicer_to_server(servicer, server):
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultResponse.SerializeToString,
             ),
+            'SubmitToolResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitToolResults,
+                    request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultsRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultsResponse.SerializeToString,
+            ),
             'DeclareHostTools': grpc.unary_unary_rpc_method_handler(
                     servicer.DeclareHostTools,
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DeclareHostToolsRequest.FromString,
@@ -386,9 +429,10 @@ class BridgeService:
     """BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -403,8 +447,8 @@ class BridgeService:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -455,6 +499,33 @@ class BridgeService:
             '/toolmesh.v1.BridgeService/SubmitToolResult',
             toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultRequest.SerializeToString,
             toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitToolResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.v1.BridgeService/SubmitToolResults',
+            toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultsRequest.SerializeToString,
+            toolmesh_dot_v1_dot_bridge__pb2.SubmitToolResultsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,9 +30,10 @@ class BridgeServiceStub:
     """BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -47,8 +48,8 @@ class BridgeServiceStub:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -109,6 +110,33 @@ class BridgeServiceStub:
     INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
     INVALID_REQUEST (no outcome, malformed error). A host session of a session
     the token does not name is HOST_SESSION_UNKNOWN too.
+    """
+    SubmitToolResults: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultsRequest, _bridge_pb2.SubmitToolResultsResponse]
+    """SubmitToolResults hands in the outcomes of several tool requests of one
+    host session at once: what a host sends when several handlers end
+    together (a page's six connections per origin carry a few requests at a
+    time, so one request per result bounds its throughput). Each result is
+    taken as SubmitToolResult takes it, in the order sent, and answered on
+    its own: taken, or refused with the reason SubmitToolResult would fail
+    with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+    RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+    where the bridge could not read the ledger yet). A refused result never
+    costs the others theirs. A host session of a session the token does not
+    name is HOST_SESSION_UNKNOWN for each of its results.
+
+    Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+    outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+    a single result may be up to 1 MiB, so one always fits alone). A request
+    over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+    (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+    "value" its value), and no result in it is taken.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession (the same token as SubmitToolResult).
+
+    Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+    INVALID_REQUEST for a message that does not decode; every other refusal
+    is a result's own, in the response.
     """
     DeclareHostTools: _grpc.UnaryUnaryMultiCallable[_bridge_pb2.DeclareHostToolsRequest, _bridge_pb2.DeclareHostToolsResponse]
     """DeclareHostTools sets the tools a connected host declares for its
@@ -233,9 +261,10 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     """BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -250,8 +279,8 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -309,6 +338,33 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
     INVALID_REQUEST (no outcome, malformed error). A host session of a session
     the token does not name is HOST_SESSION_UNKNOWN too.
+    """
+    SubmitToolResults: _aio.UnaryUnaryMultiCallable[_bridge_pb2.SubmitToolResultsRequest, _bridge_pb2.SubmitToolResultsResponse]  # type: ignore[assignment]
+    """SubmitToolResults hands in the outcomes of several tool requests of one
+    host session at once: what a host sends when several handlers end
+    together (a page's six connections per origin carry a few requests at a
+    time, so one request per result bounds its throughput). Each result is
+    taken as SubmitToolResult takes it, in the order sent, and answered on
+    its own: taken, or refused with the reason SubmitToolResult would fail
+    with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+    RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+    where the bridge could not read the ledger yet). A refused result never
+    costs the others theirs. A host session of a session the token does not
+    name is HOST_SESSION_UNKNOWN for each of its results.
+
+    Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+    outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+    a single result may be up to 1 MiB, so one always fits alone). A request
+    over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+    (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+    "value" its value), and no result in it is taken.
+
+    Called by the host holding the host session, the peers that may call
+    OpenHostSession (the same token as SubmitToolResult).
+
+    Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+    INVALID_REQUEST for a message that does not decode; every other refusal
+    is a result's own, in the response.
     """
     DeclareHostTools: _aio.UnaryUnaryMultiCallable[_bridge_pb2.DeclareHostToolsRequest, _bridge_pb2.DeclareHostToolsResponse]  # type: ignore[assignment]
     """DeclareHostTools sets the tools a connected host declares for its
@@ -432,9 +488,10 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     """BridgeService connects handler hosts (the application side) with the
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
-    SubmitToolResult. The host path uses only unary and server-streaming calls,
+    SubmitToolResult (or several at once with SubmitToolResults). The host path
+    uses only unary and server-streaming calls,
     so gRPC-Web and Connect clients can serve tools too: the bridge serves
-    OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+    OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
     configured to allow.
@@ -449,8 +506,8 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    ReportToolProgress and StartToolRequests need the same token as
-    SubmitToolResult.
+    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
     configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -518,6 +575,39 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT with reason RESULT_NOT_JSON, RESULT_TOO_LARGE or
         INVALID_REQUEST (no outcome, malformed error). A host session of a session
         the token does not name is HOST_SESSION_UNKNOWN too.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitToolResults(
+        self,
+        request: _bridge_pb2.SubmitToolResultsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_bridge_pb2.SubmitToolResultsResponse, _abc.Awaitable[_bridge_pb2.SubmitToolResultsResponse]]:
+        """SubmitToolResults hands in the outcomes of several tool requests of one
+        host session at once: what a host sends when several handlers end
+        together (a page's six connections per origin carry a few requests at a
+        time, so one request per result bounds its throughput). Each result is
+        taken as SubmitToolResult takes it, in the order sent, and answered on
+        its own: taken, or refused with the reason SubmitToolResult would fail
+        with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+        RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+        where the bridge could not read the ledger yet). A refused result never
+        costs the others theirs. A host session of a session the token does not
+        name is HOST_SESSION_UNKNOWN for each of its results.
+
+        Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+        outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+        a single result may be up to 1 MiB, so one always fits alone). A request
+        over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+        (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+        "value" its value), and no result in it is taken.
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession (the same token as SubmitToolResult).
+
+        Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+        INVALID_REQUEST for a message that does not decode; every other refusal
+        is a result's own, in the response.
         """
 
     @_abc_1.abstractmethod

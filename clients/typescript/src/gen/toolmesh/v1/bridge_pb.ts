@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/bridge.proto.
  */
 export const file_toolmesh_v1_bridge: GenFile = /*@__PURE__*/
-  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIrIBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAkSGwoTYWNrbm93bGVkZ2VzX3N0YXJ0cxgGIAEoCCLrAQoXT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2USMAoGb3BlbmVkGAEgASgLMh4udG9vbG1lc2gudjEuSG9zdFNlc3Npb25PcGVuZWRIABIwCgx0b29sX3JlcXVlc3QYAiABKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdEgAEjYKCWNhbmNlbGxlZBgDIAEoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0Q2FuY2VsbGVkSAASKwoJaGVhcnRiZWF0GAQgASgLMhYudG9vbG1lc2gudjEuSGVhcnRiZWF0SABCBwoFZXZlbnQihQEKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0SGwoTc2VydmVyX3RpbWVfdW5peF9tcxgDIAEoAxIbChNzdGFydHNfYWNrbm93bGVkZ2VkGAQgASgIItgCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIEhgKEGRlYWRsaW5lX3VuaXhfbXMYCSABKAMSIwobaW52b2NhdGlvbl9kZWFkbGluZV91bml4X21zGAogASgDGjMKEVRyYWNlQ29udGV4dEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWgoUVG9vbFJlcXVlc3RDYW5jZWxsZWQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKBnJlYXNvbhgCIAEoDjIZLnRvb2xtZXNoLnYxLkNhbmNlbFJlYXNvbiI8CglIZWFydGJlYXQSEgoKcmVhZF9jaGVjaxgBIAEoBBIbChNzZXJ2ZXJfdGltZV91bml4X21zGAIgASgDInYKF1N1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAiABKAkSKQoHb3V0Y29tZRgDIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lIhoKGFN1Ym1pdFRvb2xSZXN1bHRSZXNwb25zZSJFChZBbnN3ZXJSZWFkQ2hlY2tSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRISCgpyZWFkX2NoZWNrGAIgASgEIhkKF0Fuc3dlclJlYWRDaGVja1Jlc3BvbnNlIl4KF0RlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIqCgV0b29scxgCIAMoCzIbLnRvb2xtZXNoLnYxLlRvb2xEZWZpbml0aW9uIiwKGERlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBCKOAQoZUmVwb3J0VG9vbFByb2dyZXNzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEhAKCHByb2dyZXNzGAMgASgBEhIKBXRvdGFsGAQgASgBSACIAQESDwoHbWVzc2FnZRgFIAEoCUIICgZfdG90YWwiagoaUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USMQoGc3RhdHVzGAEgASgOMiEudG9vbG1lc2gudjEuUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSGQoRbWVzc2FnZV90cnVuY2F0ZWQYAiABKAgiTQoYU3RhcnRUb29sUmVxdWVzdHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIYChB0b29sX3JlcXVlc3RfaWRzGAIgAygJIkMKGVN0YXJ0VG9vbFJlcXVlc3RzUmVzcG9uc2USJgoGc3RhcnRzGAEgAygLMhYudG9vbG1lc2gudjEuVG9vbFN0YXJ0IlQKCVRvb2xTdGFydBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSLgoHdmVyZGljdBgCIAEoDjIdLnRvb2xtZXNoLnYxLlRvb2xTdGFydFZlcmRpY3QiRwoaRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QSKQoHcmVxdWVzdBgBIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0IkgKG0Rpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRIpCgdvdXRjb21lGAEgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiagobRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QSHwoXY2FuY2VsX3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkieQocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQSKwoIcHJvZ3Jlc3MYAiADKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3MikQEKDkRpc3BhdGNoUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIrCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWVIABIvCgdyZWZ1c2FsGAMgASgLMhwudG9vbG1lc2gudjEuRGlzcGF0Y2hSZWZ1c2FsSABCCAoGcmVzdWx0IjIKD0Rpc3BhdGNoUmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCSplCgxDYW5jZWxSZWFzb24SHQoZQ0FOQ0VMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFUNBTkNFTF9SRUFTT05fVElNRU9VVBABEhsKF0NBTkNFTF9SRUFTT05fQ0FOQ0VMTEVEEAIq3QEKFFByb2dyZXNzUmVwb3J0U3RhdHVzEiYKIlBST0dSRVNTX1JFUE9SVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIjCh9QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0FDQ0VQVEVEEAESIgoeUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19JTlZBTElEEAISKgomUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19SRVFVRVNUX1VOS05PV04QAxIoCiRQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfRU5ERUQQBCr+AQoQVG9vbFN0YXJ0VmVyZGljdBIiCh5UT09MX1NUQVJUX1ZFUkRJQ1RfVU5TUEVDSUZJRUQQABIcChhUT09MX1NUQVJUX1ZFUkRJQ1RfU1RBUlQQARIgChxUT09MX1NUQVJUX1ZFUkRJQ1RfVElNRURfT1VUEAISIAocVE9PTF9TVEFSVF9WRVJESUNUX0NBTkNFTExFRBADEhwKGFRPT0xfU1RBUlRfVkVSRElDVF9FTkRFRBAEEh4KGlRPT0xfU1RBUlRfVkVSRElDVF9VTktOT1dOEAUSJgoiVE9PTF9TVEFSVF9WRVJESUNUX0FMUkVBRFlfU1RBUlRFRBAGMrUGCg1CcmlkZ2VTZXJ2aWNlEl4KD09wZW5Ib3N0U2Vzc2lvbhIjLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlcXVlc3QaJC50b29sbWVzaC52MS5PcGVuSG9zdFNlc3Npb25SZXNwb25zZTABEl8KEFN1Ym1pdFRvb2xSZXN1bHQSJC50b29sbWVzaC52MS5TdWJtaXRUb29sUmVzdWx0UmVxdWVzdBolLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXNwb25zZRJfChBEZWNsYXJlSG9zdFRvb2xzEiQudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1JlcXVlc3QaJS50b29sbWVzaC52MS5EZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USXAoPQW5zd2VyUmVhZENoZWNrEiMudG9vbG1lc2gudjEuQW5zd2VyUmVhZENoZWNrUmVxdWVzdBokLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1Jlc3BvbnNlEmUKElJlcG9ydFRvb2xQcm9ncmVzcxImLnRvb2xtZXNoLnYxLlJlcG9ydFRvb2xQcm9ncmVzc1JlcXVlc3QaJy50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXNwb25zZRJiChFTdGFydFRvb2xSZXF1ZXN0cxIlLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVxdWVzdBomLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVzcG9uc2USaAoTRGlzcGF0Y2hUb29sUmVxdWVzdBInLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXF1ZXN0GigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEm8KFERpc3BhdGNoVG9vbFJlcXVlc3RzEigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0GikudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZSgBMAFiBnByb3RvMw", [file_toolmesh_v1_tool]);
+  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIrIBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAkSGwoTYWNrbm93bGVkZ2VzX3N0YXJ0cxgGIAEoCCLrAQoXT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2USMAoGb3BlbmVkGAEgASgLMh4udG9vbG1lc2gudjEuSG9zdFNlc3Npb25PcGVuZWRIABIwCgx0b29sX3JlcXVlc3QYAiABKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdEgAEjYKCWNhbmNlbGxlZBgDIAEoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0Q2FuY2VsbGVkSAASKwoJaGVhcnRiZWF0GAQgASgLMhYudG9vbG1lc2gudjEuSGVhcnRiZWF0SABCBwoFZXZlbnQihQEKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0SGwoTc2VydmVyX3RpbWVfdW5peF9tcxgDIAEoAxIbChNzdGFydHNfYWNrbm93bGVkZ2VkGAQgASgIItgCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIEhgKEGRlYWRsaW5lX3VuaXhfbXMYCSABKAMSIwobaW52b2NhdGlvbl9kZWFkbGluZV91bml4X21zGAogASgDGjMKEVRyYWNlQ29udGV4dEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiWgoUVG9vbFJlcXVlc3RDYW5jZWxsZWQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKBnJlYXNvbhgCIAEoDjIZLnRvb2xtZXNoLnYxLkNhbmNlbFJlYXNvbiI8CglIZWFydGJlYXQSEgoKcmVhZF9jaGVjaxgBIAEoBBIbChNzZXJ2ZXJfdGltZV91bml4X21zGAIgASgDInYKF1N1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAiABKAkSKQoHb3V0Y29tZRgDIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lIhoKGFN1Ym1pdFRvb2xSZXN1bHRSZXNwb25zZSJmChhTdWJtaXRUb29sUmVzdWx0c1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEjEKB3Jlc3VsdHMYAiADKAsyIC50b29sbWVzaC52MS5TdWJtaXR0ZWRUb29sUmVzdWx0IlkKE1N1Ym1pdHRlZFRvb2xSZXN1bHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJLChlTdWJtaXRUb29sUmVzdWx0c1Jlc3BvbnNlEi4KB2Fuc3dlcnMYASADKAsyHS50b29sbWVzaC52MS5Ub29sUmVzdWx0QW5zd2VyIlwKEFRvb2xSZXN1bHRBbnN3ZXISFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEi8KB3JlZnVzYWwYAiABKAsyHi50b29sbWVzaC52MS5Ub29sUmVzdWx0UmVmdXNhbCKlAQoRVG9vbFJlc3VsdFJlZnVzYWwSDgoGcmVhc29uGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSPgoIbWV0YWRhdGEYAyADKAsyLC50b29sbWVzaC52MS5Ub29sUmVzdWx0UmVmdXNhbC5NZXRhZGF0YUVudHJ5Gi8KDU1ldGFkYXRhRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJFChZBbnN3ZXJSZWFkQ2hlY2tSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRISCgpyZWFkX2NoZWNrGAIgASgEIhkKF0Fuc3dlclJlYWRDaGVja1Jlc3BvbnNlIl4KF0RlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIqCgV0b29scxgCIAMoCzIbLnRvb2xtZXNoLnYxLlRvb2xEZWZpbml0aW9uIiwKGERlY2xhcmVIb3N0VG9vbHNSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBCKOAQoZUmVwb3J0VG9vbFByb2dyZXNzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEhAKCHByb2dyZXNzGAMgASgBEhIKBXRvdGFsGAQgASgBSACIAQESDwoHbWVzc2FnZRgFIAEoCUIICgZfdG90YWwiagoaUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USMQoGc3RhdHVzGAEgASgOMiEudG9vbG1lc2gudjEuUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSGQoRbWVzc2FnZV90cnVuY2F0ZWQYAiABKAgiTQoYU3RhcnRUb29sUmVxdWVzdHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIYChB0b29sX3JlcXVlc3RfaWRzGAIgAygJIkMKGVN0YXJ0VG9vbFJlcXVlc3RzUmVzcG9uc2USJgoGc3RhcnRzGAEgAygLMhYudG9vbG1lc2gudjEuVG9vbFN0YXJ0IlQKCVRvb2xTdGFydBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSLgoHdmVyZGljdBgCIAEoDjIdLnRvb2xtZXNoLnYxLlRvb2xTdGFydFZlcmRpY3QiRwoaRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QSKQoHcmVxdWVzdBgBIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0IkgKG0Rpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRIpCgdvdXRjb21lGAEgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiagobRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QSHwoXY2FuY2VsX3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkieQocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQSKwoIcHJvZ3Jlc3MYAiADKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3MikQEKDkRpc3BhdGNoUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIrCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWVIABIvCgdyZWZ1c2FsGAMgASgLMhwudG9vbG1lc2gudjEuRGlzcGF0Y2hSZWZ1c2FsSABCCAoGcmVzdWx0IjIKD0Rpc3BhdGNoUmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCSplCgxDYW5jZWxSZWFzb24SHQoZQ0FOQ0VMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFUNBTkNFTF9SRUFTT05fVElNRU9VVBABEhsKF0NBTkNFTF9SRUFTT05fQ0FOQ0VMTEVEEAIq3QEKFFByb2dyZXNzUmVwb3J0U3RhdHVzEiYKIlBST0dSRVNTX1JFUE9SVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIjCh9QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0FDQ0VQVEVEEAESIgoeUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19JTlZBTElEEAISKgomUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19SRVFVRVNUX1VOS05PV04QAxIoCiRQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfRU5ERUQQBCr+AQoQVG9vbFN0YXJ0VmVyZGljdBIiCh5UT09MX1NUQVJUX1ZFUkRJQ1RfVU5TUEVDSUZJRUQQABIcChhUT09MX1NUQVJUX1ZFUkRJQ1RfU1RBUlQQARIgChxUT09MX1NUQVJUX1ZFUkRJQ1RfVElNRURfT1VUEAISIAocVE9PTF9TVEFSVF9WRVJESUNUX0NBTkNFTExFRBADEhwKGFRPT0xfU1RBUlRfVkVSRElDVF9FTkRFRBAEEh4KGlRPT0xfU1RBUlRfVkVSRElDVF9VTktOT1dOEAUSJgoiVE9PTF9TVEFSVF9WRVJESUNUX0FMUkVBRFlfU1RBUlRFRBAGMpkHCg1CcmlkZ2VTZXJ2aWNlEl4KD09wZW5Ib3N0U2Vzc2lvbhIjLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlcXVlc3QaJC50b29sbWVzaC52MS5PcGVuSG9zdFNlc3Npb25SZXNwb25zZTABEl8KEFN1Ym1pdFRvb2xSZXN1bHQSJC50b29sbWVzaC52MS5TdWJtaXRUb29sUmVzdWx0UmVxdWVzdBolLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXNwb25zZRJiChFTdWJtaXRUb29sUmVzdWx0cxIlLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2USXwoQRGVjbGFyZUhvc3RUb29scxIkLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0GiUudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlElwKD0Fuc3dlclJlYWRDaGVjaxIjLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1JlcXVlc3QaJC50b29sbWVzaC52MS5BbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZRJlChJSZXBvcnRUb29sUHJvZ3Jlc3MSJi50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXF1ZXN0GicudG9vbG1lc2gudjEuUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USYgoRU3RhcnRUb29sUmVxdWVzdHMSJS50b29sbWVzaC52MS5TdGFydFRvb2xSZXF1ZXN0c1JlcXVlc3QaJi50b29sbWVzaC52MS5TdGFydFRvb2xSZXF1ZXN0c1Jlc3BvbnNlEmgKE0Rpc3BhdGNoVG9vbFJlcXVlc3QSJy50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0UmVxdWVzdBooLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRJvChREaXNwYXRjaFRvb2xSZXF1ZXN0cxIoLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RzUmVxdWVzdBopLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RzUmVzcG9uc2UoATABYgZwcm90bzM", [file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.OpenHostSessionRequest
@@ -411,6 +411,147 @@ export const SubmitToolResultResponseSchema: GenMessage<SubmitToolResultResponse
   messageDesc(file_toolmesh_v1_bridge, 7);
 
 /**
+ * @generated from message toolmesh.v1.SubmitToolResultsRequest
+ */
+export type SubmitToolResultsRequest = Message<"toolmesh.v1.SubmitToolResultsRequest"> & {
+  /**
+   * Required. From HostSessionOpened: the host session every result's request
+   * came on.
+   *
+   * @generated from field: string host_session_id = 1;
+   */
+  hostSessionId: string;
+
+  /**
+   * Required. At most 1,000 (limits.MAX_CALLS_PER_MESSAGE), their outcomes at
+   * most 2 MiB together (limits.MAX_SUBMIT_RESULTS_BYTES).
+   *
+   * @generated from field: repeated toolmesh.v1.SubmittedToolResult results = 2;
+   */
+  results: SubmittedToolResult[];
+};
+
+/**
+ * Describes the message toolmesh.v1.SubmitToolResultsRequest.
+ * Use `create(SubmitToolResultsRequestSchema)` to create a new message.
+ */
+export const SubmitToolResultsRequestSchema: GenMessage<SubmitToolResultsRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 8);
+
+/**
+ * SubmittedToolResult is one outcome of SubmitToolResults.
+ *
+ * @generated from message toolmesh.v1.SubmittedToolResult
+ */
+export type SubmittedToolResult = Message<"toolmesh.v1.SubmittedToolResult"> & {
+  /**
+   * Required. The request answered.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * Required. The outcome (see SubmitToolResult for what a host may send).
+   *
+   * @generated from field: toolmesh.v1.ToolOutcome outcome = 2;
+   */
+  outcome?: ToolOutcome | undefined;
+};
+
+/**
+ * Describes the message toolmesh.v1.SubmittedToolResult.
+ * Use `create(SubmittedToolResultSchema)` to create a new message.
+ */
+export const SubmittedToolResultSchema: GenMessage<SubmittedToolResult> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 9);
+
+/**
+ * @generated from message toolmesh.v1.SubmitToolResultsResponse
+ */
+export type SubmitToolResultsResponse = Message<"toolmesh.v1.SubmitToolResultsResponse"> & {
+  /**
+   * One per result sent, in the order sent.
+   *
+   * @generated from field: repeated toolmesh.v1.ToolResultAnswer answers = 1;
+   */
+  answers: ToolResultAnswer[];
+};
+
+/**
+ * Describes the message toolmesh.v1.SubmitToolResultsResponse.
+ * Use `create(SubmitToolResultsResponseSchema)` to create a new message.
+ */
+export const SubmitToolResultsResponseSchema: GenMessage<SubmitToolResultsResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 10);
+
+/**
+ * ToolResultAnswer says what became of one result of SubmitToolResults.
+ *
+ * @generated from message toolmesh.v1.ToolResultAnswer
+ */
+export type ToolResultAnswer = Message<"toolmesh.v1.ToolResultAnswer"> & {
+  /**
+   * The request the result answered.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * Unset: the outcome was taken. Set: it was not, and why.
+   *
+   * @generated from field: toolmesh.v1.ToolResultRefusal refusal = 2;
+   */
+  refusal?: ToolResultRefusal | undefined;
+};
+
+/**
+ * Describes the message toolmesh.v1.ToolResultAnswer.
+ * Use `create(ToolResultAnswerSchema)` to create a new message.
+ */
+export const ToolResultAnswerSchema: GenMessage<ToolResultAnswer> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 11);
+
+/**
+ * ToolResultRefusal is the error SubmitToolResult would have failed with for
+ * this result alone, as its ErrorInfo would say it.
+ *
+ * @generated from message toolmesh.v1.ToolResultRefusal
+ */
+export type ToolResultRefusal = Message<"toolmesh.v1.ToolResultRefusal"> & {
+  /**
+   * A code of toolmesh's error table (see SubmitToolResults): whether it is
+   * worth sending the same result again is the table's retryable.
+   *
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * For people.
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * ErrorInfo's metadata: REQUEST_ENDED with ended "answered" says an earlier
+   * submission of this same outcome got through.
+   *
+   * @generated from field: map<string, string> metadata = 3;
+   */
+  metadata: { [key: string]: string };
+};
+
+/**
+ * Describes the message toolmesh.v1.ToolResultRefusal.
+ * Use `create(ToolResultRefusalSchema)` to create a new message.
+ */
+export const ToolResultRefusalSchema: GenMessage<ToolResultRefusal> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 12);
+
+/**
  * @generated from message toolmesh.v1.AnswerReadCheckRequest
  */
 export type AnswerReadCheckRequest = Message<"toolmesh.v1.AnswerReadCheckRequest"> & {
@@ -434,7 +575,7 @@ export type AnswerReadCheckRequest = Message<"toolmesh.v1.AnswerReadCheckRequest
  * Use `create(AnswerReadCheckRequestSchema)` to create a new message.
  */
 export const AnswerReadCheckRequestSchema: GenMessage<AnswerReadCheckRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 8);
+  messageDesc(file_toolmesh_v1_bridge, 13);
 
 /**
  * @generated from message toolmesh.v1.AnswerReadCheckResponse
@@ -447,7 +588,7 @@ export type AnswerReadCheckResponse = Message<"toolmesh.v1.AnswerReadCheckRespon
  * Use `create(AnswerReadCheckResponseSchema)` to create a new message.
  */
 export const AnswerReadCheckResponseSchema: GenMessage<AnswerReadCheckResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 9);
+  messageDesc(file_toolmesh_v1_bridge, 14);
 
 /**
  * @generated from message toolmesh.v1.DeclareHostToolsRequest
@@ -474,7 +615,7 @@ export type DeclareHostToolsRequest = Message<"toolmesh.v1.DeclareHostToolsReque
  * Use `create(DeclareHostToolsRequestSchema)` to create a new message.
  */
 export const DeclareHostToolsRequestSchema: GenMessage<DeclareHostToolsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 10);
+  messageDesc(file_toolmesh_v1_bridge, 15);
 
 /**
  * @generated from message toolmesh.v1.DeclareHostToolsResponse
@@ -493,7 +634,7 @@ export type DeclareHostToolsResponse = Message<"toolmesh.v1.DeclareHostToolsResp
  * Use `create(DeclareHostToolsResponseSchema)` to create a new message.
  */
 export const DeclareHostToolsResponseSchema: GenMessage<DeclareHostToolsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 11);
+  messageDesc(file_toolmesh_v1_bridge, 16);
 
 /**
  * @generated from message toolmesh.v1.ReportToolProgressRequest
@@ -543,7 +684,7 @@ export type ReportToolProgressRequest = Message<"toolmesh.v1.ReportToolProgressR
  * Use `create(ReportToolProgressRequestSchema)` to create a new message.
  */
 export const ReportToolProgressRequestSchema: GenMessage<ReportToolProgressRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 12);
+  messageDesc(file_toolmesh_v1_bridge, 17);
 
 /**
  * @generated from message toolmesh.v1.ReportToolProgressResponse
@@ -569,7 +710,7 @@ export type ReportToolProgressResponse = Message<"toolmesh.v1.ReportToolProgress
  * Use `create(ReportToolProgressResponseSchema)` to create a new message.
  */
 export const ReportToolProgressResponseSchema: GenMessage<ReportToolProgressResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 13);
+  messageDesc(file_toolmesh_v1_bridge, 18);
 
 /**
  * @generated from message toolmesh.v1.StartToolRequestsRequest
@@ -596,7 +737,7 @@ export type StartToolRequestsRequest = Message<"toolmesh.v1.StartToolRequestsReq
  * Use `create(StartToolRequestsRequestSchema)` to create a new message.
  */
 export const StartToolRequestsRequestSchema: GenMessage<StartToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 14);
+  messageDesc(file_toolmesh_v1_bridge, 19);
 
 /**
  * @generated from message toolmesh.v1.StartToolRequestsResponse
@@ -615,7 +756,7 @@ export type StartToolRequestsResponse = Message<"toolmesh.v1.StartToolRequestsRe
  * Use `create(StartToolRequestsResponseSchema)` to create a new message.
  */
 export const StartToolRequestsResponseSchema: GenMessage<StartToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 15);
+  messageDesc(file_toolmesh_v1_bridge, 20);
 
 /**
  * ToolStart answers one id of StartToolRequests.
@@ -643,7 +784,7 @@ export type ToolStart = Message<"toolmesh.v1.ToolStart"> & {
  * Use `create(ToolStartSchema)` to create a new message.
  */
 export const ToolStartSchema: GenMessage<ToolStart> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 16);
+  messageDesc(file_toolmesh_v1_bridge, 21);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestRequest
@@ -662,7 +803,7 @@ export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolReques
  * Use `create(DispatchToolRequestRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestRequestSchema: GenMessage<DispatchToolRequestRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 17);
+  messageDesc(file_toolmesh_v1_bridge, 22);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestResponse
@@ -681,7 +822,7 @@ export type DispatchToolRequestResponse = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestResponseSchema: GenMessage<DispatchToolRequestResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 18);
+  messageDesc(file_toolmesh_v1_bridge, 23);
 
 /**
  * One message may carry many requests and cancellations: a sender that has
@@ -711,7 +852,7 @@ export type DispatchToolRequestsRequest = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestsRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestsRequestSchema: GenMessage<DispatchToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 19);
+  messageDesc(file_toolmesh_v1_bridge, 24);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestsResponse
@@ -739,7 +880,7 @@ export type DispatchToolRequestsResponse = Message<"toolmesh.v1.DispatchToolRequ
  * Use `create(DispatchToolRequestsResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestsResponseSchema: GenMessage<DispatchToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 20);
+  messageDesc(file_toolmesh_v1_bridge, 25);
 
 /**
  * DispatchResult answers one request of the stream.
@@ -783,7 +924,7 @@ export type DispatchResult = Message<"toolmesh.v1.DispatchResult"> & {
  * Use `create(DispatchResultSchema)` to create a new message.
  */
 export const DispatchResultSchema: GenMessage<DispatchResult> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 21);
+  messageDesc(file_toolmesh_v1_bridge, 26);
 
 /**
  * DispatchRefusal says why the bridge did not take a request: nothing ran.
@@ -812,7 +953,7 @@ export type DispatchRefusal = Message<"toolmesh.v1.DispatchRefusal"> & {
  * Use `create(DispatchRefusalSchema)` to create a new message.
  */
 export const DispatchRefusalSchema: GenMessage<DispatchRefusal> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 22);
+  messageDesc(file_toolmesh_v1_bridge, 27);
 
 /**
  * Why a request was cancelled.
@@ -966,9 +1107,10 @@ export const ToolStartVerdictSchema: GenEnum<ToolStartVerdict> = /*@__PURE__*/
  * BridgeService connects handler hosts (the application side) with the
  * invocation service. A host opens a session and receives tool requests and
  * cancellations on a server stream; it answers each request with the unary
- * SubmitToolResult. The host path uses only unary and server-streaming calls,
+ * SubmitToolResult (or several at once with SubmitToolResults). The host path
+ * uses only unary and server-streaming calls,
  * so gRPC-Web and Connect clients can serve tools too: the bridge serves
- * OpenHostSession, SubmitToolResult, DeclareHostTools, AnswerReadCheck,
+ * OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
  * ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
  * gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
  * configured to allow.
@@ -983,8 +1125,8 @@ export const ToolStartVerdictSchema: GenEnum<ToolStartVerdict> = /*@__PURE__*/
  * metadata) with the role host for the session; without a valid one they fail
  * with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
  * the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
- * ReportToolProgress and StartToolRequests need the same token as
- * SubmitToolResult.
+ * SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+ * token as SubmitToolResult.
  * DispatchToolRequest and DispatchToolRequests are internal: served only on
  * the bridge's internal listener, to the invocation service (mutual TLS when
  * configured); the port hosts connect to refuses them with PERMISSION_DENIED
@@ -1057,6 +1199,40 @@ export const BridgeService: GenService<{
     methodKind: "unary";
     input: typeof SubmitToolResultRequestSchema;
     output: typeof SubmitToolResultResponseSchema;
+  },
+  /**
+   * SubmitToolResults hands in the outcomes of several tool requests of one
+   * host session at once: what a host sends when several handlers end
+   * together (a page's six connections per origin carry a few requests at a
+   * time, so one request per result bounds its throughput). Each result is
+   * taken as SubmitToolResult takes it, in the order sent, and answered on
+   * its own: taken, or refused with the reason SubmitToolResult would fail
+   * with (REQUEST_UNKNOWN, HOST_SESSION_UNKNOWN, REQUEST_ENDED,
+   * RESULT_NOT_JSON, RESULT_TOO_LARGE, INVALID_REQUEST, or STORE_UNAVAILABLE
+   * where the bridge could not read the ledger yet). A refused result never
+   * costs the others theirs. A host session of a session the token does not
+   * name is HOST_SESSION_UNKNOWN for each of its results.
+   *
+   * Limits: at most 1,000 results (limits.MAX_CALLS_PER_MESSAGE), and their
+   * outcomes at most 2 MiB together, encoded (limits.MAX_SUBMIT_RESULTS_BYTES;
+   * a single result may be up to 1 MiB, so one always fits alone). A request
+   * over either is refused whole with INVALID_ARGUMENT, reason LIMIT_EXCEEDED
+   * (ErrorInfo "limit" is max_results_per_submit or max_submit_results_bytes,
+   * "value" its value), and no result in it is taken.
+   *
+   * Called by the host holding the host session, the peers that may call
+   * OpenHostSession (the same token as SubmitToolResult).
+   *
+   * Errors: INVALID_ARGUMENT with reason LIMIT_EXCEEDED (above), or
+   * INVALID_REQUEST for a message that does not decode; every other refusal
+   * is a result's own, in the response.
+   *
+   * @generated from rpc toolmesh.v1.BridgeService.SubmitToolResults
+   */
+  submitToolResults: {
+    methodKind: "unary";
+    input: typeof SubmitToolResultsRequestSchema;
+    output: typeof SubmitToolResultsResponseSchema;
   },
   /**
    * DeclareHostTools sets the tools a connected host declares for its
