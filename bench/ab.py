@@ -66,14 +66,14 @@ VERSUS_FLOOR = (
 
 @contextlib.asynccontextmanager
 async def _system(kind: str) -> AsyncIterator[tuple[dict[str, measure.Call], dict[str, int]]]:
-    from bench import run  # noqa: PLC0415 - imports the toolmesh code this side runs (PYTHONPATH)
+    from bench import running  # noqa: PLC0415 - imports the toolmesh code this side runs (PYTHONPATH)
 
     if kind == "floor":
-        async with run.running_floor() as floor:
+        async with running.running_floor() as floor:
             call = floor.calls["floor"]
             yield {"unary": call, "stream": call}, floor.pids
     else:
-        async with run.running_toolmesh() as system:
+        async with running.running_toolmesh() as system:
             yield {"unary": system.calls["toolmesh"], "stream": system.calls["toolmesh-stream"]}, system.pids
 
 

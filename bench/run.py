@@ -17,21 +17,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from bench import (
     ab,
     cluster,
-    floor,
     measure,
     procs,
     replicas,
     report,
+    running,
     security,
     stack,
     store,
@@ -174,87 +171,9 @@ async def _measure(call: measure.Call, sizes: Sizes, pids: dict[str, int]) -> di
     }
 
 
-def _pids(processes: list[procs.Proc]) -> dict[str, int]:
-    return {proc.name: proc.pid for proc in processes} | {"caller": os.getpid()}
-
-
-@dataclass
-class Running:
-    """A system under test and a way to call it for each way of calling."""
-
-    calls: dict[str, measure.Call]
-    pids: dict[str, int]
-
-
-@contextlib.asynccontextmanager
-async def running_floor(with_lookup: bool = False) -> AsyncIterator[Running]:
-    """The floor chain and its one way of calling, `floor` (unary, distinct bytes each call)."""
-    system = await stack.start_floor(with_lookup)
-    channel = grpc.aio.insecure_channel(system.target)
-    invoke: floor.BytesCall = channel.unary_unary(floor.INVOKE)
-    counter = itertools.count()
-
-    async def call() -> None:
-        if await invoke(b'{"n":%d}' % next(counter), timeout=60) != floor.RESULT:
-            raise RuntimeError("the floor answered something else")
-
-    try:
-        yield Running({"floor": call}, _pids(system.procs))
-    finally:
-        await channel.close()
-        await system.stop()
-
-
 async def measure_floor(sizes: Sizes, with_lookup: bool) -> dict[str, Any]:
-    async with running_floor(with_lookup) as system:
+    async with running.running_floor(with_lookup) as system:
         return await _measure(system.calls["floor"], sizes, system.pids)
-
-
-@contextlib.asynccontextmanager
-async def running_toolmesh(
-    env: dict[str, str] | None = None, secured: security.Secured | None = None
-) -> AsyncIterator[Running]:
-    """The system's callers: `toolmesh` (unary InvokeTool calls to an async no-op),
-    `toolmesh-stream` (the same calls on one InvokeTools stream), `toolmesh-sync` (unary calls to
-    a plain def handler). With `secured`, every hop uses TLS and every call carries a token."""
-    access: dict[str, Any] = {}
-    if secured is not None:
-        env = {**(env or {}), **secured.env}
-        access = {"credentials": secured.credentials, "token": secured.call_token}
-    system = await stack.start_toolmesh(
-        host_env=secured.host_env if secured else None,
-        env=env,
-        credentials=access.get("credentials"),
-        admin_token=secured.admin_token if secured else None,
-    )
-    unary = InvocationClient(system.invocation.target, **access)
-    streamed = InvocationClient(system.invocation.target, multiplex=True, **access)
-    # Distinct arguments: identical calls in flight together would join one invocation.
-    counter = itertools.count()
-
-    def caller(client: InvocationClient, tool: str) -> measure.Call:
-        async def call() -> None:
-            result = await client.invoke(
-                stack.SESSION, tool, {"n": next(counter)}, turn_id="turn-1", timeout=60
-            )
-            if result.outcome is None or result.outcome.result_json != '{"ok":true}':
-                raise RuntimeError(f"toolmesh answered {result.to_json()}")
-
-        return call
-
-    try:
-        yield Running(
-            {
-                "toolmesh": caller(unary, "noop"),
-                "toolmesh-stream": caller(streamed, "noop"),
-                "toolmesh-sync": caller(unary, "noop_sync"),
-            },
-            _pids(list(system.services.values())),
-        )
-    finally:
-        await unary.close()
-        await streamed.close()
-        await system.stop()
 
 
 async def measure_toolmesh(
@@ -264,7 +183,7 @@ async def measure_toolmesh(
     variants: tuple[str, ...] = ("toolmesh-stream", "toolmesh-sync"),
 ) -> dict[str, dict[str, Any]]:
     """`toolmesh` and the `variants` asked for (see running_toolmesh), one after the other."""
-    async with running_toolmesh(env) as system:
+    async with running.running_toolmesh(env) as system:
         with profiler.attach("toolmesh", system.pids):
             measured = {"toolmesh": await _measure(system.calls["toolmesh"], sizes, system.pids)}
         for variant in variants:
@@ -280,7 +199,10 @@ async def measure_security(sizes: Sizes, directory: Path) -> dict[str, Any]:
         label: {way: [] for way in ways} for label in ("plain", "tls+tokens")
     }
     with security.secured(directory) as secured:
-        async with running_toolmesh() as plain, running_toolmesh(secured=secured) as protected:
+        async with (
+            running.running_toolmesh() as plain,
+            running.running_toolmesh(secured=secured) as protected,
+        ):
             for _ in range(sizes.security_rounds):
                 for way in ways:
                     for label, system in (("plain", plain), ("tls+tokens", protected)):
@@ -337,13 +259,13 @@ async def measure_store(sizes: Sizes) -> dict[str, Any]:
 
         return call
 
-    redis_pids = _pids(list(redis.services.values()))
+    redis_pids = running.pids_of(list(redis.services.values()))
     if redis_pid is not None:
         redis_pids["redis"] = redis_pid
     try:
         measured = await store.compare(
             {
-                "memory": (caller(clients[0]), _pids(list(memory.services.values()))),
+                "memory": (caller(clients[0]), running.pids_of(list(memory.services.values()))),
                 "redis": (caller(clients[1]), redis_pids),
             },
             calls=sizes.calls,

@@ -247,10 +247,10 @@ def markdown(figures: dict[str, Any]) -> str:
 async def measure_stages(
     ways: list[str], seconds: float, concurrency: int, calls: int, directory: Path
 ) -> dict[str, Any]:
-    from bench import run  # noqa: PLC0415 - starts the system under test
+    from bench import run, running  # noqa: PLC0415 - starts the system under test
 
     figures: dict[str, Any] = {"concurrency": concurrency, "seconds": seconds, "ways": {}}
-    async with run.running_toolmesh() as system:
+    async with running.running_toolmesh() as system:
         pids = {name: pid for name, pid in system.pids.items() if name != "registry"}
 
         def cpu() -> dict[str, float]:

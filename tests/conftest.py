@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from redis_testing import LocalCluster, RedisServer
 from toolmesh.assembly.system import LocalSystem, start_local_system
+from toolmesh.core import event_loop
 from toolmesh_testing import HostProcess, start_host_process
 
 KINDS = ("unit", "integration")
@@ -23,6 +25,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(
             f"mark the test unit or integration (a slow one integration); it is {kinds}", pytrace=False
         )
+
+
+# TOOLMESH_EVENT_LOOP=uvloop runs the suite on uvloop: the tests' own loops here, and (the variable
+# inherited) every process they start. Unset, pytest-asyncio's default loop, as without this hook.
+_LOOP_FACTORY = event_loop.loop_factory()
+if _LOOP_FACTORY is not None:
+
+    def pytest_asyncio_loop_factories(
+        config: pytest.Config, item: pytest.Item
+    ) -> dict[str, Callable[[], Any]]:
+        assert _LOOP_FACTORY is not None
+        return {os.environ[event_loop.ENV]: _LOOP_FACTORY}
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

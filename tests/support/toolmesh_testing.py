@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from toolmesh.core import event_loop
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
@@ -153,6 +154,15 @@ async def start_host_process(
     host._reader = asyncio.create_task(read())
     await host.wait_for_log(msg="host ready", timeout=20)
     return host
+
+
+def environment_without_settings() -> dict[str, str]:
+    """This process's environment without its TOOLMESH_ settings, but for the event loop's choice.
+
+    TOOLMESH_EVENT_LOOP stays so that a run of the suite on uvloop puts every process it starts on uvloop too.
+    """
+    kept = (key for key in os.environ if not key.startswith("TOOLMESH_") or key == event_loop.ENV)
+    return {key: os.environ[key] for key in kept}
 
 
 def toolmesh_command() -> list[str]:

@@ -6,14 +6,19 @@ off by default, an allowed origin only (never `*`), a token of the call's own se
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from toolmesh_testing import ServiceProcess, closed_address, refused_start, start_service_process
+from toolmesh_testing import (
+    ServiceProcess,
+    closed_address,
+    environment_without_settings,
+    refused_start,
+    start_service_process,
+)
 from trust_testing import SECRET, token
 
 pytestmark = pytest.mark.integration
@@ -34,7 +39,7 @@ CALLS = {
 
 
 def _env(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("TOOLMESH_")}
+    clean = environment_without_settings()
     token_file = tmp_path / "service-token"
     token_file.write_text(SERVICE_TOKEN + "\n")
     return clean | {"TOOLMESH_AUTH_SECRET": SECRET.decode()}, token_file

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -33,7 +32,13 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.runtime.security import Security
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
-from toolmesh_testing import SUPPORT, refused_start, start_service_process, toolmesh_command
+from toolmesh_testing import (
+    SUPPORT,
+    environment_without_settings,
+    refused_start,
+    start_service_process,
+    toolmesh_command,
+)
 from trust_testing import SECRET, SERVICE_TOKEN, SERVICE_URI, Pki, token
 
 pytestmark = pytest.mark.integration
@@ -272,7 +277,7 @@ async def served_for_the_service_without_host(victim: Victim, metadata: Metadata
 
 
 async def test_separate_processes_share_a_configured_service_token(tmp_path: Path) -> None:
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("TOOLMESH_")}
+    clean = environment_without_settings()
     secret_env = clean | {"TOOLMESH_AUTH_SECRET": SECRET.decode()}
     # Tokens on, no TLS, no service token: the internal listener would admit anyone; it does not start.
     code, err = await refused_start("registry", env=secret_env)
@@ -299,7 +304,7 @@ async def test_separate_processes_share_a_configured_service_token(tmp_path: Pat
 
 
 async def test_up_says_what_guards_its_internal_ports() -> None:
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("TOOLMESH_")}
+    clean = environment_without_settings()
     ports = [f"--{name}-port" for name in ("registry", "invocation", "bridge", "web")]
     process = await asyncio.create_subprocess_exec(
         *toolmesh_command(),

@@ -50,7 +50,7 @@ from toolmesh.v1 import (
     registry_pb2_grpc,
     tool_pb2,
 )
-from toolmesh_testing import SUPPORT, run_cli, start_host_process
+from toolmesh_testing import SUPPORT, environment_without_settings, run_cli, start_host_process
 from trust_testing import SECRET, Pki, rsa_jwk, token
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
@@ -569,7 +569,7 @@ async def test_the_assistant_reads_tools_with_its_token_and_only_its_sessions(
 
 
 def cli_env(secured: Secured, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLMESH_")}
+    env = environment_without_settings()
     return (
         env
         | {
