@@ -5,7 +5,10 @@ processes. Two hosts serve a no-op tool: the Python SDK in a process of its own
 (`bench.host`, session `bench-py`), and the TypeScript SDK in a page in
 Debian's Chromium (the browser tests' page, session `bench-page`, Connect over
 HTTP/1.1). Each is called through `InvocationClient`: p50/p99 of sequential
-calls, and calls/s with `--concurrency` in flight. Also the package's size:
+calls, and calls/s with `--concurrency` in flight, with the CPU per call of the bridge
+and the invocation service (where the web port's Python shows) and, for the
+page, the requests it made per call by RPC (its resource timings: what
+batching saves). Also the package's size:
 `src/index.ts` bundled and minified by esbuild, and gzipped.
 """
 
@@ -30,6 +33,8 @@ from toolmesh.core.tools import ToolSpec
 
 WEB_PORT_LINE = re.compile(r"serves pages \(Connect, gRPC-Web\) on port (\d+)")
 RESULTS = Path(__file__).resolve().parent / "results"
+# Free ports for both listeners: the defaults' fixed internal ports would clash with a running system.
+LISTEN = ["--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0"]
 
 
 def package_size() -> dict[str, int]:
@@ -54,18 +59,28 @@ def noop_call(client: InvocationClient, session: str) -> Call:
     return call
 
 
+# The page's requests by RPC since its resource timings were last cleared.
+PAGE_REQUESTS = (
+    "performance.getEntriesByType('resource').map((e) => e.name).filter((n) => n.includes('/toolmesh.v1.'))"
+    ".reduce((by, n) => { const rpc = n.split('/').pop(); by[rpc] = (by[rpc] ?? 0) + 1; return by; }, {})"
+)
+CLEAR_REQUESTS = (
+    "performance.setResourceTimingBufferSize(1000000) || performance.clearResourceTimings() || true"
+)
+
+
 async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict[str, Any]:
     await asyncio.to_thread(build_test_page)
     driver = await BrowserDriver.start()
     started: list[procs.Proc] = []
     try:
-        registry = await procs.start("registry", ["-m", "toolmesh.registry", "--listen", "127.0.0.1:0"])
+        registry = await procs.start("registry", ["-m", "toolmesh.registry", *LISTEN])
         started.append(registry)
         registry_internal = await registry.internal_target()
         bridge = await procs.start(
             "bridge",
             [
-                "-m", "toolmesh.bridge", "--listen", "127.0.0.1:0", "--registry", registry_internal,
+                "-m", "toolmesh.bridge", *LISTEN, "--registry", registry_internal,
                 "--web-listen", "127.0.0.1:0", "--web-origins", driver.origins[0],
             ],
         )  # fmt: skip
@@ -99,13 +114,29 @@ async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict
             raise AssertionError(f"the page did not start: {opened}")
 
         figures: dict[str, Any] = {"package": package_size()}
+
+        def cpu() -> dict[str, float]:
+            return {proc.name: procs.cpu_seconds(proc.pid) for proc in (bridge, invocation)}
+
         async with InvocationClient(invocation.target) as client:
             for name, session in (("python host", "bench-py"), ("page (Chromium)", "bench-page")):
                 call = noop_call(client, session)
-                figures[name] = {
-                    "sequential": await sequential(call, calls, warmup),
-                    "throughput": await throughput(call, concurrency, seconds, warmup_s=1.0),
-                }
+                row: dict[str, Any] = {"sequential": await sequential(call, calls, warmup)}
+                await driver.eval("page", CLEAR_REQUESTS)
+                done = [0]
+
+                async def counted(call: Call = call, done: list[int] = done) -> None:
+                    await call()
+                    done[0] += 1
+
+                row["throughput"] = await throughput(
+                    counted, concurrency, seconds, warmup_s=1.0, cpu_seconds=cpu
+                )
+                if session == "bench-page":
+                    # Over the whole run, warm-up included: per call answered.
+                    requests: dict[str, int] = await driver.eval("page", PAGE_REQUESTS)
+                    row["page_requests_per_call"] = {rpc: n / max(1, done[0]) for rpc, n in requests.items()}
+                figures[name] = row
         return figures
     finally:
         await procs.stop_all(started)
@@ -113,13 +144,22 @@ async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict
 
 
 def print_table(figures: dict[str, Any], concurrency: int) -> None:
-    print(f"{'host':<18}{'p50 ms':>9}{'p99 ms':>9}{f'calls/s ({concurrency} in flight)':>28}")
+    print(
+        f"{'host':<18}{'p50 ms':>9}{'p99 ms':>9}{f'calls/s ({concurrency} in flight)':>28}"
+        f"{'bridge CPU ms/call':>20}{'invocation CPU ms/call':>24}"
+    )
     for name in ("python host", "page (Chromium)"):
         row = figures[name]
+        cpu = row["throughput"]["cpu_ms_per_call"]
         print(
             f"{name:<18}{row['sequential']['p50_ms']:>9.2f}{row['sequential']['p99_ms']:>9.2f}"
-            f"{row['throughput']['calls_per_s']:>28,.0f}"
+            f"{row['throughput']['calls_per_s']:>28,.0f}{cpu['bridge']:>20.2f}{cpu['invocation']:>24.2f}"
         )
+    per_call = figures["page (Chromium)"]["page_requests_per_call"]
+    print(
+        "page requests per call under load: "
+        + ", ".join(f"{rpc} {n:.2f}" for rpc, n in sorted(per_call.items()))
+    )
     size = figures["package"]
     print(
         f"@toolmesh/host bundled with its generated code: {size['minifiedBytes'] / 1024:.1f} KB minified, "

@@ -17,6 +17,7 @@ import {
 } from "./gen/tables.js";
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
 import { convertReturn, runtimeError } from "./results.js";
+import { ResultSubmissions } from "./submits.js";
 import { inHandlerSpan } from "./tracing.js";
 import { Waiters } from "./waiters.js";
 
@@ -167,6 +168,8 @@ export class HostEngine {
   private hadDeclarations = false;
   /** Why the bridge refuses the host, until it takes it; reported once per refusal. */
   private refusal: HostError | undefined;
+  /** Results on their way to the bridge, several per call when several handlers end together. */
+  private readonly submissions = new ResultSubmissions(() => this.headers());
 
   constructor(
     private readonly options: EngineOptions,
@@ -669,7 +672,8 @@ export class HostEngine {
    * refusals again until the call's deadline. When the stream broke meanwhile (its bridge replica may be
    * gone), wait for the next connection and hand it in there, naming the same
    * request under the new host session. Sending the same outcome twice is safe:
-   * the bridge keeps one outcome per request and says whether it was this one.
+   * the bridge keeps one outcome per request and says whether it was this one. Results that end
+   * together share a call (ResultSubmissions); each is answered, and tried again, on its own.
    */
   private async submit(outcome: ToolOutcome, ctx: ToolContext, hostSessionId: string): Promise<void> {
     for (let attempt = 1; ; attempt++) {
@@ -677,35 +681,48 @@ export class HostEngine {
         await this.connection(ctx.timeRemainingMs());
         hostSessionId = this.session || hostSessionId;
       }
+      // A refusal of this result alone (in a batch), or the error of the call that carried it.
+      let refusal: { readonly reason: string; readonly metadata: Readonly<Record<string, string>> } | undefined;
+      let message = "";
+      let failure: unknown;
       try {
-        await this.client.submitToolResult(
-          { hostSessionId, toolRequestId: ctx.toolRequestId, outcome },
-          { timeoutMs: Math.max(ctx.timeRemainingMs(), 0) + SUBMIT_GRACE_MS, headers: await this.headers() },
+        const refused = await this.submissions.submit(
+          this.client,
+          hostSessionId,
+          ctx.toolRequestId,
+          outcome,
+          Math.max(ctx.timeRemainingMs(), 0) + SUBMIT_GRACE_MS,
         );
-        return;
+        if (refused === undefined) {
+          return;
+        }
+        refusal = refused;
+        message = refused.message;
       } catch (error) {
-        const info = errorInfo(error);
-        if (attempt > 1 && info?.reason === Codes.REQUEST_ENDED && info.metadata["ended"] === "answered") {
-          return; // an earlier attempt got through; its answer was lost on the way back
-        }
-        // The transport's own failures, and refusals whose code is retryable (STORE_UNAVAILABLE:
-        // the bridge could not read the ledger yet).
-        const transient =
-          info === undefined
-            ? error instanceof ConnectError && TRANSIENT.has(error.code)
-            : info.reason in ERROR_TABLE && ERROR_TABLE[info.reason as keyof typeof ERROR_TABLE].retryable;
-        if (transient && ctx.timeRemainingMs() > 0 && !this.stopRequested) {
-          await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
-          continue;
-        }
-        this.host.report({
-          ...ids(ctx),
-          code: Codes.SUBMIT_TOOL_RESULT_FAILED,
-          message: error instanceof ConnectError ? error.rawMessage : "",
-          cause: info?.reason ?? Codes.TRANSPORT_FAILED,
-        });
-        return;
+        failure = error;
+        refusal = errorInfo(error);
+        message = error instanceof ConnectError ? error.rawMessage : "";
       }
+      if (attempt > 1 && refusal?.reason === Codes.REQUEST_ENDED && refusal.metadata["ended"] === "answered") {
+        return; // an earlier attempt got through; its answer was lost on the way back
+      }
+      // The transport's own failures, and refusals whose code is retryable (STORE_UNAVAILABLE:
+      // the bridge could not read the ledger yet).
+      const transient =
+        refusal === undefined
+          ? failure instanceof ConnectError && TRANSIENT.has(failure.code)
+          : refusal.reason in ERROR_TABLE && ERROR_TABLE[refusal.reason as keyof typeof ERROR_TABLE].retryable;
+      if (transient && ctx.timeRemainingMs() > 0 && !this.stopRequested) {
+        await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
+        continue;
+      }
+      this.host.report({
+        ...ids(ctx),
+        code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+        message,
+        cause: refusal?.reason ?? Codes.TRANSPORT_FAILED,
+      });
+      return;
     }
   }
 
