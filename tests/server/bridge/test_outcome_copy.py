@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from toolmesh.bridge.outcomes import OutcomeRecorder
-from toolmesh.contracts.ledger import Ledger
+from toolmesh.contracts.ledger import Claim, Ledger
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.outcome import Outcome
 from toolmesh.store.memory import MemoryLedgerStore
@@ -35,11 +35,18 @@ async def outcome_of(ledger: Ledger, tool_request_id: str) -> Outcome | None:
     return record.outcome if record is not None and record.finished else None
 
 
-async def test_the_copy_finishes_an_invocation_still_running_after_its_delay() -> None:
+async def claimed_with_a_recorder(
+    copy_after_s: float,
+) -> tuple[CountingStore, Ledger, Claim, OutcomeRecorder]:
+    """A ledger on a counting store with invocation tr_1 running, and a recorder writing copies in it."""
     store = CountingStore()
     ledger = Ledger(store)
-    await ledger.claim(ToolCall("s", "turn", "t", '{"a": 1}'), "tr_1", 10_000)
-    recorder = OutcomeRecorder(ledger, copy_after_s=0.2)
+    claimed = await ledger.claim(ToolCall("s", "turn", "t", '{"a": 1}'), "tr_1", 10_000)
+    return store, ledger, claimed, OutcomeRecorder(ledger, copy_after_s=copy_after_s)
+
+
+async def test_the_copy_finishes_an_invocation_still_running_after_its_delay() -> None:
+    store, ledger, _, recorder = await claimed_with_a_recorder(0.2)
     recorder.record("tr_1", Outcome.success("from the host"))
     assert store.finishes == 0  # not yet: the invocation replica's own finish goes first
     assert await eventually(lambda: outcome_of(ledger, "tr_1")) == Outcome.success("from the host")
@@ -48,10 +55,7 @@ async def test_the_copy_finishes_an_invocation_still_running_after_its_delay() -
 
 
 async def test_the_copy_writes_nothing_over_an_invocation_its_replica_finished() -> None:
-    store = CountingStore()
-    ledger = Ledger(store)
-    claimed = await ledger.claim(ToolCall("s", "turn", "t", '{"a": 1}'), "tr_1", 10_000)
-    recorder = OutcomeRecorder(ledger, copy_after_s=60)
+    store, ledger, claimed, recorder = await claimed_with_a_recorder(60)
     recorder.record("tr_1", Outcome.success("copy"))
     assert await ledger.finish("tr_1", Outcome.success("own"), claimed=claimed.record)
     # Closing writes the waiting copy at once: it reads the record, finished, and writes nothing.
@@ -61,10 +65,7 @@ async def test_the_copy_writes_nothing_over_an_invocation_its_replica_finished()
 
 
 async def test_closing_writes_the_copies_still_waiting() -> None:
-    store = CountingStore()
-    ledger = Ledger(store)
-    await ledger.claim(ToolCall("s", "turn", "t", '{"a": 1}'), "tr_1", 10_000)
-    recorder = OutcomeRecorder(ledger, copy_after_s=60)
+    _, ledger, _, recorder = await claimed_with_a_recorder(60)
     recorder.record("tr_1", Outcome.success("copy"))
     await recorder.aclose()
     assert await outcome_of(ledger, "tr_1") == Outcome.success("copy")

@@ -64,22 +64,31 @@ class ScriptedConnection:
         self._writer = None
 
 
-def connections_made() -> tuple[list[ScriptedConnection], Any]:
+async def one_command_written() -> tuple[list[ScriptedConnection], Link, asyncio.Future[Any]]:
+    """A link, the connections it made (one so far), and a command written on the first."""
     connections: list[ScriptedConnection] = []
 
     def connect() -> Any:
         connections.append(ScriptedConnection())
         return connections[-1]
 
-    return connections, connect
+    link = Link(connect)
+    first = link.send("GET", "a")
+    await eventually(lambda: connections and connections[0].written)
+    return connections, link, first
+
+
+async def answered_on_a_new_connection(link: Link, connections: list[ScriptedConnection]) -> None:
+    """The next command connects again, and is answered."""
+    command = link.send("GET", "b")
+    again: ScriptedConnection = await eventually(lambda: connections[1] if len(connections) > 1 else None)
+    again.replies.put_nowait(b"b")
+    assert await asyncio.wait_for(command, 1) == b"b"
 
 
 async def test_commands_of_one_turn_go_in_one_write() -> None:
-    connections, connect = connections_made()
-    link = Link(connect)
-    first = link.send("GET", "a")
-    connection: ScriptedConnection = await eventually(lambda: connections[0] if connections else None)
-    await eventually(lambda: connection.written)
+    connections, link, first = await one_command_written()
+    connection = connections[0]
     second, third = link.send("GET", "b"), link.send("GET", "c")
     await eventually(lambda: len(connection.written) == 2)
     assert connection.written == [[("GET", "a")], [("GET", "b"), ("GET", "c")]]
@@ -92,11 +101,8 @@ async def test_commands_of_one_turn_go_in_one_write() -> None:
 async def test_a_connection_lost_fails_its_commands_quietly_and_the_next_connects_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    connections, connect = connections_made()
-    link = Link(connect)
-    first = link.send("GET", "a")
-    connection: ScriptedConnection = await eventually(lambda: connections[0] if connections else None)
-    await eventually(lambda: connection.written)
+    connections, link, first = await one_command_written()
+    connection = connections[0]
     # The reader sees the connection break before the reply.
     connection.replies.put_nowait(RedisConnectionError("Connection closed by server."))
     with pytest.raises(ToolmeshError) as failed:
@@ -104,22 +110,15 @@ async def test_a_connection_lost_fails_its_commands_quietly_and_the_next_connect
     assert failed.value.code is Code.STORE_UNAVAILABLE
     assert connection._writer is None  # closed
     assert logged(caplog.records, "store connection failed") == 0
-    # The next command connects again.
-    second = link.send("GET", "b")
-    again: ScriptedConnection = await eventually(lambda: connections[1] if len(connections) > 1 else None)
-    again.replies.put_nowait(b"b")
-    assert await asyncio.wait_for(second, 1) == b"b"
+    await answered_on_a_new_connection(link, connections)
     await link.close()
 
 
 async def test_a_write_on_a_closing_connection_fails_its_commands_quietly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    connections, connect = connections_made()
-    link = Link(connect)
-    first = link.send("GET", "a")
-    connection: ScriptedConnection = await eventually(lambda: connections[0] if connections else None)
-    await eventually(lambda: connection.written)
+    connections, link, first = await one_command_written()
+    connection = connections[0]
     assert connection._writer is not None
     connection._writer.transport.closing = True  # the socket is going, the reader has not seen it yet
     second = link.send("GET", "b")
@@ -129,8 +128,5 @@ async def test_a_write_on_a_closing_connection_fails_its_commands_quietly(
         assert failed.value.code is Code.STORE_UNAVAILABLE
     await eventually(lambda: connection._writer is None)  # closed
     assert logged(caplog.records, "store connection failed") == 0
-    third = link.send("GET", "c")
-    again: ScriptedConnection = await eventually(lambda: connections[1] if len(connections) > 1 else None)
-    again.replies.put_nowait(b"c")
-    assert await asyncio.wait_for(third, 1) == b"c"
+    await answered_on_a_new_connection(link, connections)
     await link.close()
