@@ -279,6 +279,30 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(results: dict[str, Any]) -> str:
+    """The run as a Markdown table (the README's Performance section): each figure's median by side,
+    head/baseline (and uvloop/head) with the rounds' range, then each side against the floor."""
+    meta, summary = results["meta"], results["summary"]
+    sides = [side for side in SIDES if side in summary["medians"]]
+    names = {
+        "floor": "floor",
+        "baseline": meta["baseline"],
+        "head": meta["head"],
+        "head-uvloop": "head on uvloop",
+    }
+    ratios = [name for name in ("head/baseline", "uvloop/head") if name in summary]
+    columns = [*(names[side] for side in sides), *ratios]
+    lines = ["| | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    for label, key in FIGURES:
+        cells = [f"{summary['medians'][side][key]:.3f}" for side in sides]
+        cells += [_ratio(summary[name][key]) for name in ratios]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for label, _, _ in VERSUS_FLOOR if "versus_floor" in summary else ():
+        cells = ["" if side == "floor" else _ratio(summary["versus_floor"][side][label]) for side in sides]
+        lines.append(f"| {label} | " + " | ".join([*cells, *([""] * len(ratios))]) + " |")
+    return "\n".join(lines)
+
+
 async def run(
     ref: str,
     *,
@@ -383,11 +407,19 @@ async def _run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.ab side")
-    parser.add_argument("role", choices=["side"])
-    parser.add_argument("kind", choices=["floor", "toolmesh"])
-    parser.add_argument("--warmup", type=int, default=200)
+    """`side KIND`: one side of a run (started by `python -m bench --ab`); `markdown FILE`: a saved
+    run (bench/results/ab-*.json) as a Markdown table."""
+    parser = argparse.ArgumentParser(prog="python -m bench.ab")
+    roles = parser.add_subparsers(dest="role", required=True)
+    side = roles.add_parser("side")
+    side.add_argument("kind", choices=["floor", "toolmesh"])
+    side.add_argument("--warmup", type=int, default=200)
+    saved = roles.add_parser("markdown")
+    saved.add_argument("file", type=Path)
     args = parser.parse_args(argv)
+    if args.role == "markdown":
+        print(markdown(json.loads(args.file.read_text())))
+        return
     loops.run(_serve(args.kind, args.warmup))
 
 

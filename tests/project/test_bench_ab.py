@@ -75,6 +75,17 @@ def test_the_table_names_both_commits_the_load_and_the_ratios() -> None:
     assert "invocation" in printed
 
 
+def test_the_markdown_table_has_a_row_per_figure_and_the_ratios_to_the_floor() -> None:
+    meta = {"baseline": "a4261de", "head": "abc1234"}
+    printed = ab.markdown({"meta": meta, "summary": ab.summarize(ROUNDS)}).splitlines()
+
+    assert printed[0] == "| | floor | a4261de | abc1234 | head/baseline |"
+    assert printed[1] == "| --- | --- | --- | --- | --- |"
+    assert "| unary p50 ms | 1.000 | 2.000 | 2.200 | 1.10x (1.10-1.10) |" in printed
+    assert "| unary p50 / floor |  | 2.00x (2.00-2.00) | 2.20x (2.20-2.20) |  |" in printed
+    assert len(printed) == 2 + len(ab.FIGURES) + len(ab.VERSUS_FLOOR)
+
+
 def test_without_a_floor_or_baseline_only_the_medians_remain() -> None:
     summary = ab.summarize({"head": ROUNDS["head"]})
 

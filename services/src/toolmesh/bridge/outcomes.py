@@ -3,11 +3,16 @@ in the shared ledger too, so that a call whose invocation replica died loses not
 
 The ledger's finish is conditional (only a running invocation is finished, the
 first writer wins), so the invocation replica may write the same outcome too.
+It does, as it answers: the bridge's copy is the backup, written COPY_AFTER_S
+later, by when the invocation's own finish has usually landed, so the copy is
+one read (finished: nothing to write) and stays off the call's way to its
+caller, where it would queue before the invocation's finish in Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Container
 
@@ -20,12 +25,19 @@ from toolmesh.core.outcome import Outcome
 log = logging.getLogger("toolmesh.bridge")
 
 
+# How long after a host's outcome the bridge writes its copy (see the module's docstring).
+COPY_AFTER_S = 0.25
+
+
 class OutcomeRecorder:
     """Writes outcomes in `ledger` beside sending them back, without holding up the stream."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, copy_after_s: float = COPY_AFTER_S) -> None:
         self.ledger = ledger
+        self._copy_after_s = copy_after_s
         self._writes: set[asyncio.Task[None]] = set()
+        # Set on close: the copies still waiting are written at once.
+        self._closing = asyncio.Event()
 
     def record(self, tool_request_id: str, outcome: Outcome) -> None:
         task = asyncio.create_task(self._write(tool_request_id, outcome))
@@ -33,13 +45,28 @@ class OutcomeRecorder:
         task.add_done_callback(self._writes.discard)
 
     async def _write(self, tool_request_id: str, outcome: Outcome) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._copy_after_s):
+                await self._closing.wait()
         try:
-            # Kept and written later by the ledger itself when the store is out.
-            await self.ledger.finish(tool_request_id, outcome)
+            await self._copy(tool_request_id, outcome)
         except ToolmeshError as error:
             log.warning(
                 "outcome not recorded", extra={"tool_request_id": tool_request_id, "code": error.code.value}
             )
+
+    async def _copy(self, tool_request_id: str, outcome: Outcome) -> None:
+        """Finish the invocation with `outcome` unless it has finished (or is gone)."""
+        try:
+            record = await self.ledger.get(tool_request_id)
+        except ToolmeshError as error:
+            if error.code is not Code.STORE_UNAVAILABLE:
+                raise
+            # Kept and written later by the ledger itself, which reads the record then.
+            await self.ledger.finish(tool_request_id, outcome)
+            return
+        if record is not None and not record.finished:
+            await self.ledger.finish(tool_request_id, outcome, claimed=record)
 
     async def adopt(self, host: HostSession, tool_request_id: str, outcome: Outcome) -> None:
         """Record the outcome a host hands in for a request this replica does not hold: one another
@@ -60,7 +87,9 @@ class OutcomeRecorder:
         log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
 
     async def aclose(self) -> None:
-        """Wait for the writes under way, then stop the ledger's later writes."""
+        """Write the copies still waiting and wait for the writes under way, then stop the ledger's
+        later writes."""
+        self._closing.set()
         if self._writes:
             await asyncio.wait(set(self._writes))
         await self.ledger.aclose()

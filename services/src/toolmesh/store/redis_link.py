@@ -1,6 +1,8 @@
 """One connection to Redis carrying every command of a process, pipelined.
 
-Commands issued in one turn of the event loop are written together; Redis
+Commands issued in one turn of the event loop are written together, by a
+callback at the end of that turn (no task of its own: the bytes go to the
+socket's buffer at once, so a lone command costs no extra turn); Redis
 answers in order, and a single reader hands each reply to its command. So a
 call's scripts cost no pool checkout and no connection of their own, and
 under load many calls share each write and each read. A reply that does not
@@ -46,11 +48,13 @@ class Link:
         self._queued: list[tuple[tuple[Any, ...], asyncio.Future[Any], tuple[Any, ...] | None]] = []
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._sent = asyncio.Event()
-        self._writer: asyncio.Task[None] | None = None
+        # A write is due at the end of this turn of the event loop (a callback queued).
+        self._flush_due = False
+        # Connecting (the first command, or the first after a loss): commands queue meanwhile.
+        self._opening: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
-        # The connection a write is under way on: one lost meanwhile is closed once the write ends,
-        # not under it (redis-py would write on a closed socket's None writer).
-        self._writing: AbstractConnection | None = None
+        # Connections lost on a write, being closed.
+        self._closing: set[asyncio.Task[None]] = set()
 
     def send(self, *args: Any, wait: tuple[Any, ...] | None = None) -> asyncio.Future[Any]:
         """The command's reply, to await; ToolmeshError(STORE_UNAVAILABLE) when Redis cannot answer.
@@ -58,33 +62,52 @@ class Link:
         With `wait` (a WAIT command), the reply comes once WAIT has answered: NotReplicated (holding
         the reply) when no replica confirmed.
         """
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._queued.append((args, future, wait))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write())
+        if not self._flush_due:
+            self._flush_due = True
+            # Runs after the callbacks already queued in this turn: every command they issue goes too.
+            loop.call_soon(self._flush)
         return future
 
-    async def _write(self) -> None:
-        # This task first runs after the turn of the event loop that started it: every command
-        # issued in that turn is queued by then, and goes out in one write.
-        while self._queued:
-            try:
-                connection = self._connection or await self._open()
-                batch, self._queued = self._queued, []
-                commands = self._with_waits(batch)
-                self._sent.set()
-                packed = connection.pack_commands(commands)
-                self._writing = connection
-                try:
-                    await connection.send_packed_command(packed, check_health=False)
-                finally:
-                    self._writing = None
-                if connection is not self._connection:  # the reader lost it meanwhile
-                    await connection.disconnect(nowait=True)
-            except Exception as error:  # lost, or anything else: nothing waits for ever
-                if not isinstance(error, LOST):
-                    log.error("store connection failed", extra={"error": type(error).__name__})
-                await self._lose()
+    def _flush(self) -> None:
+        """Write every queued command in one write (connecting first, in a task, when unconnected)."""
+        self._flush_due = False
+        if not self._queued or (self._opening is not None and not self._opening.done()):
+            return  # nothing to write, or the connecting task writes them once connected
+        connection = self._connection
+        if connection is None:
+            self._opening = asyncio.create_task(self._open_and_flush())
+            return
+        try:
+            batch, self._queued = self._queued, []
+            commands = self._with_waits(batch)
+            self._sent.set()
+            writer = connection._writer  # redis-py's StreamWriter: buffered, never blocks
+            if writer is None or writer.transport.is_closing():
+                raise RedisConnectionError("the connection to Redis is closed")
+            # A Redis that stops reading leaves the bytes in the buffer: the reply timeout fails them.
+            writer.writelines(connection.pack_commands(commands))
+        except Exception as error:  # lost, or anything else: nothing waits for ever
+            if not isinstance(error, LOST):
+                log.error("store connection failed", extra={"error": type(error).__name__})
+            lost = self._drop()
+            if lost is not None:
+                closing = asyncio.create_task(lost.disconnect(nowait=True))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+
+    async def _open_and_flush(self) -> None:
+        try:
+            await self._open()
+        except Exception as error:  # unreachable, or anything else: nothing waits for ever
+            if not isinstance(error, LOST):
+                log.error("store connection failed", extra={"error": type(error).__name__})
+            await self._lose()
+            return
+        self._opening = None
+        self._flush()
 
     def _with_waits(
         self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any], tuple[Any, ...] | None]]
@@ -135,7 +158,7 @@ class Link:
                     log.error("store connection failed", extra={"error": type(error).__name__})
                 if connection is self._connection:
                     await self._lose()
-                elif connection is not self._writing:
+                else:
                     await connection.disconnect(nowait=True)
                 return
             future = self._waiting.popleft()
@@ -148,6 +171,12 @@ class Link:
 
     async def _lose(self) -> None:
         """Fail every command written or queued; the next command connects again."""
+        connection = self._drop()
+        if connection is not None:
+            await connection.disconnect(nowait=True)
+
+    def _drop(self) -> AbstractConnection | None:
+        """Fail every command written or queued and stop the reader; the connection, to close."""
         connection, self._connection = self._connection, None
         failed = [*self._waiting, *(future for _, future, _ in self._queued)]
         self._waiting.clear()
@@ -158,11 +187,10 @@ class Link:
         reader, self._reader = self._reader, None
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
-        if connection is not None and connection is not self._writing:
-            await connection.disconnect(nowait=True)
+        return connection
 
     async def close(self) -> None:
-        for task in (self._writer, self._reader):
+        for task in (self._opening, self._reader, *self._closing):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

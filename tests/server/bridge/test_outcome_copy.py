@@ -1,0 +1,81 @@
+"""The bridge's copy of a host's outcome in the shared ledger (OutcomeRecorder.record): written a
+while after the outcome, and only over an invocation still running, so that the usual call (whose
+invocation replica finished it as it answered) costs the copy one read and no write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from toolmesh.bridge.outcomes import OutcomeRecorder
+from toolmesh.contracts.ledger import Claim, Ledger
+from toolmesh.core.calls import ToolCall
+from toolmesh.core.outcome import Outcome
+from toolmesh.store.memory import MemoryLedgerStore
+from toolmesh_testing import eventually
+
+pytestmark = pytest.mark.unit
+
+
+class CountingStore(MemoryLedgerStore):
+    """A memory ledger store that counts the finishes written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finishes = 0
+
+    async def finish(self, *args: Any) -> str:
+        self.finishes += 1
+        return await super().finish(*args)
+
+
+async def outcome_of(ledger: Ledger, tool_request_id: str) -> Outcome | None:
+    record = await ledger.get(tool_request_id)
+    return record.outcome if record is not None and record.finished else None
+
+
+async def claimed_with_a_recorder(
+    copy_after_s: float,
+) -> tuple[CountingStore, Ledger, Claim, OutcomeRecorder]:
+    """A ledger on a counting store with invocation tr_1 running, and a recorder writing copies in it."""
+    store = CountingStore()
+    ledger = Ledger(store)
+    claimed = await ledger.claim(ToolCall("s", "turn", "t", '{"a": 1}'), "tr_1", 10_000)
+    return store, ledger, claimed, OutcomeRecorder(ledger, copy_after_s=copy_after_s)
+
+
+async def test_the_copy_finishes_an_invocation_still_running_after_its_delay() -> None:
+    store, ledger, _, recorder = await claimed_with_a_recorder(0.2)
+    recorder.record("tr_1", Outcome.success("from the host"))
+    assert store.finishes == 0  # not yet: the invocation replica's own finish goes first
+    assert await eventually(lambda: outcome_of(ledger, "tr_1")) == Outcome.success("from the host")
+    assert store.finishes == 1
+    await recorder.aclose()
+
+
+async def test_the_copy_writes_nothing_over_an_invocation_its_replica_finished() -> None:
+    store, ledger, claimed, recorder = await claimed_with_a_recorder(60)
+    recorder.record("tr_1", Outcome.success("copy"))
+    assert await ledger.finish("tr_1", Outcome.success("own"), claimed=claimed.record)
+    # Closing writes the waiting copy at once: it reads the record, finished, and writes nothing.
+    await recorder.aclose()
+    assert store.finishes == 1
+    assert await outcome_of(ledger, "tr_1") == Outcome.success("own")
+
+
+async def test_closing_writes_the_copies_still_waiting() -> None:
+    _, ledger, _, recorder = await claimed_with_a_recorder(60)
+    recorder.record("tr_1", Outcome.success("copy"))
+    await recorder.aclose()
+    assert await outcome_of(ledger, "tr_1") == Outcome.success("copy")
+
+
+async def test_the_copy_of_an_invocation_no_longer_stored_writes_nothing() -> None:
+    store = CountingStore()
+    ledger = Ledger(store)
+    recorder = OutcomeRecorder(ledger, copy_after_s=0)
+    recorder.record("tr_gone", Outcome.success("copy"))
+    await recorder.aclose()
+    assert store.finishes == 0
+    assert await ledger.get("tr_gone") is None
