@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Container
+from collections.abc import Container, Coroutine
+from typing import Any
 
 from toolmesh.bridge.acceptance import check_outcome
 from toolmesh.bridge.router import HostSession, Router
+from toolmesh.contracts.cancels import CancelBoard
 from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
@@ -23,12 +25,18 @@ log = logging.getLogger("toolmesh.bridge")
 class OutcomeRecorder:
     """Writes outcomes in `ledger` beside sending them back, without holding up the stream."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, recorded_elsewhere: CancelBoard | None = None) -> None:
+        """`recorded_elsewhere`: where an adopted outcome's id is posted, for the invocation replica
+        waiting on it through another bridge replica (None: it learns at its deadline)."""
         self.ledger = ledger
+        self._recorded_elsewhere = recorded_elsewhere
         self._writes: set[asyncio.Task[None]] = set()
 
     def record(self, tool_request_id: str, outcome: Outcome) -> None:
-        task = asyncio.create_task(self._write(tool_request_id, outcome))
+        self._in_background(self._write(tool_request_id, outcome))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -58,6 +66,18 @@ class OutcomeRecorder:
         check_outcome(outcome, metadata)
         await self.ledger.finish(tool_request_id, outcome, claimed=record)
         log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
+        if self._recorded_elsewhere is not None:
+            self._in_background(self._post(self._recorded_elsewhere, tool_request_id))
+
+    async def _post(self, board: CancelBoard, tool_request_id: str) -> None:
+        try:
+            await board.post(tool_request_id)
+        except ToolmeshError as error:
+            # Recorded all the same: the invocation replica reads it when its own wait ends.
+            log.warning(
+                "a recorded outcome was not posted to the invocation replicas",
+                extra={"tool_request_id": tool_request_id, "code": error.code.value},
+            )
 
     async def aclose(self) -> None:
         """Wait for the writes under way, then stop the ledger's later writes."""
