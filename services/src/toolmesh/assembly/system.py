@@ -18,7 +18,7 @@ from toolmesh.bridge.router import Router
 from toolmesh.bridge.routes import Routes
 from toolmesh.bridge.servicer import bridge_service
 from toolmesh.bridge.web import HOST_FACING_PATHS, start_web_server, web_connect
-from toolmesh.contracts.cancels import CancelBoard
+from toolmesh.contracts.cancels import RECORDED_KEY, CancelBoard
 from toolmesh.contracts.ledger import Ledger, LedgerPolicy
 from toolmesh.invocation import web as invocation_web
 from toolmesh.invocation.invoker import Invoker
@@ -151,7 +151,14 @@ async def start_bridge(
         security.check_peer()
     lists = RegistryToolLists(registry_target, security.peer_channel) if registry_target is not None else None
     declarations = Declarations(router, lists, limits)
-    recorder = None if stores is None else OutcomeRecorder(Ledger(stores.ledger, ledger_policy(limits)))
+    recorder = (
+        None
+        if stores is None
+        else OutcomeRecorder(
+            Ledger(stores.ledger, ledger_policy(limits)),
+            recorded_elsewhere=CancelBoard(stores.store, RECORDED_KEY),
+        )
+    )
     holds = HeldRequests()
     service = bridge_service(router, declarations, recorder, None if stores is None else holds)
     running = await start_server(
@@ -260,6 +267,8 @@ async def start_invocation(
     dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_channel, recorded=stores.shared)
     # Replicas sharing the ledger hear of each other's cancellations through the store.
     cancels = CancelBoard(stores.store) if stores.shared else None
+    # And of outcomes a bridge replica recorded for requests another replica sent.
+    recorded = CancelBoard(stores.store, RECORDED_KEY) if stores.shared else None
     # And of the progress of invocations their callers joined through another replica.
     relay = ProgressRelay(stores.store) if stores.shared else None
     validation = Validation(limits)
@@ -273,6 +282,7 @@ async def start_invocation(
         quotas=Quotas(stores.store, limits),
         cancels=cancels,
         progress=relay,
+        recorded_elsewhere=recorded,
     )
     # A port of its own, unless it shares one of this process's (web_routes).
     own_routes = WebRoutes() if web_address is not None and web_routes is None else None
@@ -281,9 +291,11 @@ async def start_invocation(
         app = invocation_web.web_connect(invoker, security.verifier, read_max_bytes=limits.message_bytes)
         routes.add(app, invocation_web.CALLER_FACING_PATHS)
     stop_following = await follow_cancellations(invoker.follow_cancellations)
+    stop_following_recorded = await follow_cancellations(invoker.follow_recorded_elsewhere)
     closers = [
         validation.aclose,
         stop_following,
+        stop_following_recorded,
         *([relay.aclose] if relay is not None else []),
         catalog.aclose,
         *(channel.close for _, channel in registries),

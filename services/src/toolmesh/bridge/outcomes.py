@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Container
+from collections.abc import Container, Coroutine
+from typing import Any
 
 from toolmesh.bridge.acceptance import check_outcome
 from toolmesh.bridge.router import HostSession, Router
+from toolmesh.contracts.cancels import CancelBoard
 from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
@@ -32,15 +34,26 @@ COPY_AFTER_S = 0.25
 class OutcomeRecorder:
     """Writes outcomes in `ledger` beside sending them back, without holding up the stream."""
 
-    def __init__(self, ledger: Ledger, copy_after_s: float = COPY_AFTER_S) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        copy_after_s: float = COPY_AFTER_S,
+        recorded_elsewhere: CancelBoard | None = None,
+    ) -> None:
+        """`recorded_elsewhere`: where an adopted outcome's id is posted, for the invocation replica
+        waiting on it through another bridge replica (None: it learns at its deadline)."""
         self.ledger = ledger
         self._copy_after_s = copy_after_s
+        self._recorded_elsewhere = recorded_elsewhere
         self._writes: set[asyncio.Task[None]] = set()
         # Set on close: the copies still waiting are written at once.
         self._closing = asyncio.Event()
 
     def record(self, tool_request_id: str, outcome: Outcome) -> None:
-        task = asyncio.create_task(self._write(tool_request_id, outcome))
+        self._in_background(self._write(tool_request_id, outcome))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -85,6 +98,18 @@ class OutcomeRecorder:
         check_outcome(outcome, metadata)
         await self.ledger.finish(tool_request_id, outcome, claimed=record)
         log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
+        if self._recorded_elsewhere is not None:
+            self._in_background(self._post(self._recorded_elsewhere, tool_request_id))
+
+    async def _post(self, board: CancelBoard, tool_request_id: str) -> None:
+        try:
+            await board.post(tool_request_id)
+        except ToolmeshError as error:
+            # Recorded all the same: the invocation replica reads it when its own wait ends.
+            log.warning(
+                "a recorded outcome was not posted to the invocation replicas",
+                extra={"tool_request_id": tool_request_id, "code": error.code.value},
+            )
 
     async def aclose(self) -> None:
         """Write the copies still waiting and wait for the writes under way, then stop the ledger's

@@ -24,6 +24,10 @@ from toolmesh.store.base import Store, VersionConflict
 log = logging.getLogger("toolmesh.cancels")
 
 CANCELS_KEY = "invocation:cancels"
+# The same, for outcomes a bridge replica recorded for a request another replica sent (a host
+# that moved off a frozen or lost bridge): the invocation replica waiting on that request reads
+# the ledger then, instead of waiting for a bridge that may never answer.
+RECORDED_KEY = "invocation:recorded-elsewhere"
 # Enough for every cancellation of a burst to be seen by a watcher that reads only the last version.
 KEEP = 256
 # The key goes away when nobody cancels anything for this long.
@@ -32,20 +36,24 @@ POST_ATTEMPTS = 20
 
 
 class CancelBoard:
-    """Posts cancellations to the store, and follows those posted by every replica."""
+    """Posts cancellations to the store, and follows those posted by every replica.
 
-    def __init__(self, store: Store) -> None:
+    `key`: the board's key in the store (CANCELS_KEY; RECORDED_KEY for outcomes recorded elsewhere).
+    """
+
+    def __init__(self, store: Store, key: str = CANCELS_KEY) -> None:
         self._store = store
+        self._key = key
 
     async def post(self, tool_request_id: str) -> None:
         """Add the id for every replica to see. Raises ToolmeshError(STORE_UNAVAILABLE) as the store does."""
         for _ in range(POST_ATTEMPTS):
-            current = await self._store.get(CANCELS_KEY)
+            current = await self._store.get(self._key)
             ids = [] if current is None else _ids(current.value)
             ids = [*ids[-(KEEP - 1) :], tool_request_id]
             try:
                 await self._store.put(
-                    CANCELS_KEY,
+                    self._key,
                     json.dumps(ids).encode(),
                     expected_version=0 if current is None else current.version,
                     ttl_s=KEEP_S,
@@ -59,7 +67,7 @@ class CancelBoard:
         """Call `cancelled` with each id posted from now on, until cancelled; `ready` is set once
         it follows (posts after that are heard)."""
         seen: set[str] | None = None
-        async with contextlib.aclosing(self._store.watch(CANCELS_KEY)) as versions:
+        async with contextlib.aclosing(self._store.watch(self._key)) as versions:
             async for current in versions:
                 ids = [] if current is None else _ids(current.value)
                 if seen is not None:

@@ -475,6 +475,33 @@ class Ledger:
         Returns False when a cancellation had ended the invocation first: its outcome is
         TOOL_CANCELLED, not `outcome` (the caller should give that); True otherwise.
         """
+        return await self._finish(tool_request_id, outcome, claimed) != "cancelled"
+
+    async def finish_first(
+        self, tool_request_id: str, outcome: Outcome, *, claimed: InvocationRecord
+    ) -> Outcome:
+        """Finish as `finish` does; the invocation's outcome as it stands: `outcome`, or the one
+        another writer recorded first (a bridge replica that took the host's result after the one
+        this process dispatched through went quiet; TOOL_CANCELLED after a cancellation).
+
+        Reads the record only when the write lost; an outage then leaves `outcome`.
+        """
+        verdict = await self._finish(tool_request_id, outcome, claimed)
+        if verdict == "cancelled":
+            return CANCELLED
+        if verdict != "ended":
+            return outcome
+        try:
+            record = await self.get(tool_request_id)
+        except ToolmeshError as error:
+            if error.code is not Code.STORE_UNAVAILABLE:
+                raise
+            return outcome
+        return record.outcome if record is not None and record.outcome is not None else outcome
+
+    async def _finish(self, tool_request_id: str, outcome: Outcome, claimed: InvocationRecord | None) -> str:
+        """`finish`'s work: the store's verdict ("wrote", "cancelled", "ended"), or "kept" when the
+        store was out (written later), or "gone" when the record is not stored."""
         record = claimed
         if record is None:
             try:
@@ -484,18 +511,17 @@ class Ledger:
                     raise
                 # Read and finished later, conditionally as now: a finished record stays as it is.
                 self._keep(tool_request_id, _Unread(outcome, self._clock()))
-                return True
+                return "kept"
         if record is None:
-            return True
+            return "gone"
         write = self._finished(record, outcome)
         try:
-            written = await self._store.finish(tool_request_id, *write)
+            return await self._store.finish(tool_request_id, *write)
         except ToolmeshError as error:
             if error.code is not Code.STORE_UNAVAILABLE:
                 raise
             self._keep(tool_request_id, write)
-            return True
-        return written != "cancelled"
+            return "kept"
 
     def _keep(self, tool_request_id: str, kept: FinishWrite | _Unread) -> None:
         """Write `kept` once the store is back (the first outcome kept for an invocation wins)."""

@@ -183,10 +183,13 @@ class Invoker:
         quotas: Quotas | None = None,
         cancels: CancelBoard | None = None,
         progress: ProgressRelay | None = None,
+        recorded_elsewhere: CancelBoard | None = None,
     ) -> None:
         """`cancels`: where cancellations go for the replica that runs the invocation, when replicas
         share the ledger (None: this process runs every invocation it records); `progress`: where
-        the progress of invocations goes for callers that joined them through another replica.
+        the progress of invocations goes for callers that joined them through another replica;
+        `recorded_elsewhere`: where bridge replicas post the outcomes they recorded for requests
+        another bridge replica was sent (follow_recorded_elsewhere).
         `max_in_flight`: calls waiting here at once (default: the `calls_in_flight` limit)."""
         self._catalog = catalog
         self._dispatcher = dispatcher
@@ -214,6 +217,10 @@ class Invoker:
         self._dispatching: dict[str, asyncio.Task[Any]] = {}
         self._cancelling: set[str] = set()
         self._cancels = cancels
+        # Invocations whose outcome another bridge replica recorded while their dispatch waits,
+        # stopped so (their outcome is read from the ledger).
+        self._recorded_elsewhere = recorded_elsewhere
+        self._outcome_recorded: set[str] = set()
         # Callers told of the progress of invocations running here, by tool request id.
         self._listeners: dict[str, list[ProgressSink]] = {}
         self._relay = progress
@@ -539,7 +546,16 @@ class Invoker:
             progressed = self._progressed if self._relay is None else partial(self._relayed, request)
             outcome = await self._dispatcher.dispatch(request, progressed)
         except asyncio.CancelledError:
-            if tool_request_id not in self._cancelling or dispatching is None:
+            if dispatching is None:
+                raise
+            if tool_request_id in self._outcome_recorded:
+                # The host handed its result to another bridge replica, which recorded it.
+                self._outcome_recorded.discard(tool_request_id)
+                dispatching.uncancel()
+                self._dispatching.pop(tool_request_id, None)  # a cancellation now is in the ledger alone
+                log.info("outcome recorded by another bridge replica: read from the ledger")
+                return await self._from_ledger(tool_request_id, request.timeout_ms)
+            if tool_request_id not in self._cancelling:
                 raise
             # Cancelled (cancel_invocation): the ledger has TOOL_CANCELLED; the dispatcher told the host.
             self._cancelling.discard(tool_request_id)
@@ -560,9 +576,10 @@ class Invoker:
             self._dispatching.pop(tool_request_id, None)
             self._observer.in_flight(-1)
         outcome = await self._validation.result(tool, outcome)
-        if not await self.ledger.finish(request.tool_request_id, outcome, claimed=claimed):
-            return CANCELLED  # cancelled as the host answered: the ledger's outcome is everyone's
-        return outcome
+        # Cancelled as the host answered, or the host's result taken by another bridge replica
+        # while the one dispatched through was frozen (this one timed out): the ledger's outcome
+        # is everyone's.
+        return await self.ledger.finish_first(request.tool_request_id, outcome, claimed=claimed)
 
     def _relayed(self, request: ToolRequest, progress: ToolProgress) -> None:
         """To this replica's callers, and through the store to other replicas' (kept no longer
@@ -615,6 +632,24 @@ class Invoker:
         self._cancelling.add(tool_request_id)
         dispatching.cancel()
         return True
+
+    def outcome_recorded(self, tool_request_id: str) -> None:
+        """A bridge replica recorded the outcome of `tool_request_id` in the ledger, though this
+        process dispatched it through another one (frozen, or lost): stop waiting for that one,
+        and answer with the ledger's outcome. Nothing for an invocation not dispatched here."""
+        dispatching = self._dispatching.get(tool_request_id)
+        if dispatching is None or tool_request_id in self._cancelling | self._outcome_recorded:
+            return
+        self._outcome_recorded.add(tool_request_id)
+        dispatching.cancel()
+
+    async def follow_recorded_elsewhere(self, ready: asyncio.Event | None = None) -> None:
+        """Call `outcome_recorded` for each outcome bridge replicas post, until cancelled; `ready`
+        as for follow_cancellations."""
+        if self._recorded_elsewhere is not None:
+            await self._recorded_elsewhere.follow(self.outcome_recorded, ready)
+        elif ready is not None:
+            ready.set()
 
     async def follow_cancellations(self, ready: asyncio.Event | None = None) -> None:
         """Stop the invocations this process runs when another replica cancels them; until cancelled.

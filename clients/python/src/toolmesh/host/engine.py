@@ -46,6 +46,13 @@ MAX_CONCURRENT_SUBMITS = 256
 # (the network's delay, the clocks' offset), never longer: a bridge that does not answer by then
 # (frozen, a broken link) has ended the call without this result anyway.
 SUBMIT_GRACE_S = 1.0
+# With several bridge addresses, one submit attempt waits for the bridge's answer half the time
+# left for it (its deadline and SUBMIT_GRACE_S), within these bounds, never longer than that time.
+# A bridge that answers nothing by then, not even a heartbeat on the stream, is taken for frozen:
+# its stream is given up and the result goes to the next replica, in the time still left (a
+# healthy bridge answers in milliseconds).
+SUBMIT_ATTEMPT_MIN_S = 1.0
+SUBMIT_ATTEMPT_MAX_S = 5.0
 # How long stop() lets results already on their way to the bridge arrive.
 STOP_GRACE_S = 2.0
 # Missing this many heartbeats in a row means the bridge is gone.
@@ -173,11 +180,13 @@ _SENT = _Sent()
 class _Silence:
     """Notices a bridge that stopped talking: no event (not even a heartbeat) for `limit_s`.
 
-    One watchdog per stream, not a timeout around each read (a task per event).
+    One watchdog per stream, not a timeout around each read (a task per event). `declare()`
+    gives the stream up at once, as the watchdog does (a submit that got no answer).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit_s: float, call: Any) -> None:
         self._loop = loop
+        self._call = call
         self.limit_s = limit_s
         self._last = loop.time()
         self.expired = False
@@ -185,14 +194,48 @@ class _Silence:
     def heard(self) -> None:
         self._last = self._loop.time()
 
-    async def watch(self, call: Any) -> None:
+    def heard_since(self, at: float) -> bool:
+        """Whether the stream brought anything since `at` (a `loop.time()` value)."""
+        return self._last >= at
+
+    def declare(self) -> None:
+        self.expired = True
+        self._call.cancel()
+
+    async def watch(self) -> None:
         while True:
             # Re-read each time: the limit shrinks once the bridge says how often it beats.
             await asyncio.sleep(min(self.limit_s / 3, 1.0))
             if self._loop.time() - self._last > self.limit_s:
-                self.expired = True
-                call.cancel()
+                self.declare()
                 return
+
+
+@dataclass(slots=True)
+class _Link:
+    """An open stream's host session as its submits see it.
+
+    The channel's stub, the stream's silence, and the submits in flight to it, cut (cancelled)
+    when the stream ends.
+    """
+
+    host_session_id: str
+    stub: bridge_pb2_grpc.BridgeServiceAsyncStub
+    silence: _Silence
+    submits: set[Any] = field(default_factory=set)
+    # The stream ended, broke or was given up: its submits go to the next connection.
+    cut: bool = False
+
+    def end(self) -> None:
+        """No more submits go here; those in flight are cut if the stream was given up as silent.
+
+        They would wait on a frozen bridge. Otherwise they go on: one may be answered as the
+        stream ends, and a broken connection fails them itself.
+        """
+        self.cut = True
+        if self.silence.expired:
+            for call in self.submits:
+                call.cancel()
 
 
 @dataclass(slots=True)
@@ -311,7 +354,9 @@ class HostEngine:
         # Streams a renewed one took over from, read until the bridge ends them (their calls answered).
         self._retiring: set[asyncio.Task[None]] = set()
         # The host sessions whose streams are open: a result goes to the one its request came on.
-        self._open_sessions: set[str] = set()
+        self._open_sessions: dict[str, _Link] = {}
+        # Set, and replaced, each time a stream opens: submits waiting for the next connection.
+        self._session_opened = asyncio.Event()
         self.host_session_id = ""
         # Requests read and not asked to start yet, by host session: asked together, in one call.
         self._to_start: dict[str, list[_Starting]] = {}
@@ -495,8 +540,8 @@ class HostEngine:
 
     async def _read_stream(self, call: Any) -> None:
         # Until the bridge says how often it beats, allow a generous first wait.
-        silence = _Silence(asyncio.get_running_loop(), limit_s=30.0)
-        watchdog = asyncio.create_task(silence.watch(call))
+        silence = _Silence(asyncio.get_running_loop(), 30.0, call)
+        watchdog = asyncio.create_task(silence.watch())
         try:
             await self._read_events(call, silence)
         except asyncio.CancelledError:
@@ -510,6 +555,7 @@ class HostEngine:
     async def _read_events(self, call: Any, silence: _Silence) -> None:
         # This stream's host session: its requests' results go there, even once a renewal took over.
         stream = _Stream()
+        link: _Link | None = None
         try:
             while True:
                 event = await call.read()
@@ -520,10 +566,15 @@ class HostEngine:
                     stream.host_session_id = event.opened.host_session_id
                     # Asked for, and taken: the bridge starts none of this stream's requests unasked.
                     stream.starts_acknowledged = self._acknowledge_starts and event.opened.starts_acknowledged
-                    self._open_sessions.add(stream.host_session_id)
+                    link = _Link(stream.host_session_id, self._stub, silence)
+                    self._open_sessions[stream.host_session_id] = link
+                    self._session_opened.set()
+                    self._session_opened = asyncio.Event()
                 self._on_event(event, stream, silence)
         finally:
-            self._open_sessions.discard(stream.host_session_id)
+            if link is not None:
+                self._open_sessions.pop(link.host_session_id, None)
+                link.end()
 
     def _on_event(self, event: Any, stream: _Stream, silence: _Silence) -> None:
         kind = event.WhichOneof("event")
@@ -868,29 +919,45 @@ class HostEngine:
     async def _deliver(
         self, outcome: Outcome, ctx: ToolContext, host_session_id: str
     ) -> tuple[str | None, str]:
-        """Send until the bridge takes the outcome (None) or says why not (the cause and its message)."""
+        """Send until the bridge takes the outcome (None) or says why not (the cause and its message).
+
+        Everything happens before the call's deadline and SUBMIT_GRACE_S. A submit in flight when
+        its stream ends (broken, or given up as silent) is cut and sent again on the next
+        connection. With several bridge addresses, an attempt the bridge leaves unanswered for its
+        share of the time (see SUBMIT_ATTEMPT_MIN_S), with nothing else heard on the stream
+        meanwhile, gives that stream up (the bridge is frozen or cut off) and goes to the next
+        replica in the time left.
+        """
         request = bridge_pb2.SubmitToolResultRequest(
             host_session_id=host_session_id,
             tool_request_id=ctx.tool_request_id,
             outcome=outcome_to_pb(outcome),
         )
+        loop = asyncio.get_running_loop()
+        give_up_at = ctx.deadline + SUBMIT_GRACE_S
         attempt = 0
         while True:
             attempt += 1
-            if request.host_session_id not in self._open_sessions:
-                # Its stream broke: hand the result in on the next connection, naming the same request.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._connected.wait(), max(ctx.time_remaining(), 0.0))
-                request.host_session_id = self.host_session_id
+            link = self._open_sessions.get(request.host_session_id)
+            if link is None or link.cut:
+                # Its stream ended: hand the result in on the next connection, naming the same request.
+                link = await self._next_link(request.host_session_id, give_up_at)
+                if link is None:
+                    return Code.TRANSPORT_FAILED.value, "No connection to a bridge before the deadline."
+                request.host_session_id = link.host_session_id
+            window = give_up_at - time.monotonic()
+            bound = window
+            if len(self._channels) > 1:  # another replica to go to: this one gets its share only
+                bound = min(window, max(SUBMIT_ATTEMPT_MIN_S, min(window / 2, SUBMIT_ATTEMPT_MAX_S)))
+            sent_at = loop.time()
             try:
-                async with self._submit_slots:
-                    with telemetry.client_call("toolmesh.v1.BridgeService/SubmitToolResult") as metadata:
-                        await self._stub.SubmitToolResult(
-                            request,
-                            timeout=max(ctx.time_remaining(), 0.0) + SUBMIT_GRACE_S,
-                            metadata=await self._bearer.metadata(metadata),
-                        )
+                await self._submit_once(link, request, bound)
                 return None, ""
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not link.cut or (task is not None and task.cancelling()):
+                    raise
+                continue  # cut with its stream, not by stop(): the next connection takes it
             except grpc.aio.UsageError:
                 return Code.TRANSPORT_FAILED.value, "The channel to the bridge is closed."
             except grpc.aio.AioRpcError as error:
@@ -903,6 +970,19 @@ class HostEngine:
                     and info.metadata.get("ended") == "answered"
                 ):
                     return None, ""  # an earlier attempt got through; its answer was lost on the way back
+                remaining = give_up_at - time.monotonic()
+                if (
+                    error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                    and remaining > 0
+                    and not link.cut
+                    and not link.silence.heard_since(sent_at)
+                ):
+                    # Not a word from that bridge since the submit went out: give its stream up
+                    # (as when its heartbeats stop) and hand the result to the next replica.
+                    log.warning("submit unanswered; leaving the bridge", extra=_ids(ctx))
+                    link.silence.declare()
+                    link.end()  # at once: the stream's reader ends it too, a turn of the loop later
+                    continue
                 # A refusal whose code is retryable (STORE_UNAVAILABLE: the bridge could not read the
                 # ledger yet), or no code of ours: the transport's own failure, retried while the
                 # table says it may pass, until the call's deadline.
@@ -910,17 +990,47 @@ class HostEngine:
                     transient = ERROR_TABLE[reason].retryable
                 else:
                     transient = status_of(error.code()) in RETRYABLE_STATUSES
-                remaining = ctx.time_remaining()
-                if transient and remaining > 0 and not self.stopping:
+                # Tried again before the deadline only: the grace is for an answer on its way.
+                if transient and ctx.time_remaining() > 0 and not self.stopping:
                     if reason is not None:
                         log.info("submit refused; trying again", extra=_ids(ctx) | {"cause": reason.value})
-                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0, remaining))
+                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0, ctx.time_remaining()))
                     continue
                 cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
                 log.warning(
                     "submit failed", extra=_ids(ctx) | {"cause": cause, "grpc_status": error.code().name}
                 )
                 return cause, error.details() or ""
+
+    async def _submit_once(
+        self, link: _Link, request: bridge_pb2.SubmitToolResultRequest, timeout_s: float
+    ) -> None:
+        """One SubmitToolResult on `link`'s channel, cut (CancelledError) if its stream ends first."""
+        async with self._submit_slots:
+            with telemetry.client_call("toolmesh.v1.BridgeService/SubmitToolResult") as metadata:
+                call = link.stub.SubmitToolResult(
+                    request, timeout=max(timeout_s, 0.0), metadata=await self._bearer.metadata(metadata)
+                )
+                link.submits.add(call)
+                try:
+                    await call
+                finally:
+                    link.submits.discard(call)
+
+    async def _next_link(self, old_host_session_id: str, give_up_at: float) -> _Link | None:
+        """The open host session after `old_host_session_id`'s stream ended.
+
+        None if none opens by `give_up_at` (a `time.monotonic()` value).
+        """
+        while True:
+            link = self._open_sessions.get(self.host_session_id)
+            if link is not None and not link.cut and link.host_session_id != old_host_session_id:
+                return link
+            left = give_up_at - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._session_opened.wait(), left)
 
     def _submit_failed(self, ctx: ToolContext, cause: str, detail: str) -> None:
         self._report(Code.SUBMIT_TOOL_RESULT_FAILED, detail, cause=cause, **_ids(ctx))
