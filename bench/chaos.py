@@ -24,6 +24,7 @@ What it counts (the targets of issue 23 are all 0):
   execution, or a call whose execution ended with its result before any deadline
   its invocation can have had (the tool's timeout after the call began) and
   which never got that result (an error outcome, or no outcome within the retry budget);
+  those with every bridge replica down as the handler ended are shown apart too;
 - answers past deadline: attempts that took longer than the caller's timeout
   and a second (nothing may hang);
 - untyped errors: an error whose code is not in the error table, INTERNAL,
@@ -102,6 +103,7 @@ HANDLER_MS = (20, 800)
 FAULT_EVERY_S = (2.0, 5.0)
 PAUSE_S = (2.0, 20.0)
 SERVICES = ("registry", "bridge", "invocation")
+BRIDGES = ("bridge0", "bridge1")
 # A process started again is given this long to be ready: a loaded machine takes its time.
 READY_S = 90.0
 
@@ -506,6 +508,11 @@ def _one_of_two_down(down: dict[str, list[tuple[float, float]]], start: float, e
     return sum(1 for n in names[:2] if overlapping[n]) == 1 and not overlapping["redis"]
 
 
+def _all_down(down: dict[str, list[tuple[float, float]]], at: float, names: tuple[str, ...]) -> bool:
+    """Whether every process of `names` was down (SIGSTOPped, or killed and not ready yet) at `at`."""
+    return all(any(start <= at <= end for start, end in down.get(name, [])) for name in names)
+
+
 def typed(code: str) -> bool:
     if code == "RAISED":
         return False
@@ -522,6 +529,7 @@ class Checker:
         self.examples: dict[str, list[dict[str, Any]]] = {}
         self.codes: Counter[str] = Counter()
         self._registry_down = _down_intervals(faults, ("registry", "redis"))
+        self._bridges_down = _down_intervals(faults, ("bridge",))
 
     def faults_during(self, call: Call) -> list[str]:
         """The faults under way while the call ran, timed from its start."""
@@ -595,6 +603,10 @@ class Checker:
         ]
         if finished and final.code != "OK":
             self.example("lost outcomes", call, why=f"ran to its end in time, answered {final.code}")
+            if _all_down(self._bridges_down, finished[0].ended or 0.0, BRIDGES):
+                # Nowhere to hand the result in as it was made: the host holds it, and has until
+                # the deadline (and its grace) for a bridge replica to come back.
+                self.figures["lost outcomes with every bridge down"] += 1
 
 
 def check(calls: list[Call], executions: dict[str, list[Execution]], faults: list[Fault]) -> dict[str, Any]:
@@ -626,6 +638,7 @@ OTHER_FIGURES = (
     "calls ok",
     "calls ended with an error outcome",
     "calls without an outcome",
+    "lost outcomes with every bridge down",
     "re-runs (read-only)",
     "TOOL_HOST_DISCONNECTED",
     "REGISTRY_UNAVAILABLE",

@@ -54,6 +54,9 @@ def test_the_checker_counts_each_kind_of_violation_once(tmp_path: Path) -> None:
             event("end", "late", "tr_3", "x3", T0 + 7.1),
             event("start", "lost", "tr_4", "x4", T0),
             event("end", "lost", "tr_4", "x4", T0 + 0.2),
+            # lost too, as it ended with both bridge replicas down
+            event("start", "stranded", "tr_7", "x7", T0 + 20),
+            event("end", "stranded", "tr_7", "x7", T0 + 20.2),
         ],
     )
     calls = [
@@ -74,13 +77,24 @@ def test_the_checker_counts_each_kind_of_violation_once(tmp_path: Path) -> None:
         Call("odd", "chaos_read", T0, [Attempt(0, T0, T0 + 1, "SOMETHING_ELSE", True, "tr_6")]),
         # REGISTRY_UNAVAILABLE while registry0 was stopped and registry1 up
         Call("reg", "chaos_read", T0, [Attempt(0, T0 + 1, T0 + 1.5, "REGISTRY_UNAVAILABLE", False)]),
+        Call(
+            "stranded", "chaos_write", T0 + 20, [Attempt(0, T0 + 20, T0 + 27, "TOOL_TIMEOUT", True, "tr_7")]
+        ),
         # one attempt answered long past its own deadline
         Call("hung", "chaos_read", T0, [Attempt(0, T0, T0 + 30, "CALLER_DEADLINE_EXCEEDED", False)]),
     ]
-    faults = [Fault("pause", "registry0", T0, T0 + 2)]
+    faults = [
+        Fault("pause", "registry0", T0, T0 + 2),
+        # bridge0 is up again when "lost" ends, not when "stranded" does
+        Fault("kill", "bridge0", T0 + 0.1, T0 + 0.15),
+        Fault("pause", "bridge0", T0 + 19, T0 + 30),
+        Fault("kill", "bridge1", T0 + 0.1, T0 + 25),
+    ]
     figures = check(calls, read_executions([path]), faults)["figures"]
     assert figures["duplicates (non-idempotent)"] == 1
-    assert figures["lost outcomes"] == 1  # "lost"; "late" ran past any deadline it can have had
+    # "lost" and "stranded"; "late" ran past any deadline it can have had
+    assert figures["lost outcomes"] == 2
+    assert figures["lost outcomes with every bridge down"] == 1  # "stranded"
     assert figures["starts after TOOL_TIMEOUT"] == 1
     assert figures["TOOL_HOST_DISCONNECTED never started"] == 1
     assert figures["untyped errors"] == 1

@@ -416,6 +416,24 @@ async def test_the_first_finish_wins_and_an_unknown_invocation_is_not_made(ledge
     assert await ledger.get(tr("never_claimed")) is None
 
 
+async def test_finish_first_gives_the_outcome_that_stands(ledger: Ledger) -> None:
+    # The invocation replica's TOOL_TIMEOUT loses to the result a bridge replica recorded first.
+    claimed = await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    timed_out = Outcome.runtime_error(Code.TOOL_TIMEOUT)
+    assert await ledger.finish_first(tr("1"), timed_out, claimed=claimed.record) == Outcome.success("1")
+    # Written first, its own outcome stands.
+    claimed = await ledger.claim(call('{"a": 2}'), tr("2"), 10_000)
+    assert await ledger.finish_first(tr("2"), timed_out, claimed=claimed.record) == timed_out
+    record = await ledger.get(tr("2"))
+    assert record is not None and record.outcome == timed_out
+    # After a cancellation, TOOL_CANCELLED.
+    claimed = await ledger.claim(call('{"a": 3}'), tr("3"), 10_000)
+    assert await ledger.cancel(claimed.record) is CancelVerdict.CANCELLED
+    stands = await ledger.finish_first(tr("3"), Outcome.success("3"), claimed=claimed.record)
+    assert stands.failure is not None and stands.failure.code == Code.TOOL_CANCELLED.value
+
+
 async def test_a_call_whose_owner_is_lost_ends_timed_out_after_its_deadline_and_grace(ledger: Ledger) -> None:
     await ledger.claim(call(), tr("1"), 100)  # its owner never finishes it
     started = asyncio.get_running_loop().time()

@@ -12,12 +12,13 @@ import pytest
 
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import HostSession
+from toolmesh.contracts.cancels import RECORDED_KEY, CancelBoard
 from toolmesh.contracts.ledger import InvocationState, Ledger
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.store.ledger import StoredInvocation
-from toolmesh.store.memory import MemoryLedgerStore
+from toolmesh.store.memory import InMemoryStore, MemoryLedgerStore
 from toolmesh_testing import eventually, logged
 
 pytestmark = pytest.mark.unit
@@ -163,4 +164,51 @@ async def test_adopting_during_an_outage_is_refused_with_a_retryable_code_then_t
     store.down(False)
     await recorder.adopt(host, "tr_1", Outcome.success("1"))
     assert await finished_with(ledger, "tr_1") == Outcome.success("1")
+    await recorder.aclose()
+
+
+async def test_finish_first_keeps_its_own_outcome_when_the_record_cannot_be_read_after_losing() -> None:
+    store = OutageStore()
+    ledger = Ledger(store)
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.success("1"))
+    store.reads_down = True
+    timed_out = Outcome.runtime_error(Code.TOOL_TIMEOUT)
+    # The write lost (another writer finished it); the read of the winner fails: nothing better known.
+    assert await ledger.finish_first("tr_1", timed_out, claimed=claimed.record) == timed_out
+    store.reads_down = False
+    assert await finished_with(ledger, "tr_1") == Outcome.success("1")
+    await ledger.aclose()
+
+
+class DownStore(InMemoryStore):
+    """A store whose every write fails as an unreachable one's does."""
+
+    async def put(self, *args: Any, **kwargs: Any) -> Any:
+        raise ToolmeshError(Code.STORE_UNAVAILABLE)
+
+
+async def test_an_adopted_outcome_is_posted_for_the_invocation_replica_and_a_failed_post_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    host = HostSession("hs_1", "s", "host", frozenset({"t"}), False)
+    store = InMemoryStore()
+    posted: list[str] = []
+    ready = asyncio.Event()
+    following = asyncio.create_task(CancelBoard(store, RECORDED_KEY).follow(posted.append, ready))
+    await ready.wait()
+    await ledger.claim(call(), "tr_1", 10_000)
+    recorder = OutcomeRecorder(ledger, CancelBoard(store, RECORDED_KEY))
+    await recorder.adopt(host, "tr_1", Outcome.success("1"))
+    assert await eventually(lambda: posted) == ["tr_1"]
+    # A post the store refuses: the outcome is recorded all the same, and the failure logged.
+    await ledger.claim(ToolCall("s", "turn", "t", '{"a": 2}'), "tr_2", 10_000)
+    failing = OutcomeRecorder(ledger, CancelBoard(DownStore(), RECORDED_KEY))
+    with caplog.at_level(logging.WARNING):
+        await failing.adopt(host, "tr_2", Outcome.success("2"))
+        await failing.aclose()
+    assert await finished_with(ledger, "tr_2") == Outcome.success("2")
+    assert logged(caplog.records, "a recorded outcome was not posted to the invocation replicas") == 1
+    following.cancel()
     await recorder.aclose()

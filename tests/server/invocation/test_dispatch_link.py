@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,8 +21,10 @@ from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.contracts.routes import route_key
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
+from toolmesh.core.wire import outcome_to_pb
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.invocation import remote
 from toolmesh.invocation.remote import RemoteDispatcher, RoutedDispatcher
@@ -206,6 +209,54 @@ async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatc
         sent, cancelled = quiet.received
         assert [r.tool_request_id for r in sent.requests] == ["tr_quiet"] and not sent.cancel_tool_request_ids
         assert list(cancelled.cancel_tool_request_ids) == ["tr_quiet"] and not cancelled.requests
+
+
+class AnsweringBridge(QuietBridge):
+    """Answers each request with a success once `answer` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = asyncio.Event()
+
+    async def take(self, request_iterator: Any, context: Any) -> Any:
+        async for message in request_iterator:
+            self.received.append(message)
+            await self.answer.wait()
+            yield bridge_pb2.DispatchToolRequestsResponse(
+                results=[
+                    bridge_pb2.DispatchResult(
+                        tool_request_id=r.tool_request_id, outcome=outcome_to_pb(Outcome.success("1"))
+                    )
+                    for r in message.requests
+                ]
+            )
+
+
+async def test_an_answer_queued_while_this_process_was_paused_beats_its_overdue_guard(
+    monkeypatch: Any,
+) -> None:
+    """A guard that fires long after it was due measures this process's pause (SIGSTOP, a starved
+    loop), not the bridge's silence: the answer that came meanwhile is read first."""
+    monkeypatch.setattr(remote, "BRIDGE_GRACE_S", 0.2)
+    server = grpc.aio.server()
+    bridge = AnsweringBridge()
+    server.add_generic_rpc_handlers((bridge.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    dispatcher = RemoteDispatcher(channel)
+    try:
+        dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_paused", timeout_ms=100)))
+        await eventually(lambda: bridge.received)
+        bridge.answer.set()
+        # The loop stands still past the guard's time (0.3 s) and LATE_GUARD_S: nothing is read.
+        time.sleep(0.3 + remote.LATE_GUARD_S + 0.5)  # noqa: ASYNC251
+        outcome = await asyncio.wait_for(dispatch, 5)
+        assert outcome == Outcome.success("1")
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+        await server.stop(0)
 
 
 async def test_requests_ready_together_go_out_in_one_message() -> None:

@@ -484,12 +484,14 @@ class Ledger:
         another writer recorded first (a bridge replica that took the host's result after the one
         this process dispatched through went quiet; TOOL_CANCELLED after a cancellation).
 
-        Reads the record only when the write lost; an outage then leaves `outcome`.
+        Reads the record only when the write of a failure lost; an outage then leaves `outcome`.
+        A result that lost was written first by the bridge replica it came through (the same
+        outcome, the usual race on every call): no read for it.
         """
         verdict = await self._finish(tool_request_id, outcome, claimed)
         if verdict == "cancelled":
             return CANCELLED
-        if verdict != "ended":
+        if verdict != "ended" or outcome.failure is None:
             return outcome
         try:
             record = await self.get(tool_request_id)

@@ -40,6 +40,8 @@ log = logging.getLogger("toolmesh.invocation")
 # The bridge enforces the tool's deadline itself; this margin only catches a
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
+# A guard that fires this much later than due measures this process's own pause; see _give_up.
+LATE_GUARD_S = 0.5
 # A new dispatch stream waits this long at most for its bridge's connection; then the request
 # fails as not sent (a bridge that refuses connections fails it at once).
 CONNECT_S = 5.0
@@ -290,9 +292,9 @@ class RemoteDispatcher:
             result = link.expect(tool_request_id)
             link.send(message)
             # The bridge enforces the deadline; this only catches a bridge that went quiet.
-            guard = asyncio.get_running_loop().call_later(
-                request.timeout_ms / 1000 + BRIDGE_GRACE_S, _give_up, result
-            )
+            loop = asyncio.get_running_loop()
+            wait_s = request.timeout_ms / 1000 + BRIDGE_GRACE_S
+            guard = loop.call_later(wait_s, _give_up, result, loop.time() + wait_s)
             if on_progress is not None:
                 self._progress[tool_request_id] = on_progress
             try:
@@ -357,9 +359,19 @@ def _unavailable(broken: StreamBroken, *, sent: bool) -> BridgeLost:
     return BridgeLost(metadata, sent=sent)
 
 
-def _give_up(result: asyncio.Future[bridge_pb2.DispatchResult]) -> None:
-    if not result.done():
-        result.set_exception(TimeoutError())
+def _give_up(
+    result: asyncio.Future[bridge_pb2.DispatchResult], due: float, *, deferred: bool = False
+) -> None:
+    """End the wait with TimeoutError, unless the guard fired LATE_GUARD_S past `due`: then this
+    process was paused (SIGSTOP, starved), not the bridge quiet, and the bridge's answer may be
+    queued in the socket: it gets LATE_GUARD_S to be read first (once)."""
+    if result.done():
+        return
+    loop = asyncio.get_running_loop()
+    if not deferred and loop.time() - due > LATE_GUARD_S:
+        loop.call_later(LATE_GUARD_S, partial(_give_up, result, due, deferred=True))
+        return
+    result.set_exception(TimeoutError())
 
 
 def _outcome_of(result: bridge_pb2.DispatchResult) -> Outcome:

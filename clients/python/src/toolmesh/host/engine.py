@@ -46,8 +46,9 @@ MAX_CONCURRENT_SUBMITS = 256
 # (the network's delay, the clocks' offset), never longer: a bridge that does not answer by then
 # (frozen, a broken link) has ended the call without this result anyway.
 SUBMIT_GRACE_S = 1.0
-# With several bridge addresses, one submit attempt waits for the bridge's answer half the time
-# left for it (its deadline and SUBMIT_GRACE_S), within these bounds, never longer than that time.
+# With several bridge addresses, one submit attempt waits for the bridge's answer a third of the
+# time left for it (its deadline and SUBMIT_GRACE_S), within these bounds, never longer than that:
+# the rest is for reconnecting elsewhere and handing the result in there.
 # A bridge that answers nothing by then, not even a heartbeat on the stream, is taken for frozen:
 # its stream is given up and the result goes to the next replica, in the time still left (a
 # healthy bridge answers in milliseconds).
@@ -948,7 +949,7 @@ class HostEngine:
             window = give_up_at - time.monotonic()
             bound = window
             if len(self._channels) > 1:  # another replica to go to: this one gets its share only
-                bound = min(window, max(SUBMIT_ATTEMPT_MIN_S, min(window / 2, SUBMIT_ATTEMPT_MAX_S)))
+                bound = min(window, max(SUBMIT_ATTEMPT_MIN_S, min(window / 3, SUBMIT_ATTEMPT_MAX_S)))
             sent_at = loop.time()
             try:
                 await self._submit_once(link, request, bound)
