@@ -26,9 +26,11 @@ TABLE_HEADINGS = [
 ]
 
 
-@pytest.mark.timeout(240)
+# A guard against a hang, not a speed check: every section of the bench runs, and on a loaded
+# 2-core machine that took 225 s.
+@pytest.mark.timeout(500)
 def test_bench_quick_prints_its_table_and_writes_every_section(tmp_path: Path) -> None:
-    completed = run_to_end("-m", "bench", "--quick", "--out", str(tmp_path))
+    completed = run_to_end("-m", "bench", "--quick", "--out", str(tmp_path), timeout=480)
     for heading in TABLE_HEADINGS:
         assert heading in completed.stdout
     [written] = tmp_path.glob("bench-quick-*.json")
