@@ -95,7 +95,11 @@ class _ToolStartVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Tool
     TOOL_START_VERDICT_TIMED_OUT: _ToolStartVerdict.ValueType  # 2
     """Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
     TOOL_START_VERDICT_CANCELLED: _ToolStartVerdict.ValueType  # 3
-    """It was cancelled: the caller gave up on it."""
+    """It was cancelled: the caller gave up on it, or the start fence refused
+    to start it here (its invocation was sent through another bridge replica
+    since, or ended, or the shared ledger could not be reached; see
+    ToolRequest.dispatch_generation). Either way it did not start and must not.
+    """
     TOOL_START_VERDICT_ENDED: _ToolStartVerdict.ValueType  # 4
     """It has ended otherwise (answered)."""
     TOOL_START_VERDICT_UNKNOWN: _ToolStartVerdict.ValueType  # 5
@@ -117,7 +121,11 @@ TOOL_START_VERDICT_START: ToolStartVerdict.ValueType  # 1
 TOOL_START_VERDICT_TIMED_OUT: ToolStartVerdict.ValueType  # 2
 """Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
 TOOL_START_VERDICT_CANCELLED: ToolStartVerdict.ValueType  # 3
-"""It was cancelled: the caller gave up on it."""
+"""It was cancelled: the caller gave up on it, or the start fence refused
+to start it here (its invocation was sent through another bridge replica
+since, or ended, or the shared ledger could not be reached; see
+ToolRequest.dispatch_generation). Either way it did not start and must not.
+"""
 TOOL_START_VERDICT_ENDED: ToolStartVerdict.ValueType  # 4
 """It has ended otherwise (answered)."""
 TOOL_START_VERDICT_UNKNOWN: ToolStartVerdict.ValueType  # 5

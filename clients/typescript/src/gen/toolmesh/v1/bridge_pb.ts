@@ -957,7 +957,10 @@ export enum ToolStartVerdict {
   TIMED_OUT = 2,
 
   /**
-   * It was cancelled: the caller gave up on it.
+   * It was cancelled: the caller gave up on it, or the start fence refused
+   * to start it here (its invocation was sent through another bridge replica
+   * since, or ended, or the shared ledger could not be reached; see
+   * ToolRequest.dispatch_generation). Either way it did not start and must not.
    *
    * @generated from enum value: TOOL_START_VERDICT_CANCELLED = 3;
    */
