@@ -160,3 +160,27 @@ async def test_a_host_that_does_not_acknowledge_starts_gets_a_request_only_once_
     assert [fence_of(outcome) for outcome in outcomes] == ["lost"]
     with pytest.raises(TimeoutError):
         await next_request(host, timeout=0.2)  # the one that moved on was never sent
+
+
+async def test_a_request_whose_host_left_before_its_start_was_marked_was_never_sent_there() -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger)
+    first = open_host(router, acks=False)
+    outcomes: list[Outcome] = []
+    tool_request_id = await claimed(ledger, "left")
+    router.start(request(tool_request_id), outcomes.append)
+    router.close_host(first)  # before its start could be marked: it waits for the next host
+    assert outcomes == []
+    second = open_host(router)
+    sent = await next_request(second)
+    assert sent.tool_request_id == tool_request_id
+    [verdict] = await router.start_requests(second.host_session_id, [tool_request_id])
+    # START, or refused if the first host's mark was written first: never both, never disconnected.
+    if verdict is StartVerdict.START:
+        assert outcomes == []
+    else:
+        assert verdict is StartVerdict.CANCELLED and [fence_of(outcome) for outcome in outcomes] == ["lost"]
+    with pytest.raises(asyncio.QueueEmpty):
+        while True:
+            event = first._events.get_nowait()
+            assert not isinstance(event, ToolRequest)

@@ -489,7 +489,9 @@ class Router:
             self._by_session.pop(host.session_id, None)
         for pending in list(host.in_flight.values()):
             host.in_flight.pop(pending.request.tool_request_id, None)
-            never_started = host.acknowledges_starts and not pending.host_started
+            # A fenced request to a host that does not acknowledge starts is sent (and marked
+            # host_started) only once its start is marked: before that, it never reached the host.
+            never_started = not pending.host_started and (host.acknowledges_starts or pending.generation > 0)
             if pending.request.redeliverable or never_started:
                 # Safe to run (again): hand it to another host, now or when one connects, whose
                 # START (a redeliverable one may have started here) is its own.
