@@ -349,7 +349,7 @@ async def test_a_confirmation_names_a_whole_invocation_or_one_attachment(
 
 
 async def test_cli_shows_an_invocation(
-    client: InvocationClient, ledger_system: LocalSystem, cli_env: dict[str, str]
+    client: InvocationClient, ledger_system: LocalSystem, cli_env: dict[str, str], backend: str
 ) -> None:
     call = await count(client, "cli-show")
     await client.flush_confirmations()
@@ -358,6 +358,13 @@ async def test_cli_shows_an_invocation(
     shown = json.loads(out)
     assert code == 0
     assert shown["state"] == "completed" and shown["delivered"] is True and shown["toolName"] == "count"
+    # Its host acknowledged its start; the bridge fences starts in a ledger it shares (not in memory).
+    assert ("startedAt" in shown) is (backend != MEMORY)
+    if backend != MEMORY:
+        created, started, finished = (
+            datetime.datetime.fromisoformat(shown[name]) for name in ("createdAt", "startedAt", "finishedAt")
+        )
+        assert created <= started <= finished
     code, _, err = await run_cli("invocations", "show", "tr_missing", env=env)
     assert code == 1 and "INVOCATION_NOT_FOUND" in err
 

@@ -8,6 +8,7 @@ the windows here are short (scaled down from the defaults).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -24,7 +25,7 @@ from toolmesh.core.outcome import Outcome
 from toolmesh.rules.limits import limits_from
 from toolmesh.store import slots
 from toolmesh.store.backends import open_stores
-from toolmesh.store.ledger import Delivered, LeaseRefused, LeaseTerms, LedgerStore
+from toolmesh.store.ledger import Delivered, LeaseRefused, LeaseTerms, LedgerStore, MarkVerdict, StartMark
 from toolmesh.store.memory import MemoryLedgerStore
 
 POLICY = LedgerPolicy(
@@ -618,3 +619,69 @@ async def test_a_late_retry_runs_anew_once_the_earlier_invocation_is_confirmed(
     await window_passed(ledger, call(), tr("1"))
     await ledger.confirm(tr("1"))  # reconciled: the caller means to run it again
     assert (await ledger.claim(call(), tr("2"), 10_000)).is_new
+
+
+# The start fence: a bridge marks a delivery's start (compare-and-set on its dispatch generation);
+# the invocation service's redispatch moves the generation on only while no start is marked.
+
+
+async def test_of_two_concurrent_starts_of_one_delivery_one_wins(ledger: Ledger) -> None:
+    await ledger.claim(call(), tr("1"), 10_000)
+    verdicts = await asyncio.gather(
+        ledger.mark_started([StartMark(tr("1"), 1)]), ledger.mark_started([StartMark(tr("1"), 1)])
+    )
+    assert sorted(verdict.value for [verdict] in verdicts) == ["lost", "won"]
+    record = await ledger.get(tr("1"))
+    assert record is not None and record.started_at is not None
+    assert abs(record.started_at - time.time()) < 60  # the store's clock, in Unix seconds
+    # Started: the invocation service may not send it elsewhere.
+    assert await ledger.redispatch(tr("1"), 1) == 0
+
+
+async def test_a_redispatch_fences_the_old_delivery_and_only_one_generation_moves_it_on(
+    ledger: Ledger,
+) -> None:
+    await ledger.claim(call(), tr("1"), 10_000)
+    assert await ledger.redispatch(tr("1"), 1) == 2
+    assert await ledger.redispatch(tr("1"), 1) == 0  # another redispatch of the same delivery loses
+    # The lost replica's delivery (generation 1) can no longer start; the new one can, once.
+    assert await ledger.mark_started([StartMark(tr("1"), 1)]) == [MarkVerdict.LOST]
+    assert await ledger.mark_started([StartMark(tr("1"), 2), StartMark(tr("1"), 2)]) == [
+        MarkVerdict.WON,
+        MarkVerdict.LOST,
+    ]
+    assert await ledger.redispatch(tr("1"), 2) == 0
+    record = await ledger.get(tr("1"))
+    assert record is not None and record.started_at is not None
+
+
+async def test_marks_of_several_invocations_go_together_and_an_ended_or_unknown_one_is_not_started(
+    ledger: Ledger,
+) -> None:
+    other_session = slots.tool_request_id("s2", "other")
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.claim(call('{"a": 2}'), tr("2"), 10_000)
+    await ledger.claim(call(session="s2"), other_session, 10_000)
+    await ledger.finish(tr("2"), Outcome.success("1"))
+    marks = [StartMark(tr("1"), 1), StartMark(tr("2"), 1), StartMark(other_session, 1), StartMark(tr("x"), 1)]
+    assert await ledger.mark_started(marks) == [
+        MarkVerdict.WON,
+        MarkVerdict.ENDED,
+        MarkVerdict.WON,
+        MarkVerdict.ENDED,
+    ]
+    assert await ledger.redispatch(tr("2"), 1) == 0  # ended
+    assert await ledger.redispatch(tr("x"), 1) == 0  # never claimed
+    assert await ledger.get(tr("x")) is None
+    assert await ledger.mark_started([]) == []
+
+
+async def test_the_start_mark_outlives_the_finish_and_a_record_without_one_says_so(ledger: Ledger) -> None:
+    await ledger.claim(call(), tr("1"), 10_000)
+    await ledger.claim(call('{"a": 2}'), tr("2"), 10_000)
+    await ledger.mark_started([StartMark(tr("1"), 1)])
+    await ledger.finish(tr("1"), Outcome.success("1"))
+    await ledger.finish(tr("2"), Outcome.success("2"))
+    started, unstarted = await ledger.get(tr("1")), await ledger.get(tr("2"))
+    assert started is not None and started.started_at is not None and started.finished
+    assert unstarted is not None and unstarted.started_at is None

@@ -199,12 +199,12 @@ async def test_an_adopted_outcome_is_posted_for_the_invocation_replica_and_a_fai
     following = asyncio.create_task(CancelBoard(store, RECORDED_KEY).follow(posted.append, ready))
     await ready.wait()
     await ledger.claim(call(), "tr_1", 10_000)
-    recorder = OutcomeRecorder(ledger, CancelBoard(store, RECORDED_KEY))
+    recorder = OutcomeRecorder(ledger, recorded_elsewhere=CancelBoard(store, RECORDED_KEY))
     await recorder.adopt(host, "tr_1", Outcome.success("1"))
     assert await eventually(lambda: posted) == ["tr_1"]
     # A post the store refuses: the outcome is recorded all the same, and the failure logged.
     await ledger.claim(ToolCall("s", "turn", "t", '{"a": 2}'), "tr_2", 10_000)
-    failing = OutcomeRecorder(ledger, CancelBoard(DownStore(), RECORDED_KEY))
+    failing = OutcomeRecorder(ledger, recorded_elsewhere=CancelBoard(DownStore(), RECORDED_KEY))
     with caplog.at_level(logging.WARNING):
         await failing.adopt(host, "tr_2", Outcome.success("2"))
         await failing.aclose()

@@ -27,6 +27,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_to_pb
 from toolmesh.host import ToolContext, ToolHost
 from toolmesh.invocation import remote
+from toolmesh.invocation.ports import BridgeLost
 from toolmesh.invocation.remote import RemoteDispatcher, RoutedDispatcher
 from toolmesh.store.memory import InMemoryStore
 from toolmesh.v1 import bridge_pb2, invocation_pb2, invocation_pb2_grpc
@@ -277,7 +278,7 @@ async def test_a_bridge_that_refuses_connections_was_sent_nothing() -> None:
     channel = grpc.aio.insecure_channel(closed_address())  # nothing listens there
     dispatcher = RemoteDispatcher(channel)
     try:
-        with pytest.raises(remote.BridgeLost) as lost:
+        with pytest.raises(BridgeLost) as lost:
             await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_refused")), 10)
         assert lost.value.code is Code.BRIDGE_UNAVAILABLE and lost.value.sent is False
     finally:
@@ -296,7 +297,7 @@ async def test_a_bridge_that_never_completes_the_connection_was_sent_nothing() -
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     dispatcher = RemoteDispatcher(channel, connect_s=0.3)
     try:
-        with pytest.raises(remote.BridgeLost) as lost:
+        with pytest.raises(BridgeLost) as lost:
             await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_silent")), 10)
         assert lost.value.sent is False and lost.value.metadata["grpcStatus"] == "UNAVAILABLE"
     finally:
@@ -313,7 +314,7 @@ async def test_a_request_handed_to_a_stream_that_then_breaks_may_have_been_sent(
         dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_taken")))
         await eventually(lambda: quiet.received)
         await dispatcher.aclose()  # the stream ends under the request the bridge took
-        with pytest.raises(remote.BridgeLost) as lost:
+        with pytest.raises(BridgeLost) as lost:
             await asyncio.wait_for(dispatch, 10)
         assert lost.value.sent is True
 

@@ -146,18 +146,18 @@ async def start_bridge(
     """
     if web_address is not None:
         security.check_public(web_address)
-    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry(), limits=limits)
+    ledger = None if stores is None else Ledger(stores.ledger, ledger_policy(limits))
+    # With a ledger shared with the invocation service, starts are fenced there (bridge.router).
+    fence = ledger if stores is not None and stores.shared else None
+    router = Router(heartbeat_s=heartbeat_s, observer=RouterTelemetry(), limits=limits, fence=fence)
     if registry_target is not None:
         security.check_peer()
     lists = RegistryToolLists(registry_target, security.peer_channel) if registry_target is not None else None
     declarations = Declarations(router, lists, limits)
     recorder = (
         None
-        if stores is None
-        else OutcomeRecorder(
-            Ledger(stores.ledger, ledger_policy(limits)),
-            recorded_elsewhere=CancelBoard(stores.store, RECORDED_KEY),
-        )
+        if ledger is None or stores is None
+        else OutcomeRecorder(ledger, recorded_elsewhere=CancelBoard(stores.store, RECORDED_KEY))
     )
     holds = HeldRequests()
     service = bridge_service(router, declarations, recorder, None if stores is None else holds)
@@ -264,7 +264,13 @@ async def start_invocation(
     ledger = Ledger(stores.ledger, policy or ledger_policy(limits))
     # Each session's tools from a registry watch, GetTool only for names not in it.
     catalog = replicated_registry_catalog(registries)
-    dispatcher = RoutedDispatcher(stores.store, bridge_target, security.peer_channel, recorded=stores.shared)
+    dispatcher = RoutedDispatcher(
+        stores.store,
+        bridge_target,
+        security.peer_channel,
+        recorded=stores.shared,
+        fence=ledger if stores.shared else None,
+    )
     # Replicas sharing the ledger hear of each other's cancellations through the store.
     cancels = CancelBoard(stores.store) if stores.shared else None
     # And of outcomes a bridge replica recorded for requests another replica sent.

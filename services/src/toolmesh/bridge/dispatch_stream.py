@@ -87,7 +87,10 @@ class DispatchStream:
             self._end_when_answered()
 
     async def responses(self) -> AsyncIterator[bridge_pb2.DispatchToolRequestsResponse]:
-        """What to send: every result ready at once in one message, until the stream may end."""
+        """What to send: every result ready at once in one message, until the stream may end; first,
+        with a start fence, a message saying so (starts_fenced)."""
+        if self._router.fence is not None:
+            yield bridge_pb2.DispatchToolRequestsResponse(starts_fenced=True)
         while taken := await self._results.take():
             response = bridge_pb2.DispatchToolRequestsResponse()
             for item in taken:
@@ -182,8 +185,8 @@ class DispatchStream:
 
 
 def _nothing_ran(outcome: Outcome) -> bool:
-    """No host here: answered at once, so the invocation replica records it, and may send the
-    request to another bridge replica that has one."""
+    """No host here (or the start fence refused its start here): so the invocation replica records
+    it, and may send the request to another bridge replica that has one."""
     return outcome.failure is not None and outcome.failure.code == Code.TOOL_HOST_UNAVAILABLE
 
 

@@ -13,6 +13,15 @@ A host that acknowledges starts asks (`start_requests`) before it runs each requ
 told START at most once per request, only while the request is pending on it: so a request
 it was never told START for has not run, and when the host goes away it goes to another host
 of the session (or waits for the next), as a redeliverable one does.
+
+With a start fence (a ledger shared with the invocation service), a request that carries a
+dispatch generation and is not redeliverable is marked started in the ledger (compare-and-set
+on that generation) before its host may start it: before START, or, for a host that does not
+acknowledge starts, before it is sent. The invocation service sends a request whose bridge
+replica was lost through another only if no start was marked (it moves the generation on), so
+at most one delivery ever starts. A mark refused here (the request went elsewhere, or the
+ledger cannot be reached) ends the request on this replica as not run (TOOL_HOST_UNAVAILABLE,
+with `startFence` in its details), which no bridge records in the ledger.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -41,6 +50,7 @@ from toolmesh.core.progress import ProgressVerdict, ToolProgress, capped_message
 from toolmesh.core.wire import time_left_ms
 from toolmesh.rules.limits import DEFAULT_LIMITS, Limits
 from toolmesh.rules.shares import Shares
+from toolmesh.store.ledger import MarkVerdict, StartMark
 
 log = logging.getLogger("toolmesh.bridge")
 
@@ -171,6 +181,16 @@ class HostSession:
 Settle = Callable[[Outcome], None]
 
 
+class StartFence(Protocol):
+    """Where starts are marked (the shared ledger: toolmesh.contracts.ledger.Ledger.mark_started)."""
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]: ...
+
+
+# The details' key of an outcome the start fence ended a request with on this replica: nothing ran.
+START_FENCE = "startFence"
+
+
 @dataclass(eq=False, slots=True)
 class PendingRequest:
     request: ToolRequest
@@ -190,6 +210,8 @@ class PendingRequest:
     # The tool's timeout, reported with TOOL_TIMEOUT: request.timeout_ms is what the bridge gave
     # it, less when its invocation's deadline was nearer.
     tool_timeout_ms: int = 0
+    # Its dispatch generation when its start is fenced (Router's `fence`); 0: not fenced.
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +253,14 @@ class Router:
         ended_memory: int = 50_000,
         observer: RouterObserver | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        fence: StartFence | None = None,
     ) -> None:
+        """`fence`: where the starts of requests carrying a dispatch generation are marked before
+        a host may start them (None: not fenced)."""
         self.heartbeat_s = heartbeat_s
+        self.fence = fence
+        # Marks of starts for hosts that do not acknowledge starts, under way.
+        self._marking: set[asyncio.Task[None]] = set()
         self._limits = limits
         self._observer: RouterObserver = observer or NoRouterObserver()
         self._hosts: dict[str, HostSession] = {}
@@ -360,6 +388,58 @@ class Router:
         if again:
             left_ms = math.floor(request.timeout_ms - (time.monotonic() - pending.started) * 1000)
             request = replace(request, timeout_ms=max(left_ms, 1))
+        if pending.generation and not host.acknowledges_starts:
+            # It may start as soon as it is read: its start is marked before it is sent.
+            task = asyncio.create_task(self._mark_then_send(pending, host, request))
+            self._marking.add(task)
+            task.add_done_callback(self._marking.discard)
+            return
+        self._send(pending, host, request)
+
+    async def _mark_then_send(self, pending: PendingRequest, host: HostSession, request: ToolRequest) -> None:
+        verdict = await self._mark([pending])
+        if self._pending.get(request.tool_request_id) is not pending or pending.host is not host:
+            return  # ended (or its host left) meanwhile: it was never sent
+        if verdict[0] is not MarkVerdict.WON:
+            self._unfenced(pending, verdict[0], tell_host=False)
+            return
+        pending.host_started = True
+        self._send(pending, host, request)
+
+    async def _mark(self, fenced: Sequence[PendingRequest]) -> list[MarkVerdict | None]:
+        """Mark the starts of `fenced` in one step: each one's verdict, None when the fence's store
+        could not be reached (then none may start)."""
+        assert self.fence is not None
+        marks = [StartMark(pending.request.tool_request_id, pending.generation) for pending in fenced]
+        try:
+            return list(await self.fence.mark_started(marks))
+        except ToolmeshError as error:
+            if error.code is not Code.STORE_UNAVAILABLE:
+                raise
+            log.warning("starts not fenced: the ledger is unreachable", extra={"count": len(marks)})
+            return [None] * len(marks)
+
+    def _unfenced(self, pending: PendingRequest, verdict: MarkVerdict | None, *, tell_host: bool) -> None:
+        """End a request whose start the fence refused (`verdict`; None: the ledger was unreachable):
+        it ran nowhere through this replica, and its invocation is sent elsewhere, or ended."""
+        why = "store_unavailable" if verdict is None else verdict.value
+        if tell_host:
+            self._stop(pending, EndReason.CANCELLED)
+        else:
+            self._end(pending, EndReason.CANCELLED)
+        log.info(
+            "start refused by the start fence",
+            extra={"tool_request_id": pending.request.tool_request_id, "fence": why},
+        )
+        pending.settle(
+            Outcome.runtime_error(
+                Code.TOOL_HOST_UNAVAILABLE,
+                "It was not started through this bridge replica (see the details' startFence).",
+                {"sessionId": pending.request.session_id, START_FENCE: why},
+            )
+        )
+
+    def _send(self, pending: PendingRequest, host: HostSession, request: ToolRequest) -> None:
         host.send(request)
         checks = host.checks
         pending.after_check = checks.waiting
@@ -409,7 +489,9 @@ class Router:
             self._by_session.pop(host.session_id, None)
         for pending in list(host.in_flight.values()):
             host.in_flight.pop(pending.request.tool_request_id, None)
-            never_started = host.acknowledges_starts and not pending.host_started
+            # A fenced request to a host that does not acknowledge starts is sent (and marked
+            # host_started) only once its start is marked: before that, it never reached the host.
+            never_started = not pending.host_started and (host.acknowledges_starts or pending.generation > 0)
             if pending.request.redeliverable or never_started:
                 # Safe to run (again): hand it to another host, now or when one connects, whose
                 # START (a redeliverable one may have started here) is its own.
@@ -533,13 +615,23 @@ class Router:
         # counts from it, not from its reading.
         # Hosts get the time left, never the invocation's deadline (another clock's).
         tool_timeout_ms = request.timeout_ms
+        generation = request.dispatch_generation
         request = replace(
             request,
             timeout_ms=left_ms,
             deadline_unix_ms=math.floor(time.time() * 1000) + left_ms,
             invocation_deadline_unix_ms=0,
+            dispatch_generation=0,
         )
-        pending = PendingRequest(request, None, settle, time.monotonic(), tool_timeout_ms=tool_timeout_ms)
+        fenced = self.fence is not None and not request.redeliverable
+        pending = PendingRequest(
+            request,
+            None,
+            settle,
+            time.monotonic(),
+            tool_timeout_ms=tool_timeout_ms,
+            generation=generation if fenced else 0,
+        )
         if on_progress is not None:
             pending.progress = ProgressGate(on_progress)
         self._pending[request_id] = pending
@@ -613,11 +705,13 @@ class Router:
             pending.progress.offer(replace(progress, message=message or None))
         return ProgressVerdict.ACCEPTED, truncated
 
-    def start_requests(
+    async def start_requests(
         self, host_session_id: str, tool_request_ids: Iterable[str], sessions: Container[str] | None = None
     ) -> list[StartVerdict]:
         """Whether the host may start each request (one verdict per id, in order): START at most once
-        per request, to the host session it is pending on, before its deadline by this bridge's clock.
+        per request, to the host session it is pending on, before its deadline by this bridge's clock,
+        and, for a fenced request, once its start is marked in the ledger (all of a call's in one
+        step): a mark refused ends the request here (CANCELLED; see the module's docstring).
 
         A request found past its deadline (its timer has not run yet) ends here with TOOL_TIMEOUT.
         Raises ToolmeshError: HOST_SESSION_UNKNOWN as `host` does, INVALID_REQUEST for a malformed
@@ -633,7 +727,22 @@ class Router:
             )
         for tool_request_id in ids:
             require_id(tool_request_id, "tool_request_ids")
-        return [self._start_one(host, tool_request_id) for tool_request_id in ids]
+        verdicts = [self._start_one(host, tool_request_id) for tool_request_id in ids]
+        fenced = [
+            (position, pending)
+            for position, verdict in enumerate(verdicts)
+            if verdict is StartVerdict.START and (pending := self._pending[ids[position]]).generation
+        ]
+        if not fenced:
+            return verdicts
+        marked = await self._mark([pending for _, pending in fenced])
+        for (position, pending), mark in zip(fenced, marked, strict=True):
+            if self._pending.get(pending.request.tool_request_id) is not pending or pending.host is not host:
+                verdicts[position] = self._start_one(host, pending.request.tool_request_id)  # ended meanwhile
+            elif mark is not MarkVerdict.WON:
+                self._unfenced(pending, mark, tell_host=True)
+                verdicts[position] = StartVerdict.CANCELLED
+        return verdicts
 
     def _start_one(self, host: HostSession, tool_request_id: str) -> StartVerdict:
         pending = self._pending.get(tool_request_id)

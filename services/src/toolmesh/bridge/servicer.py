@@ -155,12 +155,12 @@ def _now_ms() -> int:
     return math.floor(time.time() * 1000)
 
 
-def start_requests(
+async def start_requests(
     router: Router, request: bridge_pb2.StartToolRequestsRequest, sessions: Container[str] | None
 ) -> bridge_pb2.StartToolRequestsResponse:
     """`sessions`: as for `submit`."""
     ids = request.tool_request_ids
-    verdicts = router.start_requests(request.host_session_id, ids, sessions)
+    verdicts = await router.start_requests(request.host_session_id, ids, sessions)
     return bridge_pb2.StartToolRequestsResponse(
         starts=[
             bridge_pb2.ToolStart(tool_request_id=tool_request_id, verdict=_START_VERDICTS[verdict])
@@ -249,7 +249,7 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
     async def StartToolRequests(
         self, request: bridge_pb2.StartToolRequestsRequest, context: ServicerContext
     ) -> bridge_pb2.StartToolRequestsResponse:
-        return start_requests(self._router, request, scope(Role.HOST))
+        return await start_requests(self._router, request, scope(Role.HOST))
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext

@@ -177,7 +177,7 @@ class WebBridge(BridgeService):
     ) -> bridge_pb2.StartToolRequestsResponse:
         try:
             await admit(self._admit["StartToolRequests"], request, ctx)
-            return start_requests(self._router, request, scope(Role.HOST))
+            return await start_requests(self._router, request, scope(Role.HOST))
         except Exception as exc:
             fail("StartToolRequests", exc)
 

@@ -36,6 +36,8 @@ from toolmesh.store.ledger import (
     KeyReused,
     LeaseTerms,
     LedgerStore,
+    MarkVerdict,
+    StartMark,
     StoredInvocation,
 )
 
@@ -139,6 +141,10 @@ class InvocationRecord:
     # late_retry_notice_s): whichever process finishes the invocation (a bridge replica may)
     # applies them. Records written before the notice was kept hold the first two only.
     replay_windows: tuple[float, ...] | None = None
+    # When a host was allowed to start it (Unix seconds; kept beside the record by the store's
+    # start fence, see `Ledger.mark_started`); None: no start marked (not started, or started by
+    # a host that does not acknowledge starts, or through a bridge without the shared ledger).
+    started_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -150,8 +156,16 @@ class InvocationRecord:
     def delivered_now(self) -> InvocationRecord:
         return self._changed(self.state, self.outcome, True, self.finished_at)
 
+    def started_then(self, at: float) -> InvocationRecord:
+        return self._changed(self.state, self.outcome, self.delivered, self.finished_at, at)
+
     def _changed(
-        self, state: InvocationState, outcome: Outcome | None, delivered: bool, finished_at: float | None
+        self,
+        state: InvocationState,
+        outcome: Outcome | None,
+        delivered: bool,
+        finished_at: float | None,
+        started_at: float | None = None,
     ) -> InvocationRecord:
         """A copy with the fields that change after the claim: positional, as dataclasses.replace
         costs several times more, twice per call."""
@@ -169,6 +183,7 @@ class InvocationRecord:
             self.idempotency_key,
             self.trace_context,
             self.replay_windows,
+            self.started_at if started_at is None else started_at,
         )
 
 
@@ -301,7 +316,11 @@ class Ledger:
         if record is None:
             record = _decode(stored.record)
             self._remember(stored.record, record)
-        return record.delivered_now() if stored.delivered else record
+        if stored.delivered:
+            record = record.delivered_now()
+        if stored.started_at_ms:
+            record = record.started_then(stored.started_at_ms / 1000)
+        return record
 
     def _remember(self, raw: bytes, record: InvocationRecord) -> None:
         # Records are immutable: the same bytes always decode to an equal record.
@@ -568,6 +587,21 @@ class Ledger:
                 return  # gone, or finished by another writer (whose outcome wins)
             kept = self._finished(record, kept.outcome, kept.at)
         await self._store.finish(tool_request_id, *kept)
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
+        """The start fence's bridge side: mark each invocation started by the delivery of its
+        generation, before a host is allowed to start it (LedgerStore.mark_started): WON lets it
+        start; LOST (another delivery started, or the invocation was sent elsewhere since) and
+        ENDED do not. Raises ToolmeshError(STORE_UNAVAILABLE): then nothing may start."""
+        if not marks:
+            return []
+        return await self._store.mark_started(marks)
+
+    async def redispatch(self, tool_request_id: str, generation: int) -> int:
+        """The start fence's invocation side: the next dispatch generation, when the delivery of
+        `generation` never started (then no host can start it any more), else 0: it may have
+        started, or it ended (LedgerStore.redispatch). Raises ToolmeshError(STORE_UNAVAILABLE)."""
+        return await self._store.redispatch(tool_request_id, generation)
 
     async def cancel(self, record: InvocationRecord) -> CancelVerdict | None:
         """End the running invocation `record` with TOOL_CANCELLED, unless a call joined it or it has

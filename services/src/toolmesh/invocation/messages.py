@@ -77,4 +77,6 @@ def record_to_pb(record: InvocationRecord) -> invocation_pb2.Invocation:
         message.outcome.CopyFrom(outcome_to_pb(record.outcome))
     if record.finished_at is not None:
         message.finished_at.CopyFrom(timestamp(record.finished_at))
+    if record.started_at is not None:
+        message.started_at.CopyFrom(timestamp(record.started_at))
     return message

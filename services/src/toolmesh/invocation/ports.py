@@ -10,6 +10,7 @@ from typing import Protocol
 
 from toolmesh.contracts.ledger import InvocationRecord
 from toolmesh.core.calls import ToolCall, ToolRequest
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
@@ -33,6 +34,19 @@ class OutcomeElsewhere(Exception):
     """The link to the bridge broke after the request was sent, and bridges record outcomes in the
     shared ledger: the host may still run it and hand its outcome to another bridge replica, which
     records it. Ending the call now (BRIDGE_UNAVAILABLE) would let an exact retry run it again."""
+
+
+class BridgeLost(ToolmeshError):
+    """BRIDGE_UNAVAILABLE, knowing whether the request may have reached the bridge: `sent` is
+    False when it never left this process (the bridge could not be connected to, or the stream
+    ended before the request was handed to it), so nothing ran. `fenced`: the bridge said it
+    fences starts in the shared ledger (DispatchToolRequestsResponse.starts_fenced), so the
+    ledger knows whether a host started it."""
+
+    def __init__(self, metadata: dict[str, str], *, sent: bool, fenced: bool = False) -> None:
+        super().__init__(Code.BRIDGE_UNAVAILABLE, "", metadata)
+        self.sent = sent
+        self.fenced = fenced
 
 
 class Dispatcher(Protocol):

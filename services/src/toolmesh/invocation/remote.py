@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import grpc
@@ -30,7 +30,8 @@ from toolmesh.invocation.catalog_cache import (
     WatchSource,
     unavailable,
 )
-from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, OutcomeElsewhere, ProgressSink
+from toolmesh.invocation.ports import REGISTRY_TIMEOUT_S, BridgeLost, OutcomeElsewhere, ProgressSink
+from toolmesh.invocation.redispatch import FIRST_GENERATION, DispatchFence, redispatch_unstarted
 from toolmesh.runtime.peers import Connect
 from toolmesh.store.base import Store
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, registry_pb2, registry_pb2_grpc
@@ -207,14 +208,15 @@ class RegistryReplicas:
         raise last
 
 
-class BridgeLost(ToolmeshError):
-    """BRIDGE_UNAVAILABLE, knowing whether the request may have reached the bridge: `sent` is
-    False when it never left this process (the bridge could not be connected to, or the stream
-    ended before the request was handed to it), so nothing ran."""
+@dataclass(slots=True)
+class _LinkFence:
+    """Whether the bridge at the other end of one dispatch stream fences starts (it says so first)."""
 
-    def __init__(self, metadata: dict[str, str], *, sent: bool) -> None:
-        super().__init__(Code.BRIDGE_UNAVAILABLE, "", metadata)
-        self.sent = sent
+    fenced: bool = False
+
+    def heard(self, response: bridge_pb2.DispatchToolRequestsResponse) -> None:
+        if response.starts_fenced:
+            self.fenced = True
 
 
 class RemoteDispatcher:
@@ -240,8 +242,9 @@ class RemoteDispatcher:
         # Where the progress reports of requests on the link go, by tool request id.
         self._progress: dict[str, ProgressSink] = {}
         self._connecting: asyncio.Future[None] | None = None
+        self._fence = _LinkFence()
 
-    async def _open_link(self) -> tuple[DispatchLink, set[str]]:
+    async def _open_link(self) -> tuple[DispatchLink, set[str], _LinkFence]:
         link = self._link
         if link is None or link.closed:
             # One wait for the connection, shared by every dispatch that needs it meanwhile.
@@ -253,16 +256,17 @@ class RemoteDispatcher:
             link = self._link  # another dispatch may have opened one meanwhile
             if link is None or link.closed:
                 sent: set[str] = set()
+                fence = self._fence = _LinkFence()
                 link = self._link = StreamLink(
                     self._stub.DispatchToolRequests,
                     batch=partial(_dispatch_message, sent),
                     size_of=_size,
                     results_of=lambda response: response.results,
                     key_of=lambda result: result.tool_request_id,
-                    on_response=self._progressed,
+                    on_response=partial(self._progressed, fence),
                 )
                 self._sent = sent
-        return link, self._sent
+        return link, self._sent, self._fence
 
     async def _connected(self) -> None:
         """Wait for the channel to be connected; BridgeLost (not sent) when it fails or takes too long."""
@@ -277,18 +281,24 @@ class RemoteDispatcher:
                 await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
             state = self._channel.get_state(try_to_connect=True)
 
-    def _progressed(self, response: bridge_pb2.DispatchToolRequestsResponse) -> None:
+    def _progressed(self, fence: _LinkFence, response: bridge_pb2.DispatchToolRequestsResponse) -> None:
+        fence.heard(response)
         for report in response.progress:
             sink = self._progress.get(report.tool_request_id)
             if sink is not None:
                 sink(progress_from_pb(report))
 
-    async def dispatch(self, request: ToolRequest, on_progress: ProgressSink | None = None) -> Outcome:
-        link, sent = await self._open_link()
+    async def dispatch(
+        self, request: ToolRequest, on_progress: ProgressSink | None = None, *, generation: int = 0
+    ) -> Outcome:
+        """The request's outcome; `generation`: its dispatch generation (the start fence; 0: none)."""
+        link, sent, fence = await self._open_link()
         tool_request_id = request.tool_request_id
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
             message = request_to_pb(request)
             message.trace_context.update(carrier)
+            if generation:
+                message.dispatch_generation = generation
             result = link.expect(tool_request_id)
             link.send(message)
             # The bridge enforces the deadline; this only catches a bridge that went quiet.
@@ -300,7 +310,7 @@ class RemoteDispatcher:
             try:
                 return _outcome_of(await result)
             except StreamBroken as broken:
-                raise _unavailable(broken, sent=tool_request_id in sent) from None
+                raise _unavailable(broken, sent=tool_request_id in sent, fenced=fence.fenced) from None
             except TimeoutError:
                 detail = f"No result within {request.timeout_ms} ms."
                 return Outcome.runtime_error(Code.TOOL_TIMEOUT, detail, {"timeoutMs": request.timeout_ms})
@@ -349,14 +359,14 @@ def _dispatch_message(
     return message
 
 
-def _unavailable(broken: StreamBroken, *, sent: bool) -> BridgeLost:
+def _unavailable(broken: StreamBroken, *, sent: bool, fenced: bool) -> BridgeLost:
     metadata = {"grpcStatus": broken.status}
     refused = error_code(broken.error) if broken.error is not None else None
     if refused is not None:
         # The bridge answered but would not take the stream: a configuration to fix, not an outage.
         metadata["reason"] = refused.value
         log.error("the bridge refused the dispatch stream", extra={"reason": refused.value})
-    return BridgeLost(metadata, sent=sent)
+    return BridgeLost(metadata, sent=sent, fenced=fenced)
 
 
 def _give_up(
@@ -415,6 +425,10 @@ class RoutedDispatcher:
     than BRIDGE_UNAVAILABLE, or sends a redeliverable one to another replica. A request that
     never left ends at once with TOOL_HOST_UNAVAILABLE (nothing ran), unless another replica
     holds a host of the session.
+
+    With `fence` (the shared ledger's start fence, toolmesh.invocation.redispatch), requests that
+    are not redeliverable carry their dispatch generation; one whose replica was lost before it
+    let a host start it is sent through another (`redispatch_unstarted`).
     """
 
     def __init__(
@@ -426,8 +440,10 @@ class RoutedDispatcher:
         idle_s: float = LINK_IDLE_S,
         recorded: bool = False,
         route_cache_s: float = ROUTE_CACHE_S,
+        fence: DispatchFence | None = None,
     ) -> None:
         self._store = store
+        self._fence = fence
         self._route_cache_s = route_cache_s
         self._recorded = recorded
         self._default = default_target
@@ -465,10 +481,11 @@ class RoutedDispatcher:
         else:
             target = await self._read_route(session_id)
         tried: set[str] = set()
+        generation = FIRST_GENERATION if self._fence is not None and not request.redeliverable else 0
         while True:
             tried.add(target)
             try:
-                outcome = await self._send(target, request, on_progress)
+                outcome = await self._send(target, request, on_progress, generation)
             except BridgeLost as lost:
                 # A refusal (a reason) is a configuration to fix, not a replica gone.
                 if "reason" in lost.metadata:
@@ -476,9 +493,17 @@ class RoutedDispatcher:
                 if lost.sent:
                     if not self._recorded:
                         raise
-                    if not request.redeliverable:
+                    if request.redeliverable:
+                        return await self._redeliver(request, tried, on_progress)
+                    if self._fence is None or not lost.fenced:
                         raise OutcomeElsewhere from None
-                    return await self._redeliver(request, tried, on_progress)
+                    return await redispatch_unstarted(
+                        request,
+                        generation,
+                        self._fence,
+                        partial(self._send_again, on_progress),
+                        self._read_route,
+                    )
                 outcome = _unreachable(session_id)
             if not _no_host(outcome):
                 return outcome
@@ -533,7 +558,14 @@ class RoutedDispatcher:
         self._routes[session_id] = (target, time.monotonic())
         return target
 
-    async def _send(self, target: str, request: ToolRequest, on_progress: ProgressSink | None) -> Outcome:
+    async def _send_again(
+        self, on_progress: ProgressSink | None, target: str, request: ToolRequest, generation: int
+    ) -> Outcome:
+        return await self._send(target, request, on_progress, generation)
+
+    async def _send(
+        self, target: str, request: ToolRequest, on_progress: ProgressSink | None, generation: int = 0
+    ) -> Outcome:
         bridge = self._bridges.get(target)
         if bridge is None:
             bridge = self._bridges[target] = _Bridge(target, self._connect)
@@ -542,7 +574,7 @@ class RoutedDispatcher:
             bridge.idle = None
         bridge.busy += 1
         try:
-            return await bridge.dispatcher.dispatch(request, on_progress)
+            return await bridge.dispatcher.dispatch(request, on_progress, generation=generation)
         finally:
             bridge.busy -= 1
             if bridge.busy == 0 and target != self._default:

@@ -19,10 +19,18 @@ kept, within the replay window) until every attachment's delivery is
 confirmed: one caller's confirmation does not release it for another that
 attached and has not confirmed (it may have given up and be about to retry).
 An attachment never confirmed does not pin it longer than the replay window.
+
+Start fence: each invocation has a dispatch generation (1 when claimed) and, once a host was
+allowed to start it, a start mark. A bridge marks the start of the delivery it holds
+(`mark_started`, compare-and-set on that delivery's generation) before it lets a host start it;
+the invocation service moves the generation on (`redispatch`) before it sends the request
+again through another bridge replica, only while no start is marked. So at most one delivery
+of an invocation ever starts, and a bridge cut off from the others cannot start an old one.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -40,6 +48,11 @@ class StoredInvocation:
     delivered: bool
     # From a claim that attached to this invocation: the attachment it made ("" otherwise).
     attachment_id: str = ""
+    # Its dispatch generation (see `LedgerStore.redispatch`; claims answer 1 for theirs).
+    generation: int = 1
+    # When a host was allowed to start it (`LedgerStore.mark_started`), in Unix ms on the store's
+    # clock; 0: no start marked. Claims that attach answer 0.
+    started_at_ms: int = 0
 
 
 class Delivered(NamedTuple):
@@ -48,6 +61,24 @@ class Delivered(NamedTuple):
     tool_request_id: str
     # "" confirms every attachment at once (ConfirmDelivery's id-only form).
     attachment_id: str = ""
+
+
+class StartMark(NamedTuple):
+    """A bridge's start of the delivery of `generation` of an invocation (see `mark_started`)."""
+
+    tool_request_id: str
+    generation: int
+
+
+class MarkVerdict(enum.Enum):
+    """What `mark_started` did with one StartMark."""
+
+    # Marked: the delivery may start.
+    WON = "won"
+    # Another start was marked, or a redispatch moved the generation on: it must not start.
+    LOST = "lost"
+    # The invocation has ended, or is not stored: nothing to start.
+    ENDED = "ended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +209,19 @@ class LedgerStore(Protocol):
     async def release_lease(self, key: str, tool_request_id: str) -> None:
         """Give back the lease a claim took, for an invocation that ends without `finish` (its
         caller left before an outcome): nothing when it lapsed or was given back."""
+        ...
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
+        """Mark each invocation started by its delivery of `generation` (one verdict per mark, in
+        order), each atomically: WON only while it runs, its dispatch generation is `generation` and
+        no start is marked (the mark keeps the store's time); else LOST or ENDED, changing nothing.
+        On Redis, one round trip per slot the marks fall in (one on a single server)."""
+        ...
+
+    async def redispatch(self, tool_request_id: str, generation: int) -> int:
+        """Move the invocation's dispatch generation on from `generation`, atomically, only while it
+        runs, no start is marked and its generation is `generation`: the new generation. 0 when
+        it did not (a start was marked, it ended or is not stored, or another moved it on)."""
         ...
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None: ...

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -21,6 +22,8 @@ from toolmesh.store.ledger import (
     KeyReused,
     LeaseRefused,
     LeaseTerms,
+    MarkVerdict,
+    StartMark,
     StoredInvocation,
 )
 
@@ -247,6 +250,9 @@ class _Invocation:
     cancelled: bool = False
     # The lease key its claim took a place under ("" for none), given back when it finishes.
     lease: str = ""
+    # Its dispatch generation, and when a start was marked (Unix ms; 0: none): LedgerStore.redispatch.
+    generation: int = 1
+    started_at_ms: int = 0
 
     def attached(self) -> _Invocation:
         """With one more attachment (unconfirmed, unless all were confirmed already); joined, when
@@ -287,7 +293,14 @@ class MemoryLedgerStore:
         entry = self._invocations.live(tool_request_id)
         if entry is None:
             return None
-        return StoredInvocation(tool_request_id, entry.value.record, entry.value.delivered)
+        invocation = entry.value
+        return StoredInvocation(
+            tool_request_id,
+            invocation.record,
+            invocation.delivered,
+            generation=invocation.generation,
+            started_at_ms=invocation.started_at_ms,
+        )
 
     def _store_running(
         self, tool_request_id: str, record: bytes, identity: str, ttl_s: float, lease: LeaseTerms | None
@@ -401,6 +414,8 @@ class MemoryLedgerStore:
             running.attachments,
             running.unconfirmed,
             cancelled=cancelled,
+            generation=running.generation,
+            started_at_ms=running.started_at_ms,
         )
         # It outlives its pointer: a retry the pointer leads here must find it.
         self._invocations.write(tool_request_id, finished, max(keep_s, replay_s or 0.0))
@@ -447,6 +462,35 @@ class MemoryLedgerStore:
 
     async def release_lease(self, key: str, tool_request_id: str) -> None:
         self._leases.give_back(key, tool_request_id)
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
+        return [self._mark(mark) for mark in marks]
+
+    def _mark(self, mark: StartMark) -> MarkVerdict:
+        entry = self._invocations.live(mark.tool_request_id)
+        if entry is None or entry.value.finished:
+            return MarkVerdict.ENDED
+        invocation = entry.value
+        if invocation.started_at_ms or invocation.generation != mark.generation:
+            return MarkVerdict.LOST
+        started = replace(invocation, started_at_ms=math.floor(time.time() * 1000))
+        self._invocations.write(
+            mark.tool_request_id, started, self._invocations.expires_in(mark.tool_request_id), notify=False
+        )
+        return MarkVerdict.WON
+
+    async def redispatch(self, tool_request_id: str, generation: int) -> int:
+        entry = self._invocations.live(tool_request_id)
+        if entry is None:
+            return 0
+        invocation = entry.value
+        if invocation.finished or invocation.started_at_ms or invocation.generation != generation:
+            return 0
+        moved = replace(invocation, generation=generation + 1)
+        self._invocations.write(
+            tool_request_id, moved, self._invocations.expires_in(tool_request_id), notify=False
+        )
+        return moved.generation
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         return self._stored(tool_request_id)

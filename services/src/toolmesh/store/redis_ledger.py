@@ -11,7 +11,8 @@ Keys, under the connection's prefix:
   (how many attachments it has had: the last one's id), `open` (how many are
   unconfirmed), `a<id>` (set per unconfirmed attachment), `lease` (the lease key
   its claim took a place under, its id the tool request id; "" for none: finishing
-  gives the place back). Finishing it publishes
+  gives the place back), `gen` (its dispatch generation, absent: 1), `st` (when a start was
+  marked, Unix ms on the server's clock; absent: none). Finishing it publishes
   on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.store import slots
 from toolmesh.store.durability import NotReplicated
 from toolmesh.store.ledger import (
@@ -41,6 +43,8 @@ from toolmesh.store.ledger import (
     KeyReused,
     LeaseRefused,
     LeaseTerms,
+    MarkVerdict,
+    StartMark,
     StoredInvocation,
 )
 from toolmesh.store.redis import RedisConnection, Script, expires_in, milliseconds
@@ -232,9 +236,40 @@ return confirm(1, 2, #KEYS, ARGV[1])
 )
 
 _READ = Script("""
-local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv')
-return {found[1], found[2], redis.call('PTTL', KEYS[1])}
+local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv', 'gen', 'st')
+return {found[1], found[2], redis.call('PTTL', KEYS[1]), found[3], found[4]}
 """)
+
+# KEYS: the records (one slot). ARGV: the generation of each one's delivery. Marks each running
+# one started, now, if its generation is that and no start is marked. Returns per key 1 (marked),
+# 0 (another start was marked, or the generation moved on), -1 (ended, or not stored).
+_MARK_STARTED = Script("""
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local verdicts = {}
+for i, key in ipairs(KEYS) do
+  local found = redis.call('HMGET', key, 'rec', 'end', 'gen', 'st')
+  if not found[1] or found[2] then verdicts[i] = -1
+  elseif found[4] or tonumber(found[3] or '1') ~= tonumber(ARGV[i]) then verdicts[i] = 0
+  else
+    redis.call('HSET', key, 'st', now)
+    verdicts[i] = 1
+  end
+end
+return verdicts
+""")
+
+# KEYS: the record. ARGV: the generation to move on from. Returns the new one, or 0 when it did not.
+_REDISPATCH = Script("""
+local found = redis.call('HMGET', KEYS[1], 'rec', 'end', 'gen', 'st')
+if not found[1] or found[2] or found[4] then return 0 end
+local generation = tonumber(found[3] or '1')
+if generation ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'gen', generation + 1)
+return generation + 1
+""")
+
+_MARK_VERDICTS = {1: MarkVerdict.WON, 0: MarkVerdict.LOST, -1: MarkVerdict.ENDED}
 
 
 class RedisLedgerStore:
@@ -401,19 +436,52 @@ class RedisLedgerStore:
         answer = await self._run(_CANCEL, keys, args)
         return None if answer is None else bytes(answer).decode()
 
+    def _by_slot(self, items: Sequence[_Named]) -> dict[tuple[str, str], list[int]]:
+        """The positions of `items` grouped by their slot tag: one script per group (on one Redis,
+        one in all); an id without a tag is a slot of its own."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for position, item in enumerate(items):
+            tag = self._tag(item.tool_request_id)
+            slot = (tag, "") if tag or not self._cluster else ("", item.tool_request_id)
+            groups.setdefault(slot, []).append(position)
+        return groups
+
     async def confirm(self, deliveries: Sequence[Delivered]) -> list[str]:
-        # One script per slot (on one Redis, one in all); an id without a tag is a slot of its own.
-        groups: dict[tuple[str, str], list[Delivered]] = {}
-        for delivered in deliveries:
-            tag = self._tag(delivered.tool_request_id)
-            slot = (tag, "") if tag or not self._cluster else ("", delivered.tool_request_id)
-            groups.setdefault(slot, []).append(delivered)
         running: list[str] = []
-        for (tag, _own), group in groups.items():
+        for (tag, _own), positions in self._by_slot(deliveries).items():
+            group = [deliveries[position] for position in positions]
             records, identities = self._names(tag)[:2]
             still = await self._run(_CONFIRM, _named(records, group), [identities, *_pairs(group)])
             running.extend(tool_request_id.decode() for tool_request_id in still)
         return running
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
+        verdicts: list[MarkVerdict] = [MarkVerdict.ENDED] * len(marks)
+        for (tag, _own), positions in self._by_slot(marks).items():
+            records = self._names(tag)[0]
+            keys = [records + marks[position].tool_request_id for position in positions]
+            generations = [str(marks[position].generation) for position in positions]
+            # Durable like a claim: a start a failover forgot would let a redispatch run it again.
+            try:
+                answers = await self._run(_MARK_STARTED, keys, generations, durable=True)
+            except NotReplicated:
+                raise ToolmeshError(
+                    Code.STORE_UNAVAILABLE, "No replica confirmed the start in time."
+                ) from None
+            for position, answer in zip(positions, answers, strict=True):
+                verdicts[position] = _MARK_VERDICTS[int(answer)]
+        return verdicts
+
+    async def redispatch(self, tool_request_id: str, generation: int) -> int:
+        try:
+            moved = await self._run(
+                _REDISPATCH, [self._record(tool_request_id)], [str(generation)], durable=True
+            )
+        except NotReplicated:
+            raise ToolmeshError(
+                Code.STORE_UNAVAILABLE, "No replica confirmed the redispatch in time."
+            ) from None
+        return int(moved)
 
     def _lease(self, leases: str, lease: LeaseTerms | None) -> list[str]:
         """The claim scripts' lease arguments: key (under the prefix), limit, ttl ms; "" for none."""
@@ -433,10 +501,17 @@ class RedisLedgerStore:
         return stored
 
     async def _read_expiring(self, tool_request_id: str) -> tuple[StoredInvocation | None, float | None]:
-        record, delivered, pttl = await self._run(_READ, [self._record(tool_request_id)])
+        record, delivered, pttl, generation, started = await self._run(_READ, [self._record(tool_request_id)])
         if record is None:
             return None, None
-        return StoredInvocation(tool_request_id, record, delivered is not None), expires_in(int(pttl))
+        stored = StoredInvocation(
+            tool_request_id,
+            record,
+            delivered is not None,
+            generation=1 if generation is None else int(generation),
+            started_at_ms=0 if started is None else int(started),
+        )
+        return stored, expires_in(int(pttl))
 
     def watch(self, tool_request_id: str) -> AsyncGenerator[StoredInvocation | None, None]:
         channel = self._record(tool_request_id).encode()
@@ -456,6 +531,11 @@ def _claimed_keyed(found: Any) -> StoredInvocation | None:
     if found[0] == 0:
         raise KeyReused(found[1].decode())
     return StoredInvocation(found[1].decode(), found[2], found[3] == 1, found[4].decode())
+
+
+class _Named(Protocol):
+    @property
+    def tool_request_id(self) -> str: ...
 
 
 def _named(records: str, deliveries: Sequence[Delivered]) -> list[str]:

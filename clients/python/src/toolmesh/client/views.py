@@ -46,7 +46,9 @@ class Invocation:
     """One invocation as the ledger shows it (InvocationClient.get_invocation).
 
     `outcome` is None while it runs; `delivered` says whether a caller confirmed
-    receiving it; `message` is the wire message it was read from.
+    receiving it; `started_at` when a host was allowed to start it (None: no host is known to
+    have started it; see the proto's Invocation.started_at); `message` is the wire message it
+    was read from.
     """
 
     tool_request_id: str
@@ -58,6 +60,7 @@ class Invocation:
     delivered: bool
     created_at: datetime
     finished_at: datetime | None
+    started_at: datetime | None
     message: invocation_pb2.Invocation = field(repr=False, compare=False)
 
     @classmethod
@@ -75,13 +78,15 @@ class Invocation:
             finished_at=message.finished_at.ToDatetime(tzinfo=UTC)
             if message.HasField("finished_at")
             else None,
+            started_at=message.started_at.ToDatetime(tzinfo=UTC) if message.HasField("started_at") else None,
             message=message,
         )
 
     def to_json(self) -> dict[str, Any]:
         """The shape `toolmesh invocations show` prints.
 
-        Ids, `state`, `delivered`, times, then `ok` with `result` or `error` once it has ended.
+        Ids, `state`, `delivered`, times (`startedAt` only once a host is known to have started it),
+        then `ok` with `result` or `error` once it has ended.
         """
         shown: dict[str, Any] = {
             "toolRequestId": self.tool_request_id,
@@ -93,6 +98,8 @@ class Invocation:
             "createdAt": self.message.created_at.ToJsonString(),
             "finishedAt": self.message.finished_at.ToJsonString() if self.finished_at is not None else None,
         }
+        if self.started_at is not None:
+            shown["startedAt"] = self.message.started_at.ToJsonString()
         if self.outcome is not None:
             shown |= {"ok": self.outcome.ok, **outcome_json(self.outcome)}
         return shown

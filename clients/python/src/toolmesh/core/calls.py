@@ -31,3 +31,6 @@ class ToolRequest:
     # The invocation's deadline on the invocation service's clock (ms since the Unix epoch), sent
     # to the bridge, which folds it into timeout_ms when it reads the request; 0 elsewhere.
     invocation_deadline_unix_ms: int = 0
+    # The start fence: this delivery's dispatch generation in the shared ledger (set by the
+    # invocation service when it shares one with the bridge); 0: not fenced.
+    dispatch_generation: int = 0

@@ -118,6 +118,7 @@ def request_to_pb(request: ToolRequest) -> bridge_pb2.ToolRequest:
         redeliverable=request.redeliverable,
         deadline_unix_ms=request.deadline_unix_ms,
         invocation_deadline_unix_ms=request.invocation_deadline_unix_ms,
+        dispatch_generation=request.dispatch_generation,
     )
 
 
@@ -142,6 +143,7 @@ def request_from_pb(message: bridge_pb2.ToolRequest) -> ToolRequest:
         trace_context=dict(message.trace_context),
         redeliverable=message.redeliverable,
         invocation_deadline_unix_ms=message.invocation_deadline_unix_ms,
+        dispatch_generation=message.dispatch_generation,
     )
 
 

@@ -95,7 +95,11 @@ class _ToolStartVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Tool
     TOOL_START_VERDICT_TIMED_OUT: _ToolStartVerdict.ValueType  # 2
     """Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
     TOOL_START_VERDICT_CANCELLED: _ToolStartVerdict.ValueType  # 3
-    """It was cancelled: the caller gave up on it."""
+    """It was cancelled: the caller gave up on it, or the start fence refused
+    to start it here (its invocation was sent through another bridge replica
+    since, or ended, or the shared ledger could not be reached; see
+    ToolRequest.dispatch_generation). Either way it did not start and must not.
+    """
     TOOL_START_VERDICT_ENDED: _ToolStartVerdict.ValueType  # 4
     """It has ended otherwise (answered)."""
     TOOL_START_VERDICT_UNKNOWN: _ToolStartVerdict.ValueType  # 5
@@ -117,7 +121,11 @@ TOOL_START_VERDICT_START: ToolStartVerdict.ValueType  # 1
 TOOL_START_VERDICT_TIMED_OUT: ToolStartVerdict.ValueType  # 2
 """Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
 TOOL_START_VERDICT_CANCELLED: ToolStartVerdict.ValueType  # 3
-"""It was cancelled: the caller gave up on it."""
+"""It was cancelled: the caller gave up on it, or the start fence refused
+to start it here (its invocation was sent through another bridge replica
+since, or ended, or the shared ledger could not be reached; see
+ToolRequest.dispatch_generation). Either way it did not start and must not.
+"""
 TOOL_START_VERDICT_ENDED: ToolStartVerdict.ValueType  # 4
 """It has ended otherwise (answered)."""
 TOOL_START_VERDICT_UNKNOWN: ToolStartVerdict.ValueType  # 5
@@ -316,6 +324,7 @@ class ToolRequest(_message.Message):
     REDELIVERABLE_FIELD_NUMBER: _builtins.int
     DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
     INVOCATION_DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    DISPATCH_GENERATION_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session the call was made in."""
     turn_id: _builtins.str
@@ -364,6 +373,20 @@ class ToolRequest(_message.Message):
     as much. 0: not known (an older invocation service); timeout_ms rules.
     Not set on requests sent to hosts (see deadline_unix_ms).
     """
+    dispatch_generation: _builtins.int
+    """The start fence (DispatchToolRequests only): the dispatch generation of
+    this delivery of the invocation in the ledger the invocation service
+    shares with the bridge, 1 on the first delivery, one more each time the
+    invocation service sends it again through another bridge replica after
+    losing the one it was sent to. A bridge that shares the ledger (see
+    DispatchToolRequestsResponse.starts_fenced) marks the invocation started
+    for this generation, compare-and-set, before it lets a host start it
+    (StartToolRequests; before sending it to a host that does not
+    acknowledge starts), and lets none start it when the generation has moved
+    on (verdict CANCELLED). Not fenced: read-only and idempotent requests, and
+    0 (an older invocation service, or no shared ledger). Not set on requests
+    sent to hosts.
+    """
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """W3C trace context (traceparent, tracestate) of the invocation, so the
@@ -384,10 +407,11 @@ class ToolRequest(_message.Message):
         redeliverable: _builtins.bool = ...,
         deadline_unix_ms: _builtins.int = ...,
         invocation_deadline_unix_ms: _builtins.int = ...,
+        dispatch_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "deadline_unix_ms", b"deadline_unix_ms", "invocation_deadline_unix_ms", b"invocation_deadline_unix_ms", "redeliverable", b"redeliverable", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "deadline_unix_ms", b"deadline_unix_ms", "dispatch_generation", b"dispatch_generation", "invocation_deadline_unix_ms", b"invocation_deadline_unix_ms", "redeliverable", b"redeliverable", "session_id", b"session_id", "timeout_ms", b"timeout_ms", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "trace_context", b"trace_context", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -981,6 +1005,15 @@ class DispatchToolRequestsResponse(_message.Message):
 
     RESULTS_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
+    STARTS_FENCED_FIELD_NUMBER: _builtins.int
+    starts_fenced: _builtins.bool
+    """Set on the stream's first message, sent as soon as the stream opens (with
+    no results): this bridge fences starts in the shared ledger (see
+    ToolRequest.dispatch_generation), so a request of the stream it never let
+    start may be sent again through another bridge replica if this one is
+    lost. Unset (an older bridge, or one without a shared ledger): a request
+    that reached it may have started.
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___DispatchResult]:
         """One per request, each sent once, in the order the requests ended."""
@@ -997,10 +1030,11 @@ class DispatchToolRequestsResponse(_message.Message):
         *,
         results: _abc.Iterable[Global___DispatchResult] | None = ...,
         progress: _abc.Iterable[_tool_pb2.ToolProgress] | None = ...,
+        starts_fenced: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "results", b"results", "starts_fenced", b"starts_fenced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

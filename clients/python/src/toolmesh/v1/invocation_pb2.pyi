@@ -683,6 +683,7 @@ class Invocation(_message.Message):
     DELIVERED_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
     """Its id."""
     session_id: _builtins.str
@@ -709,6 +710,16 @@ class Invocation(_message.Message):
     def finished_at(self) -> _timestamp_pb2.Timestamp:
         """Unset while running."""
 
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When a host was allowed to start it (told START, see the bridge's
+        StartToolRequests), by the state store's clock. Unset: no host is known to
+        have started it, because none has yet, or it ended before one did, or it
+        ran on a host that does not acknowledge starts, a read-only or idempotent
+        tool (not fenced), or through a bridge that does not share the ledger.
+        Once set, the invocation is never sent to another bridge replica.
+        """
+
     def __init__(
         self,
         *,
@@ -721,10 +732,11 @@ class Invocation(_message.Message):
         delivered: _builtins.bool = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "finished_at", b"finished_at", "outcome", b"outcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "finished_at", b"finished_at", "outcome", b"outcome", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivered", b"delivered", "finished_at", b"finished_at", "outcome", b"outcome", "session_id", b"session_id", "state", b"state", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivered", b"delivered", "finished_at", b"finished_at", "outcome", b"outcome", "session_id", b"session_id", "started_at", b"started_at", "state", b"state", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,186 @@
+"""The bridge's side of the start fence, on a Router whose fence is a ledger in memory.
+
+A fenced request (one carrying a dispatch generation, not read-only nor idempotent) starts only
+once its start is marked in the ledger: at START for a host that acknowledges starts, before it
+is sent to one that does not. A mark refused ends it on this replica as not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from functools import partial
+
+import pytest
+
+from toolmesh.bridge.router import START_FENCE, HostSession, Router, StartVerdict, ToolRequestCancelled
+from toolmesh.contracts.ledger import Ledger
+from toolmesh.core.calls import ToolCall, ToolRequest
+from toolmesh.core.errors import Code, ToolmeshError
+from toolmesh.core.outcome import Outcome
+from toolmesh.store import slots
+from toolmesh.store.ledger import MarkVerdict, StartMark
+from toolmesh.store.memory import MemoryLedgerStore
+
+pytestmark = pytest.mark.unit
+
+SESSION = "fenced"
+
+
+class Unreachable:
+    """A fence whose store cannot be reached (as the Ledger raises it)."""
+
+    def __init__(self) -> None:
+        self.asked: list[StartMark] = []
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
+        self.asked.extend(marks)
+        raise ToolmeshError(Code.STORE_UNAVAILABLE)
+
+
+async def claimed(ledger: Ledger, name: str) -> str:
+    tool_request_id = slots.tool_request_id(SESSION, name)
+    await ledger.claim(ToolCall(SESSION, "turn", "t", f'{{"n": "{name}"}}'), tool_request_id, 10_000)
+    return tool_request_id
+
+
+def request(tool_request_id: str, *, generation: int = 1, redeliverable: bool = False) -> ToolRequest:
+    return ToolRequest(
+        SESSION,
+        "turn",
+        tool_request_id,
+        "t",
+        "{}",
+        10_000,
+        redeliverable=redeliverable,
+        dispatch_generation=generation,
+    )
+
+
+def open_host(router: Router, *, acks: bool = True) -> HostSession:
+    return router.open_host(SESSION, "test", ["t"], False, acknowledges_starts=acks)
+
+
+async def next_request(host: HostSession, timeout: float = 2) -> ToolRequest | ToolRequestCancelled:
+    while True:
+        event = await asyncio.wait_for(host.next_event(), timeout)
+        if isinstance(event, ToolRequest | ToolRequestCancelled):
+            return event
+
+
+def fence_of(outcome: Outcome) -> str:
+    failure = outcome.failure
+    assert failure is not None and failure.code == Code.TOOL_HOST_UNAVAILABLE, outcome
+    assert failure.details is not None
+    return str(failure.details[START_FENCE])
+
+
+async def test_a_start_is_granted_once_its_mark_is_in_the_ledger() -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger)
+    host = open_host(router)
+    tool_request_id = await claimed(ledger, "won")
+    outcomes: list[Outcome] = []
+    router.start(request(tool_request_id), outcomes.append)
+    sent = await next_request(host)
+    assert isinstance(sent, ToolRequest) and sent.dispatch_generation == 0  # hosts never see it
+    before = await ledger.get(tool_request_id)
+    assert before is not None and before.started_at is None
+    assert await router.start_requests(host.host_session_id, [tool_request_id]) == [StartVerdict.START]
+    after = await ledger.get(tool_request_id)
+    assert after is not None and after.started_at is not None
+    # The delivery is started: the invocation service may not send it elsewhere.
+    assert await ledger.redispatch(tool_request_id, 1) == 0
+    assert outcomes == []
+
+
+async def test_a_delivery_whose_generation_moved_on_is_not_started_and_ends_as_not_run() -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger)
+    host = open_host(router)
+    moved, ended = await claimed(ledger, "moved"), await claimed(ledger, "ended")
+    outcomes: dict[str, Outcome] = {}
+    for tool_request_id in (moved, ended):
+        router.start(request(tool_request_id), partial(outcomes.__setitem__, tool_request_id))
+        await next_request(host)
+    # The invocation service lost this replica (as it saw it) and sent one elsewhere; the other ended.
+    assert await ledger.redispatch(moved, 1) == 2
+    await ledger.finish(ended, Outcome.success("1"))
+    verdicts = await router.start_requests(host.host_session_id, [moved, ended])
+    assert verdicts == [StartVerdict.CANCELLED, StartVerdict.CANCELLED]
+    assert {fence_of(outcomes[moved]), fence_of(outcomes[ended])} == {"lost", "ended"}
+    cancelled = {(await next_request(host)).tool_request_id for _ in range(2)}
+    assert cancelled == {moved, ended}
+    # Asked again: ended here, as cancelled.
+    assert await router.start_requests(host.host_session_id, [moved]) == [StartVerdict.CANCELLED]
+    record = await ledger.get(moved)
+    assert record is not None and record.started_at is None
+
+
+async def test_no_start_while_the_ledger_cannot_be_reached() -> None:
+    fence = Unreachable()
+    router = Router(fence=fence)
+    host = open_host(router)
+    outcomes: list[Outcome] = []
+    router.start(request(slots.tool_request_id(SESSION, "out")), outcomes.append)
+    sent = await next_request(host)
+    assert await router.start_requests(host.host_session_id, [sent.tool_request_id]) == [
+        StartVerdict.CANCELLED
+    ]
+    assert [fence_of(outcome) for outcome in outcomes] == ["store_unavailable"]
+    assert fence.asked == [StartMark(sent.tool_request_id, 1)]
+
+
+async def test_unfenced_requests_are_not_marked() -> None:
+    fence = Unreachable()
+    router = Router(fence=fence)
+    host = open_host(router)
+    # Read-only or idempotent (it may run again anyway), or from an invocation service that sent
+    # no generation: granted as before, without the ledger.
+    router.start(request(slots.tool_request_id(SESSION, "ro"), redeliverable=True), lambda _: None)
+    router.start(request(slots.tool_request_id(SESSION, "old"), generation=0), lambda _: None)
+    ids = [(await next_request(host)).tool_request_id for _ in range(2)]
+    assert await router.start_requests(host.host_session_id, ids) == [StartVerdict.START] * 2
+    assert fence.asked == []
+
+
+async def test_a_host_that_does_not_acknowledge_starts_gets_a_request_only_once_its_start_is_marked() -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger)
+    host = open_host(router, acks=False)
+    marked, moved = await claimed(ledger, "marked"), await claimed(ledger, "moved")
+    assert await ledger.redispatch(moved, 1) == 2  # sent elsewhere before this replica read it
+    outcomes: list[Outcome] = []
+    router.start(request(moved), outcomes.append)
+    router.start(request(marked), outcomes.append)
+    sent = await next_request(host)
+    assert sent.tool_request_id == marked
+    record = await ledger.get(marked)
+    assert record is not None and record.started_at is not None
+    assert [fence_of(outcome) for outcome in outcomes] == ["lost"]
+    with pytest.raises(TimeoutError):
+        await next_request(host, timeout=0.2)  # the one that moved on was never sent
+
+
+async def test_a_request_whose_host_left_before_its_start_was_marked_was_never_sent_there() -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger)
+    first = open_host(router, acks=False)
+    outcomes: list[Outcome] = []
+    tool_request_id = await claimed(ledger, "left")
+    router.start(request(tool_request_id), outcomes.append)
+    router.close_host(first)  # before its start could be marked: it waits for the next host
+    assert outcomes == []
+    second = open_host(router)
+    sent = await next_request(second)
+    assert sent.tool_request_id == tool_request_id
+    [verdict] = await router.start_requests(second.host_session_id, [tool_request_id])
+    # START, or refused if the first host's mark was written first: never both, never disconnected.
+    if verdict is StartVerdict.START:
+        assert outcomes == []
+    else:
+        assert verdict is StartVerdict.CANCELLED and [fence_of(outcome) for outcome in outcomes] == ["lost"]
+    with pytest.raises(asyncio.QueueEmpty):
+        while True:
+            event = first._events.get_nowait()
+            assert not isinstance(event, ToolRequest)
