@@ -6,7 +6,8 @@ processes. Two hosts serve a no-op tool: the Python SDK in a process of its own
 Debian's Chromium (the browser tests' page, session `bench-page`, Connect over
 HTTP/1.1). Each is called through `InvocationClient`: p50/p99 of sequential
 calls, and calls/s with `--concurrency` in flight, with the CPU per call of the bridge
-and the invocation service (where the web port's Python shows) and, for the
+and the invocation service (where the web port's Python shows) and of every
+Chromium process (idle while the Python host is measured), and, for the
 page, the requests it made per call by RPC (its resource timings: what
 batching saves). Also the package's size:
 `src/index.ts` bundled and minified by esbuild, and gzipped.
@@ -43,6 +44,15 @@ def package_size() -> dict[str, int]:
     ).stdout
     size: dict[str, int] = json.loads(out)
     return size
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (the driver's Chromium: its browser, renderer, network and GPU processes)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += [int(child), *descendants(int(child))]
+    return found
 
 
 def noop_call(client: InvocationClient, session: str) -> Call:
@@ -115,8 +125,11 @@ async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict
 
         figures: dict[str, Any] = {"package": package_size()}
 
+        browser = descendants(driver.process.pid)
+
         def cpu() -> dict[str, float]:
-            return {proc.name: procs.cpu_seconds(proc.pid) for proc in (bridge, invocation)}
+            used = {proc.name: procs.cpu_seconds(proc.pid) for proc in (bridge, invocation)}
+            return used | {"chromium": sum(procs.cpu_seconds(pid) for pid in browser)}
 
         async with InvocationClient(invocation.target) as client:
             for name, session in (("python host", "bench-py"), ("page (Chromium)", "bench-page")):
@@ -146,7 +159,7 @@ async def run(calls: int, warmup: int, concurrency: int, seconds: float) -> dict
 def print_table(figures: dict[str, Any], concurrency: int) -> None:
     print(
         f"{'host':<18}{'p50 ms':>9}{'p99 ms':>9}{f'calls/s ({concurrency} in flight)':>28}"
-        f"{'bridge CPU ms/call':>20}{'invocation CPU ms/call':>24}"
+        f"{'bridge CPU ms/call':>20}{'invocation CPU ms/call':>24}{'Chromium CPU ms/call':>22}"
     )
     for name in ("python host", "page (Chromium)"):
         row = figures[name]
@@ -154,6 +167,7 @@ def print_table(figures: dict[str, Any], concurrency: int) -> None:
         print(
             f"{name:<18}{row['sequential']['p50_ms']:>9.2f}{row['sequential']['p99_ms']:>9.2f}"
             f"{row['throughput']['calls_per_s']:>28,.0f}{cpu['bridge']:>20.2f}{cpu['invocation']:>24.2f}"
+            f"{cpu['chromium']:>22.2f}"
         )
     per_call = figures["page (Chromium)"]["page_requests_per_call"]
     print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -384,3 +385,58 @@ async def test_webmcp_tools_are_served_through_toolmesh(
     assert sorted(await driver.eval("w", "window.toolmesh.nativeTools()")) == ["add_todo", "fail_todo"]
     _, code, _, _ = failure_of(await call(client, "web-mcp", "list_todos"))
     assert code == Code.TOOL_NOT_FOUND.value
+
+
+async def submit_requests(driver: BrowserDriver, tab: str) -> Counter[str]:
+    """The page's result submissions so far, by RPC (its resource timings)."""
+    names: list[str] = await driver.eval(
+        tab,
+        "performance.getEntriesByType('resource').map((e) => e.name.split('/').pop())"
+        ".filter((name) => name.startsWith('SubmitToolResult'))",
+    )
+    return Counter(names)
+
+
+@pytest.mark.parametrize("batches_served", [True, False], ids=["batched", "older-bridge"])
+async def test_results_that_end_together_share_requests_and_each_call_gets_its_own_once(
+    driver: BrowserDriver, stack: WebStack, client: InvocationClient, batches_served: bool
+) -> None:
+    calls = 24
+    await open_page(driver, stack, "submits", "web-submits")
+    if not batches_served:
+        # A bridge without SubmitToolResults answers it 404 (UNIMPLEMENTED): one result per call then.
+        await driver.command("unserved", tab="submits", method="SubmitToolResults")
+    await driver.eval("submits", "performance.setResourceTimingBufferSize(10000)")
+    await wait_for_tools(stack, "web-submits", DECLARED)
+    running = [
+        asyncio.create_task(client.invoke("web-submits", "held", {"order": order}, turn_id="t"))
+        for order in range(calls)
+    ]
+
+    async def all_held() -> bool:
+        seen = "window.toolmesh.seen.filter((s) => s.tool === 'held').length"
+        held: int = await driver.eval("submits", seen)
+        return held == calls
+
+    await eventually(all_held, timeout=15)
+    assert await submit_requests(driver, "submits") == Counter()
+    # Every handler answers in the same task: their results go in a few requests, not one each.
+    assert await driver.eval("submits", "window.toolmesh.release()") == calls
+    results = await asyncio.wait_for(asyncio.gather(*running), 15)
+    for order, result in enumerate(results):
+        assert result.outcome is not None and result.outcome.failure is None, result
+        assert json.loads(result.outcome.result_json or "") == {
+            "held": {"order": order},
+            "toolRequestId": result.tool_request_id,
+        }
+    assert len({result.tool_request_id for result in results}) == calls
+    requests = await submit_requests(driver, "submits")
+    if batches_served:
+        assert requests["SubmitToolResults"] >= 1
+        assert sum(requests.values()) < calls, requests
+    else:
+        # Asked once, then every result alone (those of the refused batch sent again, one by one).
+        assert requests == Counter({"SubmitToolResults": 1, "SubmitToolResult": calls}), requests
+    # The bridge took every result the first time: the page reported no failed submission.
+    assert await driver.eval("submits", "window.toolmesh.errors") == []
+    await driver.command("close", tab="submits")

@@ -10,6 +10,8 @@
 //   close {tab}
 //   hold {tab, method}                         hold the tab's calls of that BridgeService method, unanswered
 //   held {tab}                                 how many calls are held
+//   unserved {tab, method}                     answer the tab's calls of that method 404, as a bridge
+//                                              without the RPC does
 //   reload {tab}                               fail the held calls (never sent) and reload the page
 //   press {tab, key}                           a real key press on the focused element
 //   axe {tab}                                  axe-core's violations on the page
@@ -82,6 +84,12 @@ const commands = {
     const held = [];
     holding.set(tab, held);
     await tabs.get(tab).route(`**/toolmesh.v1.BridgeService/${method}`, (route) => held.push(route));
+    return true;
+  },
+  async unserved({ tab, method }) {
+    await tabs.get(tab).route(`**/toolmesh.v1.BridgeService/${method}`, (route) =>
+      route.fulfill({ status: 404, headers: { "access-control-allow-origin": "*" }, body: "" }),
+    );
     return true;
   },
   async held({ tab }) {
