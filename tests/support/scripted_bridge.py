@@ -37,3 +37,7 @@ class ScriptedBridge(bridge_pb2_grpc.BridgeServiceServicer):
 
     async def StartToolRequests(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def ExchangeHostWork(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+        yield  # never reached: a stream method is an async generator
