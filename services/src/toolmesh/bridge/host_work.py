@@ -155,10 +155,12 @@ class HostWorkStream:
             receipt.refusal.reason = error.code.value
             receipt.refusal.message = error.message
             receipt.refusal.metadata.update(error.metadata)
+        # No longer coming, before the receipt is put: else the outbox waits turns for it (Outbox).
+        self._submitting.discard(asyncio.current_task())
         self._answers.put(receipt)
 
     def _submitted(self, task: asyncio.Task[None]) -> None:
-        self._submitting.discard(task)
+        self._submitting.discard(task)  # when it was cancelled before its receipt
         self._end_when_answered()
 
     def _host_closed(self) -> None:
