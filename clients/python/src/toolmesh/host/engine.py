@@ -937,13 +937,14 @@ class HostEngine:
     async def _hand_in(
         self, outcome: Outcome, ctx: ToolContext, host_session_id: str
     ) -> tuple[str | None, str]:
-        """As `_deliver`, on the host session's host work stream first when it has one.
+        """As `_deliver`, on the host session's host work stream first when it has one (untraced).
 
         A result the stream refused, or whose receipt did not come (the stream broke), goes to
         `_deliver`, which knows what to do with every answer.
         """
         host_work = self._host_work.get(host_session_id)
-        if host_work is not None:
+        # Traced, a result keeps its own SubmitToolResult spans, client and server, in the call's trace.
+        if host_work is not None and not telemetry.enabled():
             submission = bridge_pb2.ToolResultSubmission(
                 tool_request_id=ctx.tool_request_id, outcome=outcome_to_pb(outcome)
             )
