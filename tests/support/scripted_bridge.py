@@ -3,6 +3,7 @@ the test's subclass defines it."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,3 +41,20 @@ class ScriptedBridge(bridge_pb2_grpc.BridgeServiceServicer):
 
     async def StartToolRequests(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+
+    async def ExchangeHostWork(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in this test")
+        yield  # never reached: a stream method is an async generator
+
+
+@contextlib.asynccontextmanager
+async def scripted(bridge: ScriptedBridge) -> AsyncIterator[str]:
+    """`bridge` served on a real port of its own: its address."""
+    server = grpc.aio.server()
+    bridge_pb2_grpc.add_BridgeServiceServicer_to_server(bridge, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)

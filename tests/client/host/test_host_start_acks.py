@@ -7,7 +7,6 @@ counted where it happened, whatever the caller was told.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -20,13 +19,13 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-from scripted_bridge import ScriptedBridge
+from scripted_bridge import ScriptedBridge, scripted
 
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolHost
-from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+from toolmesh.v1 import bridge_pb2
 from toolmesh_testing import HostProcess, eventually, logged, start_host_process
 
 pytestmark = pytest.mark.integration
@@ -183,18 +182,6 @@ class AckingBridge(ScriptedBridge):
 def record(runs: list[str], tool_request_id: str) -> dict[str, bool]:
     runs.append(tool_request_id)
     return {"ran": True}
-
-
-@contextlib.asynccontextmanager
-async def scripted(bridge: ScriptedBridge) -> AsyncIterator[str]:
-    server = grpc.aio.server()
-    bridge_pb2_grpc.add_BridgeServiceServicer_to_server(bridge, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0)
 
 
 async def test_requests_read_together_are_asked_to_start_in_one_call() -> None:

@@ -221,6 +221,15 @@ PUBLIC_CALLS: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
             metadata=md,
         ),
     ),
+    "ExchangeHostWork": (
+        "bridge",
+        lambda s, md: s.ExchangeHostWork(
+            iter(
+                [bridge_pb2.ExchangeHostWorkRequest(host_session_id="hs_x", start_tool_request_ids=["tr_x"])]
+            ),
+            metadata=md,
+        ),
+    ),
     "OpenHostSession": (
         "bridge",
         lambda s, md: s.OpenHostSession(bridge_pb2.OpenHostSessionRequest(session_id=VICTIM), metadata=md),
@@ -389,6 +398,16 @@ async def test_another_sessions_invocations_cannot_be_cancelled_run_or_reported_
         assert answer.refusal.reason == Code.HOST_SESSION_UNKNOWN.value
         foreign = await failure(bridge.SubmitToolResults(results, metadata=metadata(Role.CALL, VICTIM)))
         assert_refused(foreign, Code.PERMISSION_DENIED)
+        # Nor on the host work stream: another session's host session is unknown to it.
+        asks = bridge_pb2.ExchangeHostWorkRequest(
+            host_session_id=secured.host.host_session_id, start_tool_request_ids=[tool_request_id]
+        )
+        for role, session, code in [
+            (Role.HOST, ATTACKER, Code.HOST_SESSION_UNKNOWN),
+            (Role.CALL, VICTIM, Code.PERMISSION_DENIED),
+        ]:
+            exchange = bridge.ExchangeHostWork(iter([asks]), metadata=metadata(role, session))
+            assert_refused(await failure(exchange), code)
         assert not running.done()
         # The victim's own token may cancel it.
         assert await victim.cancel_invocation(tool_request_id) is True

@@ -55,6 +55,8 @@ PUBLIC: Mapping[str, Rule] = MappingProxyType(
         "toolmesh.v1.BridgeService/AnswerReadCheck": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/ReportToolProgress": Rule(frozenset({HOST}), None),
         "toolmesh.v1.BridgeService/StartToolRequests": Rule(frozenset({HOST}), None),
+        # Its first message names the host session, whose session the token must name.
+        "toolmesh.v1.BridgeService/ExchangeHostWork": Rule(frozenset({HOST}), None),
     }
 )
 

@@ -138,6 +138,8 @@ class HostSession:
     grant: str | None = None
     # It asks before starting each request (start_requests) and runs none it was not told START for.
     acknowledges_starts: bool = False
+    # Called once when it closes: what it alone kept open (its ExchangeHostWork stream) ends too.
+    on_close: set[Callable[[], None]] = field(default_factory=set)
     _beat: asyncio.TimerHandle | None = None
 
     def preference(self, tool_name: str) -> int:
@@ -477,6 +479,8 @@ class Router:
         if host.closed:
             return
         host.closed = True
+        for closed in list(host.on_close):
+            closed()
         self._open.give_back(host.grant)
         host.stop_heartbeats()
         host.checks.cancel()

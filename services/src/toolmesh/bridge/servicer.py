@@ -2,7 +2,8 @@
 
 The host-facing methods (`host_events`, `submit`, `submit_many`, `declare`, `answer_read_check`,
 `report_progress`, `start_requests`) are shared with the
-web port (toolmesh.bridge.web), which serves them over Connect and gRPC-Web.
+web port (toolmesh.bridge.web), which serves them over Connect and gRPC-Web; ExchangeHostWork
+(toolmesh.bridge.host_work) carries `start_requests` and `submit` on a stream, for gRPC hosts only.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import math
 import time
 from collections.abc import AsyncIterator, Container
 from dataclasses import replace
+from functools import partial
 
 from toolmesh.auth.grants import Role
 from toolmesh.auth.guard import caller, scope
 from toolmesh.bridge.cancels import HeldRequests
 from toolmesh.bridge.declarations import Declarations
 from toolmesh.bridge.dispatch_stream import DispatchStream
+from toolmesh.bridge.host_work import HostWorkStream, HostWorkStreams
 from toolmesh.bridge.outcomes import OutcomeRecorder, accept
 from toolmesh.bridge.router import EndReason, Heartbeat, Router, StartVerdict, ToolRequestCancelled
 from toolmesh.core import correlation, telemetry
@@ -51,9 +54,12 @@ _CANCEL_REASONS = {
 
 
 async def host_events(
-    router: Router, request: bridge_pb2.OpenHostSessionRequest
+    router: Router, request: bridge_pb2.OpenHostSessionRequest, *, host_work_served: bool = False
 ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
-    """A host session's stream: opened, then requests, cancellations and heartbeats until it ends."""
+    """A host session's stream: opened, then requests, cancellations and heartbeats until it ends.
+
+    `host_work_served`: this port serves ExchangeHostWork (the gRPC port; not the web port).
+    """
     host = router.open_host(
         request.session_id,
         request.host_name,
@@ -70,6 +76,7 @@ async def host_events(
                 heartbeat_interval_ms=round(router.heartbeat_s * 1000),
                 server_time_unix_ms=_now_ms(),
                 starts_acknowledged=host.acknowledges_starts,
+                host_work_served=host_work_served,
             )
         )
         while True:
@@ -214,11 +221,12 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self._declarations = declarations
         self._recorder = recorder
         self._holds = holds
+        self._host_work = HostWorkStreams()
 
     async def OpenHostSession(
         self, request: bridge_pb2.OpenHostSessionRequest, context: ServicerContext
     ) -> AsyncIterator[bridge_pb2.OpenHostSessionResponse]:
-        async for event in host_events(self._router, request):
+        async for event in host_events(self._router, request, host_work_served=True):
             yield event
 
     async def SubmitToolResult(
@@ -250,6 +258,22 @@ class BridgeServicer(bridge_pb2_grpc.BridgeServiceServicer):
         self, request: bridge_pb2.StartToolRequestsRequest, context: ServicerContext
     ) -> bridge_pb2.StartToolRequestsResponse:
         return await start_requests(self._router, request, scope(Role.HOST))
+
+    async def ExchangeHostWork(
+        self,
+        request_iterator: AsyncIterator[bridge_pb2.ExchangeHostWorkRequest],
+        context: ServicerContext,
+    ) -> AsyncIterator[bridge_pb2.ExchangeHostWorkResponse]:
+        sessions = scope(Role.HOST)
+        stream = HostWorkStream(
+            self._router,
+            self._host_work,
+            sessions,
+            start=partial(start_requests, self._router, sessions=sessions),
+            submit=partial(submit, self._router, self._recorder, sessions=sessions),
+        )
+        async for response in relay(stream, request_iterator):
+            yield response
 
     async def DispatchToolRequest(
         self, request: bridge_pb2.DispatchToolRequestRequest, context: ServicerContext

@@ -21,7 +21,7 @@ from connectrpc.protocol import ProtocolType
 from connectrpc.server import ConnectASGIApplication, ConnectWSGIApplication, DEFAULT_READ_MAX_BYTES, Endpoint, EndpointSync
 from pyqwest import Client, SyncClient
 
-from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, StartToolRequestsRequest, StartToolRequestsResponse, SubmitToolResultRequest, SubmitToolResultResponse, SubmitToolResultsRequest, SubmitToolResultsResponse
+from .bridge_pb2 import AnswerReadCheckRequest, AnswerReadCheckResponse, DeclareHostToolsRequest, DeclareHostToolsResponse, DispatchToolRequestRequest, DispatchToolRequestResponse, DispatchToolRequestsRequest, DispatchToolRequestsResponse, ExchangeHostWorkRequest, ExchangeHostWorkResponse, OpenHostSessionRequest, OpenHostSessionResponse, ReportToolProgressRequest, ReportToolProgressResponse, StartToolRequestsRequest, StartToolRequestsResponse, SubmitToolResultRequest, SubmitToolResultResponse, SubmitToolResultsRequest, SubmitToolResultsResponse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
@@ -43,8 +43,9 @@ class BridgeService(Protocol):
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult (or several at once with SubmitToolResults). The host path
-    uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    needs only unary and server-streaming calls,
+    so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+    start asks and results on ExchangeHostWork instead): the bridge serves
     OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -60,7 +61,7 @@ class BridgeService(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
     token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
@@ -255,6 +256,60 @@ class BridgeService(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def exchange_host_work(self, request: AsyncIterator[ExchangeHostWorkRequest], ctx: RequestContext[ExchangeHostWorkRequest, ExchangeHostWorkResponse], /) -> AsyncIterator[ExchangeHostWorkResponse]:
+        """
+        ExchangeHostWork carries a host session's start asks and its results on
+        one long-lived stream, for gRPC hosts: the same as StartToolRequests and
+        SubmitToolResult, without a call for each. A host opens one per host
+        session once that session is open (HostSessionOpened.host_work_served)
+        and closes it when the session's stream ends. Not served on the web port
+        (a page cannot stream both ways over HTTP/1.1): pages, and hosts of
+        bridges that do not serve it, call the unary RPCs, which stay served.
+
+        Every message names the host session (host_session_id); the first one
+        fixes it for the stream. Each message may carry start asks and results
+        together. The bridge answers:
+        - the start asks of one message together, in one response, one ToolStart
+          per id in the order asked, exactly as StartToolRequests would (START at
+          most once per request, only to the host session the request was last
+          sent to, before its deadline by the bridge's clock);
+        - each result with one ToolResultReceipt once the bridge has taken it or
+          refused it, as SubmitToolResult would, in the order they are settled.
+        Whatever is ready at once goes in one response, either way.
+
+        A broken stream (a transport failure, the bridge ending it): the host
+        runs none of the requests whose START it has not read (no start without
+        START); it may ask again with StartToolRequests, which answers
+        ALREADY_STARTED to a request whose START was given on the broken stream.
+        A result whose receipt it has not read it hands in again with
+        SubmitToolResult (REQUEST_ENDED with metadata ended "answered" says the
+        first one got through).
+
+        At most one open stream per host session (so at most
+        host_sessions_per_session of a session per bridge replica). A message
+        carries at most 1,000 ids and results together
+        (limits.MAX_CALLS_PER_MESSAGE) and at most 4 MiB. The stream ends (OK) when
+        the host stops sending and every result it sent is answered, or when its
+        host session ends (after the receipts of the results taken by then).
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession; the stream ends when the token it was opened with
+        expires, as OpenHostSession does.
+
+        Errors (each ends the stream, after the answers to what was taken
+        before): NOT_FOUND with reason HOST_SESSION_UNKNOWN (the first message
+        names no open host session, or one of a session the token does not
+        name; or the host session ended: the start asks of that message are not
+        answered, and none of them start); INVALID_ARGUMENT with reason
+        INVALID_REQUEST (a message naming another host session than the first,
+        more than 1,000 ids and results, a malformed id, or a message that does
+        not decode); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED (another
+        stream of this host session is open; ErrorInfo "limit" names
+        host_work_streams_per_host_session); UNAVAILABLE with reason
+        SHUTTING_DOWN when the server stops.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     async def dispatch_tool_request(self, request: DispatchToolRequestRequest, ctx: RequestContext[DispatchToolRequestRequest, DispatchToolRequestResponse], /) -> DispatchToolRequestResponse:
         """
         DispatchToolRequest sends one tool request to a host that serves the
@@ -380,6 +435,17 @@ class BridgeServiceASGIApplication(ConnectASGIApplication[BridgeService]):
                     ),
                     function=svc.start_tool_requests,
                 ),
+                "/toolmesh.v1.BridgeService/ExchangeHostWork": Endpoint.bidi_stream(
+                    method=MethodInfo(
+                        name="ExchangeHostWork",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=ExchangeHostWorkRequest,
+                        output=ExchangeHostWorkResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.BIDI_STREAM,
+                    ),
+                    function=svc.exchange_host_work,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": Endpoint.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -421,8 +487,9 @@ class BridgeServiceClient(ConnectClient):
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult (or several at once with SubmitToolResults). The host path
-    uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    needs only unary and server-streaming calls,
+    so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+    start asks and results on ExchangeHostWork instead): the bridge serves
     OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -438,7 +505,7 @@ class BridgeServiceClient(ConnectClient):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
     token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
@@ -776,6 +843,77 @@ class BridgeServiceClient(ConnectClient):
             headers=headers,
             timeout_ms=timeout_ms,
         )
+    def exchange_host_work(
+        self,
+        request: AsyncIterator[ExchangeHostWorkRequest],
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[ExchangeHostWorkResponse]:
+        """
+        ExchangeHostWork carries a host session's start asks and its results on
+        one long-lived stream, for gRPC hosts: the same as StartToolRequests and
+        SubmitToolResult, without a call for each. A host opens one per host
+        session once that session is open (HostSessionOpened.host_work_served)
+        and closes it when the session's stream ends. Not served on the web port
+        (a page cannot stream both ways over HTTP/1.1): pages, and hosts of
+        bridges that do not serve it, call the unary RPCs, which stay served.
+
+        Every message names the host session (host_session_id); the first one
+        fixes it for the stream. Each message may carry start asks and results
+        together. The bridge answers:
+        - the start asks of one message together, in one response, one ToolStart
+          per id in the order asked, exactly as StartToolRequests would (START at
+          most once per request, only to the host session the request was last
+          sent to, before its deadline by the bridge's clock);
+        - each result with one ToolResultReceipt once the bridge has taken it or
+          refused it, as SubmitToolResult would, in the order they are settled.
+        Whatever is ready at once goes in one response, either way.
+
+        A broken stream (a transport failure, the bridge ending it): the host
+        runs none of the requests whose START it has not read (no start without
+        START); it may ask again with StartToolRequests, which answers
+        ALREADY_STARTED to a request whose START was given on the broken stream.
+        A result whose receipt it has not read it hands in again with
+        SubmitToolResult (REQUEST_ENDED with metadata ended "answered" says the
+        first one got through).
+
+        At most one open stream per host session (so at most
+        host_sessions_per_session of a session per bridge replica). A message
+        carries at most 1,000 ids and results together
+        (limits.MAX_CALLS_PER_MESSAGE) and at most 4 MiB. The stream ends (OK) when
+        the host stops sending and every result it sent is answered, or when its
+        host session ends (after the receipts of the results taken by then).
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession; the stream ends when the token it was opened with
+        expires, as OpenHostSession does.
+
+        Errors (each ends the stream, after the answers to what was taken
+        before): NOT_FOUND with reason HOST_SESSION_UNKNOWN (the first message
+        names no open host session, or one of a session the token does not
+        name; or the host session ended: the start asks of that message are not
+        answered, and none of them start); INVALID_ARGUMENT with reason
+        INVALID_REQUEST (a message naming another host session than the first,
+        more than 1,000 ids and results, a malformed id, or a message that does
+        not decode); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED (another
+        stream of this host session is open; ErrorInfo "limit" names
+        host_work_streams_per_host_session); UNAVAILABLE with reason
+        SHUTTING_DOWN when the server stops.
+        """
+        return self.execute_bidi_stream(
+            request=request,
+            method=MethodInfo(
+                name="ExchangeHostWork",
+                service_name="toolmesh.v1.BridgeService",
+                input=ExchangeHostWorkRequest,
+                output=ExchangeHostWorkResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.BIDI_STREAM,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
     async def dispatch_tool_request(
         self,
         request: DispatchToolRequestRequest,
@@ -851,8 +989,9 @@ class BridgeServiceSync(Protocol):
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult (or several at once with SubmitToolResults). The host path
-    uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    needs only unary and server-streaming calls,
+    so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+    start asks and results on ExchangeHostWork instead): the bridge serves
     OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -868,7 +1007,7 @@ class BridgeServiceSync(Protocol):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
     token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
@@ -1063,6 +1202,60 @@ class BridgeServiceSync(Protocol):
         """
         raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
 
+    def exchange_host_work(self, request: Iterator[ExchangeHostWorkRequest], ctx: RequestContext[ExchangeHostWorkRequest, ExchangeHostWorkResponse], /) -> Iterator[ExchangeHostWorkResponse]:
+        """
+        ExchangeHostWork carries a host session's start asks and its results on
+        one long-lived stream, for gRPC hosts: the same as StartToolRequests and
+        SubmitToolResult, without a call for each. A host opens one per host
+        session once that session is open (HostSessionOpened.host_work_served)
+        and closes it when the session's stream ends. Not served on the web port
+        (a page cannot stream both ways over HTTP/1.1): pages, and hosts of
+        bridges that do not serve it, call the unary RPCs, which stay served.
+
+        Every message names the host session (host_session_id); the first one
+        fixes it for the stream. Each message may carry start asks and results
+        together. The bridge answers:
+        - the start asks of one message together, in one response, one ToolStart
+          per id in the order asked, exactly as StartToolRequests would (START at
+          most once per request, only to the host session the request was last
+          sent to, before its deadline by the bridge's clock);
+        - each result with one ToolResultReceipt once the bridge has taken it or
+          refused it, as SubmitToolResult would, in the order they are settled.
+        Whatever is ready at once goes in one response, either way.
+
+        A broken stream (a transport failure, the bridge ending it): the host
+        runs none of the requests whose START it has not read (no start without
+        START); it may ask again with StartToolRequests, which answers
+        ALREADY_STARTED to a request whose START was given on the broken stream.
+        A result whose receipt it has not read it hands in again with
+        SubmitToolResult (REQUEST_ENDED with metadata ended "answered" says the
+        first one got through).
+
+        At most one open stream per host session (so at most
+        host_sessions_per_session of a session per bridge replica). A message
+        carries at most 1,000 ids and results together
+        (limits.MAX_CALLS_PER_MESSAGE) and at most 4 MiB. The stream ends (OK) when
+        the host stops sending and every result it sent is answered, or when its
+        host session ends (after the receipts of the results taken by then).
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession; the stream ends when the token it was opened with
+        expires, as OpenHostSession does.
+
+        Errors (each ends the stream, after the answers to what was taken
+        before): NOT_FOUND with reason HOST_SESSION_UNKNOWN (the first message
+        names no open host session, or one of a session the token does not
+        name; or the host session ended: the start asks of that message are not
+        answered, and none of them start); INVALID_ARGUMENT with reason
+        INVALID_REQUEST (a message naming another host session than the first,
+        more than 1,000 ids and results, a malformed id, or a message that does
+        not decode); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED (another
+        stream of this host session is open; ErrorInfo "limit" names
+        host_work_streams_per_host_session); UNAVAILABLE with reason
+        SHUTTING_DOWN when the server stops.
+        """
+        raise ConnectError(Code.UNIMPLEMENTED, 'Not implemented')
+
     def dispatch_tool_request(self, request: DispatchToolRequestRequest, ctx: RequestContext[DispatchToolRequestRequest, DispatchToolRequestResponse], /) -> DispatchToolRequestResponse:
         """
         DispatchToolRequest sends one tool request to a host that serves the
@@ -1186,6 +1379,17 @@ class BridgeServiceWSGIApplication(ConnectWSGIApplication):
                     ),
                     function=service.start_tool_requests,
                 ),
+                "/toolmesh.v1.BridgeService/ExchangeHostWork": EndpointSync.bidi_stream(
+                    method=MethodInfo(
+                        name="ExchangeHostWork",
+                        service_name="toolmesh.v1.BridgeService",
+                        input=ExchangeHostWorkRequest,
+                        output=ExchangeHostWorkResponse,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                        stream_type=StreamType.BIDI_STREAM,
+                    ),
+                    function=service.exchange_host_work,
+                ),
                 "/toolmesh.v1.BridgeService/DispatchToolRequest": EndpointSync.unary(
                     method=MethodInfo(
                         name="DispatchToolRequest",
@@ -1227,8 +1431,9 @@ class BridgeServiceClientSync(ConnectClientSync):
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult (or several at once with SubmitToolResults). The host path
-    uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    needs only unary and server-streaming calls,
+    so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+    start asks and results on ExchangeHostWork instead): the bridge serves
     OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -1244,7 +1449,7 @@ class BridgeServiceClientSync(ConnectClientSync):
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
     token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
@@ -1578,6 +1783,77 @@ class BridgeServiceClientSync(ConnectClientSync):
                 output=StartToolRequestsResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
                 stream_type=StreamType.UNARY,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+    def exchange_host_work(
+        self,
+        request: Iterator[ExchangeHostWorkRequest],
+        *,
+        headers: Headers | Mapping[str, str] | None = None, 
+        timeout_ms: int | None = None,
+    ) -> Iterator[ExchangeHostWorkResponse]:
+        """
+        ExchangeHostWork carries a host session's start asks and its results on
+        one long-lived stream, for gRPC hosts: the same as StartToolRequests and
+        SubmitToolResult, without a call for each. A host opens one per host
+        session once that session is open (HostSessionOpened.host_work_served)
+        and closes it when the session's stream ends. Not served on the web port
+        (a page cannot stream both ways over HTTP/1.1): pages, and hosts of
+        bridges that do not serve it, call the unary RPCs, which stay served.
+
+        Every message names the host session (host_session_id); the first one
+        fixes it for the stream. Each message may carry start asks and results
+        together. The bridge answers:
+        - the start asks of one message together, in one response, one ToolStart
+          per id in the order asked, exactly as StartToolRequests would (START at
+          most once per request, only to the host session the request was last
+          sent to, before its deadline by the bridge's clock);
+        - each result with one ToolResultReceipt once the bridge has taken it or
+          refused it, as SubmitToolResult would, in the order they are settled.
+        Whatever is ready at once goes in one response, either way.
+
+        A broken stream (a transport failure, the bridge ending it): the host
+        runs none of the requests whose START it has not read (no start without
+        START); it may ask again with StartToolRequests, which answers
+        ALREADY_STARTED to a request whose START was given on the broken stream.
+        A result whose receipt it has not read it hands in again with
+        SubmitToolResult (REQUEST_ENDED with metadata ended "answered" says the
+        first one got through).
+
+        At most one open stream per host session (so at most
+        host_sessions_per_session of a session per bridge replica). A message
+        carries at most 1,000 ids and results together
+        (limits.MAX_CALLS_PER_MESSAGE) and at most 4 MiB. The stream ends (OK) when
+        the host stops sending and every result it sent is answered, or when its
+        host session ends (after the receipts of the results taken by then).
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession; the stream ends when the token it was opened with
+        expires, as OpenHostSession does.
+
+        Errors (each ends the stream, after the answers to what was taken
+        before): NOT_FOUND with reason HOST_SESSION_UNKNOWN (the first message
+        names no open host session, or one of a session the token does not
+        name; or the host session ended: the start asks of that message are not
+        answered, and none of them start); INVALID_ARGUMENT with reason
+        INVALID_REQUEST (a message naming another host session than the first,
+        more than 1,000 ids and results, a malformed id, or a message that does
+        not decode); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED (another
+        stream of this host session is open; ErrorInfo "limit" names
+        host_work_streams_per_host_session); UNAVAILABLE with reason
+        SHUTTING_DOWN when the server stops.
+        """
+        return self.execute_bidi_stream(
+            request=request,
+            method=MethodInfo(
+                name="ExchangeHostWork",
+                service_name="toolmesh.v1.BridgeService",
+                input=ExchangeHostWorkRequest,
+                output=ExchangeHostWorkResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+                stream_type=StreamType.BIDI_STREAM,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import inspect
 import json
 import logging
@@ -34,6 +35,7 @@ from toolmesh.core.rpcstatus import error_code, error_info, status_of, token_exp
 from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ProgressReporter, ToolContext
+from toolmesh.host.host_work import HostWorkLink
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
@@ -365,6 +367,9 @@ class HostEngine:
         self._asking: set[str] = set()
         # Requests waiting for the bridge's START, by id: a cancellation meanwhile reaches them here.
         self._starting: dict[str, ToolContext] = {}
+        # The ExchangeHostWork streams of open host sessions whose bridge serves it: their start asks
+        # and results go there instead of a StartToolRequests and a SubmitToolResult call each.
+        self._host_work: dict[str, HostWorkLink] = {}
 
     # -- the state machine ------------------------------------------------
     def _on(self, trigger: Trigger) -> None:
@@ -576,6 +581,10 @@ class HostEngine:
             if link is not None:
                 self._open_sessions.pop(link.host_session_id, None)
                 link.end()
+            # Asks and results still waiting on its host work stream fail as broken: see _told and _hand_in.
+            host_work = self._host_work.pop(stream.host_session_id, None)
+            if host_work is not None:
+                await host_work.aclose()
 
     def _on_event(self, event: Any, stream: _Stream, silence: _Silence) -> None:
         kind = event.WhichOneof("event")
@@ -587,6 +596,8 @@ class HostEngine:
             self._refusal = None
             self._refused_now.clear()
             self._on(Trigger.OPENED)
+            if event.opened.host_work_served:
+                self._open_host_work(host_session_id)
             log.info(
                 "host connected",
                 extra={"session_id": self.session_id, "host_session_id": self.host_session_id},
@@ -604,6 +615,26 @@ class HostEngine:
             stream.heard_clock(event.heartbeat.server_time_unix_ms)
             if event.heartbeat.read_check:
                 self._answer_read_check(host_session_id, event.heartbeat.read_check)
+
+    def _open_host_work(self, host_session_id: str) -> None:
+        """Open the host session's ExchangeHostWork stream; its asks and results use it once open."""
+        task = asyncio.create_task(self._link_host_work(host_session_id, self._stub))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _link_host_work(
+        self, host_session_id: str, stub: bridge_pb2_grpc.BridgeServiceAsyncStub
+    ) -> None:
+        try:
+            metadata = await self._bearer.metadata()
+        except Exception as error:
+            # A token callback that failed: the unary calls ask for the token again each time.
+            log.debug(
+                "no host work stream", extra={"session_id": self.session_id, "cause": type(error).__name__}
+            )
+            return
+        if host_session_id in self._open_sessions and not self.stopping:
+            self._host_work[host_session_id] = HostWorkLink(stub, host_session_id, metadata)
 
     def _answer_read_check(self, host_session_id: str, read_check: int) -> None:
         """Tell the bridge this host reads its stream: it routes requests to hosts that do."""
@@ -664,16 +695,26 @@ class HostEngine:
             self._run(request, ctx, handler, stream.host_session_id)
             return
         self._starting[ctx.tool_request_id] = ctx
-        batch = self._to_start.setdefault(stream.host_session_id, [])
-        batch.append(_Starting(request, ctx, handler))
-        if len(batch) == 1 and stream.host_session_id not in self._asking:
+        self._queue_start(stream.host_session_id, _Starting(request, ctx, handler))
+
+    def _queue_start(self, host_session_id: str, starting: _Starting) -> None:
+        batch = self._to_start.setdefault(host_session_id, [])
+        batch.append(starting)
+        if len(batch) == 1 and host_session_id not in self._asking:
             # Those read in this turn of the loop go in one call; while it is in flight, those read
             # meanwhile wait and go together in the next (one call per round trip, not per request).
-            asyncio.get_running_loop().call_soon(self._ask_to_start, stream.host_session_id)
+            # On a host work stream they go in one message at the end of the turn.
+            asyncio.get_running_loop().call_soon(self._ask_to_start, host_session_id)
 
     def _ask_to_start(self, host_session_id: str) -> None:
         batch = self._to_start.pop(host_session_id, [])
         if not batch or self.stopping:
+            return
+        host_work = self._host_work.get(host_session_id)
+        if host_work is not None and not host_work.closed:
+            for starting in batch:
+                told = host_work.ask_to_start(starting.ctx.tool_request_id)
+                told.add_done_callback(functools.partial(self._told, host_session_id, starting))
             return
         if len(batch) > MAX_CALLS_PER_MESSAGE:
             self._to_start[host_session_id] = batch[MAX_CALLS_PER_MESSAGE:]
@@ -716,16 +757,44 @@ class HostEngine:
                 extra={"session_id": self.session_id, "count": len(batch), "cause": status},
             )
         for starting in batch:
-            ctx = starting.ctx
-            self._starting.pop(ctx.tool_request_id, None)
-            verdict = verdicts.get(ctx.tool_request_id, bridge_pb2.TOOL_START_VERDICT_UNSPECIFIED)
-            if verdict == bridge_pb2.TOOL_START_VERDICT_START and not ctx.cancelled and not self.stopping:
-                self._run(starting.request, ctx, starting.handler, host_session_id)
-            elif verdicts:
-                cause = bridge_pb2.ToolStartVerdict.Name(verdict).removeprefix("TOOL_START_VERDICT_")
-                if verdict == bridge_pb2.TOOL_START_VERDICT_START:
-                    cause = "CANCELLED" if ctx.cancelled else "SHUTTING_DOWN"
-                log.info("tool request not started", extra=_ids(ctx) | {"cause": cause})
+            verdict = verdicts.get(starting.ctx.tool_request_id)
+            self._act_on(starting, host_session_id, verdict, answered=bool(verdicts))
+
+    def _told(
+        self, host_session_id: str, starting: _Starting, told: asyncio.Future[bridge_pb2.ToolStart]
+    ) -> None:
+        """The host work stream's answer to one ask: run on START.
+
+        Asked again by StartToolRequests when the stream broke first (a START given on it is
+        ALREADY_STARTED then: not run).
+        """
+        if told.cancelled() or told.exception() is not None:
+            if host_session_id in self._open_sessions and not self.stopping:
+                self._queue_start(host_session_id, starting)
+            else:
+                self._act_on(starting, host_session_id, None, answered=False)
+            return
+        self._act_on(starting, host_session_id, told.result().verdict, answered=True)
+
+    def _act_on(
+        self,
+        starting: _Starting,
+        host_session_id: str,
+        verdict: bridge_pb2.ToolStartVerdict.ValueType | None,
+        *,
+        answered: bool,
+    ) -> None:
+        """Run the request on START (unless cancelled or stopping meanwhile), else say why not."""
+        ctx = starting.ctx
+        self._starting.pop(ctx.tool_request_id, None)
+        verdict = bridge_pb2.TOOL_START_VERDICT_UNSPECIFIED if verdict is None else verdict
+        if verdict == bridge_pb2.TOOL_START_VERDICT_START and not ctx.cancelled and not self.stopping:
+            self._run(starting.request, ctx, starting.handler, host_session_id)
+        elif answered:
+            cause = bridge_pb2.ToolStartVerdict.Name(verdict).removeprefix("TOOL_START_VERDICT_")
+            if verdict == bridge_pb2.TOOL_START_VERDICT_START:
+                cause = "CANCELLED" if ctx.cancelled else "SHUTTING_DOWN"
+            log.info("tool request not started", extra=_ids(ctx) | {"cause": cause})
 
     def _run(
         self,
@@ -903,7 +972,7 @@ class HostEngine:
         (REQUEST_ENDED, ended=answered).
         """
         try:
-            cause, detail = await self._deliver(outcome, ctx, host_session_id)
+            cause, detail = await self._hand_in(outcome, ctx, host_session_id)
         except asyncio.CancelledError:
             # Only stop() cancels a submit: the result goes nowhere, so say so.
             self._submit_failed(ctx, Code.SHUTTING_DOWN.value, "The host stopped before the bridge answered.")
@@ -917,10 +986,60 @@ class HostEngine:
         if cause is not None:
             self._submit_failed(ctx, cause, detail)
 
-    async def _deliver(
+    async def _hand_in(
         self, outcome: Outcome, ctx: ToolContext, host_session_id: str
     ) -> tuple[str | None, str]:
+        """As `_deliver`, on the host session's host work stream first when it has one (untraced).
+
+        A result the stream refused, or whose receipt did not come (the stream broke, or the bridge
+        left it unanswered for an attempt's share of the time), goes to `_deliver`, which knows what
+        to do with every answer. With several bridge addresses, a receipt that did not come with
+        nothing else heard on the stream meanwhile gives that stream up first, as `_deliver` does.
+        """
+        link = self._open_sessions.get(host_session_id)
+        host_work = self._host_work.get(host_session_id)
+        # Traced, a result keeps its own SubmitToolResult spans, client and server, in the call's trace.
+        if link is not None and host_work is not None and not telemetry.enabled():
+            submission = bridge_pb2.ToolResultSubmission(
+                tool_request_id=ctx.tool_request_id, outcome=outcome_to_pb(outcome)
+            )
+            if host_work.can_carry(submission):
+                sent_at = asyncio.get_running_loop().time()
+                bound = self._attempt_bound(ctx.deadline + SUBMIT_GRACE_S - time.monotonic())
+                taken = await host_work.submit(submission, bound)
+                if taken:
+                    return None, ""
+                if taken is None and self._leave_if_silent(link, sent_at):
+                    log.warning("result receipt unanswered; leaving the bridge", extra=_ids(ctx))
+                return await self._deliver(outcome, ctx, host_session_id, tried=taken is None)
+        return await self._deliver(outcome, ctx, host_session_id)
+
+    def _attempt_bound(self, window: float) -> float:
+        """How long one submit attempt may wait, of the `window` left.
+
+        All of it with one bridge address, else its share (another replica to go to).
+        """
+        if len(self._channels) > 1:
+            return min(window, max(SUBMIT_ATTEMPT_MIN_S, min(window / 3, SUBMIT_ATTEMPT_MAX_S)))
+        return window
+
+    def _leave_if_silent(self, link: _Link, sent_at: float) -> bool:
+        """Give `link`'s stream up when nothing was heard on it since `sent_at`; whether it did.
+
+        Only when another replica may be reached: the bridge is frozen or cut off.
+        """
+        if link.cut or len(self._channels) < 2 or link.silence.heard_since(sent_at):
+            return False
+        link.silence.declare()
+        link.end()  # at once: the stream's reader ends it too, a turn of the loop later
+        return True
+
+    async def _deliver(
+        self, outcome: Outcome, ctx: ToolContext, host_session_id: str, *, tried: bool = False
+    ) -> tuple[str | None, str]:
         """Send until the bridge takes the outcome (None) or says why not (the cause and its message).
+
+        `tried`: it was sent before and may have got through (its answer was lost).
 
         Everything happens before the call's deadline and SUBMIT_GRACE_S. A submit in flight when
         its stream ends (broken, or given up as silent) is cut and sent again on the next
@@ -936,7 +1055,7 @@ class HostEngine:
         )
         loop = asyncio.get_running_loop()
         give_up_at = ctx.deadline + SUBMIT_GRACE_S
-        attempt = 0
+        attempt = 1 if tried else 0
         while True:
             attempt += 1
             link = self._open_sessions.get(request.host_session_id)
@@ -946,10 +1065,7 @@ class HostEngine:
                 if link is None:
                     return Code.TRANSPORT_FAILED.value, "No connection to a bridge before the deadline."
                 request.host_session_id = link.host_session_id
-            window = give_up_at - time.monotonic()
-            bound = window
-            if len(self._channels) > 1:  # another replica to go to: this one gets its share only
-                bound = min(window, max(SUBMIT_ATTEMPT_MIN_S, min(window / 3, SUBMIT_ATTEMPT_MAX_S)))
+            bound = self._attempt_bound(give_up_at - time.monotonic())
             sent_at = loop.time()
             try:
                 await self._submit_once(link, request, bound)
@@ -975,14 +1091,11 @@ class HostEngine:
                 if (
                     error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
                     and remaining > 0
-                    and not link.cut
-                    and not link.silence.heard_since(sent_at)
+                    and self._leave_if_silent(link, sent_at)
                 ):
-                    # Not a word from that bridge since the submit went out: give its stream up
-                    # (as when its heartbeats stop) and hand the result to the next replica.
+                    # Not a word from that bridge since the submit went out: its stream is given up
+                    # (as when its heartbeats stop) and the result goes to the next replica.
                     log.warning("submit unanswered; leaving the bridge", extra=_ids(ctx))
-                    link.silence.declare()
-                    link.end()  # at once: the stream's reader ends it too, a turn of the loop later
                     continue
                 # A refusal whose code is retryable (STORE_UNAVAILABLE: the bridge could not read the
                 # ledger yet), or no code of ours: the transport's own failure, retried while the

@@ -256,6 +256,7 @@ class HostSessionOpened(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     SERVER_TIME_UNIX_MS_FIELD_NUMBER: _builtins.int
     STARTS_ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    HOST_WORK_SERVED_FIELD_NUMBER: _builtins.int
     host_session_id: _builtins.str
     """Identifies this host session in SubmitToolResult."""
     heartbeat_interval_ms: _builtins.int
@@ -272,6 +273,11 @@ class HostSessionOpened(_message.Message):
     ask StartToolRequests before running each request. False when the host
     did not ask for it, or the bridge does not know it.
     """
+    host_work_served: _builtins.bool
+    """The bridge serves ExchangeHostWork for this host session: a gRPC host
+    may carry its start asks and results on it. False from a bridge that
+    does not (an older one): the unary RPCs then.
+    """
     def __init__(
         self,
         *,
@@ -279,10 +285,11 @@ class HostSessionOpened(_message.Message):
         heartbeat_interval_ms: _builtins.int = ...,
         server_time_unix_ms: _builtins.int = ...,
         starts_acknowledged: _builtins.bool = ...,
+        host_work_served: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "host_session_id", b"host_session_id", "server_time_unix_ms", b"server_time_unix_ms", "starts_acknowledged", b"starts_acknowledged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "host_session_id", b"host_session_id", "host_work_served", b"host_work_served", "server_time_unix_ms", b"server_time_unix_ms", "starts_acknowledged", b"starts_acknowledged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -636,7 +643,8 @@ Global___ToolResultAnswer: _TypeAlias = ToolResultAnswer  # noqa: Y015
 @_typing.final
 class ToolResultRefusal(_message.Message):
     """ToolResultRefusal is the error SubmitToolResult would have failed with for
-    this result alone, as its ErrorInfo would say it.
+    this result alone, as its ErrorInfo would say it (SubmitToolResults'
+    answers, ExchangeHostWork's receipts).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -665,8 +673,11 @@ class ToolResultRefusal(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
-    """A code of toolmesh's error table (see SubmitToolResults): whether it is
-    worth sending the same result again is the table's retryable.
+    """A code of toolmesh's error table, as SubmitToolResult's ErrorInfo
+    reason: REQUEST_UNKNOWN, REQUEST_ENDED, RESULT_NOT_JSON,
+    RESULT_TOO_LARGE, INVALID_REQUEST, HOST_SESSION_UNKNOWN, or a retryable
+    one (STORE_UNAVAILABLE: hand it in again); whether it is worth sending
+    the same result again is the table's retryable.
     """
     message: _builtins.str
     """For people."""
@@ -920,6 +931,139 @@ class ToolStart(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolStart: _TypeAlias = ToolStart  # noqa: Y015
+
+@_typing.final
+class ExchangeHostWorkRequest(_message.Message):
+    """One message of a host's ExchangeHostWork stream: start asks and results
+    together, whatever the host has ready.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
+    START_TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    host_session_id: _builtins.str
+    """Required. From HostSessionOpened: the host session this stream serves,
+    the same in every message.
+    """
+    @_builtins.property
+    def start_tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Ask to start these requests, as StartToolRequestsRequest.tool_request_ids
+        (each id once).
+        """
+
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolResultSubmission]:
+        """Hand in these outcomes, as SubmitToolResult (each at most 1 MiB of JSON
+        as there; a host sends a larger one with SubmitToolResult, which refuses
+        it alone).
+        """
+
+    def __init__(
+        self,
+        *,
+        host_session_id: _builtins.str = ...,
+        start_tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
+        results: _abc.Iterable[Global___ToolResultSubmission] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_session_id", b"host_session_id", "results", b"results", "start_tool_request_ids", b"start_tool_request_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeHostWorkRequest: _TypeAlias = ExchangeHostWorkRequest  # noqa: Y015
+
+@_typing.final
+class ToolResultSubmission(_message.Message):
+    """ToolResultSubmission is one result on an ExchangeHostWork stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """Required. The request answered."""
+    @_builtins.property
+    def outcome(self) -> _tool_pb2.ToolOutcome:
+        """Required. The outcome (see SubmitToolResult for what a host may send)."""
+
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        outcome: _tool_pb2.ToolOutcome | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolResultSubmission: _TypeAlias = ToolResultSubmission  # noqa: Y015
+
+@_typing.final
+class ExchangeHostWorkResponse(_message.Message):
+    """One message of the bridge on an ExchangeHostWork stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTS_FIELD_NUMBER: _builtins.int
+    RECEIPTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def starts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolStart]:
+        """Answers to the start asks of one request message, one per id in the
+        order asked (see StartToolRequestsResponse.starts).
+        """
+
+    @_builtins.property
+    def receipts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolResultReceipt]:
+        """Answers to results, each sent once, in the order they were settled."""
+
+    def __init__(
+        self,
+        *,
+        starts: _abc.Iterable[Global___ToolStart] | None = ...,
+        receipts: _abc.Iterable[Global___ToolResultReceipt] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipts", b"receipts", "starts", b"starts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeHostWorkResponse: _TypeAlias = ExchangeHostWorkResponse  # noqa: Y015
+
+@_typing.final
+class ToolResultReceipt(_message.Message):
+    """ToolResultReceipt answers one result of an ExchangeHostWork stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
+    tool_request_id: _builtins.str
+    """The request the result answered."""
+    @_builtins.property
+    def refusal(self) -> Global___ToolResultRefusal:
+        """Unset: the outcome was taken. Set: why not, as SubmitToolResult would
+        have failed.
+        """
+
+    def __init__(
+        self,
+        *,
+        tool_request_id: _builtins.str = ...,
+        refusal: Global___ToolResultRefusal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refusal", b"refusal"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refusal", b"refusal", "tool_request_id", b"tool_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolResultReceipt: _TypeAlias = ToolResultReceipt  # noqa: Y015
 
 @_typing.final
 class DispatchToolRequestRequest(_message.Message):

@@ -30,8 +30,9 @@ class BridgeServiceStub:
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult (or several at once with SubmitToolResults). The host path
-    uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    needs only unary and server-streaming calls,
+    so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+    start asks and results on ExchangeHostWork instead): the bridge serves
     OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -47,7 +48,7 @@ class BridgeServiceStub:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
     token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
@@ -96,6 +97,11 @@ class BridgeServiceStub:
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsResponse.FromString,
                 _registered_method=True)
+        self.ExchangeHostWork = channel.stream_stream(
+                '/toolmesh.v1.BridgeService/ExchangeHostWork',
+                request_serializer=toolmesh_dot_v1_dot_bridge__pb2.ExchangeHostWorkRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_v1_dot_bridge__pb2.ExchangeHostWorkResponse.FromString,
+                _registered_method=True)
         self.DispatchToolRequest = channel.unary_unary(
                 '/toolmesh.v1.BridgeService/DispatchToolRequest',
                 request_serializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.SerializeToString,
@@ -113,8 +119,9 @@ class BridgeServiceServicer:
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult (or several at once with SubmitToolResults). The host path
-    uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    needs only unary and server-streaming calls,
+    so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+    start asks and results on ExchangeHostWork instead): the bridge serves
     OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -130,7 +137,7 @@ class BridgeServiceServicer:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
     token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
@@ -333,6 +340,61 @@ class BridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExchangeHostWork(self, request_iterator, context):
+        """ExchangeHostWork carries a host session's start asks and its results on
+        one long-lived stream, for gRPC hosts: the same as StartToolRequests and
+        SubmitToolResult, without a call for each. A host opens one per host
+        session once that session is open (HostSessionOpened.host_work_served)
+        and closes it when the session's stream ends. Not served on the web port
+        (a page cannot stream both ways over HTTP/1.1): pages, and hosts of
+        bridges that do not serve it, call the unary RPCs, which stay served.
+
+        Every message names the host session (host_session_id); the first one
+        fixes it for the stream. Each message may carry start asks and results
+        together. The bridge answers:
+        - the start asks of one message together, in one response, one ToolStart
+        per id in the order asked, exactly as StartToolRequests would (START at
+        most once per request, only to the host session the request was last
+        sent to, before its deadline by the bridge's clock);
+        - each result with one ToolResultReceipt once the bridge has taken it or
+        refused it, as SubmitToolResult would, in the order they are settled.
+        Whatever is ready at once goes in one response, either way.
+
+        A broken stream (a transport failure, the bridge ending it): the host
+        runs none of the requests whose START it has not read (no start without
+        START); it may ask again with StartToolRequests, which answers
+        ALREADY_STARTED to a request whose START was given on the broken stream.
+        A result whose receipt it has not read it hands in again with
+        SubmitToolResult (REQUEST_ENDED with metadata ended "answered" says the
+        first one got through).
+
+        At most one open stream per host session (so at most
+        host_sessions_per_session of a session per bridge replica). A message
+        carries at most 1,000 ids and results together
+        (limits.MAX_CALLS_PER_MESSAGE) and at most 4 MiB. The stream ends (OK) when
+        the host stops sending and every result it sent is answered, or when its
+        host session ends (after the receipts of the results taken by then).
+
+        Called by the host holding the host session, the peers that may call
+        OpenHostSession; the stream ends when the token it was opened with
+        expires, as OpenHostSession does.
+
+        Errors (each ends the stream, after the answers to what was taken
+        before): NOT_FOUND with reason HOST_SESSION_UNKNOWN (the first message
+        names no open host session, or one of a session the token does not
+        name; or the host session ended: the start asks of that message are not
+        answered, and none of them start); INVALID_ARGUMENT with reason
+        INVALID_REQUEST (a message naming another host session than the first,
+        more than 1,000 ids and results, a malformed id, or a message that does
+        not decode); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED (another
+        stream of this host session is open; ErrorInfo "limit" names
+        host_work_streams_per_host_session); UNAVAILABLE with reason
+        SHUTTING_DOWN when the server stops.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DispatchToolRequest(self, request, context):
         """DispatchToolRequest sends one tool request to a host that serves the
         session and waits for the host's outcome, at most timeout_ms. Outcomes
@@ -407,6 +469,11 @@ def add_BridgeServiceServicer_to_server(servicer, server):
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsRequest.FromString,
                     response_serializer=toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsResponse.SerializeToString,
             ),
+            'ExchangeHostWork': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExchangeHostWork,
+                    request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.ExchangeHostWorkRequest.FromString,
+                    response_serializer=toolmesh_dot_v1_dot_bridge__pb2.ExchangeHostWorkResponse.SerializeToString,
+            ),
             'DispatchToolRequest': grpc.unary_unary_rpc_method_handler(
                     servicer.DispatchToolRequest,
                     request_deserializer=toolmesh_dot_v1_dot_bridge__pb2.DispatchToolRequestRequest.FromString,
@@ -430,8 +497,9 @@ class BridgeService:
     invocation service. A host opens a session and receives tool requests and
     cancellations on a server stream; it answers each request with the unary
     SubmitToolResult (or several at once with SubmitToolResults). The host path
-    uses only unary and server-streaming calls,
-    so gRPC-Web and Connect clients can serve tools too: the bridge serves
+    needs only unary and server-streaming calls,
+    so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+    start asks and results on ExchangeHostWork instead): the bridge serves
     OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
     ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
     gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -447,7 +515,7 @@ class BridgeService:
     metadata) with the role host for the session; without a valid one they fail
     with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
     the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
-    SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+    SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
     token as SubmitToolResult.
     DispatchToolRequest and DispatchToolRequests are internal: served only on
     the bridge's internal listener, to the invocation service (mutual TLS when
@@ -634,6 +702,33 @@ class BridgeService:
             '/toolmesh.v1.BridgeService/StartToolRequests',
             toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsRequest.SerializeToString,
             toolmesh_dot_v1_dot_bridge__pb2.StartToolRequestsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExchangeHostWork(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/toolmesh.v1.BridgeService/ExchangeHostWork',
+            toolmesh_dot_v1_dot_bridge__pb2.ExchangeHostWorkRequest.SerializeToString,
+            toolmesh_dot_v1_dot_bridge__pb2.ExchangeHostWorkResponse.FromString,
             options,
             channel_credentials,
             insecure,

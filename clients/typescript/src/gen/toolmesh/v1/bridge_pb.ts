@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/bridge.proto.
  */
 export const file_toolmesh_v1_bridge: GenFile = /*@__PURE__*/
-  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIrIBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAkSGwoTYWNrbm93bGVkZ2VzX3N0YXJ0cxgGIAEoCCLrAQoXT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2USMAoGb3BlbmVkGAEgASgLMh4udG9vbG1lc2gudjEuSG9zdFNlc3Npb25PcGVuZWRIABIwCgx0b29sX3JlcXVlc3QYAiABKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdEgAEjYKCWNhbmNlbGxlZBgDIAEoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0Q2FuY2VsbGVkSAASKwoJaGVhcnRiZWF0GAQgASgLMhYudG9vbG1lc2gudjEuSGVhcnRiZWF0SABCBwoFZXZlbnQihQEKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0SGwoTc2VydmVyX3RpbWVfdW5peF9tcxgDIAEoAxIbChNzdGFydHNfYWNrbm93bGVkZ2VkGAQgASgIIvUCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIEhgKEGRlYWRsaW5lX3VuaXhfbXMYCSABKAMSIwobaW52b2NhdGlvbl9kZWFkbGluZV91bml4X21zGAogASgDEhsKE2Rpc3BhdGNoX2dlbmVyYXRpb24YCyABKA0aMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJaChRUb29sUmVxdWVzdENhbmNlbGxlZBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSKQoGcmVhc29uGAIgASgOMhkudG9vbG1lc2gudjEuQ2FuY2VsUmVhc29uIjwKCUhlYXJ0YmVhdBISCgpyZWFkX2NoZWNrGAEgASgEEhsKE3NlcnZlcl90aW1lX3VuaXhfbXMYAiABKAMidgoXU3VibWl0VG9vbFJlc3VsdFJlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhcKD3Rvb2xfcmVxdWVzdF9pZBgCIAEoCRIpCgdvdXRjb21lGAMgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiGgoYU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlImYKGFN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSMQoHcmVzdWx0cxgCIAMoCzIgLnRvb2xtZXNoLnYxLlN1Ym1pdHRlZFRvb2xSZXN1bHQiWQoTU3VibWl0dGVkVG9vbFJlc3VsdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSKQoHb3V0Y29tZRgCIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lIksKGVN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2USLgoHYW5zd2VycxgBIAMoCzIdLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRBbnN3ZXIiXAoQVG9vbFJlc3VsdEFuc3dlchIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSLwoHcmVmdXNhbBgCIAEoCzIeLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRSZWZ1c2FsIqUBChFUb29sUmVzdWx0UmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCRI+CghtZXRhZGF0YRgDIAMoCzIsLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRSZWZ1c2FsLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkUKFkFuc3dlclJlYWRDaGVja1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhIKCnJlYWRfY2hlY2sYAiABKAQiGQoXQW5zd2VyUmVhZENoZWNrUmVzcG9uc2UiXgoXRGVjbGFyZUhvc3RUb29sc1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEioKBXRvb2xzGAIgAygLMhsudG9vbG1lc2gudjEuVG9vbERlZmluaXRpb24iLAoYRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgEIo4BChlSZXBvcnRUb29sUHJvZ3Jlc3NSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAiABKAkSEAoIcHJvZ3Jlc3MYAyABKAESEgoFdG90YWwYBCABKAFIAIgBARIPCgdtZXNzYWdlGAUgASgJQggKBl90b3RhbCJqChpSZXBvcnRUb29sUHJvZ3Jlc3NSZXNwb25zZRIxCgZzdGF0dXMYASABKA4yIS50b29sbWVzaC52MS5Qcm9ncmVzc1JlcG9ydFN0YXR1cxIZChFtZXNzYWdlX3RydW5jYXRlZBgCIAEoCCJNChhTdGFydFRvb2xSZXF1ZXN0c1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhgKEHRvb2xfcmVxdWVzdF9pZHMYAiADKAkiQwoZU3RhcnRUb29sUmVxdWVzdHNSZXNwb25zZRImCgZzdGFydHMYASADKAsyFi50b29sbWVzaC52MS5Ub29sU3RhcnQiVAoJVG9vbFN0YXJ0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIuCgd2ZXJkaWN0GAIgASgOMh0udG9vbG1lc2gudjEuVG9vbFN0YXJ0VmVyZGljdCJHChpEaXNwYXRjaFRvb2xSZXF1ZXN0UmVxdWVzdBIpCgdyZXF1ZXN0GAEgASgLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QiSAobRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEikKB291dGNvbWUYASABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJqChtEaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QSKgoIcmVxdWVzdHMYASADKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdBIfChdjYW5jZWxfdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCSKQAQocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQSKwoIcHJvZ3Jlc3MYAiADKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3MSFQoNc3RhcnRzX2ZlbmNlZBgDIAEoCCKRAQoORGlzcGF0Y2hSZXN1bHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEisKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZUgAEi8KB3JlZnVzYWwYAyABKAsyHC50b29sbWVzaC52MS5EaXNwYXRjaFJlZnVzYWxIAEIICgZyZXN1bHQiMgoPRGlzcGF0Y2hSZWZ1c2FsEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJKmUKDENhbmNlbFJlYXNvbhIdChlDQU5DRUxfUkVBU09OX1VOU1BFQ0lGSUVEEAASGQoVQ0FOQ0VMX1JFQVNPTl9USU1FT1VUEAESGwoXQ0FOQ0VMX1JFQVNPTl9DQU5DRUxMRUQQAirdAQoUUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSJgoiUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19VTlNQRUNJRklFRBAAEiMKH1BST0dSRVNTX1JFUE9SVF9TVEFUVVNfQUNDRVBURUQQARIiCh5QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0lOVkFMSUQQAhIqCiZQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfVU5LTk9XThADEigKJFBST0dSRVNTX1JFUE9SVF9TVEFUVVNfUkVRVUVTVF9FTkRFRBAEKv4BChBUb29sU3RhcnRWZXJkaWN0EiIKHlRPT0xfU1RBUlRfVkVSRElDVF9VTlNQRUNJRklFRBAAEhwKGFRPT0xfU1RBUlRfVkVSRElDVF9TVEFSVBABEiAKHFRPT0xfU1RBUlRfVkVSRElDVF9USU1FRF9PVVQQAhIgChxUT09MX1NUQVJUX1ZFUkRJQ1RfQ0FOQ0VMTEVEEAMSHAoYVE9PTF9TVEFSVF9WRVJESUNUX0VOREVEEAQSHgoaVE9PTF9TVEFSVF9WRVJESUNUX1VOS05PV04QBRImCiJUT09MX1NUQVJUX1ZFUkRJQ1RfQUxSRUFEWV9TVEFSVEVEEAYymQcKDUJyaWRnZVNlcnZpY2USXgoPT3Blbkhvc3RTZXNzaW9uEiMudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVxdWVzdBokLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlMAESXwoQU3VibWl0VG9vbFJlc3VsdBIkLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0GiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlEmIKEVN1Ym1pdFRvb2xSZXN1bHRzEiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdHNSZXF1ZXN0GiYudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRJfChBEZWNsYXJlSG9zdFRvb2xzEiQudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1JlcXVlc3QaJS50b29sbWVzaC52MS5EZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USXAoPQW5zd2VyUmVhZENoZWNrEiMudG9vbG1lc2gudjEuQW5zd2VyUmVhZENoZWNrUmVxdWVzdBokLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1Jlc3BvbnNlEmUKElJlcG9ydFRvb2xQcm9ncmVzcxImLnRvb2xtZXNoLnYxLlJlcG9ydFRvb2xQcm9ncmVzc1JlcXVlc3QaJy50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXNwb25zZRJiChFTdGFydFRvb2xSZXF1ZXN0cxIlLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVxdWVzdBomLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVzcG9uc2USaAoTRGlzcGF0Y2hUb29sUmVxdWVzdBInLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXF1ZXN0GigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEm8KFERpc3BhdGNoVG9vbFJlcXVlc3RzEigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0GikudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZSgBMAFiBnByb3RvMw", [file_toolmesh_v1_tool]);
+  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIrIBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAkSGwoTYWNrbm93bGVkZ2VzX3N0YXJ0cxgGIAEoCCLrAQoXT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2USMAoGb3BlbmVkGAEgASgLMh4udG9vbG1lc2gudjEuSG9zdFNlc3Npb25PcGVuZWRIABIwCgx0b29sX3JlcXVlc3QYAiABKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdEgAEjYKCWNhbmNlbGxlZBgDIAEoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0Q2FuY2VsbGVkSAASKwoJaGVhcnRiZWF0GAQgASgLMhYudG9vbG1lc2gudjEuSGVhcnRiZWF0SABCBwoFZXZlbnQinwEKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0SGwoTc2VydmVyX3RpbWVfdW5peF9tcxgDIAEoAxIbChNzdGFydHNfYWNrbm93bGVkZ2VkGAQgASgIEhgKEGhvc3Rfd29ya19zZXJ2ZWQYBSABKAgi9QIKC1Rvb2xSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEhYKDmFyZ3VtZW50c19qc29uGAUgASgJEhIKCnRpbWVvdXRfbXMYBiABKA0SQQoNdHJhY2VfY29udGV4dBgHIAMoCzIqLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0LlRyYWNlQ29udGV4dEVudHJ5EhUKDXJlZGVsaXZlcmFibGUYCCABKAgSGAoQZGVhZGxpbmVfdW5peF9tcxgJIAEoAxIjChtpbnZvY2F0aW9uX2RlYWRsaW5lX3VuaXhfbXMYCiABKAMSGwoTZGlzcGF0Y2hfZ2VuZXJhdGlvbhgLIAEoDRozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIloKFFRvb2xSZXF1ZXN0Q2FuY2VsbGVkEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgZyZWFzb24YAiABKA4yGS50b29sbWVzaC52MS5DYW5jZWxSZWFzb24iPAoJSGVhcnRiZWF0EhIKCnJlYWRfY2hlY2sYASABKAQSGwoTc2VydmVyX3RpbWVfdW5peF9tcxgCIAEoAyJ2ChdTdWJtaXRUb29sUmVzdWx0UmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEikKB291dGNvbWUYAyABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSIaChhTdWJtaXRUb29sUmVzdWx0UmVzcG9uc2UiZgoYU3VibWl0VG9vbFJlc3VsdHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIxCgdyZXN1bHRzGAIgAygLMiAudG9vbG1lc2gudjEuU3VibWl0dGVkVG9vbFJlc3VsdCJZChNTdWJtaXR0ZWRUb29sUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiSwoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIuCgdhbnN3ZXJzGAEgAygLMh0udG9vbG1lc2gudjEuVG9vbFJlc3VsdEFuc3dlciJcChBUb29sUmVzdWx0QW5zd2VyEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIvCgdyZWZ1c2FsGAIgASgLMh4udG9vbG1lc2gudjEuVG9vbFJlc3VsdFJlZnVzYWwipQEKEVRvb2xSZXN1bHRSZWZ1c2FsEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEj4KCG1ldGFkYXRhGAMgAygLMiwudG9vbG1lc2gudjEuVG9vbFJlc3VsdFJlZnVzYWwuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiRQoWQW5zd2VyUmVhZENoZWNrUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSEgoKcmVhZF9jaGVjaxgCIAEoBCIZChdBbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZSJeChdEZWNsYXJlSG9zdFRvb2xzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSKgoFdG9vbHMYAiADKAsyGy50b29sbWVzaC52MS5Ub29sRGVmaW5pdGlvbiIsChhEZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAQijgEKGVJlcG9ydFRvb2xQcm9ncmVzc1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhcKD3Rvb2xfcmVxdWVzdF9pZBgCIAEoCRIQCghwcm9ncmVzcxgDIAEoARISCgV0b3RhbBgEIAEoAUgAiAEBEg8KB21lc3NhZ2UYBSABKAlCCAoGX3RvdGFsImoKGlJlcG9ydFRvb2xQcm9ncmVzc1Jlc3BvbnNlEjEKBnN0YXR1cxgBIAEoDjIhLnRvb2xtZXNoLnYxLlByb2dyZXNzUmVwb3J0U3RhdHVzEhkKEW1lc3NhZ2VfdHJ1bmNhdGVkGAIgASgIIk0KGFN0YXJ0VG9vbFJlcXVlc3RzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSGAoQdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCSJDChlTdGFydFRvb2xSZXF1ZXN0c1Jlc3BvbnNlEiYKBnN0YXJ0cxgBIAMoCzIWLnRvb2xtZXNoLnYxLlRvb2xTdGFydCJUCglUb29sU3RhcnQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEi4KB3ZlcmRpY3QYAiABKA4yHS50b29sbWVzaC52MS5Ub29sU3RhcnRWZXJkaWN0IoYBChdFeGNoYW5nZUhvc3RXb3JrUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSHgoWc3RhcnRfdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCRIyCgdyZXN1bHRzGAMgAygLMiEudG9vbG1lc2gudjEuVG9vbFJlc3VsdFN1Ym1pc3Npb24iWgoUVG9vbFJlc3VsdFN1Ym1pc3Npb24SFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJ0ChhFeGNoYW5nZUhvc3RXb3JrUmVzcG9uc2USJgoGc3RhcnRzGAEgAygLMhYudG9vbG1lc2gudjEuVG9vbFN0YXJ0EjAKCHJlY2VpcHRzGAIgAygLMh4udG9vbG1lc2gudjEuVG9vbFJlc3VsdFJlY2VpcHQiXQoRVG9vbFJlc3VsdFJlY2VpcHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEi8KB3JlZnVzYWwYAiABKAsyHi50b29sbWVzaC52MS5Ub29sUmVzdWx0UmVmdXNhbCJHChpEaXNwYXRjaFRvb2xSZXF1ZXN0UmVxdWVzdBIpCgdyZXF1ZXN0GAEgASgLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QiSAobRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEikKB291dGNvbWUYASABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJqChtEaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QSKgoIcmVxdWVzdHMYASADKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdBIfChdjYW5jZWxfdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCSKQAQocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQSKwoIcHJvZ3Jlc3MYAiADKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3MSFQoNc3RhcnRzX2ZlbmNlZBgDIAEoCCKRAQoORGlzcGF0Y2hSZXN1bHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEisKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZUgAEi8KB3JlZnVzYWwYAyABKAsyHC50b29sbWVzaC52MS5EaXNwYXRjaFJlZnVzYWxIAEIICgZyZXN1bHQiMgoPRGlzcGF0Y2hSZWZ1c2FsEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJKmUKDENhbmNlbFJlYXNvbhIdChlDQU5DRUxfUkVBU09OX1VOU1BFQ0lGSUVEEAASGQoVQ0FOQ0VMX1JFQVNPTl9USU1FT1VUEAESGwoXQ0FOQ0VMX1JFQVNPTl9DQU5DRUxMRUQQAirdAQoUUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSJgoiUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19VTlNQRUNJRklFRBAAEiMKH1BST0dSRVNTX1JFUE9SVF9TVEFUVVNfQUNDRVBURUQQARIiCh5QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0lOVkFMSUQQAhIqCiZQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfVU5LTk9XThADEigKJFBST0dSRVNTX1JFUE9SVF9TVEFUVVNfUkVRVUVTVF9FTkRFRBAEKv4BChBUb29sU3RhcnRWZXJkaWN0EiIKHlRPT0xfU1RBUlRfVkVSRElDVF9VTlNQRUNJRklFRBAAEhwKGFRPT0xfU1RBUlRfVkVSRElDVF9TVEFSVBABEiAKHFRPT0xfU1RBUlRfVkVSRElDVF9USU1FRF9PVVQQAhIgChxUT09MX1NUQVJUX1ZFUkRJQ1RfQ0FOQ0VMTEVEEAMSHAoYVE9PTF9TVEFSVF9WRVJESUNUX0VOREVEEAQSHgoaVE9PTF9TVEFSVF9WRVJESUNUX1VOS05PV04QBRImCiJUT09MX1NUQVJUX1ZFUkRJQ1RfQUxSRUFEWV9TVEFSVEVEEAYy/gcKDUJyaWRnZVNlcnZpY2USXgoPT3Blbkhvc3RTZXNzaW9uEiMudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVxdWVzdBokLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlMAESXwoQU3VibWl0VG9vbFJlc3VsdBIkLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0GiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlEmIKEVN1Ym1pdFRvb2xSZXN1bHRzEiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdHNSZXF1ZXN0GiYudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRJfChBEZWNsYXJlSG9zdFRvb2xzEiQudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1JlcXVlc3QaJS50b29sbWVzaC52MS5EZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USXAoPQW5zd2VyUmVhZENoZWNrEiMudG9vbG1lc2gudjEuQW5zd2VyUmVhZENoZWNrUmVxdWVzdBokLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1Jlc3BvbnNlEmUKElJlcG9ydFRvb2xQcm9ncmVzcxImLnRvb2xtZXNoLnYxLlJlcG9ydFRvb2xQcm9ncmVzc1JlcXVlc3QaJy50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXNwb25zZRJiChFTdGFydFRvb2xSZXF1ZXN0cxIlLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVxdWVzdBomLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVzcG9uc2USYwoQRXhjaGFuZ2VIb3N0V29yaxIkLnRvb2xtZXNoLnYxLkV4Y2hhbmdlSG9zdFdvcmtSZXF1ZXN0GiUudG9vbG1lc2gudjEuRXhjaGFuZ2VIb3N0V29ya1Jlc3BvbnNlKAEwARJoChNEaXNwYXRjaFRvb2xSZXF1ZXN0EicudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QaKC50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0UmVzcG9uc2USbwoURGlzcGF0Y2hUb29sUmVxdWVzdHMSKC50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QaKS50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0c1Jlc3BvbnNlKAEwAWIGcHJvdG8z", [file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.OpenHostSessionRequest
@@ -180,6 +180,15 @@ export type HostSessionOpened = Message<"toolmesh.v1.HostSessionOpened"> & {
    * @generated from field: bool starts_acknowledged = 4;
    */
   startsAcknowledged: boolean;
+
+  /**
+   * The bridge serves ExchangeHostWork for this host session: a gRPC host
+   * may carry its start asks and results on it. False from a bridge that
+   * does not (an older one): the unary RPCs then.
+   *
+   * @generated from field: bool host_work_served = 5;
+   */
+  hostWorkServed: boolean;
 };
 
 /**
@@ -533,14 +542,18 @@ export const ToolResultAnswerSchema: GenMessage<ToolResultAnswer> = /*@__PURE__*
 
 /**
  * ToolResultRefusal is the error SubmitToolResult would have failed with for
- * this result alone, as its ErrorInfo would say it.
+ * this result alone, as its ErrorInfo would say it (SubmitToolResults'
+ * answers, ExchangeHostWork's receipts).
  *
  * @generated from message toolmesh.v1.ToolResultRefusal
  */
 export type ToolResultRefusal = Message<"toolmesh.v1.ToolResultRefusal"> & {
   /**
-   * A code of toolmesh's error table (see SubmitToolResults): whether it is
-   * worth sending the same result again is the table's retryable.
+   * A code of toolmesh's error table, as SubmitToolResult's ErrorInfo
+   * reason: REQUEST_UNKNOWN, REQUEST_ENDED, RESULT_NOT_JSON,
+   * RESULT_TOO_LARGE, INVALID_REQUEST, HOST_SESSION_UNKNOWN, or a retryable
+   * one (STORE_UNAVAILABLE: hand it in again); whether it is worth sending
+   * the same result again is the table's retryable.
    *
    * @generated from field: string reason = 1;
    */
@@ -805,6 +818,132 @@ export const ToolStartSchema: GenMessage<ToolStart> = /*@__PURE__*/
   messageDesc(file_toolmesh_v1_bridge, 21);
 
 /**
+ * One message of a host's ExchangeHostWork stream: start asks and results
+ * together, whatever the host has ready.
+ *
+ * @generated from message toolmesh.v1.ExchangeHostWorkRequest
+ */
+export type ExchangeHostWorkRequest = Message<"toolmesh.v1.ExchangeHostWorkRequest"> & {
+  /**
+   * Required. From HostSessionOpened: the host session this stream serves,
+   * the same in every message.
+   *
+   * @generated from field: string host_session_id = 1;
+   */
+  hostSessionId: string;
+
+  /**
+   * Ask to start these requests, as StartToolRequestsRequest.tool_request_ids
+   * (each id once).
+   *
+   * @generated from field: repeated string start_tool_request_ids = 2;
+   */
+  startToolRequestIds: string[];
+
+  /**
+   * Hand in these outcomes, as SubmitToolResult (each at most 1 MiB of JSON
+   * as there; a host sends a larger one with SubmitToolResult, which refuses
+   * it alone).
+   *
+   * @generated from field: repeated toolmesh.v1.ToolResultSubmission results = 3;
+   */
+  results: ToolResultSubmission[];
+};
+
+/**
+ * Describes the message toolmesh.v1.ExchangeHostWorkRequest.
+ * Use `create(ExchangeHostWorkRequestSchema)` to create a new message.
+ */
+export const ExchangeHostWorkRequestSchema: GenMessage<ExchangeHostWorkRequest> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 22);
+
+/**
+ * ToolResultSubmission is one result on an ExchangeHostWork stream.
+ *
+ * @generated from message toolmesh.v1.ToolResultSubmission
+ */
+export type ToolResultSubmission = Message<"toolmesh.v1.ToolResultSubmission"> & {
+  /**
+   * Required. The request answered.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * Required. The outcome (see SubmitToolResult for what a host may send).
+   *
+   * @generated from field: toolmesh.v1.ToolOutcome outcome = 2;
+   */
+  outcome?: ToolOutcome | undefined;
+};
+
+/**
+ * Describes the message toolmesh.v1.ToolResultSubmission.
+ * Use `create(ToolResultSubmissionSchema)` to create a new message.
+ */
+export const ToolResultSubmissionSchema: GenMessage<ToolResultSubmission> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 23);
+
+/**
+ * One message of the bridge on an ExchangeHostWork stream.
+ *
+ * @generated from message toolmesh.v1.ExchangeHostWorkResponse
+ */
+export type ExchangeHostWorkResponse = Message<"toolmesh.v1.ExchangeHostWorkResponse"> & {
+  /**
+   * Answers to the start asks of one request message, one per id in the
+   * order asked (see StartToolRequestsResponse.starts).
+   *
+   * @generated from field: repeated toolmesh.v1.ToolStart starts = 1;
+   */
+  starts: ToolStart[];
+
+  /**
+   * Answers to results, each sent once, in the order they were settled.
+   *
+   * @generated from field: repeated toolmesh.v1.ToolResultReceipt receipts = 2;
+   */
+  receipts: ToolResultReceipt[];
+};
+
+/**
+ * Describes the message toolmesh.v1.ExchangeHostWorkResponse.
+ * Use `create(ExchangeHostWorkResponseSchema)` to create a new message.
+ */
+export const ExchangeHostWorkResponseSchema: GenMessage<ExchangeHostWorkResponse> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 24);
+
+/**
+ * ToolResultReceipt answers one result of an ExchangeHostWork stream.
+ *
+ * @generated from message toolmesh.v1.ToolResultReceipt
+ */
+export type ToolResultReceipt = Message<"toolmesh.v1.ToolResultReceipt"> & {
+  /**
+   * The request the result answered.
+   *
+   * @generated from field: string tool_request_id = 1;
+   */
+  toolRequestId: string;
+
+  /**
+   * Unset: the outcome was taken. Set: why not, as SubmitToolResult would
+   * have failed.
+   *
+   * @generated from field: toolmesh.v1.ToolResultRefusal refusal = 2;
+   */
+  refusal?: ToolResultRefusal | undefined;
+};
+
+/**
+ * Describes the message toolmesh.v1.ToolResultReceipt.
+ * Use `create(ToolResultReceiptSchema)` to create a new message.
+ */
+export const ToolResultReceiptSchema: GenMessage<ToolResultReceipt> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 25);
+
+/**
  * @generated from message toolmesh.v1.DispatchToolRequestRequest
  */
 export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolRequestRequest"> & {
@@ -821,7 +960,7 @@ export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolReques
  * Use `create(DispatchToolRequestRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestRequestSchema: GenMessage<DispatchToolRequestRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 22);
+  messageDesc(file_toolmesh_v1_bridge, 26);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestResponse
@@ -840,7 +979,7 @@ export type DispatchToolRequestResponse = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestResponseSchema: GenMessage<DispatchToolRequestResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 23);
+  messageDesc(file_toolmesh_v1_bridge, 27);
 
 /**
  * One message may carry many requests and cancellations: a sender that has
@@ -870,7 +1009,7 @@ export type DispatchToolRequestsRequest = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestsRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestsRequestSchema: GenMessage<DispatchToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 24);
+  messageDesc(file_toolmesh_v1_bridge, 28);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestsResponse
@@ -910,7 +1049,7 @@ export type DispatchToolRequestsResponse = Message<"toolmesh.v1.DispatchToolRequ
  * Use `create(DispatchToolRequestsResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestsResponseSchema: GenMessage<DispatchToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 25);
+  messageDesc(file_toolmesh_v1_bridge, 29);
 
 /**
  * DispatchResult answers one request of the stream.
@@ -954,7 +1093,7 @@ export type DispatchResult = Message<"toolmesh.v1.DispatchResult"> & {
  * Use `create(DispatchResultSchema)` to create a new message.
  */
 export const DispatchResultSchema: GenMessage<DispatchResult> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 26);
+  messageDesc(file_toolmesh_v1_bridge, 30);
 
 /**
  * DispatchRefusal says why the bridge did not take a request: nothing ran.
@@ -983,7 +1122,7 @@ export type DispatchRefusal = Message<"toolmesh.v1.DispatchRefusal"> & {
  * Use `create(DispatchRefusalSchema)` to create a new message.
  */
 export const DispatchRefusalSchema: GenMessage<DispatchRefusal> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 27);
+  messageDesc(file_toolmesh_v1_bridge, 31);
 
 /**
  * Why a request was cancelled.
@@ -1141,8 +1280,9 @@ export const ToolStartVerdictSchema: GenEnum<ToolStartVerdict> = /*@__PURE__*/
  * invocation service. A host opens a session and receives tool requests and
  * cancellations on a server stream; it answers each request with the unary
  * SubmitToolResult (or several at once with SubmitToolResults). The host path
- * uses only unary and server-streaming calls,
- * so gRPC-Web and Connect clients can serve tools too: the bridge serves
+ * needs only unary and server-streaming calls,
+ * so gRPC-Web and Connect clients can serve tools too (gRPC hosts may carry
+ * start asks and results on ExchangeHostWork instead): the bridge serves
  * OpenHostSession, SubmitToolResult, SubmitToolResults, DeclareHostTools, AnswerReadCheck,
  * ReportToolProgress and StartToolRequests (never the Dispatch RPCs) over the Connect protocol and
  * gRPC-Web on HTTP/1.1, on a port of its own, to the browser origins it is
@@ -1158,7 +1298,7 @@ export const ToolStartVerdictSchema: GenEnum<ToolStartVerdict> = /*@__PURE__*/
  * metadata) with the role host for the session; without a valid one they fail
  * with UNAUTHENTICATED (reason UNAUTHENTICATED), with one that does not name
  * the session with PERMISSION_DENIED (reason PERMISSION_DENIED).
- * SubmitToolResults, ReportToolProgress and StartToolRequests need the same
+ * SubmitToolResults, ReportToolProgress, StartToolRequests and ExchangeHostWork need the same
  * token as SubmitToolResult.
  * DispatchToolRequest and DispatchToolRequests are internal: served only on
  * the bridge's internal listener, to the invocation service (mutual TLS when
@@ -1383,6 +1523,64 @@ export const BridgeService: GenService<{
     methodKind: "unary";
     input: typeof StartToolRequestsRequestSchema;
     output: typeof StartToolRequestsResponseSchema;
+  },
+  /**
+   * ExchangeHostWork carries a host session's start asks and its results on
+   * one long-lived stream, for gRPC hosts: the same as StartToolRequests and
+   * SubmitToolResult, without a call for each. A host opens one per host
+   * session once that session is open (HostSessionOpened.host_work_served)
+   * and closes it when the session's stream ends. Not served on the web port
+   * (a page cannot stream both ways over HTTP/1.1): pages, and hosts of
+   * bridges that do not serve it, call the unary RPCs, which stay served.
+   *
+   * Every message names the host session (host_session_id); the first one
+   * fixes it for the stream. Each message may carry start asks and results
+   * together. The bridge answers:
+   * - the start asks of one message together, in one response, one ToolStart
+   *   per id in the order asked, exactly as StartToolRequests would (START at
+   *   most once per request, only to the host session the request was last
+   *   sent to, before its deadline by the bridge's clock);
+   * - each result with one ToolResultReceipt once the bridge has taken it or
+   *   refused it, as SubmitToolResult would, in the order they are settled.
+   * Whatever is ready at once goes in one response, either way.
+   *
+   * A broken stream (a transport failure, the bridge ending it): the host
+   * runs none of the requests whose START it has not read (no start without
+   * START); it may ask again with StartToolRequests, which answers
+   * ALREADY_STARTED to a request whose START was given on the broken stream.
+   * A result whose receipt it has not read it hands in again with
+   * SubmitToolResult (REQUEST_ENDED with metadata ended "answered" says the
+   * first one got through).
+   *
+   * At most one open stream per host session (so at most
+   * host_sessions_per_session of a session per bridge replica). A message
+   * carries at most 1,000 ids and results together
+   * (limits.MAX_CALLS_PER_MESSAGE) and at most 4 MiB. The stream ends (OK) when
+   * the host stops sending and every result it sent is answered, or when its
+   * host session ends (after the receipts of the results taken by then).
+   *
+   * Called by the host holding the host session, the peers that may call
+   * OpenHostSession; the stream ends when the token it was opened with
+   * expires, as OpenHostSession does.
+   *
+   * Errors (each ends the stream, after the answers to what was taken
+   * before): NOT_FOUND with reason HOST_SESSION_UNKNOWN (the first message
+   * names no open host session, or one of a session the token does not
+   * name; or the host session ended: the start asks of that message are not
+   * answered, and none of them start); INVALID_ARGUMENT with reason
+   * INVALID_REQUEST (a message naming another host session than the first,
+   * more than 1,000 ids and results, a malformed id, or a message that does
+   * not decode); RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED (another
+   * stream of this host session is open; ErrorInfo "limit" names
+   * host_work_streams_per_host_session); UNAVAILABLE with reason
+   * SHUTTING_DOWN when the server stops.
+   *
+   * @generated from rpc toolmesh.v1.BridgeService.ExchangeHostWork
+   */
+  exchangeHostWork: {
+    methodKind: "bidi_streaming";
+    input: typeof ExchangeHostWorkRequestSchema;
+    output: typeof ExchangeHostWorkResponseSchema;
   },
   /**
    * DispatchToolRequest sends one tool request to a host that serves the

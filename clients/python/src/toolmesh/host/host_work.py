@@ -1,0 +1,104 @@
+"""The host's end of one ExchangeHostWork stream: its start asks and results, without a call each.
+
+Private to toolmesh.host (the engine opens one per host session whose bridge
+serves it). Whatever is ready goes out together (core.outbox): the asks read in
+one turn of the event loop, and the results that end meanwhile. The bridge's
+end is toolmesh.bridge.host_work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Hashable, Iterable, Sequence
+
+from toolmesh.core.outbox import BATCH_BYTES
+from toolmesh.core.stream_link import StreamBroken, StreamLink
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+
+_Item = str | bridge_pb2.ToolResultSubmission
+_Answer = bridge_pb2.ToolStart | bridge_pb2.ToolResultReceipt
+
+
+class HostWorkLink:
+    """One open ExchangeHostWork stream of host session `host_session_id`; once `closed`, none again."""
+
+    def __init__(
+        self,
+        stub: bridge_pb2_grpc.BridgeServiceAsyncStub,
+        host_session_id: str,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """`metadata` goes with the stream's opening (the host's token)."""
+        self.host_session_id = host_session_id
+        self._link: StreamLink[
+            _Item, bridge_pb2.ExchangeHostWorkRequest, bridge_pb2.ExchangeHostWorkResponse, _Answer
+        ] = StreamLink(
+            lambda messages: stub.ExchangeHostWork(messages, metadata=metadata),
+            batch=self._message,
+            size_of=_size_of,
+            results_of=_answers_of,
+            key_of=_key_of,
+        )
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream has ended (broken, or ended by the bridge)."""
+        return self._link.closed
+
+    def ask_to_start(self, tool_request_id: str) -> asyncio.Future[bridge_pb2.ToolStart]:
+        """Send the ask; the future is the bridge's verdict, or fails with StreamBroken."""
+        answer = self._link.expect(("start", tool_request_id))
+        self._link.send(tool_request_id)
+        return answer  # type: ignore[return-value]  # a start's key brings a ToolStart
+
+    def can_carry(self, submission: bridge_pb2.ToolResultSubmission) -> bool:
+        """Whether the result fits a message with others (a larger one goes as SubmitToolResult)."""
+        return not self.closed and submission.ByteSize() <= BATCH_BYTES
+
+    async def submit(self, submission: bridge_pb2.ToolResultSubmission, timeout: float) -> bool | None:
+        """Hand in a result: whether the bridge took it.
+
+        False when it refused it (nothing was taken); None when its receipt did not come (the
+        stream broke, or `timeout` passed): it may have been taken.
+        """
+        key = ("receipt", submission.tool_request_id)
+        receipt = self._link.expect(key)
+        self._link.send(submission)
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await receipt
+        except (StreamBroken, TimeoutError):
+            self._link.forget(key)
+            return None
+        except asyncio.CancelledError:
+            self._link.forget(key)
+            raise
+        assert isinstance(answer, bridge_pb2.ToolResultReceipt)
+        return not answer.HasField("refusal")
+
+    async def aclose(self) -> None:
+        """End the stream; every ask and result still waiting fails as broken."""
+        await self._link.aclose()
+
+    def _message(self, items: list[_Item]) -> bridge_pb2.ExchangeHostWorkRequest:
+        message = bridge_pb2.ExchangeHostWorkRequest(host_session_id=self.host_session_id)
+        for item in items:
+            if isinstance(item, str):
+                message.start_tool_request_ids.append(item)
+            else:
+                message.results.append(item)
+        return message
+
+
+def _size_of(item: _Item) -> int:
+    return len(item) if isinstance(item, str) else item.ByteSize()
+
+
+def _answers_of(response: bridge_pb2.ExchangeHostWorkResponse) -> Iterable[_Answer]:
+    return itertools.chain(response.starts, response.receipts)
+
+
+def _key_of(answer: _Answer) -> Hashable:
+    kind = "start" if isinstance(answer, bridge_pb2.ToolStart) else "receipt"
+    return (kind, answer.tool_request_id)
