@@ -240,6 +240,8 @@ return {found[1], found[2], redis.call('PTTL', KEYS[1])}
 class RedisLedgerStore:
     """The LedgerStore port on Redis (one server, or a cluster: see _names)."""
 
+    synchronous = False
+
     def __init__(self, connection: RedisConnection | ClusterConnection) -> None:
         self._connection = connection
         self._prefix = connection.prefix
