@@ -306,6 +306,12 @@ class Ledger:
         self._unrecorded: dict[str, FinishWrite | _Unread] = {}
         self._recorder: asyncio.Task[None] | None = None
 
+    @property
+    def claims_at_once(self) -> bool:
+        """Whether `claim` completes without suspending (LedgerStore.synchronous): a cancellation of
+        its caller then cannot leave a claim half made."""
+        return self._store.synchronous
+
     def _encode(self, record: InvocationRecord) -> bytes:
         raw = _encode(record)
         self._remember(raw, record)

@@ -152,6 +152,22 @@ def parse_arguments(arguments_json: str) -> jsontext.JsonValue | Outcome:
         )
 
 
+async def _answering(answer: asyncio.Future[Outcome], running: Awaitable[Outcome]) -> Outcome:
+    """`running`'s outcome, also handed to `answer` (unless it is done: its caller left)."""
+    try:
+        outcome = await running
+    except asyncio.CancelledError:
+        answer.cancel()
+        raise
+    except Exception as error:
+        if not answer.done():
+            answer.set_exception(error)
+        raise
+    if not answer.done():
+        answer.set_result(outcome)
+    return outcome
+
+
 class _OutcomeUnread(Exception):
     """The ledger's store failed while a call waited there for an outcome that another process
     may have produced: the call ends with no outcome (OUTCOME_UNAVAILABLE)."""
@@ -448,8 +464,10 @@ class Invoker:
         lease: Lease,
     ) -> Claim:
         """The ledger's claim. One whose caller may leave (a unary RPC) goes on without it: a claim
-        that made a new invocation must run it, or exact retries would join one that nobody runs."""
-        if not leaves_early:
+        that made a new invocation must run it, or exact retries would join one that nobody runs.
+        A claim that never suspends (the store in memory) cannot be left half made: it needs no
+        task of its own, which would cost the call three more turns of the event loop."""
+        if not leaves_early or self.ledger.claims_at_once:
             return await claiming
         task = asyncio.ensure_future(claiming)
         try:
@@ -468,10 +486,20 @@ class Invoker:
             self._run_detached(request, tool, claim.record, lease)
 
     def _run_detached(
-        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease
+        self,
+        request: ToolRequest,
+        tool: ToolSpec,
+        claimed: InvocationRecord,
+        lease: Lease,
+        answer: asyncio.Future[Outcome] | None = None,
     ) -> asyncio.Task[Outcome]:
-        """Run a new invocation in a task of its own, which goes on whoever waits for it."""
-        task = asyncio.create_task(self._run_and_give_back(request, tool, claimed, lease))
+        """Run a new invocation in a task of its own, which goes on whoever waits for it.
+
+        `answer` gets its outcome (or error) from within the task, unless it is done by then (its
+        caller left: cancelled): as a shield would, one turn of the event loop sooner.
+        """
+        running = self._run_and_give_back(request, tool, claimed, lease)
+        task = asyncio.create_task(running if answer is None else _answering(answer, running))
         self._running[request.tool_request_id] = task
         task.add_done_callback(partial(self._ended, request.tool_request_id))
         return task
@@ -490,7 +518,9 @@ class Invoker:
         tool_request_id = request.tool_request_id
         try:
             if leaves_early:
-                return await asyncio.shield(self._run_detached(request, tool, claimed, lease))
+                answer: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+                self._run_detached(request, tool, claimed, lease, answer)
+                return await answer
         except _OutcomeUnread as unread:
             raise unread.error(attachment_id) from None
         ran: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -514,8 +544,10 @@ class Invoker:
         finally:
             self._running.pop(tool_request_id, None)
 
-    def _ended(self, tool_request_id: str, _: object) -> None:
+    def _ended(self, tool_request_id: str, task: asyncio.Task[Outcome]) -> None:
         self._running.pop(tool_request_id, None)
+        if not task.cancelled():
+            task.exception()  # marked as seen: its caller, if any, got it through its answer
 
     async def _run_and_give_back(
         self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease

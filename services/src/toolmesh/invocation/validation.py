@@ -41,6 +41,9 @@ class Validation:
         self._limits = limits
         # A schema's cost is counted on the loop only as far as the inline bound: past it, a worker.
         self._inline_limits = dataclasses.replace(limits, schema_expansion=INLINE_EXPANSION)
+        # Cached per instance, keyed without the limits: hashing them (every field) on each call
+        # cost more than the rest of the decision. Each entry keeps its schema's text: few enough.
+        self._cheap = functools.lru_cache(maxsize=512)(functools.partial(_cheap, limits=self._inline_limits))
         self._pool = ValidationPool(
             limits.validation_workers,
             limits.validation_timeout_ms / 1000,
@@ -48,7 +51,7 @@ class Validation:
         )
 
     def _inline(self, schema_json: str, which: str, tool: str, instance_bytes: int) -> bool:
-        return instance_bytes <= INLINE_BYTES and _cheap(schema_json, self._inline_limits, tool, which)
+        return instance_bytes <= INLINE_BYTES and self._cheap(schema_json, tool=tool, which=which)
 
     async def _violations(
         self, tool: ToolSpec, schema_json: str, which: str, instance_json: str, instance: object
@@ -151,9 +154,8 @@ class Validation:
         await self._pool.aclose()
 
 
-@functools.lru_cache(maxsize=512)  # each entry keeps its schema's text: few enough to bound memory
-def _cheap(schema_json: str, limits: Limits, tool: str, which: str) -> bool:
-    """Whether a value is validated against the schema at once (cached, also when it is not)."""
+def _cheap(schema_json: str, *, limits: Limits, tool: str, which: str) -> bool:
+    """Whether a value is validated against the schema at once (Validation caches it)."""
     try:
         schema_cost(schema_json, limits, tool=tool, which=which)
     except ToolmeshError:

@@ -115,6 +115,10 @@ class ClaimNotReplicated(Exception):
 
 
 class LedgerStore(Protocol):
+    # True when every operation completes without suspending (the store is this process's
+    # memory): a caller's cancellation cannot then cut one short, so nobody needs to shield it.
+    synchronous: bool
+
     async def claim(
         self,
         tool_request_id: str,

@@ -272,6 +272,9 @@ class _KeyClaim:
 class MemoryLedgerStore:
     """The LedgerStore port in process memory: each operation is one synchronous step."""
 
+    # No operation awaits anything (each is one step): see LedgerStore.synchronous.
+    synchronous = True
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         # Places among calls in flight, which claims take and finishes give back (LeaseTerms).
         self._leases = Leases(clock)

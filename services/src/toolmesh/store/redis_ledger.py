@@ -275,6 +275,8 @@ _MARK_VERDICTS = {1: MarkVerdict.WON, 0: MarkVerdict.LOST, -1: MarkVerdict.ENDED
 class RedisLedgerStore:
     """The LedgerStore port on Redis (one server, or a cluster: see _names)."""
 
+    synchronous = False
+
     def __init__(self, connection: RedisConnection | ClusterConnection) -> None:
         self._connection = connection
         self._prefix = connection.prefix
