@@ -18,6 +18,7 @@ import grpc
 import pytest
 from scripted_bridge import ScriptedBridge, scripted
 
+from toolmesh.core import telemetry
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import to_grpc_status
 from toolmesh.host import HostError, ToolContext, ToolHost
@@ -25,6 +26,14 @@ from toolmesh.v1 import bridge_pb2
 from toolmesh_testing import eventually, logged
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def untraced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These are the untraced host's ways (a traced one hands results in as SubmitToolResult, for
+    their spans): once another test of this process installed the SDK, tracing stays on."""
+    monkeypatch.setattr(telemetry, "enabled", lambda: False)
+
 
 START = bridge_pb2.TOOL_START_VERDICT_START
 

@@ -26,11 +26,12 @@ from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.contracts.ledger import Claim, Ledger, LedgerPolicy
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError
+from toolmesh.core.rpcstatus import error_code
 from toolmesh.core.tools import ToolSpec
 from toolmesh.store import slots
 from toolmesh.store.backends import open_stores
 from toolmesh.v1 import registry_pb2, registry_pb2_grpc
-from toolmesh_testing import HostProcess, start_host_process
+from toolmesh_testing import HostProcess, eventually, start_host_process
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +147,18 @@ async def test_a_primary_killed_under_load_runs_no_tool_twice_and_serves_again(
         # The watch opened before the kill was subscribed again on the new primary.
         more = [*TOOLS, ToolSpec("extra", "Another tool", '{"type": "object"}')]
         async with RegistryClient(system.registry_target) as registry:
-            revision = await registry.put_tools(SESSION, more)
+
+            async def put() -> int | None:
+                # A write that meets the topology as it was before the failover fails
+                # STORE_UNAVAILABLE, which the error table says to retry.
+                try:
+                    return await registry.put_tools(SESSION, more)
+                except grpc.aio.AioRpcError as error:
+                    code = error_code(error)
+                    assert code is not None and ERROR_TABLE[code].retryable, error.details()
+                    return None
+
+            revision = await eventually(put, timeout=15, interval=0.2)
         while True:
             seen = await asyncio.wait_for(watch.read(), 15)
             assert isinstance(seen, registry_pb2.WatchToolsResponse)
