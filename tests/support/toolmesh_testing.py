@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -25,6 +25,7 @@ from toolmesh.core import event_loop
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
+from toolmesh.v1 import bridge_pb2_grpc
 
 # The tests' helper files (handler modules, peers, lock files) and the repository they test.
 SUPPORT = Path(__file__).resolve().parent
@@ -371,3 +372,13 @@ class SlowHost:
         self.started += 1
         await self.release.wait()
         return Outcome.success("1")
+
+
+@contextlib.asynccontextmanager
+async def bridge_stubs(server: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """BridgeService stubs on a started bridge's public and internal listeners (a RunningServer)."""
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as public,
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as internal,
+    ):
+        yield bridge_pb2_grpc.BridgeServiceStub(public), bridge_pb2_grpc.BridgeServiceStub(internal)

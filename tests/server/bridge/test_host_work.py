@@ -14,7 +14,8 @@ import pytest_asyncio
 from toolmesh.assembly.system import start_bridge
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code, error_info
-from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
+from toolmesh.v1 import bridge_pb2, tool_pb2
+from toolmesh_testing import bridge_stubs
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -25,11 +26,8 @@ OK = tool_pb2.ToolOutcome(result_json='{"done": true}')
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stubs() -> AsyncIterator[tuple[Any, Any]]:
     server, _ = await start_bridge(heartbeat_s=0.2)
-    async with (
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as public,
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as internal,
-    ):
-        yield bridge_pb2_grpc.BridgeServiceStub(public), bridge_pb2_grpc.BridgeServiceStub(internal)
+    async with bridge_stubs(server) as both:
+        yield both
     await server.stop(0.1)
 
 

@@ -20,8 +20,8 @@ from toolmesh.assembly.system import start_bridge
 from toolmesh.bridge.router import Router
 from toolmesh.core.errors import Code
 from toolmesh.core.rpcstatus import error_code
-from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
-from toolmesh_testing import eventually
+from toolmesh.v1 import bridge_pb2, tool_pb2
+from toolmesh_testing import bridge_stubs, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -36,11 +36,8 @@ ROUTER: list[Router] = []
 async def stubs() -> AsyncIterator[tuple[Any, Any]]:
     server, router = await start_bridge(heartbeat_s=0.2)
     ROUTER.append(router)
-    async with (
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as public,
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as internal,
-    ):
-        yield bridge_pb2_grpc.BridgeServiceStub(public), bridge_pb2_grpc.BridgeServiceStub(internal)
+    async with bridge_stubs(server) as both:
+        yield both
     await server.stop(0.1)
 
 

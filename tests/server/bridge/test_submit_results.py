@@ -15,7 +15,8 @@ from toolmesh.assembly.system import start_bridge
 from toolmesh.core.errors import Code
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, MAX_RESULT_BYTES, MAX_SUBMIT_RESULTS_BYTES
 from toolmesh.core.rpcstatus import error_code, error_info
-from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
+from toolmesh.v1 import bridge_pb2, tool_pb2
+from toolmesh_testing import bridge_stubs
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -23,11 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stubs() -> AsyncIterator[tuple[Any, Any]]:
     server, _ = await start_bridge(heartbeat_s=0.2)
-    async with (
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as public,
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as internal,
-    ):
-        yield bridge_pb2_grpc.BridgeServiceStub(public), bridge_pb2_grpc.BridgeServiceStub(internal)
+    async with bridge_stubs(server) as both:
+        yield both
     await server.stop(0.1)
 
 
