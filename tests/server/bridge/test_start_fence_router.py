@@ -13,18 +13,34 @@ from functools import partial
 
 import pytest
 
+from redis_testing import RedisServer, new_prefix
 from toolmesh.bridge.router import START_FENCE, HostSession, Router, StartVerdict, ToolRequestCancelled
 from toolmesh.contracts.ledger import Ledger
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.store import slots
+from toolmesh.store.backends import open_stores
 from toolmesh.store.ledger import MarkVerdict, StartMark
 from toolmesh.store.memory import MemoryLedgerStore
-
-pytestmark = pytest.mark.unit
+from toolmesh_testing import eventually
 
 SESSION = "fenced"
+
+
+class Refusals:
+    """A fence that counts the ledger's STORE_UNAVAILABLE refusals of the marks it passes on."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.refused = 0
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
+        try:
+            return await self.ledger.mark_started(marks)
+        except ToolmeshError as error:
+            self.refused += error.code is Code.STORE_UNAVAILABLE
+            raise
 
 
 class Unreachable:
@@ -75,6 +91,7 @@ def fence_of(outcome: Outcome) -> str:
     return str(failure.details[START_FENCE])
 
 
+@pytest.mark.unit
 async def test_a_start_is_granted_once_its_mark_is_in_the_ledger() -> None:
     ledger = Ledger(MemoryLedgerStore())
     router = Router(fence=ledger)
@@ -94,6 +111,7 @@ async def test_a_start_is_granted_once_its_mark_is_in_the_ledger() -> None:
     assert outcomes == []
 
 
+@pytest.mark.unit
 async def test_a_delivery_whose_generation_moved_on_is_not_started_and_ends_as_not_run() -> None:
     ledger = Ledger(MemoryLedgerStore())
     router = Router(fence=ledger)
@@ -117,9 +135,10 @@ async def test_a_delivery_whose_generation_moved_on_is_not_started_and_ends_as_n
     assert record is not None and record.started_at is None
 
 
+@pytest.mark.unit
 async def test_no_start_while_the_ledger_cannot_be_reached() -> None:
     fence = Unreachable()
-    router = Router(fence=fence)
+    router = Router(fence=fence, mark_retry_s=0.2)
     host = open_host(router)
     outcomes: list[Outcome] = []
     router.start(request(slots.tool_request_id(SESSION, "out")), outcomes.append)
@@ -128,9 +147,12 @@ async def test_no_start_while_the_ledger_cannot_be_reached() -> None:
         StartVerdict.CANCELLED
     ]
     assert [fence_of(outcome) for outcome in outcomes] == ["store_unavailable"]
-    assert fence.asked == [StartMark(sent.tool_request_id, 1)]
+    # Asked again, after 50 ms, then 100 (a loaded machine may leave time for one only).
+    assert len(fence.asked) >= 2
+    assert {(mark.tool_request_id, mark.generation) for mark in fence.asked} == {(sent.tool_request_id, 1)}
 
 
+@pytest.mark.unit
 async def test_unfenced_requests_are_not_marked() -> None:
     fence = Unreachable()
     router = Router(fence=fence)
@@ -144,6 +166,7 @@ async def test_unfenced_requests_are_not_marked() -> None:
     assert fence.asked == []
 
 
+@pytest.mark.unit
 async def test_a_host_that_does_not_acknowledge_starts_gets_a_request_only_once_its_start_is_marked() -> None:
     ledger = Ledger(MemoryLedgerStore())
     router = Router(fence=ledger)
@@ -162,6 +185,7 @@ async def test_a_host_that_does_not_acknowledge_starts_gets_a_request_only_once_
         await next_request(host, timeout=0.2)  # the one that moved on was never sent
 
 
+@pytest.mark.unit
 async def test_a_request_whose_host_left_before_its_start_was_marked_was_never_sent_there() -> None:
     ledger = Ledger(MemoryLedgerStore())
     router = Router(fence=ledger)
@@ -184,3 +208,58 @@ async def test_a_request_whose_host_left_before_its_start_was_marked_was_never_s
         while True:
             event = first._events.get_nowait()
             assert not isinstance(event, ToolRequest)
+
+
+@pytest.mark.integration
+async def test_a_start_asked_while_redis_restarts_waits_for_it_and_starts_once(
+    redis_server: RedisServer,
+) -> None:
+    # A real Redis, SIGKILLed as a host asks to start, and started again on its append-only file.
+    stores = open_stores(redis_server.url, new_prefix())
+    try:
+        ledger = Ledger(stores.ledger)
+        fence = Refusals(ledger)
+        router = Router(fence=fence)
+        host = open_host(router)
+        tool_request_id = await claimed(ledger, "restart")
+        outcomes: list[Outcome] = []
+        router.start(request(tool_request_id), outcomes.append)
+        await next_request(host)
+        await redis_server.kill()
+        asking = asyncio.create_task(router.start_requests(host.host_session_id, [tool_request_id]))
+        await eventually(lambda: fence.refused >= 2)  # nothing listens on the port: asked again
+        assert not asking.done()
+        await redis_server.start()
+        assert await asyncio.wait_for(asking, 5) == [StartVerdict.START]
+        record = await ledger.get(tool_request_id)
+        assert record is not None and record.started_at is not None
+        assert await ledger.redispatch(tool_request_id, 1) == 0
+        assert outcomes == []
+        # Told START once: asked again, it is not started again.
+        assert await router.start_requests(host.host_session_id, [tool_request_id]) == [
+            StartVerdict.ALREADY_STARTED
+        ]
+    finally:
+        await stores.close()
+
+
+@pytest.mark.integration
+async def test_a_start_whose_redis_stays_down_ends_as_not_run(redis_server: RedisServer) -> None:
+    stores = open_stores(redis_server.url, new_prefix())
+    try:
+        ledger = Ledger(stores.ledger)
+        router = Router(fence=ledger, mark_retry_s=0.3)
+        host = open_host(router)
+        tool_request_id = await claimed(ledger, "down")
+        outcomes: list[Outcome] = []
+        router.start(request(tool_request_id), outcomes.append)
+        await next_request(host)
+        await redis_server.kill()
+        verdicts = await router.start_requests(host.host_session_id, [tool_request_id])
+        assert verdicts == [StartVerdict.CANCELLED]
+        assert [fence_of(outcome) for outcome in outcomes] == ["store_unavailable"]
+        await redis_server.start()
+        # Nothing was marked: the invocation service may send it through another replica.
+        assert await ledger.redispatch(tool_request_id, 1) == 2
+    finally:
+        await stores.close()

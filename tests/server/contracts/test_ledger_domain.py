@@ -638,6 +638,24 @@ async def test_of_two_concurrent_starts_of_one_delivery_one_wins(ledger: Ledger)
     assert await ledger.redispatch(tr("1"), 1) == 0
 
 
+async def test_a_mark_asked_again_by_its_marker_wins_again_and_no_other_marker_does(ledger: Ledger) -> None:
+    # A bridge that asks again after its mark's reply was lost (the store restarting) finds its own.
+    await ledger.claim(call(), tr("1"), 10_000)
+    assert await ledger.mark_started([StartMark(tr("1"), 1, "bridge-a")]) == [MarkVerdict.WON]
+    assert await ledger.mark_started([StartMark(tr("1"), 1, "bridge-a")]) == [MarkVerdict.WON]
+    assert await ledger.mark_started([StartMark(tr("1"), 1, "bridge-b"), StartMark(tr("1"), 1)]) == [
+        MarkVerdict.LOST,
+        MarkVerdict.LOST,
+    ]
+    assert await ledger.redispatch(tr("1"), 1) == 0
+    # Once the generation moved on, the old delivery's marker no longer wins.
+    await ledger.claim(call('{"a": 2}'), tr("2"), 10_000)
+    assert await ledger.redispatch(tr("2"), 1) == 2
+    assert await ledger.mark_started([StartMark(tr("2"), 1, "bridge-a")]) == [MarkVerdict.LOST]
+    assert await ledger.mark_started([StartMark(tr("2"), 2, "bridge-b")]) == [MarkVerdict.WON]
+    assert await ledger.mark_started([StartMark(tr("2"), 1, "bridge-b")]) == [MarkVerdict.LOST]
+
+
 async def test_a_redispatch_fences_the_old_delivery_and_only_one_generation_moves_it_on(
     ledger: Ledger,
 ) -> None:

@@ -20,7 +20,8 @@ on that generation) before its host may start it: before START, or, for a host t
 acknowledge starts, before it is sent. The invocation service sends a request whose bridge
 replica was lost through another only if no start was marked (it moves the generation on), so
 at most one delivery ever starts. A mark refused here (the request went elsewhere, or the
-ledger cannot be reached) ends the request on this replica as not run (TOOL_HOST_UNAVAILABLE,
+ledger cannot be reached for MARK_RETRY_S or half the time the request has left: a Redis that
+restarts in that time costs nothing) ends the request on this replica as not run (TOOL_HOST_UNAVAILABLE,
 with `startFence` in its details), which no bridge records in the ledger.
 """
 
@@ -189,6 +190,12 @@ class StartFence(Protocol):
     async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]: ...
 
 
+# How long a start waits for a ledger it cannot reach (a Redis restarting), at most, and at most
+# half the time the request has left: a host waits longer than that for its answer (its time
+# left, 1 s at least, up to 10 s). Tried again after 50 ms, doubling up to 500 ms.
+MARK_RETRY_S = 4.0
+MARK_BACKOFF_S = (0.05, 0.5)
+
 # The details' key of an outcome the start fence ended a request with on this replica: nothing ran.
 START_FENCE = "startFence"
 
@@ -256,11 +263,16 @@ class Router:
         observer: RouterObserver | None = None,
         limits: Limits = DEFAULT_LIMITS,
         fence: StartFence | None = None,
+        mark_retry_s: float = MARK_RETRY_S,
     ) -> None:
         """`fence`: where the starts of requests carrying a dispatch generation are marked before
-        a host may start them (None: not fenced)."""
+        a host may start them (None: not fenced); `mark_retry_s`: how long a mark is tried again
+        while the fence's store cannot be reached."""
         self.heartbeat_s = heartbeat_s
         self.fence = fence
+        self._mark_retry_s = mark_retry_s
+        # This process's name on its marks: a mark asked again after a lost reply finds its own.
+        self._marker = secrets.token_hex(8)
         # Marks of starts for hosts that do not acknowledge starts, under way.
         self._marking: set[asyncio.Task[None]] = set()
         self._limits = limits
@@ -410,16 +422,42 @@ class Router:
 
     async def _mark(self, fenced: Sequence[PendingRequest]) -> list[MarkVerdict | None]:
         """Mark the starts of `fenced` in one step: each one's verdict, None when the fence's store
-        could not be reached (then none may start)."""
+        could not be reached within MARK_RETRY_S and half the time they have left (then none may
+        start), or for one that ended meanwhile.
+
+        Asked again while the store cannot be reached (a mark whose reply was lost may have been
+        made: this process's marker wins it again), for those still pending.
+        """
         assert self.fence is not None
-        marks = [StartMark(pending.request.tool_request_id, pending.generation) for pending in fenced]
-        try:
-            return list(await self.fence.mark_started(marks))
-        except ToolmeshError as error:
-            if error.code is not Code.STORE_UNAVAILABLE:
-                raise
-            log.warning("starts not fenced: the ledger is unreachable", extra={"count": len(marks)})
-            return [None] * len(marks)
+        now = time.monotonic()
+        left_s = min(pending.started + pending.request.timeout_ms / 1000 - now for pending in fenced)
+        give_up = now + min(self._mark_retry_s, left_s / 2)
+        backoff_s, most_s = MARK_BACKOFF_S
+        verdicts: list[MarkVerdict | None] = [None] * len(fenced)
+        while True:
+            asked = [
+                position
+                for position, pending in enumerate(fenced)
+                if self._pending.get(pending.request.tool_request_id) is pending
+            ]
+            marks = [
+                StartMark(fenced[position].request.tool_request_id, fenced[position].generation, self._marker)
+                for position in asked
+            ]
+            if not marks:
+                return verdicts
+            try:
+                for position, verdict in zip(asked, await self.fence.mark_started(marks), strict=True):
+                    verdicts[position] = verdict
+                return verdicts
+            except ToolmeshError as error:
+                if error.code is not Code.STORE_UNAVAILABLE:
+                    raise
+            if time.monotonic() + backoff_s > give_up:
+                log.warning("starts not fenced: the ledger is unreachable", extra={"count": len(marks)})
+                return verdicts
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, most_s)
 
     def _unfenced(self, pending: PendingRequest, verdict: MarkVerdict | None, *, tell_host: bool) -> None:
         """End a request whose start the fence refused (`verdict`; None: the ledger was unreachable):

@@ -64,10 +64,14 @@ class Delivered(NamedTuple):
 
 
 class StartMark(NamedTuple):
-    """A bridge's start of the delivery of `generation` of an invocation (see `mark_started`)."""
+    """A bridge's start of the delivery of `generation` of an invocation (see `mark_started`).
+
+    `marker` names who marks it (a bridge process): a mark it asks for again, after its reply was
+    lost, finds its own mark and wins again; "" never matches one."""
 
     tool_request_id: str
     generation: int
+    marker: str = ""
 
 
 class MarkVerdict(enum.Enum):
@@ -218,7 +222,9 @@ class LedgerStore(Protocol):
     async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
         """Mark each invocation started by its delivery of `generation` (one verdict per mark, in
         order), each atomically: WON only while it runs, its dispatch generation is `generation` and
-        no start is marked (the mark keeps the store's time); else LOST or ENDED, changing nothing.
+        no start is marked (the mark keeps the store's time and the mark's `marker`), or when the
+        start marked on that generation is the same marker's (a mark asked again: a delivery is
+        held by one bridge, which lets one host start it); else LOST or ENDED, changing nothing.
         On Redis, one round trip per slot the marks fall in (one on a single server)."""
         ...
 

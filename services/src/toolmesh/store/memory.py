@@ -253,6 +253,8 @@ class _Invocation:
     # Its dispatch generation, and when a start was marked (Unix ms; 0: none): LedgerStore.redispatch.
     generation: int = 1
     started_at_ms: int = 0
+    # Who marked that start (StartMark.marker).
+    started_by: str = ""
 
     def attached(self) -> _Invocation:
         """With one more attachment (unconfirmed, unless all were confirmed already); joined, when
@@ -474,9 +476,12 @@ class MemoryLedgerStore:
         if entry is None or entry.value.finished:
             return MarkVerdict.ENDED
         invocation = entry.value
-        if invocation.started_at_ms or invocation.generation != mark.generation:
+        if invocation.generation != mark.generation:
             return MarkVerdict.LOST
-        started = replace(invocation, started_at_ms=math.floor(time.time() * 1000))
+        if invocation.started_at_ms:
+            own = mark.marker and invocation.started_by == mark.marker
+            return MarkVerdict.WON if own else MarkVerdict.LOST
+        started = replace(invocation, started_at_ms=math.floor(time.time() * 1000), started_by=mark.marker)
         self._invocations.write(
             mark.tool_request_id, started, self._invocations.expires_in(mark.tool_request_id), notify=False
         )

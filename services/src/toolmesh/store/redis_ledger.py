@@ -12,7 +12,8 @@ Keys, under the connection's prefix:
   unconfirmed), `a<id>` (set per unconfirmed attachment), `lease` (the lease key
   its claim took a place under, its id the tool request id; "" for none: finishing
   gives the place back), `gen` (its dispatch generation, absent: 1), `st` (when a start was
-  marked, Unix ms on the server's clock; absent: none). Finishing it publishes
+  marked, Unix ms on the server's clock; absent: none), `sb` (the marker of that start).
+  Finishing it publishes
   on its name, for watchers.
 - `ledger:same:<session>:<tool>:<arguments digest>`: the tool request id of
   the running or unconfirmed invocation with that identity.
@@ -240,19 +241,23 @@ local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv', 'gen', 'st')
 return {found[1], found[2], redis.call('PTTL', KEYS[1]), found[3], found[4]}
 """)
 
-# KEYS: the records (one slot). ARGV: the generation of each one's delivery. Marks each running
-# one started, now, if its generation is that and no start is marked. Returns per key 1 (marked),
-# 0 (another start was marked, or the generation moved on), -1 (ended, or not stored).
+# KEYS: the records (one slot). ARGV: the generation of each one's delivery, then each mark's
+# marker. Marks each running one started, now, by its marker, if its generation is that and no
+# start is marked. Returns per key 1 (marked, or marked before by the same marker), 0 (another
+# start was marked, or the generation moved on), -1 (ended, or not stored).
 _MARK_STARTED = Script("""
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local verdicts = {}
+local count = #KEYS
 for i, key in ipairs(KEYS) do
-  local found = redis.call('HMGET', key, 'rec', 'end', 'gen', 'st')
+  local marker = ARGV[count + i]
+  local found = redis.call('HMGET', key, 'rec', 'end', 'gen', 'st', 'sb')
   if not found[1] or found[2] then verdicts[i] = -1
-  elseif found[4] or tonumber(found[3] or '1') ~= tonumber(ARGV[i]) then verdicts[i] = 0
+  elseif tonumber(found[3] or '1') ~= tonumber(ARGV[i]) then verdicts[i] = 0
+  elseif found[4] then verdicts[i] = (marker ~= '' and found[5] == marker) and 1 or 0
   else
-    redis.call('HSET', key, 'st', now)
+    redis.call('HSET', key, 'st', now, 'sb', marker)
     verdicts[i] = 1
   end
 end
@@ -463,9 +468,10 @@ class RedisLedgerStore:
             records = self._names(tag)[0]
             keys = [records + marks[position].tool_request_id for position in positions]
             generations = [str(marks[position].generation) for position in positions]
+            markers = [marks[position].marker for position in positions]
             # Durable like a claim: a start a failover forgot would let a redispatch run it again.
             try:
-                answers = await self._run(_MARK_STARTED, keys, generations, durable=True)
+                answers = await self._run(_MARK_STARTED, keys, [*generations, *markers], durable=True)
             except NotReplicated:
                 raise ToolmeshError(
                     Code.STORE_UNAVAILABLE, "No replica confirmed the start in time."
