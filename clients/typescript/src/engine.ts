@@ -17,7 +17,7 @@ import {
 } from "./gen/tables.js";
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
 import { convertReturn, runtimeError } from "./results.js";
-import { ResultSubmissions } from "./submits.js";
+import { ResultSubmissions, SubmitCut } from "./submits.js";
 import { inHandlerSpan } from "./tracing.js";
 import { Waiters } from "./waiters.js";
 
@@ -103,6 +103,15 @@ const REFUSALS = new Set<string>([Codes.UNAUTHENTICATED, Codes.PERMISSION_DENIED
  * are tried again within that bound.
  */
 const SUBMIT_GRACE_MS = 1_000;
+/**
+ * With several bridge replicas, one submit attempt waits for the bridge's answer a third of the
+ * time left for it (its deadline and SUBMIT_GRACE_MS), within these bounds, never longer than
+ * that: the rest is for reconnecting elsewhere and handing the result in there. A bridge that
+ * answers nothing by then, not even a heartbeat on the stream, is taken for frozen: its stream is
+ * given up and the result goes to the next replica (a healthy bridge answers in milliseconds).
+ */
+const SUBMIT_ATTEMPT_MIN_MS = 1_000;
+const SUBMIT_ATTEMPT_MAX_MS = 5_000;
 const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.ResourceExhausted, Code.Unknown]);
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
@@ -112,6 +121,23 @@ const PROGRESS_TIMEOUT_MS = 5_000;
 
 // The longest wait for the bridge's answer to StartToolRequests; no answer, no start.
 const START_TIMEOUT_MS = 10_000;
+
+/**
+ * One host stream, as its requests' results see it: the client of the bridge replica it was opened
+ * to, its controller (aborted to end it), `cut` (aborted when it was given up: the bridge stopped
+ * talking, by missed heartbeats or a submit left unanswered; the results queued and in flight for
+ * it are then handed in on the next connection), and when it last brought anything.
+ */
+interface HostStream {
+  readonly client: Client<typeof BridgeService>;
+  readonly controller: AbortController;
+  readonly cut: AbortController;
+  hostSessionId: string;
+  /** Date.now() when the stream last brought an event (a heartbeat included). */
+  lastHeard: number;
+  /** Silence longer than this gives the stream up. */
+  limitMs: number;
+}
 
 interface Active {
   readonly controller: AbortController;
@@ -154,9 +180,9 @@ export class HostEngine {
   /** The current host session's id; empty while not connected. */
   private session = "";
   /** The open streams: the current one, and those a renewal replaced that still hold requests. */
-  private readonly streams = new Set<AbortController>();
-  /** The host sessions whose streams are open: a result goes to the one its request came on. */
-  private readonly openSessions = new Set<string>();
+  private readonly streams = new Set<HostStream>();
+  /** The host sessions whose streams are open, by id: a result goes to the one its request came on. */
+  private readonly openSessions = new Map<string, HostStream>();
   private readonly active = new Map<string, Active>();
   /** Requests waiting for the bridge's START, by id: a cancellation meanwhile reaches them here. */
   private readonly starting = new Map<string, Starting>();
@@ -210,6 +236,11 @@ export class HostEngine {
     return this.clients[this.turn] ?? this.clients[0]!;
   }
 
+  /** The client of the replica `hostSessionId`'s stream is on, else the current one. */
+  private clientOf(hostSessionId: string): Client<typeof BridgeService> {
+    return this.openSessions.get(hostSessionId)?.client ?? this.client;
+  }
+
   /** Connect in the background, reconnecting whenever the stream drops, until stop(). */
   start(): void {
     const loopEnded = this.current === "idle" || this.current === "stopped";
@@ -239,7 +270,7 @@ export class HostEngine {
   /** Close the host session, abort every running handler's signal, and stop reconnecting. */
   async stop(): Promise<void> {
     this.apply("stop");
-    this.streams.forEach((stream) => stream.abort());
+    this.streams.forEach((stream) => stream.controller.abort());
     for (const active of [...this.active.values(), ...[...this.starting.values()].map((s) => s.active)]) {
       active.ended = true;
       active.controller.abort(new DOMException("The tool host stopped.", "AbortError"));
@@ -361,24 +392,28 @@ export class HostEngine {
     replaces: string,
     opened: (hostSessionId: string) => void,
   ): Promise<void> {
-    const stream = new AbortController();
+    const stream: HostStream = {
+      client: this.client,
+      controller: new AbortController(),
+      cut: new AbortController(),
+      // This stream's host session: its requests' results go there, even once a renewal took over.
+      hostSessionId: "",
+      lastHeard: Date.now(),
+      // Until the bridge says how often it beats, allow a generous first wait.
+      limitMs: 30_000,
+    };
     this.streams.add(stream);
-    // This stream's host session: its requests' results go there, even once a renewal took over.
-    let hostSessionId = "";
     const facts: StreamFacts = { startsAcknowledged: false, offsetMs: undefined };
-    // Until the bridge says how often it beats, allow a generous first wait.
-    let limitMs = 30_000;
-    let last = Date.now();
     const watchdog = setInterval(
       () => {
-        if (Date.now() - last > limitMs) {
-          stream.abort(new DOMException("The bridge's heartbeats stopped.", "TimeoutError"));
+        if (Date.now() - stream.lastHeard > stream.limitMs) {
+          this.giveUp(stream, "The bridge's heartbeats stopped.");
         }
       },
-      Math.min(limitMs / 3, 1_000),
+      Math.min(stream.limitMs / 3, 1_000),
     );
     try {
-      const events = this.client.openHostSession(
+      const events = stream.client.openHostSession(
         {
           sessionId: this.options.sessionId,
           hostName: this.options.hostName,
@@ -387,28 +422,29 @@ export class HostEngine {
           replacesHostSessionId: replaces,
           acknowledgesStarts: true,
         },
-        { signal: stream.signal, headers: await this.headers(token) },
+        { signal: stream.controller.signal, headers: await this.headers(token) },
       );
       for await (const response of events) {
-        last = Date.now();
+        stream.lastHeard = Date.now();
         const event = response.event;
         switch (event.case) {
           case "opened": {
             this.refusal = undefined;
-            hostSessionId = event.value.hostSessionId;
+            const hostSessionId = event.value.hostSessionId;
+            stream.hostSessionId = hostSessionId;
             // Asked for, and taken: the bridge starts none of this stream's requests unasked.
             facts.startsAcknowledged = event.value.startsAcknowledged;
             heardClock(facts, event.value.serverTimeUnixMs);
-            this.openSessions.add(hostSessionId);
+            this.openSessions.set(hostSessionId, stream);
             this.session = hostSessionId;
-            limitMs = MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100);
+            stream.limitMs = MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100);
             this.redeclare();
             this.apply("opened");
             opened(hostSessionId);
             break;
           }
           case "toolRequest":
-            this.begin(event.value, hostSessionId, facts);
+            this.begin(event.value, stream.hostSessionId, facts);
             break;
           case "cancelled":
             this.cancel(event.value);
@@ -416,7 +452,7 @@ export class HostEngine {
           case "heartbeat":
             heardClock(facts, event.value.serverTimeUnixMs);
             if (event.value.readCheck !== 0n) {
-              this.answerReadCheck(hostSessionId, event.value.readCheck);
+              this.answerReadCheck(stream.hostSessionId, event.value.readCheck);
             }
             break;
           default:
@@ -426,8 +462,37 @@ export class HostEngine {
     } finally {
       clearInterval(watchdog);
       this.streams.delete(stream);
-      this.openSessions.delete(hostSessionId);
+      this.openSessions.delete(stream.hostSessionId);
     }
+  }
+
+  /**
+   * Give up `stream` and every other stream to its replica (a renewal's old one): the bridge stopped
+   * talking (frozen, cut off). Each ends, which takes the engine to the next replica, and its
+   * results queued and in flight are cut, for the next connection. A stream that ends otherwise
+   * (the bridge ended it, or it broke) keeps its submits in flight: the bridge may answer them still,
+   * and a broken connection fails them itself.
+   */
+  private giveUp(stream: HostStream, why: string): void {
+    for (const other of this.streams) {
+      if (other === stream || other.client === stream.client) {
+        const reason = new DOMException(why, "TimeoutError");
+        other.cut.abort(reason);
+        other.controller.abort(reason);
+      }
+    }
+  }
+
+  /**
+   * Give `stream` up when nothing was heard on it since `sentAt` (a Date.now() value); whether it
+   * did. Only when another replica may be reached.
+   */
+  private leaveIfSilent(stream: HostStream, sentAt: number): boolean {
+    if (stream.cut.signal.aborted || this.clients.length < 2 || stream.lastHeard >= sentAt) {
+      return false;
+    }
+    this.giveUp(stream, "The bridge left a result unanswered.");
+    return true;
   }
 
   /**
@@ -437,7 +502,7 @@ export class HostEngine {
   private answerReadCheck(hostSessionId: string, readCheck: bigint): void {
     this.headers()
       .then((headers) =>
-        this.client.answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS, headers }),
+        this.clientOf(hostSessionId).answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS, headers }),
       )
       .catch(() => {});
   }
@@ -445,7 +510,7 @@ export class HostEngine {
   /** Send one progress report; never rejects (a refusal or a transport failure is forgotten). */
   private async reportProgress(toolRequestId: string, progress: number, total?: number, message?: string): Promise<void> {
     try {
-      await this.client.reportToolProgress(
+      await this.clientOf(this.session).reportToolProgress(
         { hostSessionId: this.session, toolRequestId, progress, total, message: message ?? "" },
         { timeoutMs: PROGRESS_TIMEOUT_MS },
       );
@@ -469,7 +534,7 @@ export class HostEngine {
     if (tools.length > 0 || this.hadDeclarations) {
       this.hadDeclarations = tools.length > 0;
       try {
-        await this.client.declareHostTools(
+        await this.clientOf(hostSessionId).declareHostTools(
           { hostSessionId, tools },
           { timeoutMs: DECLARE_TIMEOUT_MS, headers: await this.headers() },
         );
@@ -571,7 +636,7 @@ export class HostEngine {
     let cause = "";
     try {
       const waitMs = Math.min(Math.max(1_000, ...batch.map((s) => s.ctx.timeRemainingMs())), START_TIMEOUT_MS);
-      const response = await this.client.startToolRequests(
+      const response = await this.clientOf(hostSessionId).startToolRequests(
         { hostSessionId, toolRequestIds: batch.map((s) => s.ctx.toolRequestId) },
         { timeoutMs: waitMs, headers: await this.headers() },
       );
@@ -668,30 +733,47 @@ export class HostEngine {
   }
 
   /**
-   * Hand the outcome to the bridge, trying transport failures and retryable
-   * refusals again until the call's deadline. When the stream broke meanwhile (its bridge replica may be
-   * gone), wait for the next connection and hand it in there, naming the same
-   * request under the new host session. Sending the same outcome twice is safe:
-   * the bridge keeps one outcome per request and says whether it was this one. Results that end
-   * together share a call (ResultSubmissions); each is answered, and tried again, on its own.
+   * Hand the outcome to the bridge, trying transport failures and retryable refusals again until
+   * the call's deadline, and SUBMIT_GRACE_MS past it for an answer on its way. When the stream
+   * ended meanwhile (its bridge replica may be gone), wait for the next connection and hand it in
+   * there, naming the same request under the new host session. With several bridge replicas, an
+   * attempt waits for the answer only its share of the time left (SUBMIT_ATTEMPT_MIN_MS): one left
+   * unanswered with nothing heard on the stream since it went out gives the stream up (the bridge
+   * is frozen or cut off), as missed heartbeats do, and the result goes to the next replica in the
+   * time left. Sending the same outcome twice is safe: the bridge keeps one outcome per request and
+   * says whether it was this one. Results that end together share a call (ResultSubmissions); each
+   * is answered, and tried again, on its own.
    */
   private async submit(outcome: ToolOutcome, ctx: ToolContext, hostSessionId: string): Promise<void> {
+    const giveUpAt = ctx.deadline + SUBMIT_GRACE_MS;
     for (let attempt = 1; ; attempt++) {
-      if (!this.openSessions.has(hostSessionId)) {
-        await this.connection(ctx.timeRemainingMs());
-        hostSessionId = this.session || hostSessionId;
+      let stream = this.openSessions.get(hostSessionId);
+      if (stream === undefined || stream.cut.signal.aborted) {
+        stream = await this.connection(giveUpAt - Date.now(), hostSessionId);
+        if (stream === undefined) {
+          this.host.report({
+            ...ids(ctx),
+            code: Codes.SUBMIT_TOOL_RESULT_FAILED,
+            message: "No connection to a bridge before the deadline.",
+            cause: this.stopRequested ? Codes.SHUTTING_DOWN : Codes.TRANSPORT_FAILED,
+          });
+          return;
+        }
+        hostSessionId = stream.hostSessionId;
       }
       // A refusal of this result alone (in a batch), or the error of the call that carried it.
       let refusal: { readonly reason: string; readonly metadata: Readonly<Record<string, string>> } | undefined;
       let message = "";
       let failure: unknown;
+      const sentAt = Date.now();
       try {
         const refused = await this.submissions.submit(
-          this.client,
+          stream.client,
           hostSessionId,
           ctx.toolRequestId,
           outcome,
-          Math.max(ctx.timeRemainingMs(), 0) + SUBMIT_GRACE_MS,
+          this.attemptMs(giveUpAt - sentAt),
+          stream.cut.signal,
         );
         if (refused === undefined) {
           return;
@@ -699,12 +781,23 @@ export class HostEngine {
         refusal = refused;
         message = refused.message;
       } catch (error) {
+        if (error instanceof SubmitCut) {
+          continue; // its stream was given up: the next connection takes it
+        }
         failure = error;
         refusal = errorInfo(error);
         message = error instanceof ConnectError ? error.rawMessage : "";
       }
       if (attempt > 1 && refusal?.reason === Codes.REQUEST_ENDED && refusal.metadata["ended"] === "answered") {
         return; // an earlier attempt got through; its answer was lost on the way back
+      }
+      if (
+        failure instanceof ConnectError &&
+        failure.code === Code.DeadlineExceeded &&
+        giveUpAt > Date.now() &&
+        this.leaveIfSilent(stream, sentAt)
+      ) {
+        continue; // not a word from that bridge since the submit went out: the next replica takes it
       }
       // The transport's own failures, and refusals whose code is retryable (STORE_UNAVAILABLE:
       // the bridge could not read the ledger yet).
@@ -726,12 +819,37 @@ export class HostEngine {
     }
   }
 
-  /** Resolves once a host session is open, or after `timeoutMs`, or when the host stops. */
-  private connection(timeoutMs: number): Promise<unknown> {
-    if (this.connected || this.stopRequested) {
-      return Promise.resolve();
+  /**
+   * How long one submit attempt may wait, of the `windowMs` left (whole milliseconds: they go in
+   * Connect-Timeout-Ms): all of it with one bridge replica, else its share (another one to go to).
+   */
+  private attemptMs(windowMs: number): number {
+    const share =
+      this.clients.length > 1
+        ? Math.min(windowMs, Math.max(SUBMIT_ATTEMPT_MIN_MS, Math.min(windowMs / 3, SUBMIT_ATTEMPT_MAX_MS)))
+        : windowMs;
+    return Math.max(Math.floor(share), 0);
+  }
+
+  /**
+   * The open host session's stream to hand results in on, once `old`'s ended or was given up: the
+   * current session's, if it is really open (its stream not given up, which the state says a
+   * little later, once the stream's reader ended). Undefined after `timeoutMs`, or when the host
+   * stops with no session open.
+   */
+  private async connection(timeoutMs: number, old: string): Promise<HostStream | undefined> {
+    const until = Date.now() + timeoutMs;
+    for (;;) {
+      const stream = this.openSessions.get(this.session);
+      if (stream !== undefined && !stream.cut.signal.aborted && stream.hostSessionId !== old) {
+        return stream;
+      }
+      const left = until - Date.now();
+      if (this.stopRequested || left <= 0) {
+        return undefined;
+      }
+      await this.waiters.wait(left, (e) => e.trigger === "opened" || e.trigger === "stop");
     }
-    return this.waiters.wait(timeoutMs, (e) => e.trigger === "opened" || e.trigger === "stop");
   }
 }
 

@@ -7,6 +7,18 @@ import { MAX_CALLS_PER_MESSAGE, MAX_SUBMIT_RESULTS_BYTES } from "./gen/tables.js
 export type Submitted = ToolResultRefusal | undefined;
 
 /**
+ * A submit whose host stream was given up before the bridge answered (the bridge stopped talking:
+ * frozen, cut off): queued or in flight, it is not waited for; the result goes to the next
+ * connection. The bridge may have taken it all the same (an answer lost on the way back).
+ */
+export class SubmitCut extends Error {
+  constructor() {
+    super("The result's host stream was given up before the bridge answered.");
+    this.name = "SubmitCut";
+  }
+}
+
+/**
  * Submit calls in flight per host session at most. A page has six connections to the bridge's
  * origin over HTTP/1.1, one held by the host stream and one by StartToolRequests; the results that
  * end while these calls are under way go together in the next one.
@@ -19,6 +31,8 @@ interface Queued {
   readonly outcome: ToolOutcome;
   readonly bytes: number;
   readonly timeoutMs: number;
+  /** Its stream's: aborted when the stream was given up. */
+  readonly cut: AbortSignal;
   readonly resolve: (submitted: Submitted) => void;
   readonly reject: (error: unknown) => void;
 }
@@ -28,7 +42,10 @@ interface Queued {
  * go in one call in the next task (a lone one alone, with SubmitToolResult), and those handed in
  * while SUBMITS_IN_FLIGHT calls are under way go in the next call once one returns
  * (SubmitToolResults, within its limits). Each result is answered on its own; a call that fails
- * as a whole (transport, token) rejects every result in it, for each one's own retry.
+ * as a whole (transport, token) rejects every result in it, for each one's own retry. When the
+ * host session's stream is given up, its results queued and in flight are rejected at once with
+ * SubmitCut (a frozen bridge would leave them unanswered until their timeout). A stream that ends
+ * otherwise leaves them be: the bridge may answer them still, and a broken connection fails them.
  */
 export class ResultSubmissions {
   private readonly queues = new Map<string, Queued[]>();
@@ -39,18 +56,53 @@ export class ResultSubmissions {
 
   constructor(private readonly headers: () => Promise<Record<string, string>>) {}
 
-  /** Hand in `outcome`; the call it goes in waits at most `timeoutMs` (its batch's longest). */
+  /**
+   * Hand in `outcome`; the call it goes in waits at most `timeoutMs` (its batch's longest). `cut`:
+   * the host session's stream's, aborted when it is given up; the submit then rejects with
+   * SubmitCut, queued or in flight.
+   */
   submit(
     client: Client<typeof BridgeService>,
     hostSessionId: string,
     toolRequestId: string,
     outcome: ToolOutcome,
     timeoutMs: number,
+    cut: AbortSignal,
   ): Promise<Submitted> {
     return new Promise<Submitted>((resolve, reject) => {
+      if (cut.aborted) {
+        reject(new SubmitCut());
+        return;
+      }
       const queue = this.queues.get(hostSessionId) ?? [];
       this.queues.set(hostSessionId, queue);
-      queue.push({ client, toolRequestId, outcome, bytes: estimatedBytes(outcome), timeoutMs, resolve, reject });
+      const onCut = (): void => {
+        // Still queued: out of the queue. In flight: its call is aborted with the same signal.
+        const at = queue.indexOf(queued);
+        if (at >= 0) {
+          queue.splice(at, 1);
+        }
+        if (queue.length === 0 && this.queues.get(hostSessionId) === queue) {
+          this.queues.delete(hostSessionId);
+        }
+        reject(new SubmitCut());
+      };
+      const settled = <T>(settle: (value: T) => void) => (value: T) => {
+        cut.removeEventListener("abort", onCut);
+        settle(value);
+      };
+      const queued: Queued = {
+        client,
+        toolRequestId,
+        outcome,
+        bytes: estimatedBytes(outcome),
+        timeoutMs,
+        cut,
+        resolve: settled(resolve),
+        reject: settled(reject),
+      };
+      cut.addEventListener("abort", onCut, { once: true });
+      queue.push(queued);
       this.schedule(hostSessionId);
     });
   }
@@ -101,7 +153,12 @@ export class ResultSubmissions {
           hostSessionId,
           results: batch.map(({ toolRequestId, outcome }) => ({ toolRequestId, outcome })),
         },
-        { timeoutMs: Math.max(...batch.map((queued) => queued.timeoutMs)), headers: await this.headers() },
+        {
+          timeoutMs: Math.max(...batch.map((queued) => queued.timeoutMs)),
+          headers: await this.headers(),
+          // One host session's results, so one stream's signal.
+          signal: batch[0]!.cut,
+        },
       );
       batch.forEach((queued, index) => queued.resolve(response.answers[index]?.refusal));
     } catch (error) {
@@ -119,7 +176,7 @@ export class ResultSubmissions {
     try {
       await queued.client.submitToolResult(
         { hostSessionId, toolRequestId: queued.toolRequestId, outcome: queued.outcome },
-        { timeoutMs: queued.timeoutMs, headers: await this.headers() },
+        { timeoutMs: queued.timeoutMs, headers: await this.headers(), signal: queued.cut },
       );
       queued.resolve(undefined);
     } catch (error) {

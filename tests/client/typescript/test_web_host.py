@@ -161,7 +161,19 @@ def failure_of(result: CallResult) -> tuple[ErrorKind, str, str, dict[str, objec
     return failure.kind, failure.code, failure.message, failure.details
 
 
-DECLARED = {"echo", "domain_fail", "boom", "not_json", "slow", "late", "steps", "noop", "held", "pause"}
+DECLARED = {
+    "echo",
+    "domain_fail",
+    "boom",
+    "not_json",
+    "slow",
+    "late",
+    "steps",
+    "noop",
+    "held",
+    "held_short",
+    "pause",
+}
 
 
 async def test_a_page_declares_its_tools_and_serves_them(

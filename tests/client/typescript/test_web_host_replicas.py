@@ -1,18 +1,24 @@
 """A page serving tools through two bridge replicas on one Redis, in a real Chromium: when the
-replica it is on dies mid-handler, it hands the result to the other one."""
+replica it is on dies mid-handler, or freezes (SIGSTOP: its connections stay open and nothing
+answers), it hands the results to the other one."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
+import pytest_asyncio
 
 from browser_driver import BrowserDriver, build_test_page
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from toolmesh.assembly.system import start_invocation, start_registry
 from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
 from toolmesh_testing import ServiceProcess, eventually, start_service_process
 
@@ -21,7 +27,19 @@ pytestmark = pytest.mark.integration
 SESSION = "web-replicas"
 
 
-async def test_a_page_hands_its_result_to_the_other_bridge_replica_when_its_own_is_killed() -> None:
+@dataclass
+class Replicas:
+    driver: BrowserDriver
+    registry: RunningServer
+    # The page's stream is on bridge 0 (its first URL); both are processes, to kill or freeze.
+    bridges: list[ServiceProcess]
+    invocation: RunningServer
+
+
+@pytest_asyncio.fixture
+async def replicas() -> AsyncIterator[Replicas]:
+    """Two bridge replicas on one Redis, an invocation replica whose default is bridge 1 (only the
+    route takes a call to the page's replica), and the page in tab "p", its tools declared."""
     prefix = new_prefix()
     await asyncio.to_thread(build_test_page)
     driver = await BrowserDriver.start()
@@ -33,15 +51,9 @@ async def test_a_page_hands_its_result_to_the_other_bridge_replica_when_its_own_
     try:
         for _ in range(2):
             bridge = await start_service_process(
-                "bridge",
-                "--registry",
-                registry_internal,
-                "--web-origins",
-                driver.origins[0],
-                env=env,
+                "bridge", "--registry", registry_internal, "--web-origins", driver.origins[0], env=env
             )
             bridges.append(bridge)
-        # Its default is the second replica: only the route takes the call to the page's.
         invocation = await start_invocation(
             registry_internal, bridges[1].internal_target, stores=open_stores(SHARED_URL, prefix)
         )
@@ -51,32 +63,41 @@ async def test_a_page_hands_its_result_to_the_other_bridge_replica_when_its_own_
 
         async def declared() -> bool:
             async with RegistryClient(f"127.0.0.1:{registry.port}") as client:
-                return (await client.list_tools(SESSION)).find("held") is not None
+                tools = await client.list_tools(SESSION)
+                return tools.find("held") is not None and tools.find("held_short") is not None
 
         await eventually(declared)
-        async with InvocationClient(f"127.0.0.1:{invocation.port}") as client:
-            calling = asyncio.create_task(client.invoke(SESSION, "held", {"n": 1}, turn_id="t"))
-            await driver.wait("p", "window.toolmesh.seen.some(s => s.tool === 'held')")
-            first = await driver.eval("p", "window.toolmesh.hostSessionId()")
-            # The replica the page is on (its first URL) dies while the handler runs.
-            bridges[0].process.kill()
-            await driver.wait(
-                "p", f"window.toolmesh.connected() && window.toolmesh.hostSessionId() !== {json.dumps(first)}"
-            )
-            assert await driver.eval("p", "window.toolmesh.release()") == 1
-            result = await asyncio.wait_for(calling, 20)
-        seen = await driver.eval("p", "window.toolmesh.seen.filter(s => s.tool === 'held')")
-        errors = await driver.eval("p", "window.toolmesh.errors")
+        yield Replicas(driver, registry, bridges, invocation)
     finally:
         await driver.stop()
         if invocation is not None:
             await invocation.stop(0.5)
         for bridge in bridges:
             if bridge.process.returncode is None:
+                bridge.process.send_signal(signal.SIGCONT)
                 bridge.process.kill()
             await bridge.stop()
         await registry.stop(0.5)
         await delete_prefixed(SHARED_URL, prefix)
+
+
+async def test_a_page_hands_its_result_to_the_other_bridge_replica_when_its_own_is_killed(
+    replicas: Replicas,
+) -> None:
+    driver = replicas.driver
+    async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "held", {"n": 1}, turn_id="t"))
+        await driver.wait("p", "window.toolmesh.seen.some(s => s.tool === 'held')")
+        first = await driver.eval("p", "window.toolmesh.hostSessionId()")
+        # The replica the page is on (its first URL) dies while the handler runs.
+        replicas.bridges[0].process.kill()
+        await driver.wait(
+            "p", f"window.toolmesh.connected() && window.toolmesh.hostSessionId() !== {json.dumps(first)}"
+        )
+        assert await driver.eval("p", "window.toolmesh.release()") == 1
+        result = await asyncio.wait_for(calling, 20)
+    seen = await driver.eval("p", "window.toolmesh.seen.filter(s => s.tool === 'held')")
+    errors = await driver.eval("p", "window.toolmesh.errors")
     assert result.outcome is not None and result.outcome.result_json is not None, result
     assert json.loads(result.outcome.result_json) == {
         "held": {"n": 1},
@@ -84,4 +105,43 @@ async def test_a_page_hands_its_result_to_the_other_bridge_replica_when_its_own_
     }
     # Run once, answered once: the caller got the handler's own result, and nothing went astray.
     assert [s["toolRequestId"] for s in seen] == [result.tool_request_id]
+    assert errors == []
+
+
+CALLS = 3
+
+
+async def test_a_page_hands_its_results_to_the_other_bridge_replica_when_its_own_is_frozen(
+    replicas: Replicas,
+) -> None:
+    """held_short's 5 s timeout is shorter than the bridge's silence takes to notice (3 missed
+    heartbeats of 5 s): only the page's own submits, left unanswered, tell it to move."""
+    driver = replicas.driver
+    async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+        calling = [
+            asyncio.create_task(client.invoke(SESSION, "held_short", {"n": n}, turn_id="t"))
+            for n in range(CALLS)
+        ]
+        await driver.wait(
+            "p", f"window.toolmesh.seen.filter(s => s.tool === 'held_short').length === {CALLS}"
+        )
+        first = await driver.eval("p", "window.toolmesh.hostSessionId()")
+        # The replica the page is on freezes while the handlers run; they answer then.
+        replicas.bridges[0].process.send_signal(signal.SIGSTOP)
+        assert await driver.eval("p", "window.toolmesh.release()") == CALLS
+        results = await asyncio.wait_for(asyncio.gather(*calling), 20)
+    seen = await driver.eval("p", "window.toolmesh.seen.filter(s => s.tool === 'held_short')")
+    errors = await driver.eval("p", "window.toolmesh.errors")
+    now = await driver.eval("p", "window.toolmesh.hostSessionId()")
+    for n, result in enumerate(results):
+        assert result.outcome is not None and result.outcome.result_json is not None, result
+        assert json.loads(result.outcome.result_json) == {
+            "held": {"n": n},
+            "toolRequestId": result.tool_request_id,
+        }
+    # Each call ran once and got its own result once; the page moved to the other replica.
+    ids = [r.tool_request_id or "" for r in results]
+    assert sorted(s["toolRequestId"] for s in seen) == sorted(ids)
+    assert len(set(ids) - {""}) == CALLS
+    assert now not in ("", first)
     assert errors == []

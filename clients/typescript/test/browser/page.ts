@@ -42,7 +42,7 @@ const aborts: AbortRecord[] = [];
 const errors: HostError[] = [];
 const controllers = new Map<string, AbortController>();
 const todos: string[] = [];
-// The "held" handlers waiting for release(), each with the function that makes it answer.
+// The "held" and "held_short" handlers waiting for release(), each with the function that makes it answer.
 const held: (() => void)[] = [];
 
 const state = {
@@ -54,7 +54,7 @@ const state = {
   started: false,
   startError: "",
   connected: () => host.connected,
-  /** Let every "held" handler answer; how many there were. */
+  /** Let every "held" and "held_short" handler answer; how many there were. */
   release: () => held.splice(0).map((answer) => answer()).length,
   hostSessionId: () => host.hostSessionId,
   /** The token the host's callback gives from now on. */
@@ -180,6 +180,15 @@ if (query.get("mode") === "webmcp") {
         held.push(() => resolve({ held: args, toolRequestId: ctx.toolRequestId }));
       }),
     { description: "Answers once the test releases it.", timeoutMs: 30_000 },
+  );
+  host.onTool(
+    "held_short",
+    (args, ctx) =>
+      new Promise((resolve) => {
+        note("held_short", ctx);
+        held.push(() => resolve({ held: args, toolRequestId: ctx.toolRequestId }));
+      }),
+    { description: "Answers once the test releases it, within a short timeout.", timeoutMs: 5_000 },
   );
   host.onTool(
     "pause",
