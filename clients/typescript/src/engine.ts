@@ -579,8 +579,10 @@ export class HostEngine {
       notStarted(ctx, "DEADLINE_PASSED");
       return;
     }
-    if (!handled || !facts.startsAcknowledged) {
-      // Without a handler nothing runs: the answer (TOOL_HANDLER_NOT_FOUND) needs no START.
+    if (!handled || !facts.startsAcknowledged || request.redeliverable) {
+      // Without a handler nothing runs: the answer (TOOL_HANDLER_NOT_FOUND) needs no START. A
+      // read-only or idempotent request goes to another host if this one leaves, started or not:
+      // a START would tell the bridge nothing (its result counts as the start).
       this.runHandler(request, ctx, active, hostSessionId);
       return;
     }

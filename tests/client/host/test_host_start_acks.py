@@ -133,9 +133,10 @@ class AckingBridge(ScriptedBridge):
     """Sends `count` tool requests at once on a stream that acknowledges starts; answers
     StartToolRequests with START for each, or fails it (`fail`)."""
 
-    def __init__(self, count: int, *, fail: bool = False) -> None:
+    def __init__(self, count: int, *, fail: bool = False, redeliverable: bool = False) -> None:
         self.count = count
         self.fail = fail
+        self.redeliverable = redeliverable
         self.asked: list[list[str]] = []
         self.submitted: list[str] = []
 
@@ -159,6 +160,7 @@ class AckingBridge(ScriptedBridge):
                     arguments_json="{}",
                     timeout_ms=5000,
                     deadline_unix_ms=now_ms + 5000,
+                    redeliverable=self.redeliverable,
                 )
             )
         await asyncio.sleep(60)
@@ -184,20 +186,34 @@ def record(runs: list[str], tool_request_id: str) -> dict[str, bool]:
     return {"ran": True}
 
 
-async def test_requests_read_together_are_asked_to_start_in_one_call() -> None:
-    bridge = AckingBridge(20)
+async def served(bridge: AckingBridge) -> list[str]:
+    """The tool request ids a host ran, once it has submitted `bridge.count` results."""
     runs: list[str] = []
     async with scripted(bridge) as target:
         host = ToolHost(target, "acking")
         host.on_tool("echo", lambda args, ctx: record(runs, ctx.tool_request_id))
         await host.start(timeout=5)
         try:
-            await eventually(lambda: len(bridge.submitted) == 20)
+            await eventually(lambda: len(bridge.submitted) == bridge.count)
         finally:
             await host.stop()
+    return runs
+
+
+async def test_requests_read_together_are_asked_to_start_in_one_call() -> None:
+    bridge = AckingBridge(20)
+    runs = await served(bridge)
     assert sorted(runs) == sorted(f"tr_{i}" for i in range(20))
     assert sorted(i for ids in bridge.asked for i in ids) == sorted(runs)  # each asked once
     assert len(bridge.asked) < 20  # batched: fewer calls than requests
+
+
+async def test_read_only_or_idempotent_requests_run_without_asking() -> None:
+    # Sent again elsewhere if the host leaves, started or not: a START would tell the bridge nothing.
+    bridge = AckingBridge(5, redeliverable=True)
+    runs = await served(bridge)
+    assert sorted(runs) == sorted(f"tr_{i}" for i in range(5))
+    assert bridge.asked == []
 
 
 async def test_a_host_whose_start_call_fails_runs_nothing(caplog: pytest.LogCaptureFixture) -> None:

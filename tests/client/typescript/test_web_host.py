@@ -409,6 +409,35 @@ async def submit_requests(driver: BrowserDriver, tab: str) -> Counter[str]:
     return Counter(names)
 
 
+async def start_asks(driver: BrowserDriver, tab: str) -> int:
+    """How many StartToolRequests calls the page has made and read the answer of."""
+    count: int = await driver.eval(
+        tab,
+        "performance.getEntriesByType('resource')"
+        ".filter((e) => e.name.split('/').pop() === 'StartToolRequests').length",
+    )
+    return count
+
+
+async def test_a_page_runs_read_only_requests_without_asking_to_start_and_asks_for_the_others(
+    driver: BrowserDriver, stack: WebStack, client: InvocationClient
+) -> None:
+    # A read-only or idempotent request goes to another host if the page leaves, started or not.
+    await open_page(driver, stack, "asks", "web-asks")
+    await driver.eval("asks", "performance.setResourceTimingBufferSize(10000)")
+    await wait_for_tools(stack, "web-asks", DECLARED)
+    for n in range(3):
+        result = await call(client, "web-asks", "echo", text=str(n))
+        assert result.outcome is not None and result.outcome.failure is None, result
+    result = await call(client, "web-asks", "noop")
+    assert result.outcome is not None and result.outcome.failure is None, result
+    # The one START the page asked for is recorded once it has read the answer (the handler ran).
+    await eventually(lambda: start_asks(driver, "asks"))
+    assert await start_asks(driver, "asks") == 1
+    assert await driver.eval("asks", "window.toolmesh.errors") == []
+    await driver.command("close", tab="asks")
+
+
 @pytest.mark.parametrize("batches_served", [True, False], ids=["batched", "older-bridge"])
 async def test_results_that_end_together_share_requests_and_each_call_gets_its_own_once(
     driver: BrowserDriver, stack: WebStack, client: InvocationClient, batches_served: bool

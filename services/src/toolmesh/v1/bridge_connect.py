@@ -228,7 +228,10 @@ class BridgeService(Protocol):
         of requests it received: a host that opened its session with
         acknowledges_starts (and was told starts_acknowledged) calls it before
         running each request, batching the requests it read together, and runs a
-        handler only after START. The bridge answers START at most once per
+        handler only after START. It may run a redeliverable request (read-only
+        or idempotent) without asking: that one goes to another host when its
+        host goes away, started or not, so a START would tell the bridge nothing,
+        and its result counts as its start. The bridge answers START at most once per
         request (once per delivery for a redeliverable one, which may run again
         anyway), and only to the host session it last sent the request to; a
         request whose deadline passed by the bridge's clock (the caller gets
@@ -804,7 +807,10 @@ class BridgeServiceClient(ConnectClient):
         of requests it received: a host that opened its session with
         acknowledges_starts (and was told starts_acknowledged) calls it before
         running each request, batching the requests it read together, and runs a
-        handler only after START. The bridge answers START at most once per
+        handler only after START. It may run a redeliverable request (read-only
+        or idempotent) without asking: that one goes to another host when its
+        host goes away, started or not, so a START would tell the bridge nothing,
+        and its result counts as its start. The bridge answers START at most once per
         request (once per delivery for a redeliverable one, which may run again
         anyway), and only to the host session it last sent the request to; a
         request whose deadline passed by the bridge's clock (the caller gets
@@ -1174,7 +1180,10 @@ class BridgeServiceSync(Protocol):
         of requests it received: a host that opened its session with
         acknowledges_starts (and was told starts_acknowledged) calls it before
         running each request, batching the requests it read together, and runs a
-        handler only after START. The bridge answers START at most once per
+        handler only after START. It may run a redeliverable request (read-only
+        or idempotent) without asking: that one goes to another host when its
+        host goes away, started or not, so a START would tell the bridge nothing,
+        and its result counts as its start. The bridge answers START at most once per
         request (once per delivery for a redeliverable one, which may run again
         anyway), and only to the host session it last sent the request to; a
         request whose deadline passed by the bridge's clock (the caller gets
@@ -1748,7 +1757,10 @@ class BridgeServiceClientSync(ConnectClientSync):
         of requests it received: a host that opened its session with
         acknowledges_starts (and was told starts_acknowledged) calls it before
         running each request, batching the requests it read together, and runs a
-        handler only after START. The bridge answers START at most once per
+        handler only after START. It may run a redeliverable request (read-only
+        or idempotent) without asking: that one goes to another host when its
+        host goes away, started or not, so a START would tell the bridge nothing,
+        and its result counts as its start. The bridge answers START at most once per
         request (once per delivery for a redeliverable one, which may run again
         anyway), and only to the host session it last sent the request to; a
         request whose deadline passed by the bridge's clock (the caller gets

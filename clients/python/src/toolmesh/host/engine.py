@@ -690,8 +690,10 @@ class HostEngine:
             # TOOL_TIMEOUT, or is about to.
             log.info("tool request not started", extra=_ids(ctx) | {"cause": "DEADLINE_PASSED"})
             return
-        if handler is None or not stream.starts_acknowledged:
+        if handler is None or not stream.starts_acknowledged or request.redeliverable:
             # Without a handler nothing runs: the answer (TOOL_HANDLER_NOT_FOUND) needs no START.
+            # A read-only or idempotent request goes to another host if this one leaves, started
+            # or not: a START would tell the bridge nothing (its result counts as the start).
             self._run(request, ctx, handler, stream.host_session_id)
             return
         self._starting[ctx.tool_request_id] = ctx

@@ -310,7 +310,10 @@ class BridgeServiceServicer:
         of requests it received: a host that opened its session with
         acknowledges_starts (and was told starts_acknowledged) calls it before
         running each request, batching the requests it read together, and runs a
-        handler only after START. The bridge answers START at most once per
+        handler only after START. It may run a redeliverable request (read-only
+        or idempotent) without asking: that one goes to another host when its
+        host goes away, started or not, so a START would tell the bridge nothing,
+        and its result counts as its start. The bridge answers START at most once per
         request (once per delivery for a redeliverable one, which may run again
         anyway), and only to the host session it last sent the request to; a
         request whose deadline passed by the bridge's clock (the caller gets
