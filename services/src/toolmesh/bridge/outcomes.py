@@ -6,14 +6,17 @@ first writer wins), so the invocation replica may write the same outcome too.
 It does, as it answers: the bridge's copy is the backup, written COPY_AFTER_S
 later, by when the invocation's own finish has usually landed, so the copy is
 one read (finished: nothing to write) and stays off the call's way to its
-caller, where it would queue before the invocation's finish in Redis.
+caller, where it would queue before the invocation's finish in Redis. The copies
+that fall due together go out together, from one timer: under load their reads
+share a write to Redis, and no call pays a task waiting on a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import logging
+import time
 from collections.abc import Container, Coroutine
 from typing import Any
 
@@ -27,8 +30,10 @@ from toolmesh.core.outcome import Outcome
 log = logging.getLogger("toolmesh.bridge")
 
 
-# How long after a host's outcome the bridge writes its copy (see the module's docstring).
+# How long after a host's outcome the bridge writes its copy (see the module's docstring), and how
+# much earlier one may go, with those due before it: the copies of 50 ms go out together.
 COPY_AFTER_S = 0.25
+COPY_EARLY_S = 0.05
 
 
 class OutcomeRecorder:
@@ -46,11 +51,30 @@ class OutcomeRecorder:
         self._copy_after_s = copy_after_s
         self._recorded_elsewhere = recorded_elsewhere
         self._writes: set[asyncio.Task[None]] = set()
-        # Set on close: the copies still waiting are written at once.
-        self._closing = asyncio.Event()
+        # The copies to write, in the order they fall due (when, on the monotonic clock; id; outcome).
+        self._due: collections.deque[tuple[float, str, Outcome]] = collections.deque()
+        # The timer that writes the first of them when it falls due (None: none waits).
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False
 
     def record(self, tool_request_id: str, outcome: Outcome) -> None:
-        self._in_background(self._write(tool_request_id, outcome))
+        if self._closing:
+            self._in_background(self._write(tool_request_id, outcome))
+            return
+        self._due.append((time.monotonic() + self._copy_after_s, tool_request_id, outcome))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._copy_after_s, self._write_due)
+
+    def _write_due(self, *, every: bool = False) -> None:
+        """Start the copies that have fallen due (`every`: all of them), in this one turn of the
+        loop; the timer again for the next one."""
+        self._timer = None
+        now = time.monotonic()
+        while self._due and (every or self._due[0][0] <= now + COPY_EARLY_S):
+            _, tool_request_id, outcome = self._due.popleft()
+            self._in_background(self._write(tool_request_id, outcome))
+        if self._due:
+            self._timer = asyncio.get_running_loop().call_later(self._due[0][0] - now, self._write_due)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -58,9 +82,6 @@ class OutcomeRecorder:
         task.add_done_callback(self._writes.discard)
 
     async def _write(self, tool_request_id: str, outcome: Outcome) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._copy_after_s):
-                await self._closing.wait()
         try:
             await self._copy(tool_request_id, outcome)
         except ToolmeshError as error:
@@ -114,7 +135,10 @@ class OutcomeRecorder:
     async def aclose(self) -> None:
         """Write the copies still waiting and wait for the writes under way, then stop the ledger's
         later writes."""
-        self._closing.set()
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self._write_due(every=True)
         if self._writes:
             await asyncio.wait(set(self._writes))
         await self.ledger.aclose()
