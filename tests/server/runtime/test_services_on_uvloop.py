@@ -25,7 +25,8 @@ ECHO = ToolSpec("echo", "Echoes", '{"type": "object"}')
 
 
 def loaded_uvloop(pid: int) -> bool:
-    return "uvloop" in Path(f"/proc/{pid}/maps").read_text()
+    # The extension's file (uvloop/loop.cpython-*.so), not any path that says uvloop (a work tree's).
+    return "/uvloop/loop." in Path(f"/proc/{pid}/maps").read_text()
 
 
 async def test_a_call_through_services_and_host_on_uvloop(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ services, `toolmesh host` and the bench's processes on uvloop; unset or
 `asyncio`, on the standard loop. Opt-in: `python -m bench --only latency --ab
 REF --uvloop` measures what it pays on this machine (bench/README.md).
 grpc.aio runs on either: its poller thread wakes the loop through a socket
-the loop reads, which uvloop serves as any other.
+the loop reads, which uvloop serves as any other. On uvloop a subprocess is
+started by `subprocess.Popen`, as on the standard loop, not by libuv's fork()
+(toolmesh.core.spawn: a fork runs grpcio's at-fork handlers in the child).
 """
 
 from __future__ import annotations
@@ -35,8 +37,27 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop  # noqa: PLC0415 - an optional dependency, imported only when asked for
     except ImportError:
         raise ValueError(f"{ENV}=uvloop needs the uvloop package (pip install 'toolmesh[uvloop]')") from None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+    from toolmesh.core import spawn  # noqa: PLC0415 - only with uvloop
+
+    if not spawn.available():
+        # No pidfds (not Linux): uvloop spawns as it does (on macOS libuv uses posix_spawn).
+        plain: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return plain
+
+    class Loop(uvloop.Loop):
+        """uvloop's loop, its subprocesses started by subprocess.Popen (toolmesh.core.spawn)."""
+
+        async def subprocess_exec(  # type: ignore[override]
+            self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], *args: Any, **kwargs: Any
+        ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
+            return await spawn.subprocess_exec(self, protocol_factory, *args, **kwargs)
+
+        async def subprocess_shell(  # type: ignore[override]
+            self, protocol_factory: Callable[[], asyncio.SubprocessProtocol], cmd: str | bytes, **kwargs: Any
+        ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
+            return await spawn.subprocess_shell(self, protocol_factory, cmd, **kwargs)
+
+    return Loop
 
 
 def run(main: Coroutine[Any, Any, T], factory: Callable[[], asyncio.AbstractEventLoop] | None) -> T:
