@@ -8,10 +8,11 @@ is sent to one that does not. A mark refused ends it on this replica as not run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import partial
 
 import pytest
+import pytest_asyncio
 
 from redis_testing import RedisServer, new_prefix
 from toolmesh.bridge.router import START_FENCE, HostSession, Router, StartVerdict, ToolRequestCancelled
@@ -207,56 +208,62 @@ async def test_a_request_whose_host_left_before_its_start_was_marked_was_never_s
             assert not isinstance(event, ToolRequest)
 
 
+@pytest_asyncio.fixture
+async def redis_ledger(redis_server: RedisServer) -> AsyncIterator[Ledger]:
+    """A ledger on a real Redis of the test's own (redis_server: to kill and start again)."""
+    stores = open_stores(redis_server.url, new_prefix())
+    try:
+        yield Ledger(stores.ledger)
+    finally:
+        await stores.close()
+
+
+async def sent_then_redis_killed(
+    router: Router, ledger: Ledger, redis_server: RedisServer, name: str
+) -> tuple[HostSession, str, list[Outcome]]:
+    """A host of `router`, a claimed request sent to it, and its outcomes; then Redis SIGKILLed."""
+    host = open_host(router)
+    tool_request_id = await claimed(ledger, name)
+    outcomes: list[Outcome] = []
+    router.start(request(tool_request_id), outcomes.append)
+    await next_request(host)
+    await redis_server.kill()
+    return host, tool_request_id, outcomes
+
+
 @pytest.mark.integration
 async def test_a_start_asked_while_redis_restarts_waits_for_it_and_starts_once(
-    redis_server: RedisServer,
+    redis_ledger: Ledger, redis_server: RedisServer
 ) -> None:
     # A real Redis, SIGKILLed as a host asks to start, and started again on its append-only file.
-    stores = open_stores(redis_server.url, new_prefix())
-    try:
-        ledger = Ledger(stores.ledger)
-        fence = Refusals(ledger)
-        router = Router(fence=fence)
-        host = open_host(router)
-        tool_request_id = await claimed(ledger, "restart")
-        outcomes: list[Outcome] = []
-        router.start(request(tool_request_id), outcomes.append)
-        await next_request(host)
-        await redis_server.kill()
-        asking = asyncio.create_task(router.start_requests(host.host_session_id, [tool_request_id]))
-        await eventually(lambda: fence.refused >= 2)  # nothing listens on the port: asked again
-        assert not asking.done()
-        await redis_server.start()
-        assert await asyncio.wait_for(asking, 5) == [StartVerdict.START]
-        record = await ledger.get(tool_request_id)
-        assert record is not None and record.started_at is not None
-        assert await ledger.redispatch(tool_request_id, 1) == 0
-        assert outcomes == []
-        # Told START once: asked again, it is not started again.
-        assert await router.start_requests(host.host_session_id, [tool_request_id]) == [
-            StartVerdict.ALREADY_STARTED
-        ]
-    finally:
-        await stores.close()
+    fence = Refusals(redis_ledger)
+    router = Router(fence=fence)
+    sent = await sent_then_redis_killed(router, redis_ledger, redis_server, "restart")
+    host, tool_request_id, outcomes = sent
+    asking = asyncio.create_task(router.start_requests(host.host_session_id, [tool_request_id]))
+    await eventually(lambda: fence.refused >= 2)  # nothing listens on the port: asked again
+    assert not asking.done()
+    await redis_server.start()
+    assert await asyncio.wait_for(asking, 5) == [StartVerdict.START]
+    record = await redis_ledger.get(tool_request_id)
+    assert record is not None and record.started_at is not None
+    assert await redis_ledger.redispatch(tool_request_id, 1) == 0
+    assert outcomes == []
+    # Told START once: asked again, it is not started again.
+    assert await router.start_requests(host.host_session_id, [tool_request_id]) == [
+        StartVerdict.ALREADY_STARTED
+    ]
 
 
 @pytest.mark.integration
-async def test_a_start_whose_redis_stays_down_ends_as_not_run(redis_server: RedisServer) -> None:
-    stores = open_stores(redis_server.url, new_prefix())
-    try:
-        ledger = Ledger(stores.ledger)
-        router = Router(fence=ledger, mark_retry_s=0.3)
-        host = open_host(router)
-        tool_request_id = await claimed(ledger, "down")
-        outcomes: list[Outcome] = []
-        router.start(request(tool_request_id), outcomes.append)
-        await next_request(host)
-        await redis_server.kill()
-        verdicts = await router.start_requests(host.host_session_id, [tool_request_id])
-        assert verdicts == [StartVerdict.CANCELLED]
-        assert [fence_of(outcome) for outcome in outcomes] == ["store_unavailable"]
-        await redis_server.start()
-        # Nothing was marked: the invocation service may send it through another replica.
-        assert await ledger.redispatch(tool_request_id, 1) == 2
-    finally:
-        await stores.close()
+async def test_a_start_whose_redis_stays_down_ends_as_not_run(
+    redis_ledger: Ledger, redis_server: RedisServer
+) -> None:
+    router = Router(fence=redis_ledger, mark_retry_s=0.3)
+    host, tool_request_id, outcomes = await sent_then_redis_killed(router, redis_ledger, redis_server, "down")
+    verdicts = await router.start_requests(host.host_session_id, [tool_request_id])
+    assert verdicts == [StartVerdict.CANCELLED]
+    assert [fence_of(outcome) for outcome in outcomes] == ["store_unavailable"]
+    await redis_server.start()
+    # Nothing was marked: the invocation service may send it through another replica.
+    assert await redis_ledger.redispatch(tool_request_id, 1) == 2

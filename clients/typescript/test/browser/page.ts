@@ -172,24 +172,20 @@ if (query.get("mode") === "webmcp") {
     description: "Does nothing (the benchmark's tool).",
     inputSchema: { type: "object", properties: { n: { type: "integer" } } },
   });
-  host.onTool(
-    "held",
-    (args, ctx) =>
-      new Promise((resolve) => {
-        note("held", ctx);
-        held.push(() => resolve({ held: args, toolRequestId: ctx.toolRequestId }));
-      }),
-    { description: "Answers once the test releases it.", timeoutMs: 30_000 },
-  );
-  host.onTool(
-    "held_short",
-    (args, ctx) =>
-      new Promise((resolve) => {
-        note("held_short", ctx);
-        held.push(() => resolve({ held: args, toolRequestId: ctx.toolRequestId }));
-      }),
-    { description: "Answers once the test releases it, within a short timeout.", timeoutMs: 5_000 },
-  );
+  for (const [name, description, timeoutMs] of [
+    ["held", "Answers once the test releases it.", 30_000],
+    ["held_short", "Answers once the test releases it, within a short timeout.", 5_000],
+  ] as const) {
+    host.onTool(
+      name,
+      (args, ctx) =>
+        new Promise((resolve) => {
+          note(name, ctx);
+          held.push(() => resolve({ held: args, toolRequestId: ctx.toolRequestId }));
+        }),
+      { description, timeoutMs },
+    );
+  }
   host.onTool(
     "pause",
     (args) => new Promise((resolve) => setTimeout(() => resolve({ n: args.n }), 200)),

@@ -222,6 +222,11 @@ class PendingRequest:
     # Its dispatch generation when its start is fenced (Router's `fence`); 0: not fenced.
     generation: int = 0
 
+    @property
+    def ends_at(self) -> float:
+        """When its time is up, on the monotonic clock (this bridge's deadline of it)."""
+        return self.started + self.request.timeout_ms / 1000
+
 
 @dataclass(frozen=True, slots=True)
 class _Ended:
@@ -430,24 +435,21 @@ class Router:
         """
         assert self.fence is not None
         now = time.monotonic()
-        left_s = min(pending.started + pending.request.timeout_ms / 1000 - now for pending in fenced)
+        left_s = min(pending.ends_at for pending in fenced) - now
         give_up = now + min(self._mark_retry_s, left_s / 2)
         backoff_s, most_s = MARK_BACKOFF_S
         verdicts: list[MarkVerdict | None] = [None] * len(fenced)
         while True:
             asked = [
-                position
+                (position, pending)
                 for position, pending in enumerate(fenced)
                 if self._pending.get(pending.request.tool_request_id) is pending
             ]
-            marks = [
-                StartMark(fenced[position].request.tool_request_id, fenced[position].generation, self._marker)
-                for position in asked
-            ]
+            marks = [StartMark(p.request.tool_request_id, p.generation, self._marker) for _, p in asked]
             if not marks:
                 return verdicts
             try:
-                for position, verdict in zip(asked, await self.fence.mark_started(marks), strict=True):
+                for (position, _), verdict in zip(asked, await self.fence.mark_started(marks), strict=True):
                     verdicts[position] = verdict
                 return verdicts
             except ToolmeshError as error:
@@ -797,7 +799,7 @@ class Router:
             return StartVerdict.UNKNOWN
         if pending.host_started:
             return StartVerdict.ALREADY_STARTED
-        if time.monotonic() >= pending.started + pending.request.timeout_ms / 1000:
+        if time.monotonic() >= pending.ends_at:
             self._expire(pending)  # this clock fences the deadline, however late its timer runs
             return StartVerdict.TIMED_OUT
         pending.host_started = True
