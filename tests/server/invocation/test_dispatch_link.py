@@ -346,3 +346,49 @@ async def test_a_request_that_never_left_goes_to_another_replica_when_there_is_o
         await host.stop()
         await dispatcher.aclose()
         await bridge.stop(0)
+
+
+class RestartingBridge(QuietBridge):
+    """Says it fences starts on its first stream and takes what comes; ends every later stream at
+    once, without a word (a replica restarting under the next stream)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams = 0
+
+    async def take(self, request_iterator: Any, context: Any) -> Any:
+        self.streams += 1
+        if self.streams > 1:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
+        yield bridge_pb2.DispatchToolRequestsResponse(starts_fenced=True)
+        async for message in request_iterator:
+            self.received.append(message)
+
+
+async def test_a_new_stream_to_a_bridge_that_fenced_sends_nothing_before_its_word() -> None:
+    """Had the request gone out before the bridge's word, a stream that breaks then would leave a
+    request that may have started unfenced: the invocation could not send it elsewhere."""
+    server = grpc.aio.server()
+    bridge = RestartingBridge()
+    server.add_generic_rpc_handlers((bridge.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    dispatcher = RemoteDispatcher(channel)
+    try:
+        first = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_first"), generation=1))
+        await eventually(lambda: bridge.received)
+        assert dispatcher._link is not None
+        await dispatcher._link.aclose()  # the first stream breaks under the request it took
+        with pytest.raises(BridgeLost) as lost:
+            await asyncio.wait_for(first, 10)
+        assert lost.value.sent is True and lost.value.fenced is True
+        with pytest.raises(BridgeLost) as lost:
+            await asyncio.wait_for(dispatcher.dispatch(tool_request("tr_next"), generation=2), 10)
+        assert lost.value.sent is False
+        assert bridge.streams == 2
+        assert [r.tool_request_id for m in bridge.received for r in m.requests] == ["tr_first"]
+    finally:
+        await dispatcher.aclose()
+        await channel.close()
+        await server.stop(0)

@@ -46,6 +46,9 @@ LATE_GUARD_S = 0.5
 # A new dispatch stream waits this long at most for its bridge's connection; then the request
 # fails as not sent (a bridge that refuses connections fails it at once).
 CONNECT_S = 5.0
+# On a new dispatch stream to a bridge that fenced starts on the last one, the first request waits
+# this long at most for the bridge's word (starts_fenced, its first message).
+FENCE_WORD_S = 1.0
 # While a read-only or idempotent request whose bridge replica died waits for another replica to
 # be named by its session's route, the route is read again this often.
 ROUTE_POLL_S = 0.25
@@ -243,6 +246,8 @@ class RemoteDispatcher:
         self._progress: dict[str, ProgressSink] = {}
         self._connecting: asyncio.Future[None] | None = None
         self._fence = _LinkFence()
+        # The bridge at this address said it fences starts, on the last stream that heard its word.
+        self._fenced_before = False
 
     async def _open_link(self) -> tuple[DispatchLink, set[str], _LinkFence]:
         link = self._link
@@ -281,8 +286,26 @@ class RemoteDispatcher:
                 await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
             state = self._channel.get_state(try_to_connect=True)
 
+    async def _fence_word(self, link: DispatchLink, fence: _LinkFence) -> None:
+        """On a new stream to a bridge that fenced starts before, wait (FENCE_WORD_S at most) for it
+        to say so again before sending: a stream that breaks before its word then sent nothing
+        (BridgeLost, not sent), where it would leave a request that may have started unfenced, for
+        the ledger to decide at its deadline. A bridge that stopped fencing is waited for once."""
+        if fence.fenced or not self._fenced_before:
+            return
+        try:
+            spoke = await asyncio.wait_for(asyncio.shield(link.spoke), FENCE_WORD_S)
+        except TimeoutError:
+            self._fenced_before = False
+            return
+        if not spoke:
+            raise BridgeLost({"grpcStatus": "UNAVAILABLE", "stream": "ended before a word"}, sent=False)
+        self._fenced_before = fence.fenced
+
     def _progressed(self, fence: _LinkFence, response: bridge_pb2.DispatchToolRequestsResponse) -> None:
         fence.heard(response)
+        if response.starts_fenced:
+            self._fenced_before = True
         for report in response.progress:
             sink = self._progress.get(report.tool_request_id)
             if sink is not None:
@@ -293,6 +316,7 @@ class RemoteDispatcher:
     ) -> Outcome:
         """The request's outcome; `generation`: its dispatch generation (the start fence; 0: none)."""
         link, sent, fence = await self._open_link()
+        await self._fence_word(link, fence)
         tool_request_id = request.tool_request_id
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
             message = request_to_pb(request)

@@ -56,6 +56,8 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         self._key_of = key_of
         self._waiting: dict[Hashable, asyncio.Future[Result]] = {}
         self.closed = False
+        # True once the other end's first response came, False if the stream ended before one.
+        self.spoke: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._call = open_stream(self._messages())
         self._reader = asyncio.create_task(self._read())
 
@@ -88,6 +90,8 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         failure: grpc.aio.AioRpcError | None = None
         try:
             async for response in self._call:
+                if not self.spoke.done():
+                    self.spoke.set_result(True)
                 if self._on_response is not None:
                     self._on_response(response)
                 for result in self._results_of(response):
@@ -102,6 +106,8 @@ class StreamLink(Generic[Item, Message, Response, Result]):
             raise
         finally:
             self.closed = True
+            if not self.spoke.done():
+                self.spoke.set_result(False)
             self._outbox.clear()
             self._outbox.close()
             waiting_ones, self._waiting = self._waiting, {}
