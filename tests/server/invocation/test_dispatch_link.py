@@ -184,20 +184,27 @@ class QuietBridge:
 
 
 @contextlib.asynccontextmanager
-async def dispatcher_to_quiet_bridge() -> AsyncIterator[tuple[RemoteDispatcher, QuietBridge]]:
+async def dispatcher_to(bridge: QuietBridge) -> AsyncIterator[RemoteDispatcher]:
+    """A dispatcher to `bridge`, served on a port of its own."""
     server = grpc.aio.server()
-    quiet = QuietBridge()
-    server.add_generic_rpc_handlers((quiet.handler(),))
+    server.add_generic_rpc_handlers((bridge.handler(),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     dispatcher = RemoteDispatcher(channel)
     try:
-        yield dispatcher, quiet
+        yield dispatcher
     finally:
         await dispatcher.aclose()
         await channel.close()
         await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def dispatcher_to_quiet_bridge() -> AsyncIterator[tuple[RemoteDispatcher, QuietBridge]]:
+    quiet = QuietBridge()
+    async with dispatcher_to(quiet) as dispatcher:
+        yield dispatcher, quiet
 
 
 async def test_a_bridge_that_never_answers_ends_the_call_as_a_timeout(monkeypatch: Any) -> None:
@@ -239,14 +246,8 @@ async def test_an_answer_queued_while_this_process_was_paused_beats_its_overdue_
     """A guard that fires long after it was due measures this process's pause (SIGSTOP, a starved
     loop), not the bridge's silence: the answer that came meanwhile is read first."""
     monkeypatch.setattr(remote, "BRIDGE_GRACE_S", 0.2)
-    server = grpc.aio.server()
     bridge = AnsweringBridge()
-    server.add_generic_rpc_handlers((bridge.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    dispatcher = RemoteDispatcher(channel)
-    try:
+    async with dispatcher_to(bridge) as dispatcher:
         dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_paused", timeout_ms=100)))
         await eventually(lambda: bridge.received)
         bridge.answer.set()
@@ -254,10 +255,6 @@ async def test_an_answer_queued_while_this_process_was_paused_beats_its_overdue_
         time.sleep(0.3 + remote.LATE_GUARD_S + 0.5)  # noqa: ASYNC251
         outcome = await asyncio.wait_for(dispatch, 5)
         assert outcome == Outcome.success("1")
-    finally:
-        await dispatcher.aclose()
-        await channel.close()
-        await server.stop(0)
 
 
 async def test_requests_ready_together_go_out_in_one_message() -> None:
@@ -368,14 +365,8 @@ class RestartingBridge(QuietBridge):
 async def test_a_new_stream_to_a_bridge_that_fenced_sends_nothing_before_its_word() -> None:
     """Had the request gone out before the bridge's word, a stream that breaks then would leave a
     request that may have started unfenced: the invocation could not send it elsewhere."""
-    server = grpc.aio.server()
     bridge = RestartingBridge()
-    server.add_generic_rpc_handlers((bridge.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    dispatcher = RemoteDispatcher(channel)
-    try:
+    async with dispatcher_to(bridge) as dispatcher:
         first = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_first"), generation=1))
         await eventually(lambda: bridge.received)
         assert dispatcher._link is not None
@@ -388,7 +379,3 @@ async def test_a_new_stream_to_a_bridge_that_fenced_sends_nothing_before_its_wor
         assert lost.value.sent is False
         assert bridge.streams == 2
         assert [r.tool_request_id for m in bridge.received for r in m.requests] == ["tr_first"]
-    finally:
-        await dispatcher.aclose()
-        await channel.close()
-        await server.stop(0)
