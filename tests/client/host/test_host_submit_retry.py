@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from scripted_bridge import ScriptedBridge
 
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import to_grpc_status
-from toolmesh.host import HostError, ToolContext, ToolHost
+from toolmesh.host import HostError, ToolContext, ToolHost, engine
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import eventually
 
@@ -92,10 +93,15 @@ async def test_a_submit_refused_while_the_bridge_s_store_is_out_is_retried_and_d
         assert reports == []
 
 
-async def test_a_submit_refused_until_the_deadline_is_reported_with_its_cause() -> None:
+async def test_a_submit_refused_past_its_late_window_is_reported_with_its_cause(monkeypatch: Any) -> None:
+    """Tried again past the deadline (a bridge that shares the ledger keeps a late result), for
+    LATE_SUBMIT_S, then reported."""
+    monkeypatch.setattr(engine, "LATE_SUBMIT_S", 1.0)
     bridge = RefusingBridge(Code.STORE_UNAVAILABLE, refusals=1_000, timeout_ms=1000)
+    began = time.monotonic()
     async with hosted(bridge) as reports:
         await eventually(lambda: reports, timeout=10, message="the refused result was never reported")
+        assert time.monotonic() - began >= 2.0  # the deadline (1 s), then the late window (1 s)
         assert [(r.code, r.cause, r.tool_request_id) for r in reports] == [
             (Code.SUBMIT_TOOL_RESULT_FAILED, "STORE_UNAVAILABLE", "tr_1")
         ]

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from toolmesh.bridge.outcomes import OutcomeRecorder
+from toolmesh.bridge.router import HostSession
 from toolmesh.contracts.ledger import Claim, Ledger
 from toolmesh.core.calls import ToolCall
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.store.memory import MemoryLedgerStore
 from toolmesh_testing import eventually
@@ -79,3 +81,24 @@ async def test_the_copy_of_an_invocation_no_longer_stored_writes_nothing() -> No
     await recorder.aclose()
     assert store.finishes == 0
     assert await ledger.get("tr_gone") is None
+
+
+async def test_a_late_outcome_is_kept_for_a_host_of_the_session_only() -> None:
+    """A result handed in after the invocation timed out (through a replica that did not send it)
+    is kept beside the timeout for its own session's host; another session's host is told nothing
+    of it, as for any request it was not sent."""
+    _, ledger, claimed, recorder = await claimed_with_a_recorder(60)
+    await ledger.finish("tr_1", Outcome.runtime_error(Code.TOOL_TIMEOUT), claimed=claimed.record)
+    stranger = HostSession("hs_2", "other", "host", frozenset({"t"}), False)
+    with pytest.raises(ToolmeshError) as refused:
+        await recorder.adopt(stranger, "tr_1", Outcome.success('"forged"'))
+    assert refused.value.code is Code.REQUEST_UNKNOWN
+    own = HostSession("hs_1", "s", "host", frozenset({"t"}), False)
+    await recorder.adopt(own, "tr_1", Outcome.success('"late"'))
+    await recorder.adopt(own, "tr_1", Outcome.success('"late"'))  # sent again after a lost answer
+    with pytest.raises(ToolmeshError) as refused:
+        await recorder.adopt(own, "tr_1", Outcome.success('"another"'))
+    assert refused.value.code is Code.REQUEST_ENDED
+    record = await ledger.get("tr_1")
+    assert record is not None and record.late_outcome == Outcome.success('"late"')
+    await recorder.aclose()

@@ -417,6 +417,33 @@ async def test_the_first_finish_wins_and_an_unknown_invocation_is_not_made(ledge
     assert await ledger.get(tr("never_claimed")) is None
 
 
+async def test_a_late_outcome_is_kept_once_beside_a_timeout_and_only_there(ledger: Ledger) -> None:
+    timed_out = Outcome.runtime_error(Code.TOOL_TIMEOUT)
+    claimed = await ledger.claim(call(), tr("1"), 10_000)
+    # Still running: nothing to keep it beside (the host's outcome is a finish then).
+    assert not await ledger.keep_late(claimed.record, Outcome.success("1"))
+    await ledger.finish(tr("1"), timed_out, claimed=claimed.record)
+    record = await ledger.get(tr("1"))
+    assert record is not None and record.late_outcome is None and record.late_at is None
+    assert await ledger.keep_late(record, Outcome.success("1"))
+    assert not await ledger.keep_late(record, Outcome.success("2"))  # the first one stays
+    record = await ledger.get(tr("1"))
+    assert record is not None and record.outcome == timed_out and record.late_outcome == Outcome.success("1")
+    assert record.late_at is not None and record.finished_at is not None
+    assert record.late_at >= record.finished_at
+    # Kept through the delivery's confirmation, which rewrites what the store keeps beside the record.
+    await ledger.confirm_all(delivered(tr("1")))
+    record = await ledger.get(tr("1"))
+    assert record is not None and record.delivered and record.late_outcome == Outcome.success("1")
+    # Only beside a timeout: an answered invocation's outcome is the handler's already.
+    claimed = await ledger.claim(call('{"a": 2}'), tr("2"), 10_000)
+    await ledger.finish(tr("2"), Outcome.success("2"), claimed=claimed.record)
+    answered = await ledger.get(tr("2"))
+    assert answered is not None and not await ledger.keep_late(answered, Outcome.success("3"))
+    answered = await ledger.get(tr("2"))
+    assert answered is not None and answered.late_outcome is None
+
+
 async def test_finish_first_gives_the_outcome_that_stands(ledger: Ledger) -> None:
     # The invocation replica's TOOL_TIMEOUT loses to the result a bridge replica recorded first.
     claimed = await ledger.claim(call(), tr("1"), 10_000)

@@ -37,6 +37,14 @@ HOST_RUNTIME_CODES = frozenset(
 )
 
 
+def from_host(outcome: Outcome) -> bool:
+    """Whether `outcome` is one a host may give (as `check_outcome` takes it), not the runtime's own."""
+    failure = outcome.failure
+    if failure is None or failure.kind is ErrorKind.DOMAIN:
+        return True
+    return code_for_reason(failure.code) in HOST_RUNTIME_CODES
+
+
 def _check_error_code(outcome: Outcome, metadata: dict[str, str]) -> None:
     """Refuse an error a host may not give: one that would pass for the runtime's own."""
     failure = outcome.failure

@@ -20,10 +20,10 @@ import time
 from collections.abc import Container, Coroutine
 from typing import Any
 
-from toolmesh.bridge.acceptance import check_outcome
+from toolmesh.bridge.acceptance import check_outcome, from_host
 from toolmesh.bridge.router import HostSession, Router
 from toolmesh.contracts.cancels import CancelBoard
-from toolmesh.contracts.ledger import Ledger
+from toolmesh.contracts.ledger import InvocationRecord, InvocationState, Ledger
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 
@@ -90,7 +90,8 @@ class OutcomeRecorder:
             )
 
     async def _copy(self, tool_request_id: str, outcome: Outcome) -> None:
-        """Finish the invocation with `outcome` unless it has finished (or is gone)."""
+        """Finish the invocation with `outcome` unless it has finished (or is gone); a host's outcome
+        for one that timed out is kept beside it (`take_late`)."""
         try:
             record = await self.ledger.get(tool_request_id)
         except ToolmeshError as error:
@@ -99,8 +100,13 @@ class OutcomeRecorder:
             # Kept and written later by the ledger itself, which reads the record then.
             await self.ledger.finish(tool_request_id, outcome)
             return
-        if record is not None and not record.finished:
+        if record is None:
+            return
+        if not record.finished:
             await self.ledger.finish(tool_request_id, outcome, claimed=record)
+        elif from_host(outcome) and record.outcome != outcome:
+            # The host's answer came after the invocation timed out (this replica read it late).
+            await self._kept_late(record, outcome, {"tool_request_id": tool_request_id})
 
     async def adopt(self, host: HostSession, tool_request_id: str, outcome: Outcome) -> None:
         """Record the outcome a host hands in for a request this replica does not hold: one another
@@ -114,6 +120,8 @@ class OutcomeRecorder:
         if record is None or record.session_id != host.session_id:
             raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
         if record.finished:
+            if await self._kept_late(record, outcome, metadata):
+                return
             ended = "answered" if record.outcome == outcome else record.state.value
             raise ToolmeshError(Code.REQUEST_ENDED, f"It ended ({ended}).", {**metadata, "ended": ended})
         check_outcome(outcome, metadata)
@@ -121,6 +129,39 @@ class OutcomeRecorder:
         log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
         if self._recorded_elsewhere is not None:
             self._in_background(self._post(self._recorded_elsewhere, tool_request_id))
+
+    async def take_late(
+        self, host: HostSession, tool_request_id: str, outcome: Outcome, refused: ToolmeshError
+    ) -> None:
+        """Take the outcome a host hands in for a request this replica ended with TOOL_TIMEOUT: kept
+        beside the timeout in the ledger (Ledger.keep_late), or, when the invocation still runs
+        there (its timeout not written yet: the store was out, or its replica died), recorded
+        as its outcome (the first writer wins). Else `refused` is raised."""
+        metadata = {"host_session_id": host.host_session_id, "tool_request_id": tool_request_id}
+        record = await self.ledger.get(tool_request_id)
+        if record is None or record.session_id != host.session_id:
+            raise refused
+        if not record.finished:
+            check_outcome(outcome, metadata)
+            await self.ledger.finish(tool_request_id, outcome, claimed=record)
+            return
+        if not await self._kept_late(record, outcome, metadata):
+            raise refused
+
+    async def _kept_late(self, record: InvocationRecord, outcome: Outcome, metadata: dict[str, str]) -> bool:
+        """Whether `outcome` is kept beside `record` as its late outcome (it timed out); a repeat of
+        the one kept (its answer lost) counts as kept."""
+        if record.state is not InvocationState.TIMED_OUT:
+            return False
+        if record.late_outcome is not None:
+            return record.late_outcome == outcome
+        check_outcome(outcome, metadata)
+        if await self.ledger.keep_late(record, outcome):
+            log.info("kept an outcome handed in after its request timed out", extra=metadata)
+            return True
+        # Another came first, between the read and the write: kept only if it was this one.
+        again = await self.ledger.get(record.tool_request_id)
+        return again is not None and again.late_outcome == outcome
 
     async def _post(self, board: CancelBoard, tool_request_id: str) -> None:
         try:
@@ -155,12 +196,20 @@ async def accept(
 ) -> None:
     """Take a host's outcome: the router settles a request this replica sent; with `recorder` (a
     shared ledger), one it never sent was sent by a replica that died while the host ran it, and
-    is recorded in the ledger while its invocation runs (OutcomeRecorder.adopt).
+    is recorded in the ledger while its invocation runs (OutcomeRecorder.adopt), and one that
+    timed out is kept beside its TOOL_TIMEOUT there (OutcomeRecorder.take_late).
 
     `sessions`: those the host may serve (None: all). Raises ToolmeshError as Router.submit does.
     """
     if recorder is None or router.knows(tool_request_id):
-        router.submit(host_session_id, tool_request_id, outcome, sessions)
+        try:
+            router.submit(host_session_id, tool_request_id, outcome, sessions)
+        except ToolmeshError as refused:
+            # Its own host session's, or one its host opened since (the other has ended).
+            if recorder is None or not router.timed_out(tool_request_id):
+                raise
+            host = router.submitting_host(host_session_id, tool_request_id, sessions)
+            await recorder.take_late(host, tool_request_id, outcome, refused)
         return
     host = router.submitting_host(host_session_id, tool_request_id, sessions)
     await recorder.adopt(host, tool_request_id, outcome)

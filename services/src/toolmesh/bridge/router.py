@@ -816,6 +816,11 @@ class Router:
             raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)
         return host
 
+    def timed_out(self, tool_request_id: str) -> bool:
+        """Whether this replica ended the request lately with TOOL_TIMEOUT."""
+        ended = self._ended.get(tool_request_id)
+        return ended is not None and ended.reason is EndReason.TIMED_OUT
+
     def knows(self, tool_request_id: str) -> bool:
         """Whether this replica sent the request (it is pending, or ended lately)."""
         return tool_request_id in self._pending or tool_request_id in self._ended

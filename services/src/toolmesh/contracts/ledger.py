@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolmesh.core import jsontext
@@ -145,6 +145,10 @@ class InvocationRecord:
     # start fence, see `Ledger.mark_started`); None: no start marked (not started, or started by
     # a host that does not acknowledge starts, or through a bridge without the shared ledger).
     started_at: float | None = None
+    # The outcome its host handed in after it had ended with TOOL_TIMEOUT (kept beside the record
+    # by `Ledger.keep_late`), and when (Unix seconds): what the handler did, for reconciling.
+    late_outcome: Outcome | None = None
+    late_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -158,6 +162,10 @@ class InvocationRecord:
 
     def started_then(self, at: float) -> InvocationRecord:
         return self._changed(self.state, self.outcome, self.delivered, self.finished_at, at)
+
+    def late_then(self, outcome: Outcome, at: float) -> InvocationRecord:
+        # Rare (a timed-out record read back): replace's cost does not matter here.
+        return replace(self, late_outcome=outcome, late_at=at)
 
     def _changed(
         self,
@@ -184,6 +192,8 @@ class InvocationRecord:
             self.trace_context,
             self.replay_windows,
             self.started_at if started_at is None else started_at,
+            self.late_outcome,
+            self.late_at,
         )
 
 
@@ -326,6 +336,9 @@ class Ledger:
             record = record.delivered_now()
         if stored.started_at_ms:
             record = record.started_then(stored.started_at_ms / 1000)
+        if stored.late:
+            late = json.loads(stored.late)
+            record = record.late_then(_outcome_from(late["outcome"]), late["at"])
         return record
 
     def _remember(self, raw: bytes, record: InvocationRecord) -> None:
@@ -593,6 +606,16 @@ class Ledger:
                 return  # gone, or finished by another writer (whose outcome wins)
             kept = self._finished(record, kept.outcome, kept.at)
         await self._store.finish(tool_request_id, *kept)
+
+    async def keep_late(self, record: InvocationRecord, outcome: Outcome) -> bool:
+        """Keep `outcome`, which a host handed in after the invocation `record` had ended with
+        TOOL_TIMEOUT, beside it (as long as the record), for GetInvocation and exact retries: the
+        first kept stays. False, keeping nothing, when `record` did not time out, or is gone or has
+        one kept already. Raises ToolmeshError(STORE_UNAVAILABLE)."""
+        if record.state is not InvocationState.TIMED_OUT:
+            return False
+        late = _COMPACT.encode({"outcome": _outcome_record(outcome), "at": self._clock()}).encode()
+        return await self._store.keep_late(record.tool_request_id, late)
 
     async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
         """The start fence's bridge side: mark each invocation started by the delivery of its

@@ -13,7 +13,15 @@ from functools import lru_cache, partial
 from typing import Any
 
 from toolmesh.contracts.cancels import CancelBoard
-from toolmesh.contracts.ledger import CANCELLED, CancelVerdict, Claim, InvocationRecord, Ledger, rfc3339
+from toolmesh.contracts.ledger import (
+    CANCELLED,
+    CancelVerdict,
+    Claim,
+    InvocationRecord,
+    InvocationState,
+    Ledger,
+    rfc3339,
+)
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
@@ -446,7 +454,10 @@ class Invoker:
                 with self._observer.attached(record, "replayed"):
                     log.info("replayed an unconfirmed outcome")
                     return InvokeResult(
-                        record.tool_request_id, record.outcome, replayed=True, attachment_id=attachment_id
+                        record.tool_request_id,
+                        await self._replayed(record),
+                        replayed=True,
+                        attachment_id=attachment_id,
                     )
             with self._observer.attached(record, "joined"):
                 log.info("joined a running invocation")
@@ -454,6 +465,21 @@ class Invoker:
                     record.tool_request_id, tool.effective_timeout_ms, attachment_id
                 )
                 return InvokeResult(record.tool_request_id, outcome, joined=True, attachment_id=attachment_id)
+
+    async def _replayed(self, record: InvocationRecord) -> Outcome:
+        """The outcome an exact retry replays: the record's, or, for one that timed out, the outcome
+        its host handed in late, if one was kept (read again: a claim's reply does not carry it)."""
+        assert record.outcome is not None
+        if record.state is not InvocationState.TIMED_OUT:
+            return record.outcome
+        try:
+            again = await self.ledger.get(record.tool_request_id)
+        except ToolmeshError as error:
+            if error.code is not Code.STORE_UNAVAILABLE:
+                raise
+            return record.outcome
+        late = None if again is None else again.late_outcome
+        return record.outcome if late is None else late
 
     async def _claim(
         self,

@@ -79,4 +79,7 @@ def record_to_pb(record: InvocationRecord) -> invocation_pb2.Invocation:
         message.finished_at.CopyFrom(timestamp(record.finished_at))
     if record.started_at is not None:
         message.started_at.CopyFrom(timestamp(record.started_at))
+    if record.late_outcome is not None and record.late_at is not None:
+        message.late_outcome.CopyFrom(outcome_to_pb(record.late_outcome))
+        message.late_outcome_at.CopyFrom(timestamp(record.late_at))
     return message

@@ -53,6 +53,8 @@ class StoredInvocation:
     # When a host was allowed to start it (`LedgerStore.mark_started`), in Unix ms on the store's
     # clock; 0: no start marked. Claims that attach answer 0.
     started_at_ms: int = 0
+    # What `keep_late` kept beside the finished record (b"": nothing). Claims answer b"".
+    late: bytes = b""
 
 
 class Delivered(NamedTuple):
@@ -232,6 +234,13 @@ class LedgerStore(Protocol):
         """Move the invocation's dispatch generation on from `generation`, atomically, only while it
         runs, no start is marked and its generation is `generation`: the new generation. 0 when
         it did not (a start was marked, it ended or is not stored, or another moved it on)."""
+        ...
+
+    async def keep_late(self, tool_request_id: str, late: bytes) -> bool:
+        """Keep `late` beside the finished invocation, as long as its record (a host's outcome that
+        came after the invocation had ended with TOOL_TIMEOUT: the ledger decides which), once:
+        the first kept stays. False, changing nothing, when it is not stored, still runs, or has
+        one kept already."""
         ...
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None: ...

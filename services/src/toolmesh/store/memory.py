@@ -255,6 +255,8 @@ class _Invocation:
     started_at_ms: int = 0
     # Who marked that start (StartMark.marker).
     started_by: str = ""
+    # What LedgerStore.keep_late kept (b"": nothing).
+    late: bytes = b""
 
     def attached(self) -> _Invocation:
         """With one more attachment (unconfirmed, unless all were confirmed already); joined, when
@@ -305,6 +307,7 @@ class MemoryLedgerStore:
             invocation.delivered,
             generation=invocation.generation,
             started_at_ms=invocation.started_at_ms,
+            late=invocation.late,
         )
 
     def _store_running(
@@ -499,6 +502,16 @@ class MemoryLedgerStore:
             tool_request_id, moved, self._invocations.expires_in(tool_request_id), notify=False
         )
         return moved.generation
+
+    async def keep_late(self, tool_request_id: str, late: bytes) -> bool:
+        entry = self._invocations.live(tool_request_id)
+        if entry is None or not entry.value.finished or entry.value.late:
+            return False
+        kept = replace(entry.value, late=late)
+        self._invocations.write(
+            tool_request_id, kept, self._invocations.expires_in(tool_request_id), notify=False
+        )
+        return True
 
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         return self._stored(tool_request_id)

@@ -237,8 +237,17 @@ return confirm(1, 2, #KEYS, ARGV[1])
 )
 
 _READ = Script("""
-local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv', 'gen', 'st')
-return {found[1], found[2], redis.call('PTTL', KEYS[1]), found[3], found[4]}
+local found = redis.call('HMGET', KEYS[1], 'rec', 'dlv', 'gen', 'st', 'late')
+return {found[1], found[2], redis.call('PTTL', KEYS[1]), found[3], found[4], found[5]}
+""")
+
+# KEYS: the record. ARGV: what to keep. Keeps it beside a finished record (its expiry unchanged)
+# that has none kept. Returns 1 when it did, else 0.
+_KEEP_LATE = Script("""
+local found = redis.call('HMGET', KEYS[1], 'rec', 'end', 'late')
+if not found[1] or not found[2] or found[3] then return 0 end
+redis.call('HSET', KEYS[1], 'late', ARGV[1])
+return 1
 """)
 
 # KEYS: the records (one slot). ARGV: the generation of each one's delivery, then each mark's
@@ -504,12 +513,23 @@ class RedisLedgerStore:
     def _record(self, tool_request_id: str) -> str:
         return self._names(self._tag(tool_request_id))[0] + tool_request_id
 
+    async def keep_late(self, tool_request_id: str, late: bytes) -> bool:
+        try:
+            kept = await self._run(_KEEP_LATE, [self._record(tool_request_id)], [late], durable=True)
+        except NotReplicated as unconfirmed:
+            # Kept on the primary, as an unconfirmed finish is: a failover now may lose it.
+            log.warning("late outcome not confirmed by a replica", extra={"tool_request_id": tool_request_id})
+            kept = unconfirmed.reply
+        return bool(int(kept))
+
     async def get(self, tool_request_id: str) -> StoredInvocation | None:
         stored, _ = await self._read_expiring(tool_request_id)
         return stored
 
     async def _read_expiring(self, tool_request_id: str) -> tuple[StoredInvocation | None, float | None]:
-        record, delivered, pttl, generation, started = await self._run(_READ, [self._record(tool_request_id)])
+        record, delivered, pttl, generation, started, late = await self._run(
+            _READ, [self._record(tool_request_id)]
+        )
         if record is None:
             return None, None
         stored = StoredInvocation(
@@ -518,6 +538,7 @@ class RedisLedgerStore:
             delivered is not None,
             generation=1 if generation is None else int(generation),
             started_at_ms=0 if started is None else int(started),
+            late=b"" if late is None else bytes(late),
         )
         return stored, expires_in(int(pttl))
 

@@ -47,8 +47,9 @@ class Invocation:
 
     `outcome` is None while it runs; `delivered` says whether a caller confirmed
     receiving it; `started_at` when a host was allowed to start it (None: no host is known to
-    have started it; see the proto's Invocation.started_at); `message` is the wire message it
-    was read from.
+    have started it; see the proto's Invocation.started_at); `late_outcome`, for one that timed
+    out, the outcome its host handed in after that (None: none came), and `late_at` when;
+    `message` is the wire message it was read from.
     """
 
     tool_request_id: str
@@ -62,6 +63,8 @@ class Invocation:
     finished_at: datetime | None
     started_at: datetime | None
     message: invocation_pb2.Invocation = field(repr=False, compare=False)
+    late_outcome: Outcome | None = None
+    late_at: datetime | None = None
 
     @classmethod
     def from_pb(cls, message: invocation_pb2.Invocation) -> Invocation:
@@ -80,13 +83,18 @@ class Invocation:
             else None,
             started_at=message.started_at.ToDatetime(tzinfo=UTC) if message.HasField("started_at") else None,
             message=message,
+            late_outcome=outcome_from_pb(message.late_outcome) if message.HasField("late_outcome") else None,
+            late_at=message.late_outcome_at.ToDatetime(tzinfo=UTC)
+            if message.HasField("late_outcome_at")
+            else None,
         )
 
     def to_json(self) -> dict[str, Any]:
         """The shape `toolmesh invocations show` prints.
 
         Ids, `state`, `delivered`, times (`startedAt` only once a host is known to have started it),
-        then `ok` with `result` or `error` once it has ended.
+        then `ok` with `result` or `error` once it has ended, then `late` (`at`, `ok`, `result` or
+        `error`) when its host handed an outcome in after it timed out.
         """
         shown: dict[str, Any] = {
             "toolRequestId": self.tool_request_id,
@@ -102,4 +110,7 @@ class Invocation:
             shown["startedAt"] = self.message.started_at.ToJsonString()
         if self.outcome is not None:
             shown |= {"ok": self.outcome.ok, **outcome_json(self.outcome)}
+        if self.late_outcome is not None:
+            at = self.message.late_outcome_at.ToJsonString()
+            shown["late"] = {"at": at, "ok": self.late_outcome.ok, **outcome_json(self.late_outcome)}
         return shown

@@ -48,6 +48,10 @@ MAX_CONCURRENT_SUBMITS = 256
 # (the network's delay, the clocks' offset), never longer: a bridge that does not answer by then
 # (frozen, a broken link) has ended the call without this result anyway.
 SUBMIT_GRACE_S = 1.0
+# A result no bridge took by then is handed in for this long after the call's deadline: a bridge
+# that shares the ledger keeps it beside the caller's TOOL_TIMEOUT (for GetInvocation and exact
+# retries), so a bridge frozen or cut off past the deadline does not lose what the handler did.
+LATE_SUBMIT_S = 60.0
 # With several bridge addresses, one submit attempt waits for the bridge's answer a third of the
 # time left for it (its deadline and SUBMIT_GRACE_S), within these bounds, never longer than that:
 # the rest is for reconnecting elsewhere and handing the result in there.
@@ -1043,7 +1047,9 @@ class HostEngine:
 
         `tried`: it was sent before and may have got through (its answer was lost).
 
-        Everything happens before the call's deadline and SUBMIT_GRACE_S. A submit in flight when
+        Everything happens before the call's deadline and LATE_SUBMIT_S (a bridge that shares the
+        ledger keeps a late result beside the caller's TOOL_TIMEOUT; one that does not refuses it
+        with REQUEST_ENDED, which ends the attempts). A submit in flight when
         its stream ends (broken, or given up as silent) is cut and sent again on the next
         connection. With several bridge addresses, an attempt the bridge leaves unanswered for its
         share of the time (see SUBMIT_ATTEMPT_MIN_S), with nothing else heard on the stream
@@ -1056,7 +1062,7 @@ class HostEngine:
             outcome=outcome_to_pb(outcome),
         )
         loop = asyncio.get_running_loop()
-        give_up_at = ctx.deadline + SUBMIT_GRACE_S
+        give_up_at = ctx.deadline + LATE_SUBMIT_S
         attempt = 1 if tried else 0
         while True:
             attempt += 1
@@ -1065,7 +1071,7 @@ class HostEngine:
                 # Its stream ended: hand the result in on the next connection, naming the same request.
                 link = await self._next_link(request.host_session_id, give_up_at)
                 if link is None:
-                    return Code.TRANSPORT_FAILED.value, "No connection to a bridge before the deadline."
+                    return Code.TRANSPORT_FAILED.value, "No connection to a bridge in time."
                 request.host_session_id = link.host_session_id
             bound = self._attempt_bound(give_up_at - time.monotonic())
             sent_at = loop.time()
@@ -1101,16 +1107,15 @@ class HostEngine:
                     continue
                 # A refusal whose code is retryable (STORE_UNAVAILABLE: the bridge could not read the
                 # ledger yet), or no code of ours: the transport's own failure, retried while the
-                # table says it may pass, until the call's deadline.
+                # table says it may pass, until the late window's end.
                 if reason is not None:
                     transient = ERROR_TABLE[reason].retryable
                 else:
                     transient = status_of(error.code()) in RETRYABLE_STATUSES
-                # Tried again before the deadline only: the grace is for an answer on its way.
-                if transient and ctx.time_remaining() > 0 and not self.stopping:
+                if transient and remaining > 0 and not self.stopping:
                     if reason is not None:
                         log.info("submit refused; trying again", extra=_ids(ctx) | {"cause": reason.value})
-                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0, ctx.time_remaining()))
+                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0, remaining))
                     continue
                 cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
                 log.warning(

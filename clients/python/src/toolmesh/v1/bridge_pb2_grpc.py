@@ -189,7 +189,13 @@ class BridgeServiceServicer:
         else is refused (INVALID_REQUEST, metadata field "outcome.error.code") and
         does not end the request. Sending the same outcome again after a lost
         reply is safe: REQUEST_ENDED with metadata ended "answered" says the first
-        one got through.
+        one got through. An outcome handed in after its request timed out (the
+        caller got TOOL_TIMEOUT) is taken by a bridge that shares the ledger and
+        kept beside the timeout, for GetInvocation and exact retries (see the
+        invocation service's Late outcomes), while the ledger keeps the
+        invocation; a bridge without a shared ledger refuses it with
+        REQUEST_ENDED (ended "timed_out"). A host should keep handing in a result
+        for a while after the deadline (the Python SDK: 60 s) when no bridge took it.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (this host session has no
         such tool request: none has, or it was sent to another host session) or

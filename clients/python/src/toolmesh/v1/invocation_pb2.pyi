@@ -684,6 +684,8 @@ class Invocation(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
+    LATE_OUTCOME_FIELD_NUMBER: _builtins.int
+    LATE_OUTCOME_AT_FIELD_NUMBER: _builtins.int
     tool_request_id: _builtins.str
     """Its id."""
     session_id: _builtins.str
@@ -720,6 +722,19 @@ class Invocation(_message.Message):
         Once set, the invocation is never sent to another bridge replica.
         """
 
+    @_builtins.property
+    def late_outcome(self) -> _tool_pb2.ToolOutcome:
+        """Set only when state is INVOCATION_STATE_TIMED_OUT and the host handed its
+        outcome in after that, through a bridge that shares the ledger: what the
+        handler did (see Late outcomes). outcome stays TOOL_TIMEOUT, the answer
+        the caller was given. The first late outcome is kept, as long as the
+        invocation is.
+        """
+
+    @_builtins.property
+    def late_outcome_at(self) -> _timestamp_pb2.Timestamp:
+        """When the late outcome was kept (unset without one)."""
+
     def __init__(
         self,
         *,
@@ -733,10 +748,12 @@ class Invocation(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
+        late_outcome: _tool_pb2.ToolOutcome | None = ...,
+        late_outcome_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "finished_at", b"finished_at", "outcome", b"outcome", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "finished_at", b"finished_at", "late_outcome", b"late_outcome", "late_outcome_at", b"late_outcome_at", "outcome", b"outcome", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivered", b"delivered", "finished_at", b"finished_at", "outcome", b"outcome", "session_id", b"session_id", "started_at", b"started_at", "state", b"state", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "delivered", b"delivered", "finished_at", b"finished_at", "late_outcome", b"late_outcome", "late_outcome_at", b"late_outcome_at", "outcome", b"outcome", "session_id", b"session_id", "started_at", b"started_at", "state", b"state", "tool_name", b"tool_name", "tool_request_id", b"tool_request_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -46,6 +46,15 @@ class InvocationServiceStub:
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
 
+    Late outcomes. TOOL_TIMEOUT says no outcome came by the deadline and the
+    tool may have run. When its host hands the outcome in after that (a bridge
+    that was paused or cut off, a host that could not reach one in time), a
+    bridge that shares the ledger keeps it beside the invocation
+    (Invocation.late_outcome): GetInvocation shows it, and an exact retry that
+    replays the invocation gets that outcome instead of TOOL_TIMEOUT, with
+    InvokeToolResponse.replayed set. The call that got TOOL_TIMEOUT is not told
+    again; nothing runs twice either way.
+
     Attachments. Every call that becomes part of an invocation (the one that
     started it, each that joined it, each that replayed it) is one attachment,
     with an attachment_id unique within the invocation, given in the response
@@ -157,8 +166,9 @@ class InvocationServiceStub:
     """
     GetInvocation: _grpc.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]
     """GetInvocation describes one invocation: its state, its outcome once known,
-    whether its delivery was confirmed, and when it started and ended. Use it
-    to reconcile after an ambiguous failure before deciding anything.
+    whether its delivery was confirmed, and when it started and ended, and,
+    for one that timed out, the outcome its host handed in late, if one came.
+    Use it to reconcile after an ambiguous failure before deciding anything.
 
     Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
     the ledger's retention, or of a session the token does not name);
@@ -229,6 +239,15 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Late outcomes. TOOL_TIMEOUT says no outcome came by the deadline and the
+    tool may have run. When its host hands the outcome in after that (a bridge
+    that was paused or cut off, a host that could not reach one in time), a
+    bridge that shares the ledger keeps it beside the invocation
+    (Invocation.late_outcome): GetInvocation shows it, and an exact retry that
+    replays the invocation gets that outcome instead of TOOL_TIMEOUT, with
+    InvokeToolResponse.replayed set. The call that got TOOL_TIMEOUT is not told
+    again; nothing runs twice either way.
 
     Attachments. Every call that becomes part of an invocation (the one that
     started it, each that joined it, each that replayed it) is one attachment,
@@ -338,8 +357,9 @@ class InvocationServiceAsyncStub(InvocationServiceStub):
     """
     GetInvocation: _aio.UnaryUnaryMultiCallable[_invocation_pb2.GetInvocationRequest, _invocation_pb2.GetInvocationResponse]  # type: ignore[assignment]
     """GetInvocation describes one invocation: its state, its outcome once known,
-    whether its delivery was confirmed, and when it started and ended. Use it
-    to reconcile after an ambiguous failure before deciding anything.
+    whether its delivery was confirmed, and when it started and ended, and,
+    for one that timed out, the outcome its host handed in late, if one came.
+    Use it to reconcile after an ambiguous failure before deciding anything.
 
     Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
     the ledger's retention, or of a session the token does not name);
@@ -409,6 +429,15 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
     identical to one that finished, whose delivery the caller has not confirmed
     with ConfirmDelivery, replays that outcome for a bounded window. A confirmed
     outcome is dropped from this path: a later identical call runs anew.
+
+    Late outcomes. TOOL_TIMEOUT says no outcome came by the deadline and the
+    tool may have run. When its host hands the outcome in after that (a bridge
+    that was paused or cut off, a host that could not reach one in time), a
+    bridge that shares the ledger keeps it beside the invocation
+    (Invocation.late_outcome): GetInvocation shows it, and an exact retry that
+    replays the invocation gets that outcome instead of TOOL_TIMEOUT, with
+    InvokeToolResponse.replayed set. The call that got TOOL_TIMEOUT is not told
+    again; nothing runs twice either way.
 
     Attachments. Every call that becomes part of an invocation (the one that
     started it, each that joined it, each that replayed it) is one attachment,
@@ -540,8 +569,9 @@ class InvocationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_invocation_pb2.GetInvocationResponse, _abc.Awaitable[_invocation_pb2.GetInvocationResponse]]:
         """GetInvocation describes one invocation: its state, its outcome once known,
-        whether its delivery was confirmed, and when it started and ended. Use it
-        to reconcile after an ambiguous failure before deciding anything.
+        whether its delivery was confirmed, and when it started and ended, and,
+        for one that timed out, the outcome its host handed in late, if one came.
+        Use it to reconcile after an ambiguous failure before deciding anything.
 
         Errors: NOT_FOUND with reason INVOCATION_NOT_FOUND (unknown, older than
         the ledger's retention, or of a session the token does not name);
