@@ -1064,6 +1064,8 @@ class HostEngine:
         loop = asyncio.get_running_loop()
         give_up_at = ctx.deadline + LATE_SUBMIT_S
         attempt = 1 if tried else 0
+        # The last coded refusal: the cause reported when the window then ends in the transport.
+        refused: Code | None = None
         while True:
             attempt += 1
             link = self._open_sessions.get(request.host_session_id)
@@ -1114,10 +1116,11 @@ class HostEngine:
                     transient = status_of(error.code()) in RETRYABLE_STATUSES
                 if transient and remaining > 0 and not self.stopping:
                     if reason is not None:
+                        refused = reason
                         log.info("submit refused; trying again", extra=_ids(ctx) | {"cause": reason.value})
                     await asyncio.sleep(min(0.05 * 2**attempt, 1.0, remaining))
                     continue
-                cause = reason.value if reason is not None else Code.TRANSPORT_FAILED.value
+                cause = (reason or refused or Code.TRANSPORT_FAILED).value
                 log.warning(
                     "submit failed", extra=_ids(ctx) | {"cause": cause, "grpc_status": error.code().name}
                 )
