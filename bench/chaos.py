@@ -23,8 +23,12 @@ What it counts (the targets of issue 23 are all 0):
 - lost outcomes: an ok answer that is not the result of the call's one
   execution, or a call whose execution ended with its result before any deadline
   its invocation can have had (the tool's timeout after the call began) and
-  which never got that result (an error outcome, or no outcome within the retry budget);
-  those with every bridge replica down as the handler ended are shown apart too;
+  which never got that result (an error outcome, or no outcome within the retry budget)
+  nor, after a TOOL_TIMEOUT, found it kept late in the ledger (a caller answered
+  TOOL_TIMEOUT reconciles as an agent would: GetInvocation until the host's late
+  result shows or its late window is over; those found are counted apart, as
+  outcomes kept late); those with every bridge replica down as the handler ended
+  are shown apart too;
 - answers past deadline: attempts that took longer than the caller's timeout
   and a second (nothing may hang);
 - untyped errors: an error whose code is not in the error table, INTERNAL,
@@ -71,6 +75,7 @@ from bench.host import READY
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
+from toolmesh.host.engine import LATE_SUBMIT_S
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SESSION = "chaos"
@@ -98,6 +103,10 @@ RETRY_BUDGET_S = 60.0
 CALLER_TIMEOUT_S = 12.0
 # An attempt answered later than its deadline by more than this hung.
 HANG_SLACK_S = 1.0
+# A caller answered TOOL_TIMEOUT looks the invocation up this often, for as long as a host may
+# still hand its result in late (the host SDK's LATE_SUBMIT_S past the deadline) and a margin.
+RECONCILE_EVERY_S = 2.0
+RECONCILE_FOR_S = LATE_SUBMIT_S + 10.0
 # How long a handler takes, in ms.
 HANDLER_MS = (20, 800)
 FAULT_EVERY_S = (2.0, 5.0)
@@ -373,11 +382,21 @@ class Attempt:
 
 
 @dataclass
+class Late:
+    """What GetInvocation showed, after the call was answered TOOL_TIMEOUT, of the host's late result."""
+
+    at: float  # when it was read (or the lookups gave up)
+    code: str | None = None  # "OK" or the late outcome's error code; None: none came
+    execution: str | None = None  # which execution a late result says it is the result of
+
+
+@dataclass
 class Call:
     key: str
     tool: str
     started: float
     attempts: list[Attempt] = field(default_factory=list)
+    late: Late | None = None
 
     @property
     def final(self) -> Attempt | None:
@@ -391,9 +410,12 @@ class Load:
         self._rng = rng
         self.calls: list[Call] = []
         self._counter = 0
+        self._reconciling: set[asyncio.Task[None]] = set()
 
     async def run(self, until: float) -> None:
         await asyncio.gather(*(self._caller(until) for _ in range(self._settings.concurrency)))
+        if self._reconciling:
+            await asyncio.wait(set(self._reconciling))
 
     async def _caller(self, until: float) -> None:
         while time.time() < until:
@@ -403,6 +425,35 @@ class Load:
             self.calls.append(call)
             arguments = {"key": call.key, "ms": self._rng.randint(*HANDLER_MS)}
             await self._until_outcome(call, arguments)
+            final = call.final
+            if final is not None and final.code == Code.TOOL_TIMEOUT.value and final.tool_request_id:
+                # Beside the next call, as an agent's reconciliation does not hold its next turn.
+                task = asyncio.create_task(self._reconcile(call, final.tool_request_id))
+                self._reconciling.add(task)
+                task.add_done_callback(self._reconciling.discard)
+
+    async def _reconcile(self, call: Call, tool_request_id: str) -> None:
+        """GetInvocation until the host's late result shows, or its late window is over."""
+        give_up = time.time() + RECONCILE_FOR_S
+        while True:
+            await asyncio.sleep(RECONCILE_EVERY_S)
+            client = self._clients[self._rng.randrange(len(self._clients))]
+            try:
+                invocation = await client.get_invocation(tool_request_id)
+            except grpc.aio.AioRpcError:
+                invocation = None  # a replica down, or the store: ask again
+            late = invocation.late_outcome if invocation is not None else None
+            if late is not None:
+                execution = None
+                if late.failure is None:
+                    with contextlib.suppress(ValueError, TypeError, KeyError):
+                        execution = json.loads(late.result_json or "")["execution"]
+                code = "OK" if late.failure is None else late.failure.code
+                call.late = Late(time.time(), code, execution)
+                return
+            if time.time() > give_up:
+                call.late = Late(time.time())
+                return
 
     async def _until_outcome(self, call: Call, arguments: dict[str, Any]) -> None:
         pause = 0.1
@@ -601,7 +652,17 @@ class Checker:
         finished = [
             run for run in runs if run.ended is not None and not run.cancelled and run.ended < in_time
         ]
+        late = call.late
+        if late is not None and late.code is not None:
+            self.figures["outcomes kept late (GetInvocation)"] += 1
+            if late.code == "OK" and late.execution not in {run.execution for run in runs}:
+                self.example(
+                    "lost outcomes", call, why="a late result not of its one execution", runs=len(runs)
+                )
+                return
         if finished and final.code != "OK":
+            if late is not None and late.code == "OK":
+                return  # answered TOOL_TIMEOUT (true: it may have run), and its result kept for lookup
             self.example("lost outcomes", call, why=f"ran to its end in time, answered {final.code}")
             if _all_down(self._bridges_down, finished[0].ended or 0.0, BRIDGES):
                 # Nowhere to hand the result in as it was made: the host holds it, and has until
@@ -639,6 +700,7 @@ OTHER_FIGURES = (
     "calls ended with an error outcome",
     "calls without an outcome",
     "lost outcomes with every bridge down",
+    "outcomes kept late (GetInvocation)",
     "re-runs (read-only)",
     "TOOL_HOST_DISCONNECTED",
     "REGISTRY_UNAVAILABLE",
@@ -710,7 +772,13 @@ def check_again(path: Path) -> Iterator[str]:
     """The table of an earlier run, its history checked by this checker."""
     results = json.loads(path.read_text())
     calls = [
-        Call(c["key"], c["tool"], c["started"], [Attempt(**a) for a in c["attempts"]])
+        Call(
+            c["key"],
+            c["tool"],
+            c["started"],
+            [Attempt(**a) for a in c["attempts"]],
+            Late(**c["late"]) if c.get("late") else None,
+        )
         for c in results["history"]["calls"]
     ]
     executions: dict[str, list[Execution]] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import Attempt, Call, Fault, check, read_executions
+from bench.chaos import Attempt, Call, Fault, Late, check, check_again, read_executions
 
 pytestmark = pytest.mark.unit
 
@@ -101,3 +101,61 @@ def test_the_checker_counts_each_kind_of_violation_once(tmp_path: Path) -> None:
     assert figures["REGISTRY_UNAVAILABLE one registry down"] == 1
     assert figures["answers past deadline"] == 1
     assert figures["calls ok"] == 2 and figures["calls without an outcome"] == 2
+
+
+def test_a_result_kept_late_is_not_lost_and_one_of_another_execution_is(tmp_path: Path) -> None:
+    path = executions_file(
+        tmp_path,
+        [
+            event("start", "kept", "tr_1", "x1", T0),
+            event("end", "kept", "tr_1", "x1", T0 + 0.3),
+            event("start", "other", "tr_2", "x2", T0),
+            event("end", "other", "tr_2", "x2", T0 + 0.3),
+            event("start", "none", "tr_3", "x3", T0),
+            event("end", "none", "tr_3", "x3", T0 + 0.3),
+        ],
+    )
+
+    def timed_out(key: str, tool_request_id: str, late: Late) -> Call:
+        answer = Attempt(0, T0, T0 + 5.1, "TOOL_TIMEOUT", True, tool_request_id)
+        return Call(key, "chaos_write", T0, [answer], late)
+
+    calls = [
+        # answered TOOL_TIMEOUT, and GetInvocation then showed the one execution's result
+        timed_out("kept", "tr_1", Late(T0 + 20, "OK", "x1")),
+        # a late result that names an execution the hosts never ran is an outcome lost
+        timed_out("other", "tr_2", Late(T0 + 20, "OK", "elsewhere")),
+        # nothing came in the late window: the result that ended in time is lost
+        timed_out("none", "tr_3", Late(T0 + 70)),
+    ]
+    checked = check(calls, read_executions([path]), [])
+    figures = checked["figures"]
+    assert figures["outcomes kept late (GetInvocation)"] == 2
+    assert figures["lost outcomes"] == 2
+    whys = sorted(example["why"] for example in checked["examples"]["lost outcomes"])
+    assert whys == ["a late result not of its one execution", "ran to its end in time, answered TOOL_TIMEOUT"]
+
+    # A saved history keeps what the lookups found: checked again, the same figures.
+    saved = {
+        "settings": {"seconds": 1.0, "seed": 1},
+        "history": {
+            "calls": [
+                {
+                    "key": c.key,
+                    "tool": c.tool,
+                    "started": c.started,
+                    "attempts": [vars(a) for a in c.attempts],
+                    "late": vars(c.late) if c.late else None,
+                }
+                for c in calls
+            ],
+            "executions": [vars(run) for runs in read_executions([path]).values() for run in runs],
+        },
+        "faults": {"history": []},
+    }
+    saved_path = tmp_path / "chaos.json"
+    saved_path.write_text(json.dumps(saved))
+    again = "\n".join(check_again(saved_path))
+    assert any(
+        line.split()[:2] == ["lost", "outcomes"] and line.split()[-1] == "2" for line in again.splitlines()
+    )
