@@ -97,15 +97,16 @@ export interface EngineOptions {
 const REFUSALS = new Set<string>([Codes.UNAUTHENTICATED, Codes.PERMISSION_DENIED, Codes.WRONG_LISTENER]);
 
 /**
- * A submit attempt waits for the bridge's answer until the call's deadline and this much past it
- * (the network's delay, the clocks' offset), never longer: a bridge that does not answer by then
- * (frozen, a broken link) has ended the call without this result anyway. Failures in transport
- * are tried again within that bound.
+ * A result is handed in until the call's deadline and this long after it, failures in transport
+ * and retryable refusals tried again meanwhile: a bridge that shares the ledger keeps a result
+ * that comes after the deadline beside the caller's TOOL_TIMEOUT (for GetInvocation and exact
+ * retries), so a bridge frozen or cut off past the deadline does not lose what the handler did;
+ * one that does not share it refuses it (REQUEST_ENDED), which ends the attempts.
  */
-const SUBMIT_GRACE_MS = 1_000;
+const LATE_SUBMIT_MS = 60_000;
 /**
  * With several bridge replicas, one submit attempt waits for the bridge's answer a third of the
- * time left for it (its deadline and SUBMIT_GRACE_MS), within these bounds, never longer than
+ * time left for it (its deadline and LATE_SUBMIT_MS), within these bounds, never longer than
  * that: the rest is for reconnecting elsewhere and handing the result in there. A bridge that
  * answers nothing by then, not even a heartbeat on the stream, is taken for frozen: its stream is
  * given up and the result goes to the next replica (a healthy bridge answers in milliseconds).
@@ -736,7 +737,7 @@ export class HostEngine {
 
   /**
    * Hand the outcome to the bridge, trying transport failures and retryable refusals again until
-   * the call's deadline, and SUBMIT_GRACE_MS past it for an answer on its way. When the stream
+   * the call's deadline and LATE_SUBMIT_MS past it (a late result is kept beside a TOOL_TIMEOUT). When the stream
    * ended meanwhile (its bridge replica may be gone), wait for the next connection and hand it in
    * there, naming the same request under the new host session. With several bridge replicas, an
    * attempt waits for the answer only its share of the time left (SUBMIT_ATTEMPT_MIN_MS): one left
@@ -747,7 +748,7 @@ export class HostEngine {
    * is answered, and tried again, on its own.
    */
   private async submit(outcome: ToolOutcome, ctx: ToolContext, hostSessionId: string): Promise<void> {
-    const giveUpAt = ctx.deadline + SUBMIT_GRACE_MS;
+    const giveUpAt = ctx.deadline + LATE_SUBMIT_MS;
     for (let attempt = 1; ; attempt++) {
       let stream = this.openSessions.get(hostSessionId);
       if (stream === undefined || stream.cut.signal.aborted) {
@@ -807,7 +808,7 @@ export class HostEngine {
         refusal === undefined
           ? failure instanceof ConnectError && TRANSIENT.has(failure.code)
           : refusal.reason in ERROR_TABLE && ERROR_TABLE[refusal.reason as keyof typeof ERROR_TABLE].retryable;
-      if (transient && ctx.timeRemainingMs() > 0 && !this.stopRequested) {
+      if (transient && giveUpAt > Date.now() && !this.stopRequested) {
         await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
         continue;
       }

@@ -17,7 +17,7 @@ import pytest_asyncio
 from browser_driver import BrowserDriver, build_test_page
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
 from toolmesh.assembly.system import start_invocation, start_registry
-from toolmesh.client import InvocationClient, RegistryClient
+from toolmesh.client import Invocation, InvocationClient, RegistryClient
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
 from toolmesh_testing import ServiceProcess, eventually, start_service_process
@@ -145,3 +145,38 @@ async def test_a_page_hands_its_results_to_the_other_bridge_replica_when_its_own
     assert len(set(ids) - {""}) == CALLS
     assert now not in ("", first)
     assert errors == []
+
+
+async def test_a_page_hands_its_result_in_late_when_every_bridge_replica_froze_past_the_deadline(
+    replicas: Replicas,
+) -> None:
+    """Both replicas frozen while the handler ends: the caller is told TOOL_TIMEOUT (may have run);
+    the page keeps handing the result in past the deadline, and once a replica thaws the ledger
+    keeps it beside the timeout, where GetInvocation shows what the handler did."""
+    driver = replicas.driver
+    async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "held_short", {"n": 7}, turn_id="t"))
+        await driver.wait("p", "window.toolmesh.seen.some(s => s.tool === 'held_short')")
+        for bridge in replicas.bridges:
+            bridge.process.send_signal(signal.SIGSTOP)
+        assert await driver.eval("p", "window.toolmesh.release()") == 1
+        result = await asyncio.wait_for(calling, 20)
+        assert result.outcome is not None and result.outcome.code == "TOOL_TIMEOUT", result
+        assert result.tool_request_id is not None
+        for bridge in replicas.bridges:
+            bridge.process.send_signal(signal.SIGCONT)
+
+        async def late() -> Invocation | None:
+            shown = await client.get_invocation(str(result.tool_request_id))
+            return shown if shown.late_outcome is not None else None
+
+        shown = await eventually(late, timeout=40)
+    assert shown.outcome == result.outcome
+    assert shown.late_outcome is not None and shown.late_outcome.result_json is not None
+    assert json.loads(shown.late_outcome.result_json) == {
+        "held": {"n": 7},
+        "toolRequestId": result.tool_request_id,
+    }
+    seen = await driver.eval("p", "window.toolmesh.seen.filter(s => s.tool === 'held_short')")
+    assert [s["toolRequestId"] for s in seen] == [result.tool_request_id]
+    assert await driver.eval("p", "window.toolmesh.errors") == []
