@@ -142,6 +142,8 @@ class HostSession:
     # Called once when it closes: what it alone kept open (its ExchangeHostWork stream) ends too.
     on_close: set[Callable[[], None]] = field(default_factory=set)
     _beat: asyncio.TimerHandle | None = None
+    # An event `ready_requests` took from the queue that is not a request: next_event's next one.
+    _held: HostEvent | _Close | None = None
 
     def preference(self, tool_name: str) -> int:
         """2: a named handler, 1: a generic one, 0: none (the host SDK will say so)."""
@@ -173,12 +175,30 @@ class HostSession:
 
     async def next_event(self) -> HostEvent | None:
         """The next event for the host: a request, a cancellation or a heartbeat; None: the stream ends."""
-        event = await self._events.get()
+        if self._held is not None:
+            event, self._held = self._held, None
+        else:
+            event = await self._events.get()
         if isinstance(event, _Close):
             if event.error is None:
                 return None
             raise event.error
         return event
+
+    def ready_requests(self, items: int, budget_bytes: int) -> list[ToolRequest]:
+        """The tool requests queued now, oldest first: up to `items`, and while their arguments add up
+        to at most `budget_bytes`. Stops at the first event that is not a request (kept for
+        next_event, so that the order holds); never waits."""
+        ready: list[ToolRequest] = []
+        total = 0
+        while len(ready) < items and self._held is None and not self._events.empty():
+            event = self._events.get_nowait()
+            if not isinstance(event, ToolRequest) or total + len(event.arguments_json) > budget_bytes:
+                self._held = event
+                break
+            ready.append(event)
+            total += len(event.arguments_json)
+        return ready
 
 
 Settle = Callable[[Outcome], None]

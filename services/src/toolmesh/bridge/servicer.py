@@ -25,6 +25,7 @@ from toolmesh.bridge.router import EndReason, Heartbeat, Router, StartVerdict, T
 from toolmesh.core import correlation, telemetry
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, MAX_SUBMIT_RESULTS_BYTES
+from toolmesh.core.outbox import BATCH_BYTES
 from toolmesh.core.progress import ProgressVerdict, ToolProgress
 from toolmesh.core.wire import outcome_from_pb, outcome_to_pb, request_from_pb, request_to_pb, tool_from_pb
 from toolmesh.runtime import store_errors
@@ -69,6 +70,7 @@ async def host_events(
         grant=caller(),
         acknowledges_starts=request.acknowledges_starts,
     )
+    batched = request.reads_tool_request_batches
     try:
         yield bridge_pb2.OpenHostSessionResponse(
             opened=bridge_pb2.HostSessionOpened(
@@ -77,6 +79,7 @@ async def host_events(
                 server_time_unix_ms=_now_ms(),
                 starts_acknowledged=host.acknowledges_starts,
                 host_work_served=host_work_served,
+                tool_requests_batched=batched,
             )
         )
         while True:
@@ -94,7 +97,13 @@ async def host_events(
                     )
                 )
             else:
-                yield bridge_pb2.OpenHostSessionResponse(tool_request=request_to_pb(event))
+                # Those queued behind it go with it: one message, one write and one read for all.
+                more = host.ready_requests(MAX_CALLS_PER_MESSAGE - 1, BATCH_BYTES) if batched else []
+                if more:
+                    batch = bridge_pb2.ToolRequestBatch(requests=[request_to_pb(r) for r in (event, *more)])
+                    yield bridge_pb2.OpenHostSessionResponse(tool_requests=batch)
+                else:
+                    yield bridge_pb2.OpenHostSessionResponse(tool_request=request_to_pb(event))
     finally:
         router.close_host(host)
 

@@ -522,6 +522,7 @@ class HostEngine:
                     has_generic_handler=self._tools.generic is not None,
                     replaces_host_session_id=replaces,
                     acknowledges_starts=self._acknowledge_starts,
+                    reads_tool_request_batches=True,
                 ),
                 metadata=Bearer.with_token(token),
             )
@@ -613,6 +614,9 @@ class HostEngine:
                 self._ready.set()
         elif kind == "tool_request":
             self._begin(event.tool_request, stream)
+        elif kind == "tool_requests":
+            for request in event.tool_requests.requests:
+                self._begin(request, stream)
         elif kind == "cancelled":
             self._cancel(event.cancelled)
         elif kind == "heartbeat":

@@ -146,6 +146,7 @@ class OpenHostSessionRequest(_message.Message):
     HAS_GENERIC_HANDLER_FIELD_NUMBER: _builtins.int
     REPLACES_HOST_SESSION_ID_FIELD_NUMBER: _builtins.int
     ACKNOWLEDGES_STARTS_FIELD_NUMBER: _builtins.int
+    READS_TOOL_REQUEST_BATCHES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Required. The session whose tools this host serves; [A-Za-z0-9_.:-]{1,128}."""
     host_name: _builtins.str
@@ -171,6 +172,13 @@ class OpenHostSessionRequest(_message.Message):
     A host without it is served as before: a non-redeliverable request in
     flight to it when it goes away ends with TOOL_HOST_DISCONNECTED.
     """
+    reads_tool_request_batches: _builtins.bool
+    """The host reads OpenHostSessionResponse.tool_requests: the bridge may then
+    send the requests that are ready together in one event (under load; a
+    lone request still comes alone, as tool_request), in the order it would
+    have sent them one by one. HostSessionOpened.tool_requests_batched says
+    whether it does; a bridge that does not (an older one) sends each alone.
+    """
     @_builtins.property
     def handler_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The tools this host has a named handler for, each [A-Za-z0-9_.-]{1,128}.
@@ -193,10 +201,11 @@ class OpenHostSessionRequest(_message.Message):
         has_generic_handler: _builtins.bool = ...,
         replaces_host_session_id: _builtins.str = ...,
         acknowledges_starts: _builtins.bool = ...,
+        reads_tool_request_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledges_starts", b"acknowledges_starts", "handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "replaces_host_session_id", b"replaces_host_session_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledges_starts", b"acknowledges_starts", "handler_names", b"handler_names", "has_generic_handler", b"has_generic_handler", "host_name", b"host_name", "reads_tool_request_batches", b"reads_tool_request_batches", "replaces_host_session_id", b"replaces_host_session_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -212,6 +221,7 @@ class OpenHostSessionResponse(_message.Message):
     TOOL_REQUEST_FIELD_NUMBER: _builtins.int
     CANCELLED_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    TOOL_REQUESTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def opened(self) -> Global___HostSessionOpened:
         """The first event: the session is open."""
@@ -228,6 +238,14 @@ class OpenHostSessionResponse(_message.Message):
     def heartbeat(self) -> Global___Heartbeat:
         """Nothing to do: the bridge is alive."""
 
+    @_builtins.property
+    def tool_requests(self) -> Global___ToolRequestBatch:
+        """Several tool requests, each to run as if it had come alone as
+        tool_request, in their order. Only to a host that opened with
+        reads_tool_request_batches; at most limits.MAX_CALLS_PER_MESSAGE (1,000)
+        requests in one.
+        """
+
     def __init__(
         self,
         *,
@@ -235,16 +253,41 @@ class OpenHostSessionResponse(_message.Message):
         tool_request: Global___ToolRequest | None = ...,
         cancelled: Global___ToolRequestCancelled | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
+        tool_requests: Global___ToolRequestBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "event", b"event", "heartbeat", b"heartbeat", "opened", b"opened", "tool_request", b"tool_request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "event", b"event", "heartbeat", b"heartbeat", "opened", b"opened", "tool_request", b"tool_request", "tool_requests", b"tool_requests"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "event", b"event", "heartbeat", b"heartbeat", "opened", b"opened", "tool_request", b"tool_request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "event", b"event", "heartbeat", b"heartbeat", "opened", b"opened", "tool_request", b"tool_request", "tool_requests", b"tool_requests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["opened", "tool_request", "cancelled", "heartbeat"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["opened", "tool_request", "cancelled", "heartbeat", "tool_requests"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___OpenHostSessionResponse: _TypeAlias = OpenHostSessionResponse  # noqa: Y015
+
+@_typing.final
+class ToolRequestBatch(_message.Message):
+    """ToolRequestBatch carries the tool requests that were ready together."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolRequest]:
+        """Two or more requests, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___ToolRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolRequestBatch: _TypeAlias = ToolRequestBatch  # noqa: Y015
 
 @_typing.final
 class HostSessionOpened(_message.Message):
@@ -257,6 +300,7 @@ class HostSessionOpened(_message.Message):
     SERVER_TIME_UNIX_MS_FIELD_NUMBER: _builtins.int
     STARTS_ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
     HOST_WORK_SERVED_FIELD_NUMBER: _builtins.int
+    TOOL_REQUESTS_BATCHED_FIELD_NUMBER: _builtins.int
     host_session_id: _builtins.str
     """Identifies this host session in SubmitToolResult."""
     heartbeat_interval_ms: _builtins.int
@@ -278,6 +322,11 @@ class HostSessionOpened(_message.Message):
     may carry its start asks and results on it. False from a bridge that
     does not (an older one): the unary RPCs then.
     """
+    tool_requests_batched: _builtins.bool
+    """The bridge took OpenHostSessionRequest.reads_tool_request_batches: it may
+    send tool_requests events. False when the host did not ask, or the
+    bridge does not know them.
+    """
     def __init__(
         self,
         *,
@@ -286,10 +335,11 @@ class HostSessionOpened(_message.Message):
         server_time_unix_ms: _builtins.int = ...,
         starts_acknowledged: _builtins.bool = ...,
         host_work_served: _builtins.bool = ...,
+        tool_requests_batched: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "host_session_id", b"host_session_id", "host_work_served", b"host_work_served", "server_time_unix_ms", b"server_time_unix_ms", "starts_acknowledged", b"starts_acknowledged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "host_session_id", b"host_session_id", "host_work_served", b"host_work_served", "server_time_unix_ms", b"server_time_unix_ms", "starts_acknowledged", b"starts_acknowledged", "tool_requests_batched", b"tool_requests_batched"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

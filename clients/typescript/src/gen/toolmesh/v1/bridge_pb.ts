@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file toolmesh/v1/bridge.proto.
  */
 export const file_toolmesh_v1_bridge: GenFile = /*@__PURE__*/
-  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxIrIBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAkSGwoTYWNrbm93bGVkZ2VzX3N0YXJ0cxgGIAEoCCLrAQoXT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2USMAoGb3BlbmVkGAEgASgLMh4udG9vbG1lc2gudjEuSG9zdFNlc3Npb25PcGVuZWRIABIwCgx0b29sX3JlcXVlc3QYAiABKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdEgAEjYKCWNhbmNlbGxlZBgDIAEoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0Q2FuY2VsbGVkSAASKwoJaGVhcnRiZWF0GAQgASgLMhYudG9vbG1lc2gudjEuSGVhcnRiZWF0SABCBwoFZXZlbnQinwEKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0SGwoTc2VydmVyX3RpbWVfdW5peF9tcxgDIAEoAxIbChNzdGFydHNfYWNrbm93bGVkZ2VkGAQgASgIEhgKEGhvc3Rfd29ya19zZXJ2ZWQYBSABKAgi9QIKC1Rvb2xSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDwoHdHVybl9pZBgCIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAyABKAkSEQoJdG9vbF9uYW1lGAQgASgJEhYKDmFyZ3VtZW50c19qc29uGAUgASgJEhIKCnRpbWVvdXRfbXMYBiABKA0SQQoNdHJhY2VfY29udGV4dBgHIAMoCzIqLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0LlRyYWNlQ29udGV4dEVudHJ5EhUKDXJlZGVsaXZlcmFibGUYCCABKAgSGAoQZGVhZGxpbmVfdW5peF9tcxgJIAEoAxIjChtpbnZvY2F0aW9uX2RlYWRsaW5lX3VuaXhfbXMYCiABKAMSGwoTZGlzcGF0Y2hfZ2VuZXJhdGlvbhgLIAEoDRozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIloKFFRvb2xSZXF1ZXN0Q2FuY2VsbGVkEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgZyZWFzb24YAiABKA4yGS50b29sbWVzaC52MS5DYW5jZWxSZWFzb24iPAoJSGVhcnRiZWF0EhIKCnJlYWRfY2hlY2sYASABKAQSGwoTc2VydmVyX3RpbWVfdW5peF9tcxgCIAEoAyJ2ChdTdWJtaXRUb29sUmVzdWx0UmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAIgASgJEikKB291dGNvbWUYAyABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSIaChhTdWJtaXRUb29sUmVzdWx0UmVzcG9uc2UiZgoYU3VibWl0VG9vbFJlc3VsdHNSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIxCgdyZXN1bHRzGAIgAygLMiAudG9vbG1lc2gudjEuU3VibWl0dGVkVG9vbFJlc3VsdCJZChNTdWJtaXR0ZWRUb29sUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiSwoZU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRIuCgdhbnN3ZXJzGAEgAygLMh0udG9vbG1lc2gudjEuVG9vbFJlc3VsdEFuc3dlciJcChBUb29sUmVzdWx0QW5zd2VyEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIvCgdyZWZ1c2FsGAIgASgLMh4udG9vbG1lc2gudjEuVG9vbFJlc3VsdFJlZnVzYWwipQEKEVRvb2xSZXN1bHRSZWZ1c2FsEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEj4KCG1ldGFkYXRhGAMgAygLMiwudG9vbG1lc2gudjEuVG9vbFJlc3VsdFJlZnVzYWwuTWV0YWRhdGFFbnRyeRovCg1NZXRhZGF0YUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiRQoWQW5zd2VyUmVhZENoZWNrUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSEgoKcmVhZF9jaGVjaxgCIAEoBCIZChdBbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZSJeChdEZWNsYXJlSG9zdFRvb2xzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSKgoFdG9vbHMYAiADKAsyGy50b29sbWVzaC52MS5Ub29sRGVmaW5pdGlvbiIsChhEZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USEAoIcmV2aXNpb24YASABKAQijgEKGVJlcG9ydFRvb2xQcm9ncmVzc1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhcKD3Rvb2xfcmVxdWVzdF9pZBgCIAEoCRIQCghwcm9ncmVzcxgDIAEoARISCgV0b3RhbBgEIAEoAUgAiAEBEg8KB21lc3NhZ2UYBSABKAlCCAoGX3RvdGFsImoKGlJlcG9ydFRvb2xQcm9ncmVzc1Jlc3BvbnNlEjEKBnN0YXR1cxgBIAEoDjIhLnRvb2xtZXNoLnYxLlByb2dyZXNzUmVwb3J0U3RhdHVzEhkKEW1lc3NhZ2VfdHJ1bmNhdGVkGAIgASgIIk0KGFN0YXJ0VG9vbFJlcXVlc3RzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSGAoQdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCSJDChlTdGFydFRvb2xSZXF1ZXN0c1Jlc3BvbnNlEiYKBnN0YXJ0cxgBIAMoCzIWLnRvb2xtZXNoLnYxLlRvb2xTdGFydCJUCglUb29sU3RhcnQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEi4KB3ZlcmRpY3QYAiABKA4yHS50b29sbWVzaC52MS5Ub29sU3RhcnRWZXJkaWN0IoYBChdFeGNoYW5nZUhvc3RXb3JrUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSHgoWc3RhcnRfdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCRIyCgdyZXN1bHRzGAMgAygLMiEudG9vbG1lc2gudjEuVG9vbFJlc3VsdFN1Ym1pc3Npb24iWgoUVG9vbFJlc3VsdFN1Ym1pc3Npb24SFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEikKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJ0ChhFeGNoYW5nZUhvc3RXb3JrUmVzcG9uc2USJgoGc3RhcnRzGAEgAygLMhYudG9vbG1lc2gudjEuVG9vbFN0YXJ0EjAKCHJlY2VpcHRzGAIgAygLMh4udG9vbG1lc2gudjEuVG9vbFJlc3VsdFJlY2VpcHQiXQoRVG9vbFJlc3VsdFJlY2VpcHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEi8KB3JlZnVzYWwYAiABKAsyHi50b29sbWVzaC52MS5Ub29sUmVzdWx0UmVmdXNhbCJHChpEaXNwYXRjaFRvb2xSZXF1ZXN0UmVxdWVzdBIpCgdyZXF1ZXN0GAEgASgLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QiSAobRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEikKB291dGNvbWUYASABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZSJqChtEaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QSKgoIcmVxdWVzdHMYASADKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdBIfChdjYW5jZWxfdG9vbF9yZXF1ZXN0X2lkcxgCIAMoCSKQAQocRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsudG9vbG1lc2gudjEuRGlzcGF0Y2hSZXN1bHQSKwoIcHJvZ3Jlc3MYAiADKAsyGS50b29sbWVzaC52MS5Ub29sUHJvZ3Jlc3MSFQoNc3RhcnRzX2ZlbmNlZBgDIAEoCCKRAQoORGlzcGF0Y2hSZXN1bHQSFwoPdG9vbF9yZXF1ZXN0X2lkGAEgASgJEisKB291dGNvbWUYAiABKAsyGC50b29sbWVzaC52MS5Ub29sT3V0Y29tZUgAEi8KB3JlZnVzYWwYAyABKAsyHC50b29sbWVzaC52MS5EaXNwYXRjaFJlZnVzYWxIAEIICgZyZXN1bHQiMgoPRGlzcGF0Y2hSZWZ1c2FsEg4KBnJlYXNvbhgBIAEoCRIPCgdtZXNzYWdlGAIgASgJKmUKDENhbmNlbFJlYXNvbhIdChlDQU5DRUxfUkVBU09OX1VOU1BFQ0lGSUVEEAASGQoVQ0FOQ0VMX1JFQVNPTl9USU1FT1VUEAESGwoXQ0FOQ0VMX1JFQVNPTl9DQU5DRUxMRUQQAirdAQoUUHJvZ3Jlc3NSZXBvcnRTdGF0dXMSJgoiUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19VTlNQRUNJRklFRBAAEiMKH1BST0dSRVNTX1JFUE9SVF9TVEFUVVNfQUNDRVBURUQQARIiCh5QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0lOVkFMSUQQAhIqCiZQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfVU5LTk9XThADEigKJFBST0dSRVNTX1JFUE9SVF9TVEFUVVNfUkVRVUVTVF9FTkRFRBAEKv4BChBUb29sU3RhcnRWZXJkaWN0EiIKHlRPT0xfU1RBUlRfVkVSRElDVF9VTlNQRUNJRklFRBAAEhwKGFRPT0xfU1RBUlRfVkVSRElDVF9TVEFSVBABEiAKHFRPT0xfU1RBUlRfVkVSRElDVF9USU1FRF9PVVQQAhIgChxUT09MX1NUQVJUX1ZFUkRJQ1RfQ0FOQ0VMTEVEEAMSHAoYVE9PTF9TVEFSVF9WRVJESUNUX0VOREVEEAQSHgoaVE9PTF9TVEFSVF9WRVJESUNUX1VOS05PV04QBRImCiJUT09MX1NUQVJUX1ZFUkRJQ1RfQUxSRUFEWV9TVEFSVEVEEAYy/gcKDUJyaWRnZVNlcnZpY2USXgoPT3Blbkhvc3RTZXNzaW9uEiMudG9vbG1lc2gudjEuT3Blbkhvc3RTZXNzaW9uUmVxdWVzdBokLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlc3BvbnNlMAESXwoQU3VibWl0VG9vbFJlc3VsdBIkLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXF1ZXN0GiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlEmIKEVN1Ym1pdFRvb2xSZXN1bHRzEiUudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdHNSZXF1ZXN0GiYudG9vbG1lc2gudjEuU3VibWl0VG9vbFJlc3VsdHNSZXNwb25zZRJfChBEZWNsYXJlSG9zdFRvb2xzEiQudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1JlcXVlc3QaJS50b29sbWVzaC52MS5EZWNsYXJlSG9zdFRvb2xzUmVzcG9uc2USXAoPQW5zd2VyUmVhZENoZWNrEiMudG9vbG1lc2gudjEuQW5zd2VyUmVhZENoZWNrUmVxdWVzdBokLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1Jlc3BvbnNlEmUKElJlcG9ydFRvb2xQcm9ncmVzcxImLnRvb2xtZXNoLnYxLlJlcG9ydFRvb2xQcm9ncmVzc1JlcXVlc3QaJy50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXNwb25zZRJiChFTdGFydFRvb2xSZXF1ZXN0cxIlLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVxdWVzdBomLnRvb2xtZXNoLnYxLlN0YXJ0VG9vbFJlcXVlc3RzUmVzcG9uc2USYwoQRXhjaGFuZ2VIb3N0V29yaxIkLnRvb2xtZXNoLnYxLkV4Y2hhbmdlSG9zdFdvcmtSZXF1ZXN0GiUudG9vbG1lc2gudjEuRXhjaGFuZ2VIb3N0V29ya1Jlc3BvbnNlKAEwARJoChNEaXNwYXRjaFRvb2xSZXF1ZXN0EicudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QaKC50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0UmVzcG9uc2USbwoURGlzcGF0Y2hUb29sUmVxdWVzdHMSKC50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0c1JlcXVlc3QaKS50b29sbWVzaC52MS5EaXNwYXRjaFRvb2xSZXF1ZXN0c1Jlc3BvbnNlKAEwAWIGcHJvdG8z", [file_toolmesh_v1_tool]);
+  fileDesc("Chh0b29sbWVzaC92MS9icmlkZ2UucHJvdG8SC3Rvb2xtZXNoLnYxItYBChZPcGVuSG9zdFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEQoJaG9zdF9uYW1lGAIgASgJEhUKDWhhbmRsZXJfbmFtZXMYAyADKAkSGwoTaGFzX2dlbmVyaWNfaGFuZGxlchgEIAEoCBIgChhyZXBsYWNlc19ob3N0X3Nlc3Npb25faWQYBSABKAkSGwoTYWNrbm93bGVkZ2VzX3N0YXJ0cxgGIAEoCBIiChpyZWFkc190b29sX3JlcXVlc3RfYmF0Y2hlcxgHIAEoCCKjAgoXT3Blbkhvc3RTZXNzaW9uUmVzcG9uc2USMAoGb3BlbmVkGAEgASgLMh4udG9vbG1lc2gudjEuSG9zdFNlc3Npb25PcGVuZWRIABIwCgx0b29sX3JlcXVlc3QYAiABKAsyGC50b29sbWVzaC52MS5Ub29sUmVxdWVzdEgAEjYKCWNhbmNlbGxlZBgDIAEoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0Q2FuY2VsbGVkSAASKwoJaGVhcnRiZWF0GAQgASgLMhYudG9vbG1lc2gudjEuSGVhcnRiZWF0SAASNgoNdG9vbF9yZXF1ZXN0cxgFIAEoCzIdLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0QmF0Y2hIAEIHCgVldmVudCI+ChBUb29sUmVxdWVzdEJhdGNoEioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QivgEKEUhvc3RTZXNzaW9uT3BlbmVkEhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYAiABKA0SGwoTc2VydmVyX3RpbWVfdW5peF9tcxgDIAEoAxIbChNzdGFydHNfYWNrbm93bGVkZ2VkGAQgASgIEhgKEGhvc3Rfd29ya19zZXJ2ZWQYBSABKAgSHQoVdG9vbF9yZXF1ZXN0c19iYXRjaGVkGAYgASgIIvUCCgtUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEg8KB3R1cm5faWQYAiABKAkSFwoPdG9vbF9yZXF1ZXN0X2lkGAMgASgJEhEKCXRvb2xfbmFtZRgEIAEoCRIWCg5hcmd1bWVudHNfanNvbhgFIAEoCRISCgp0aW1lb3V0X21zGAYgASgNEkEKDXRyYWNlX2NvbnRleHQYByADKAsyKi50b29sbWVzaC52MS5Ub29sUmVxdWVzdC5UcmFjZUNvbnRleHRFbnRyeRIVCg1yZWRlbGl2ZXJhYmxlGAggASgIEhgKEGRlYWRsaW5lX3VuaXhfbXMYCSABKAMSIwobaW52b2NhdGlvbl9kZWFkbGluZV91bml4X21zGAogASgDEhsKE2Rpc3BhdGNoX2dlbmVyYXRpb24YCyABKA0aMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJaChRUb29sUmVxdWVzdENhbmNlbGxlZBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSKQoGcmVhc29uGAIgASgOMhkudG9vbG1lc2gudjEuQ2FuY2VsUmVhc29uIjwKCUhlYXJ0YmVhdBISCgpyZWFkX2NoZWNrGAEgASgEEhsKE3NlcnZlcl90aW1lX3VuaXhfbXMYAiABKAMidgoXU3VibWl0VG9vbFJlc3VsdFJlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhcKD3Rvb2xfcmVxdWVzdF9pZBgCIAEoCRIpCgdvdXRjb21lGAMgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiGgoYU3VibWl0VG9vbFJlc3VsdFJlc3BvbnNlImYKGFN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBIXCg9ob3N0X3Nlc3Npb25faWQYASABKAkSMQoHcmVzdWx0cxgCIAMoCzIgLnRvb2xtZXNoLnYxLlN1Ym1pdHRlZFRvb2xSZXN1bHQiWQoTU3VibWl0dGVkVG9vbFJlc3VsdBIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSKQoHb3V0Y29tZRgCIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xPdXRjb21lIksKGVN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2USLgoHYW5zd2VycxgBIAMoCzIdLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRBbnN3ZXIiXAoQVG9vbFJlc3VsdEFuc3dlchIXCg90b29sX3JlcXVlc3RfaWQYASABKAkSLwoHcmVmdXNhbBgCIAEoCzIeLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRSZWZ1c2FsIqUBChFUb29sUmVzdWx0UmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCRI+CghtZXRhZGF0YRgDIAMoCzIsLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRSZWZ1c2FsLk1ldGFkYXRhRW50cnkaLwoNTWV0YWRhdGFFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkUKFkFuc3dlclJlYWRDaGVja1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhIKCnJlYWRfY2hlY2sYAiABKAQiGQoXQW5zd2VyUmVhZENoZWNrUmVzcG9uc2UiXgoXRGVjbGFyZUhvc3RUb29sc1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEioKBXRvb2xzGAIgAygLMhsudG9vbG1lc2gudjEuVG9vbERlZmluaXRpb24iLAoYRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgEIo4BChlSZXBvcnRUb29sUHJvZ3Jlc3NSZXF1ZXN0EhcKD2hvc3Rfc2Vzc2lvbl9pZBgBIAEoCRIXCg90b29sX3JlcXVlc3RfaWQYAiABKAkSEAoIcHJvZ3Jlc3MYAyABKAESEgoFdG90YWwYBCABKAFIAIgBARIPCgdtZXNzYWdlGAUgASgJQggKBl90b3RhbCJqChpSZXBvcnRUb29sUHJvZ3Jlc3NSZXNwb25zZRIxCgZzdGF0dXMYASABKA4yIS50b29sbWVzaC52MS5Qcm9ncmVzc1JlcG9ydFN0YXR1cxIZChFtZXNzYWdlX3RydW5jYXRlZBgCIAEoCCJNChhTdGFydFRvb2xSZXF1ZXN0c1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEhgKEHRvb2xfcmVxdWVzdF9pZHMYAiADKAkiQwoZU3RhcnRUb29sUmVxdWVzdHNSZXNwb25zZRImCgZzdGFydHMYASADKAsyFi50b29sbWVzaC52MS5Ub29sU3RhcnQiVAoJVG9vbFN0YXJ0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIuCgd2ZXJkaWN0GAIgASgOMh0udG9vbG1lc2gudjEuVG9vbFN0YXJ0VmVyZGljdCKGAQoXRXhjaGFuZ2VIb3N0V29ya1JlcXVlc3QSFwoPaG9zdF9zZXNzaW9uX2lkGAEgASgJEh4KFnN0YXJ0X3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkSMgoHcmVzdWx0cxgDIAMoCzIhLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRTdWJtaXNzaW9uIloKFFRvb2xSZXN1bHRTdWJtaXNzaW9uEhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIpCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUidAoYRXhjaGFuZ2VIb3N0V29ya1Jlc3BvbnNlEiYKBnN0YXJ0cxgBIAMoCzIWLnRvb2xtZXNoLnYxLlRvb2xTdGFydBIwCghyZWNlaXB0cxgCIAMoCzIeLnRvb2xtZXNoLnYxLlRvb2xSZXN1bHRSZWNlaXB0Il0KEVRvb2xSZXN1bHRSZWNlaXB0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIvCgdyZWZ1c2FsGAIgASgLMh4udG9vbG1lc2gudjEuVG9vbFJlc3VsdFJlZnVzYWwiRwoaRGlzcGF0Y2hUb29sUmVxdWVzdFJlcXVlc3QSKQoHcmVxdWVzdBgBIAEoCzIYLnRvb2xtZXNoLnYxLlRvb2xSZXF1ZXN0IkgKG0Rpc3BhdGNoVG9vbFJlcXVlc3RSZXNwb25zZRIpCgdvdXRjb21lGAEgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWUiagobRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgudG9vbG1lc2gudjEuVG9vbFJlcXVlc3QSHwoXY2FuY2VsX3Rvb2xfcmVxdWVzdF9pZHMYAiADKAkikAEKHERpc3BhdGNoVG9vbFJlcXVlc3RzUmVzcG9uc2USLAoHcmVzdWx0cxgBIAMoCzIbLnRvb2xtZXNoLnYxLkRpc3BhdGNoUmVzdWx0EisKCHByb2dyZXNzGAIgAygLMhkudG9vbG1lc2gudjEuVG9vbFByb2dyZXNzEhUKDXN0YXJ0c19mZW5jZWQYAyABKAgikQEKDkRpc3BhdGNoUmVzdWx0EhcKD3Rvb2xfcmVxdWVzdF9pZBgBIAEoCRIrCgdvdXRjb21lGAIgASgLMhgudG9vbG1lc2gudjEuVG9vbE91dGNvbWVIABIvCgdyZWZ1c2FsGAMgASgLMhwudG9vbG1lc2gudjEuRGlzcGF0Y2hSZWZ1c2FsSABCCAoGcmVzdWx0IjIKD0Rpc3BhdGNoUmVmdXNhbBIOCgZyZWFzb24YASABKAkSDwoHbWVzc2FnZRgCIAEoCSplCgxDYW5jZWxSZWFzb24SHQoZQ0FOQ0VMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhkKFUNBTkNFTF9SRUFTT05fVElNRU9VVBABEhsKF0NBTkNFTF9SRUFTT05fQ0FOQ0VMTEVEEAIq3QEKFFByb2dyZXNzUmVwb3J0U3RhdHVzEiYKIlBST0dSRVNTX1JFUE9SVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIjCh9QUk9HUkVTU19SRVBPUlRfU1RBVFVTX0FDQ0VQVEVEEAESIgoeUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19JTlZBTElEEAISKgomUFJPR1JFU1NfUkVQT1JUX1NUQVRVU19SRVFVRVNUX1VOS05PV04QAxIoCiRQUk9HUkVTU19SRVBPUlRfU1RBVFVTX1JFUVVFU1RfRU5ERUQQBCr+AQoQVG9vbFN0YXJ0VmVyZGljdBIiCh5UT09MX1NUQVJUX1ZFUkRJQ1RfVU5TUEVDSUZJRUQQABIcChhUT09MX1NUQVJUX1ZFUkRJQ1RfU1RBUlQQARIgChxUT09MX1NUQVJUX1ZFUkRJQ1RfVElNRURfT1VUEAISIAocVE9PTF9TVEFSVF9WRVJESUNUX0NBTkNFTExFRBADEhwKGFRPT0xfU1RBUlRfVkVSRElDVF9FTkRFRBAEEh4KGlRPT0xfU1RBUlRfVkVSRElDVF9VTktOT1dOEAUSJgoiVE9PTF9TVEFSVF9WRVJESUNUX0FMUkVBRFlfU1RBUlRFRBAGMv4HCg1CcmlkZ2VTZXJ2aWNlEl4KD09wZW5Ib3N0U2Vzc2lvbhIjLnRvb2xtZXNoLnYxLk9wZW5Ib3N0U2Vzc2lvblJlcXVlc3QaJC50b29sbWVzaC52MS5PcGVuSG9zdFNlc3Npb25SZXNwb25zZTABEl8KEFN1Ym1pdFRvb2xSZXN1bHQSJC50b29sbWVzaC52MS5TdWJtaXRUb29sUmVzdWx0UmVxdWVzdBolLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRSZXNwb25zZRJiChFTdWJtaXRUb29sUmVzdWx0cxIlLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVxdWVzdBomLnRvb2xtZXNoLnYxLlN1Ym1pdFRvb2xSZXN1bHRzUmVzcG9uc2USXwoQRGVjbGFyZUhvc3RUb29scxIkLnRvb2xtZXNoLnYxLkRlY2xhcmVIb3N0VG9vbHNSZXF1ZXN0GiUudG9vbG1lc2gudjEuRGVjbGFyZUhvc3RUb29sc1Jlc3BvbnNlElwKD0Fuc3dlclJlYWRDaGVjaxIjLnRvb2xtZXNoLnYxLkFuc3dlclJlYWRDaGVja1JlcXVlc3QaJC50b29sbWVzaC52MS5BbnN3ZXJSZWFkQ2hlY2tSZXNwb25zZRJlChJSZXBvcnRUb29sUHJvZ3Jlc3MSJi50b29sbWVzaC52MS5SZXBvcnRUb29sUHJvZ3Jlc3NSZXF1ZXN0GicudG9vbG1lc2gudjEuUmVwb3J0VG9vbFByb2dyZXNzUmVzcG9uc2USYgoRU3RhcnRUb29sUmVxdWVzdHMSJS50b29sbWVzaC52MS5TdGFydFRvb2xSZXF1ZXN0c1JlcXVlc3QaJi50b29sbWVzaC52MS5TdGFydFRvb2xSZXF1ZXN0c1Jlc3BvbnNlEmMKEEV4Y2hhbmdlSG9zdFdvcmsSJC50b29sbWVzaC52MS5FeGNoYW5nZUhvc3RXb3JrUmVxdWVzdBolLnRvb2xtZXNoLnYxLkV4Y2hhbmdlSG9zdFdvcmtSZXNwb25zZSgBMAESaAoTRGlzcGF0Y2hUb29sUmVxdWVzdBInLnRvb2xtZXNoLnYxLkRpc3BhdGNoVG9vbFJlcXVlc3RSZXF1ZXN0GigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdFJlc3BvbnNlEm8KFERpc3BhdGNoVG9vbFJlcXVlc3RzEigudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXF1ZXN0GikudG9vbG1lc2gudjEuRGlzcGF0Y2hUb29sUmVxdWVzdHNSZXNwb25zZSgBMAFiBnByb3RvMw", [file_toolmesh_v1_tool]);
 
 /**
  * @generated from message toolmesh.v1.OpenHostSessionRequest
@@ -79,6 +79,17 @@ export type OpenHostSessionRequest = Message<"toolmesh.v1.OpenHostSessionRequest
    * @generated from field: bool acknowledges_starts = 6;
    */
   acknowledgesStarts: boolean;
+
+  /**
+   * The host reads OpenHostSessionResponse.tool_requests: the bridge may then
+   * send the requests that are ready together in one event (under load; a
+   * lone request still comes alone, as tool_request), in the order it would
+   * have sent them one by one. HostSessionOpened.tool_requests_batched says
+   * whether it does; a bridge that does not (an older one) sends each alone.
+   *
+   * @generated from field: bool reads_tool_request_batches = 7;
+   */
+  readsToolRequestBatches: boolean;
 };
 
 /**
@@ -131,6 +142,17 @@ export type OpenHostSessionResponse = Message<"toolmesh.v1.OpenHostSessionRespon
      */
     value: Heartbeat;
     case: "heartbeat";
+  } | {
+    /**
+     * Several tool requests, each to run as if it had come alone as
+     * tool_request, in their order. Only to a host that opened with
+     * reads_tool_request_batches; at most limits.MAX_CALLS_PER_MESSAGE (1,000)
+     * requests in one.
+     *
+     * @generated from field: toolmesh.v1.ToolRequestBatch tool_requests = 5;
+     */
+    value: ToolRequestBatch;
+    case: "toolRequests";
   } | { case: undefined; value?: undefined };
 };
 
@@ -140,6 +162,27 @@ export type OpenHostSessionResponse = Message<"toolmesh.v1.OpenHostSessionRespon
  */
 export const OpenHostSessionResponseSchema: GenMessage<OpenHostSessionResponse> = /*@__PURE__*/
   messageDesc(file_toolmesh_v1_bridge, 1);
+
+/**
+ * ToolRequestBatch carries the tool requests that were ready together.
+ *
+ * @generated from message toolmesh.v1.ToolRequestBatch
+ */
+export type ToolRequestBatch = Message<"toolmesh.v1.ToolRequestBatch"> & {
+  /**
+   * Two or more requests, oldest first.
+   *
+   * @generated from field: repeated toolmesh.v1.ToolRequest requests = 1;
+   */
+  requests: ToolRequest[];
+};
+
+/**
+ * Describes the message toolmesh.v1.ToolRequestBatch.
+ * Use `create(ToolRequestBatchSchema)` to create a new message.
+ */
+export const ToolRequestBatchSchema: GenMessage<ToolRequestBatch> = /*@__PURE__*/
+  messageDesc(file_toolmesh_v1_bridge, 2);
 
 /**
  * HostSessionOpened is the first event of a host session stream.
@@ -189,6 +232,15 @@ export type HostSessionOpened = Message<"toolmesh.v1.HostSessionOpened"> & {
    * @generated from field: bool host_work_served = 5;
    */
   hostWorkServed: boolean;
+
+  /**
+   * The bridge took OpenHostSessionRequest.reads_tool_request_batches: it may
+   * send tool_requests events. False when the host did not ask, or the
+   * bridge does not know them.
+   *
+   * @generated from field: bool tool_requests_batched = 6;
+   */
+  toolRequestsBatched: boolean;
 };
 
 /**
@@ -196,7 +248,7 @@ export type HostSessionOpened = Message<"toolmesh.v1.HostSessionOpened"> & {
  * Use `create(HostSessionOpenedSchema)` to create a new message.
  */
 export const HostSessionOpenedSchema: GenMessage<HostSessionOpened> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 2);
+  messageDesc(file_toolmesh_v1_bridge, 3);
 
 /**
  * ToolRequest asks the host to run one tool.
@@ -325,7 +377,7 @@ export type ToolRequest = Message<"toolmesh.v1.ToolRequest"> & {
  * Use `create(ToolRequestSchema)` to create a new message.
  */
 export const ToolRequestSchema: GenMessage<ToolRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 3);
+  messageDesc(file_toolmesh_v1_bridge, 4);
 
 /**
  * ToolRequestCancelled tells the host to stop working on a request and clean
@@ -355,7 +407,7 @@ export type ToolRequestCancelled = Message<"toolmesh.v1.ToolRequestCancelled"> &
  * Use `create(ToolRequestCancelledSchema)` to create a new message.
  */
 export const ToolRequestCancelledSchema: GenMessage<ToolRequestCancelled> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 4);
+  messageDesc(file_toolmesh_v1_bridge, 5);
 
 /**
  * Heartbeat keeps the stream alive and lets the host notice a dead bridge.
@@ -387,7 +439,7 @@ export type Heartbeat = Message<"toolmesh.v1.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 5);
+  messageDesc(file_toolmesh_v1_bridge, 6);
 
 /**
  * @generated from message toolmesh.v1.SubmitToolResultRequest
@@ -420,7 +472,7 @@ export type SubmitToolResultRequest = Message<"toolmesh.v1.SubmitToolResultReque
  * Use `create(SubmitToolResultRequestSchema)` to create a new message.
  */
 export const SubmitToolResultRequestSchema: GenMessage<SubmitToolResultRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 6);
+  messageDesc(file_toolmesh_v1_bridge, 7);
 
 /**
  * Empty: the outcome was taken.
@@ -435,7 +487,7 @@ export type SubmitToolResultResponse = Message<"toolmesh.v1.SubmitToolResultResp
  * Use `create(SubmitToolResultResponseSchema)` to create a new message.
  */
 export const SubmitToolResultResponseSchema: GenMessage<SubmitToolResultResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 7);
+  messageDesc(file_toolmesh_v1_bridge, 8);
 
 /**
  * @generated from message toolmesh.v1.SubmitToolResultsRequest
@@ -463,7 +515,7 @@ export type SubmitToolResultsRequest = Message<"toolmesh.v1.SubmitToolResultsReq
  * Use `create(SubmitToolResultsRequestSchema)` to create a new message.
  */
 export const SubmitToolResultsRequestSchema: GenMessage<SubmitToolResultsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 8);
+  messageDesc(file_toolmesh_v1_bridge, 9);
 
 /**
  * SubmittedToolResult is one outcome of SubmitToolResults.
@@ -491,7 +543,7 @@ export type SubmittedToolResult = Message<"toolmesh.v1.SubmittedToolResult"> & {
  * Use `create(SubmittedToolResultSchema)` to create a new message.
  */
 export const SubmittedToolResultSchema: GenMessage<SubmittedToolResult> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 9);
+  messageDesc(file_toolmesh_v1_bridge, 10);
 
 /**
  * @generated from message toolmesh.v1.SubmitToolResultsResponse
@@ -510,7 +562,7 @@ export type SubmitToolResultsResponse = Message<"toolmesh.v1.SubmitToolResultsRe
  * Use `create(SubmitToolResultsResponseSchema)` to create a new message.
  */
 export const SubmitToolResultsResponseSchema: GenMessage<SubmitToolResultsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 10);
+  messageDesc(file_toolmesh_v1_bridge, 11);
 
 /**
  * ToolResultAnswer says what became of one result of SubmitToolResults.
@@ -538,7 +590,7 @@ export type ToolResultAnswer = Message<"toolmesh.v1.ToolResultAnswer"> & {
  * Use `create(ToolResultAnswerSchema)` to create a new message.
  */
 export const ToolResultAnswerSchema: GenMessage<ToolResultAnswer> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 11);
+  messageDesc(file_toolmesh_v1_bridge, 12);
 
 /**
  * ToolResultRefusal is the error SubmitToolResult would have failed with for
@@ -580,7 +632,7 @@ export type ToolResultRefusal = Message<"toolmesh.v1.ToolResultRefusal"> & {
  * Use `create(ToolResultRefusalSchema)` to create a new message.
  */
 export const ToolResultRefusalSchema: GenMessage<ToolResultRefusal> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 12);
+  messageDesc(file_toolmesh_v1_bridge, 13);
 
 /**
  * @generated from message toolmesh.v1.AnswerReadCheckRequest
@@ -606,7 +658,7 @@ export type AnswerReadCheckRequest = Message<"toolmesh.v1.AnswerReadCheckRequest
  * Use `create(AnswerReadCheckRequestSchema)` to create a new message.
  */
 export const AnswerReadCheckRequestSchema: GenMessage<AnswerReadCheckRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 13);
+  messageDesc(file_toolmesh_v1_bridge, 14);
 
 /**
  * @generated from message toolmesh.v1.AnswerReadCheckResponse
@@ -619,7 +671,7 @@ export type AnswerReadCheckResponse = Message<"toolmesh.v1.AnswerReadCheckRespon
  * Use `create(AnswerReadCheckResponseSchema)` to create a new message.
  */
 export const AnswerReadCheckResponseSchema: GenMessage<AnswerReadCheckResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 14);
+  messageDesc(file_toolmesh_v1_bridge, 15);
 
 /**
  * @generated from message toolmesh.v1.DeclareHostToolsRequest
@@ -646,7 +698,7 @@ export type DeclareHostToolsRequest = Message<"toolmesh.v1.DeclareHostToolsReque
  * Use `create(DeclareHostToolsRequestSchema)` to create a new message.
  */
 export const DeclareHostToolsRequestSchema: GenMessage<DeclareHostToolsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 15);
+  messageDesc(file_toolmesh_v1_bridge, 16);
 
 /**
  * @generated from message toolmesh.v1.DeclareHostToolsResponse
@@ -665,7 +717,7 @@ export type DeclareHostToolsResponse = Message<"toolmesh.v1.DeclareHostToolsResp
  * Use `create(DeclareHostToolsResponseSchema)` to create a new message.
  */
 export const DeclareHostToolsResponseSchema: GenMessage<DeclareHostToolsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 16);
+  messageDesc(file_toolmesh_v1_bridge, 17);
 
 /**
  * @generated from message toolmesh.v1.ReportToolProgressRequest
@@ -715,7 +767,7 @@ export type ReportToolProgressRequest = Message<"toolmesh.v1.ReportToolProgressR
  * Use `create(ReportToolProgressRequestSchema)` to create a new message.
  */
 export const ReportToolProgressRequestSchema: GenMessage<ReportToolProgressRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 17);
+  messageDesc(file_toolmesh_v1_bridge, 18);
 
 /**
  * @generated from message toolmesh.v1.ReportToolProgressResponse
@@ -741,7 +793,7 @@ export type ReportToolProgressResponse = Message<"toolmesh.v1.ReportToolProgress
  * Use `create(ReportToolProgressResponseSchema)` to create a new message.
  */
 export const ReportToolProgressResponseSchema: GenMessage<ReportToolProgressResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 18);
+  messageDesc(file_toolmesh_v1_bridge, 19);
 
 /**
  * @generated from message toolmesh.v1.StartToolRequestsRequest
@@ -768,7 +820,7 @@ export type StartToolRequestsRequest = Message<"toolmesh.v1.StartToolRequestsReq
  * Use `create(StartToolRequestsRequestSchema)` to create a new message.
  */
 export const StartToolRequestsRequestSchema: GenMessage<StartToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 19);
+  messageDesc(file_toolmesh_v1_bridge, 20);
 
 /**
  * @generated from message toolmesh.v1.StartToolRequestsResponse
@@ -787,7 +839,7 @@ export type StartToolRequestsResponse = Message<"toolmesh.v1.StartToolRequestsRe
  * Use `create(StartToolRequestsResponseSchema)` to create a new message.
  */
 export const StartToolRequestsResponseSchema: GenMessage<StartToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 20);
+  messageDesc(file_toolmesh_v1_bridge, 21);
 
 /**
  * ToolStart answers one id of StartToolRequests.
@@ -815,7 +867,7 @@ export type ToolStart = Message<"toolmesh.v1.ToolStart"> & {
  * Use `create(ToolStartSchema)` to create a new message.
  */
 export const ToolStartSchema: GenMessage<ToolStart> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 21);
+  messageDesc(file_toolmesh_v1_bridge, 22);
 
 /**
  * One message of a host's ExchangeHostWork stream: start asks and results
@@ -855,7 +907,7 @@ export type ExchangeHostWorkRequest = Message<"toolmesh.v1.ExchangeHostWorkReque
  * Use `create(ExchangeHostWorkRequestSchema)` to create a new message.
  */
 export const ExchangeHostWorkRequestSchema: GenMessage<ExchangeHostWorkRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 22);
+  messageDesc(file_toolmesh_v1_bridge, 23);
 
 /**
  * ToolResultSubmission is one result on an ExchangeHostWork stream.
@@ -883,7 +935,7 @@ export type ToolResultSubmission = Message<"toolmesh.v1.ToolResultSubmission"> &
  * Use `create(ToolResultSubmissionSchema)` to create a new message.
  */
 export const ToolResultSubmissionSchema: GenMessage<ToolResultSubmission> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 23);
+  messageDesc(file_toolmesh_v1_bridge, 24);
 
 /**
  * One message of the bridge on an ExchangeHostWork stream.
@@ -912,7 +964,7 @@ export type ExchangeHostWorkResponse = Message<"toolmesh.v1.ExchangeHostWorkResp
  * Use `create(ExchangeHostWorkResponseSchema)` to create a new message.
  */
 export const ExchangeHostWorkResponseSchema: GenMessage<ExchangeHostWorkResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 24);
+  messageDesc(file_toolmesh_v1_bridge, 25);
 
 /**
  * ToolResultReceipt answers one result of an ExchangeHostWork stream.
@@ -941,7 +993,7 @@ export type ToolResultReceipt = Message<"toolmesh.v1.ToolResultReceipt"> & {
  * Use `create(ToolResultReceiptSchema)` to create a new message.
  */
 export const ToolResultReceiptSchema: GenMessage<ToolResultReceipt> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 25);
+  messageDesc(file_toolmesh_v1_bridge, 26);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestRequest
@@ -960,7 +1012,7 @@ export type DispatchToolRequestRequest = Message<"toolmesh.v1.DispatchToolReques
  * Use `create(DispatchToolRequestRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestRequestSchema: GenMessage<DispatchToolRequestRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 26);
+  messageDesc(file_toolmesh_v1_bridge, 27);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestResponse
@@ -979,7 +1031,7 @@ export type DispatchToolRequestResponse = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestResponseSchema: GenMessage<DispatchToolRequestResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 27);
+  messageDesc(file_toolmesh_v1_bridge, 28);
 
 /**
  * One message may carry many requests and cancellations: a sender that has
@@ -1009,7 +1061,7 @@ export type DispatchToolRequestsRequest = Message<"toolmesh.v1.DispatchToolReque
  * Use `create(DispatchToolRequestsRequestSchema)` to create a new message.
  */
 export const DispatchToolRequestsRequestSchema: GenMessage<DispatchToolRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 28);
+  messageDesc(file_toolmesh_v1_bridge, 29);
 
 /**
  * @generated from message toolmesh.v1.DispatchToolRequestsResponse
@@ -1049,7 +1101,7 @@ export type DispatchToolRequestsResponse = Message<"toolmesh.v1.DispatchToolRequ
  * Use `create(DispatchToolRequestsResponseSchema)` to create a new message.
  */
 export const DispatchToolRequestsResponseSchema: GenMessage<DispatchToolRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 29);
+  messageDesc(file_toolmesh_v1_bridge, 30);
 
 /**
  * DispatchResult answers one request of the stream.
@@ -1093,7 +1145,7 @@ export type DispatchResult = Message<"toolmesh.v1.DispatchResult"> & {
  * Use `create(DispatchResultSchema)` to create a new message.
  */
 export const DispatchResultSchema: GenMessage<DispatchResult> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 30);
+  messageDesc(file_toolmesh_v1_bridge, 31);
 
 /**
  * DispatchRefusal says why the bridge did not take a request: nothing ran.
@@ -1122,7 +1174,7 @@ export type DispatchRefusal = Message<"toolmesh.v1.DispatchRefusal"> & {
  * Use `create(DispatchRefusalSchema)` to create a new message.
  */
 export const DispatchRefusalSchema: GenMessage<DispatchRefusal> = /*@__PURE__*/
-  messageDesc(file_toolmesh_v1_bridge, 31);
+  messageDesc(file_toolmesh_v1_bridge, 32);
 
 /**
  * Why a request was cancelled.
