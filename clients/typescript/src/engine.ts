@@ -104,10 +104,12 @@ const REFUSALS = new Set<string>([Codes.UNAUTHENTICATED, Codes.PERMISSION_DENIED
  * one that does not share it refuses it (REQUEST_ENDED), which ends the attempts.
  */
 const LATE_SUBMIT_MS = 60_000;
+/** The network's delay and the clocks' offset: an answer may still come this long after the deadline. */
+const SUBMIT_GRACE_MS = 1_000;
 /**
  * With several bridge replicas, one submit attempt waits for the bridge's answer a third of the
- * time left for it (its deadline and LATE_SUBMIT_MS), within these bounds, never longer than
- * that: the rest is for reconnecting elsewhere and handing the result in there. A bridge that
+ * time left for it (until the deadline and SUBMIT_GRACE_MS; once that has passed, until the end
+ * of the late window), within these bounds, never longer than that: the rest is for reconnecting elsewhere and handing the result in there. A bridge that
  * answers nothing by then, not even a heartbeat on the stream, is taken for frozen: its stream is
  * given up and the result goes to the next replica (a healthy bridge answers in milliseconds).
  */
@@ -769,13 +771,16 @@ export class HostEngine {
       let message = "";
       let failure: unknown;
       const sentAt = Date.now();
+      // Before the deadline, an attempt's share is of the time until it (and the grace), so that a
+      // frozen replica is left for the next one in time; after it, of the late window.
+      const inTimeMs = ctx.deadline + SUBMIT_GRACE_MS - sentAt;
       try {
         const refused = await this.submissions.submit(
           stream.client,
           hostSessionId,
           ctx.toolRequestId,
           outcome,
-          this.attemptMs(giveUpAt - sentAt),
+          this.attemptMs(inTimeMs > 0 ? inTimeMs : giveUpAt - sentAt),
           stream.cut.signal,
         );
         if (refused === undefined) {

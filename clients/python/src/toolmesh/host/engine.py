@@ -1079,7 +1079,11 @@ class HostEngine:
                 if link is None:
                     return Code.TRANSPORT_FAILED.value, "No connection to a bridge in time."
                 request.host_session_id = link.host_session_id
-            bound = self._attempt_bound(give_up_at - time.monotonic())
+            # Before the deadline, an attempt's share is of the time until it (and the grace), so
+            # that a frozen replica is left for the next one in time; after it, of the late window.
+            now = time.monotonic()
+            in_time = ctx.deadline + SUBMIT_GRACE_S - now
+            bound = self._attempt_bound(in_time if in_time > 0 else give_up_at - now)
             sent_at = loop.time()
             try:
                 await self._submit_once(link, request, bound)

@@ -1,0 +1,93 @@
+"""A result whose bridge replica froze goes to the next replica in time: before the deadline, a
+submit attempt waits only its share of the time until the deadline (not of the late window after
+it). Two scripted bridges: the first sends a request and then answers nothing (frozen), the second
+takes results."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from scripted_bridge import ScriptedBridge, scripted
+
+from toolmesh.host import HostError, ToolContext, ToolHost
+from toolmesh.v1 import bridge_pb2
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_MS = 3_000
+
+
+class FrozenBridge(ScriptedBridge):
+    """Opens, sends one request, then nothing: no heartbeat (it promises one only every 10 s) and
+    no answer to a submit."""
+
+    async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        opened = bridge_pb2.HostSessionOpened(host_session_id="hs_frozen", heartbeat_interval_ms=10_000)
+        yield bridge_pb2.OpenHostSessionResponse(opened=opened)
+        yield bridge_pb2.OpenHostSessionResponse(
+            tool_request=bridge_pb2.ToolRequest(
+                session_id="s",
+                turn_id="t",
+                tool_request_id="tr_1",
+                tool_name="quick",
+                arguments_json="{}",
+                timeout_ms=TIMEOUT_MS,
+            )
+        )
+        await asyncio.Event().wait()
+
+    async def SubmitToolResult(self, request: Any, context: Any) -> Any:
+        await asyncio.Event().wait()
+
+
+class TakingBridge(ScriptedBridge):
+    """Opens host sessions and takes every result, noting when."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[str, str, float]] = []
+        self.took = asyncio.Event()
+
+    async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        opened = bridge_pb2.HostSessionOpened(host_session_id="hs_next", heartbeat_interval_ms=1000)
+        yield bridge_pb2.OpenHostSessionResponse(opened=opened)
+        while True:
+            await asyncio.sleep(0.5)
+            yield bridge_pb2.OpenHostSessionResponse(heartbeat=bridge_pb2.Heartbeat())
+
+    async def SubmitToolResult(self, request: Any, context: Any) -> Any:
+        self.taken.append((request.host_session_id, request.tool_request_id, time.monotonic()))
+        self.took.set()
+        return bridge_pb2.SubmitToolResultResponse()
+
+
+async def test_a_result_leaves_a_frozen_replica_for_the_next_one_before_the_deadline() -> None:
+    frozen, taking = FrozenBridge(), TakingBridge()
+    ran = asyncio.Event()
+    began = 0.0
+    errors: list[HostError] = []
+
+    async def quick(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        nonlocal began
+        began = time.monotonic()
+        ran.set()
+        return {"done": True}
+
+    async with scripted(frozen) as first, scripted(taking) as second:
+        host = ToolHost(f"{first},{second}", "s")
+        host.on_tool("quick", quick)
+        host.on_error(errors.append)
+        await host.start(timeout=5)
+        try:
+            await asyncio.wait_for(ran.wait(), 5)
+            deadline = began + TIMEOUT_MS / 1000
+            await asyncio.wait_for(taking.took.wait(), TIMEOUT_MS / 1000 + 5)
+        finally:
+            await host.stop()
+    assert [(session, request) for session, request, _ in taking.taken] == [("hs_next", "tr_1")]
+    # Handed in on the next replica before the call's deadline.
+    assert taking.taken[0][2] < deadline, taking.taken[0][2] - began
+    assert errors == []
