@@ -243,6 +243,14 @@ def table(results: dict[str, Any]) -> str:
             if meta.get("traced")
             else []
         ),
+        *(
+            [
+                "  baseline side's environment: "
+                + " ".join(f"{k}={v}" for k, v in meta["baseline_env"].items())
+            ]
+            if meta.get("baseline_env")
+            else []
+        ),
         "",
         f"  {'figure':<32}"
         + "".join(f"{names[side]:>14}" for side in sides)
@@ -316,8 +324,10 @@ async def run(
     load: Callable[[], str],
     traced: bool = False,
     uvloop: bool = False,
+    baseline_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """With `traced`, both toolmesh sides export their spans over OTLP to a receiver in this process."""
+    """With `traced`, both toolmesh sides export their spans over OTLP to a receiver in this process;
+    `baseline_env` is set in the baseline side's processes (the A/B of a setting, REF being HEAD)."""
     async with contextlib.AsyncExitStack() as stack:
         sink, exporting = (await stack.enter_async_context(tracing.otlp_receiver())) if traced else (None, {})
         results = await _run(
@@ -332,6 +342,7 @@ async def run(
             load=load,
             exporting=exporting,
             uvloop=uvloop,
+            baseline_env=baseline_env or {},
         )
     if sink is not None:
         results["meta"]["spans_received"] = sink.spans
@@ -351,6 +362,7 @@ async def _run(
     load: Callable[[], str],
     exporting: dict[str, str],
     uvloop: bool,
+    baseline_env: dict[str, str],
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -363,15 +375,16 @@ async def _run(
         "cpus": os.cpu_count(),
         "load_before": load(),
         "traced": bool(exporting),
+        "baseline_env": baseline_env,
     }
     names = [side for side in SIDES if uvloop or side != "head-uvloop"]
     measured: dict[str, list[dict[str, dict[str, Any]]]] = {side: [] for side in names}
     with tempfile.TemporaryDirectory(prefix="toolmesh-ab-") as directory:
-        sha, baseline_env = procs.extract(ref, Path(directory))
+        sha, extracted_env = procs.extract(ref, Path(directory))
         meta["baseline"] = sha
         environments = {
             "floor": {},
-            "baseline": baseline_env | exporting,
+            "baseline": extracted_env | baseline_env | exporting,
             "head": exporting,
             "head-uvloop": UVLOOP_ENV | exporting,
         }

@@ -28,7 +28,10 @@ What it counts (the targets of issue 23 are all 0):
   TOOL_TIMEOUT reconciles as an agent would: GetInvocation until the host's late
   result shows or its late window is over; those found are counted apart, as
   outcomes kept late); those with every bridge replica down as the handler ended
-  are shown apart too;
+  are shown apart too. Not counted, but shown apart: results that died with
+  their host, whose host process was SIGKILLed after the handler ended and
+  before any bridge replica was up again (the result was only in that process;
+  the caller is told it may have run, which is true);
 - answers past deadline: attempts that took longer than the caller's timeout
   and a second (nothing may hang);
 - untyped errors: an error whose code is not in the error table, INTERNAL,
@@ -517,6 +520,7 @@ class Execution:
     ended: float | None = None
     ended_left_s: float = 0.0
     cancelled: bool = False
+    host: str = ""  # the host process that ran it ("" in a history older than this field)
 
 
 def read_executions(paths: list[Path]) -> dict[str, list[Execution]]:
@@ -525,6 +529,7 @@ def read_executions(paths: list[Path]) -> dict[str, list[Execution]]:
     for path in paths:
         if not path.exists():
             continue
+        host = path.stem.removeprefix("executions-")
         for line in path.read_text().splitlines():
             try:
                 event = json.loads(line)
@@ -532,7 +537,9 @@ def read_executions(paths: list[Path]) -> dict[str, list[Execution]]:
                 continue
             execution = event["execution"]
             if event["event"] == "start":
-                runs[execution] = Execution(event["key"], event["toolRequestId"], execution, event["at"])
+                runs[execution] = Execution(
+                    event["key"], event["toolRequestId"], execution, event["at"], host=host
+                )
             elif execution in runs:
                 runs[execution].ended = event["at"]
                 runs[execution].ended_left_s = event["leftS"]
@@ -564,6 +571,18 @@ def _all_down(down: dict[str, list[tuple[float, float]]], at: float, names: tupl
     return all(any(start <= at <= end for start, end in down.get(name, [])) for name in names)
 
 
+def _covered(intervals: list[tuple[float, float]], start: float, end: float) -> bool:
+    """Whether `intervals` together cover all of [start, end]."""
+    reached = start
+    for begin, until in sorted(intervals):
+        if begin > reached:
+            break
+        reached = max(reached, until)
+        if reached >= end:
+            return True
+    return reached >= end
+
+
 def typed(code: str) -> bool:
     if code == "RAISED":
         return False
@@ -581,6 +600,19 @@ class Checker:
         self.codes: Counter[str] = Counter()
         self._registry_down = _down_intervals(faults, ("registry", "redis"))
         self._bridges_down = _down_intervals(faults, ("bridge",))
+        self._kills: dict[str, list[float]] = {}
+        for fault in faults:
+            if fault.kind == "kill":
+                self._kills.setdefault(fault.target, []).append(fault.at)
+
+    def died_with_host(self, run: Execution) -> bool:
+        """Whether its host process was SIGKILLed after the handler ended and before any bridge
+        replica was up again: the result was only in that process, with nowhere to hand it in."""
+        ended = run.ended or 0.0
+        kills = [at for at in self._kills.get(run.host, []) if at >= ended]
+        return bool(kills) and all(
+            _covered(self._bridges_down.get(bridge, []), ended, min(kills)) for bridge in BRIDGES
+        )
 
     def faults_during(self, call: Call) -> list[str]:
         """The faults under way while the call ran, timed from its start."""
@@ -663,6 +695,10 @@ class Checker:
         if finished and final.code != "OK":
             if late is not None and late.code == "OK":
                 return  # answered TOOL_TIMEOUT (true: it may have run), and its result kept for lookup
+            if self.died_with_host(finished[0]):
+                # Answered that it may have run (true); no process of toolmesh ever had the result.
+                self.example("results that died with their host", call, code=final.code)
+                return
             self.example("lost outcomes", call, why=f"ran to its end in time, answered {final.code}")
             if _all_down(self._bridges_down, finished[0].ended or 0.0, BRIDGES):
                 # Nowhere to hand the result in as it was made: the host holds it, and has until
@@ -701,6 +737,7 @@ OTHER_FIGURES = (
     "calls without an outcome",
     "lost outcomes with every bridge down",
     "outcomes kept late (GetInvocation)",
+    "results that died with their host",
     "re-runs (read-only)",
     "TOOL_HOST_DISCONNECTED",
     "REGISTRY_UNAVAILABLE",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -20,6 +21,9 @@ from toolmesh.core.tls import client_credentials
 from toolmesh.host import HostError, ToolHost
 
 READY = "bench host: connected"
+# "0": the host runs each request as it reads it, without asking StartToolRequests (for the A/B of
+# what start acknowledgements cost: `--ab HEAD --baseline-env BENCH_ACKNOWLEDGE_STARTS=0`).
+ACKNOWLEDGE_STARTS = "BENCH_ACKNOWLEDGE_STARTS"
 ERROR = "bench host: error"
 
 
@@ -30,7 +34,15 @@ def _report(error: HostError) -> None:
 async def serve(bridge: str, session: str) -> None:
     # TLS and a token when the environment gives them (TOOLMESH_TLS_CA, TOOLMESH_TOKEN).
     credentials, token = client_credentials(), token_from_env()
-    host = ToolHost(bridge, session, host_name="bench", credentials=credentials, token=token)
+    acknowledge = os.environ.get(ACKNOWLEDGE_STARTS, "1") != "0"
+    host = ToolHost(
+        bridge,
+        session,
+        host_name="bench",
+        credentials=credentials,
+        token=token,
+        acknowledge_starts=acknowledge,
+    )
     for name, handler in HANDLERS.items():
         host.on_tool(name, handler)
     host.on_error(_report)

@@ -417,6 +417,14 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="with --ab: a fourth side, this tree with every process on uvloop (TOOLMESH_EVENT_LOOP)",
     )
+    parser.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --ab: set in the baseline side's processes, for the cost of a setting "
+        "(--ab HEAD --baseline-env BENCH_ACKNOWLEDGE_STARTS=0: what start acknowledgements cost)",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     overrides = {
@@ -431,8 +439,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    if args.uvloop and args.ab is None:
-        parser.error("--uvloop is a side of the A/B: add --ab REF")
+    if (args.uvloop or args.baseline_env) and args.ab is None:
+        parser.error("--uvloop and --baseline-env are about the A/B's sides: add --ab REF")
+    baseline_env = dict(pair.partition("=")[::2] for pair in args.baseline_env)
+    if any(not name for name in baseline_env):
+        parser.error("--baseline-env takes NAME=VALUE")
     if args.ab is not None:
         if sections != ("latency",):
             parser.error("--ab measures the latency section alone: add --only latency")
@@ -449,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
                 load=_load,
                 traced=args.traced,
                 uvloop=args.uvloop,
+                baseline_env=baseline_env,
             )
         )
         print(ab.table(results))

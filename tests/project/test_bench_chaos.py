@@ -159,3 +159,36 @@ def test_a_result_kept_late_is_not_lost_and_one_of_another_execution_is(tmp_path
     assert any(
         line.split()[:2] == ["lost", "outcomes"] and line.split()[-1] == "2" for line in again.splitlines()
     )
+
+
+def test_a_result_only_its_killed_host_held_is_shown_apart_not_as_lost(tmp_path: Path) -> None:
+    path = executions_file(
+        tmp_path,
+        [
+            # both ended with both bridges frozen; their host was killed 1.7 s later
+            event("start", "died", "tr_1", "x1", T0),
+            event("end", "died", "tr_1", "x1", T0 + 0.3),
+            event("start", "could", "tr_2", "x2", T0 + 10),
+            event("end", "could", "tr_2", "x2", T0 + 10.3),
+        ],
+    )
+    calls = [
+        Call(
+            "died", "chaos_write", T0, [Attempt(0, T0, T0 + 5.1, "TOOL_TIMEOUT", True, "tr_1")], Late(T0 + 70)
+        ),
+        Call("could", "chaos_write", T0 + 10, [Attempt(0, T0 + 10, T0 + 15.1, "TOOL_TIMEOUT", True, "tr_2")]),
+    ]
+    faults = [
+        Fault("pause", "bridge0", T0 - 1, T0 + 8),
+        Fault("pause", "bridge1", T0 - 1, T0 + 4),
+        Fault("kill", "host0", T0 + 2, T0 + 3),
+        # "could": bridge1 is up again at +11, before its host is killed at +12
+        Fault("pause", "bridge0", T0 + 9, T0 + 20),
+        Fault("pause", "bridge1", T0 + 9, T0 + 11),
+        Fault("kill", "host0", T0 + 12, T0 + 13),
+    ]
+    executions = read_executions([path])
+    assert {run.host for runs in executions.values() for run in runs} == {"host0"}
+    figures = check(calls, executions, faults)["figures"]
+    assert figures["results that died with their host"] == 1
+    assert figures["lost outcomes"] == 1  # "could"
