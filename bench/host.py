@@ -34,15 +34,12 @@ def _report(error: HostError) -> None:
 async def serve(bridge: str, session: str) -> None:
     # TLS and a token when the environment gives them (TOOLMESH_TLS_CA, TOOLMESH_TOKEN).
     credentials, token = client_credentials(), token_from_env()
-    acknowledge = os.environ.get(ACKNOWLEDGE_STARTS, "1") != "0"
-    host = ToolHost(
-        bridge,
-        session,
-        host_name="bench",
-        credentials=credentials,
-        token=token,
-        acknowledge_starts=acknowledge,
-    )
+    if os.environ.get(ACKNOWLEDGE_STARTS) == "0":
+        host = ToolHost(
+            bridge, session, host_name="bench", credentials=credentials, token=token, acknowledge_starts=False
+        )
+    else:  # not named: a baseline tree older than start acknowledgements has no such argument
+        host = ToolHost(bridge, session, host_name="bench", credentials=credentials, token=token)
     for name, handler in HANDLERS.items():
         host.on_tool(name, handler)
     host.on_error(_report)
