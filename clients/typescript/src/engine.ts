@@ -424,6 +424,7 @@ export class HostEngine {
           hasGenericHandler: this.host.hasGenericHandler(),
           replacesHostSessionId: replaces,
           acknowledgesStarts: true,
+          readsToolRequestBatches: true,
         },
         { signal: stream.controller.signal, headers: await this.headers(token) },
       );
@@ -448,6 +449,12 @@ export class HostEngine {
           }
           case "toolRequest":
             this.begin(event.value, stream.hostSessionId, facts);
+            break;
+          case "toolRequests":
+            // Several that were ready together: each as if it had come alone, in their order.
+            for (const request of event.value.requests) {
+              this.begin(request, stream.hostSessionId, facts);
+            }
             break;
           case "cancelled":
             this.cancel(event.value);

@@ -492,3 +492,43 @@ async def test_results_that_end_together_share_requests_and_each_call_gets_its_o
     # The bridge took every result the first time: the page reported no failed submission.
     assert await driver.eval("submits", "window.toolmesh.errors") == []
     await driver.command("close", tab="submits")
+
+
+async def test_a_page_runs_requests_that_come_together_each_once(
+    driver: BrowserDriver, stack: WebStack
+) -> None:
+    """Five requests in one dispatch message reach the page in one event (it reads batches): each
+    asks START and runs once, and each result goes to its own call."""
+    await open_page(driver, stack, "batch", "web-batch")
+    await wait_for_tools(stack, "web-batch", DECLARED)
+    ids = [f"web-batch-{n}" for n in range(5)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.bridge.internal_port}") as channel:
+        dispatch = bridge_pb2_grpc.BridgeServiceStub(channel).DispatchToolRequests()
+        requests = [
+            bridge_pb2.ToolRequest(
+                session_id="web-batch",
+                turn_id="turn-1",
+                tool_request_id=request_id,
+                tool_name=tool,
+                arguments_json=json.dumps({"n": n}),
+                timeout_ms=10_000,
+            )
+            for n, request_id in enumerate(ids)
+            for tool in ["noop" if n % 2 else "echo"]
+        ]
+        await dispatch.write(bridge_pb2.DispatchToolRequestsRequest(requests=requests))
+        answered: dict[str, str] = {}
+        while len(answered) < len(ids):
+            response = await asyncio.wait_for(dispatch.read(), 10)
+            for result in response.results:
+                answered[result.tool_request_id] = result.outcome.result_json
+        dispatch.cancel()
+    for n, request_id in enumerate(ids):
+        assert json.loads(answered[request_id]) == (
+            {"ok": True}
+            if n % 2
+            else {"echo": {"n": n}, "sessionId": "web-batch", "turnId": "turn-1", "toolRequestId": request_id}
+        )
+    seen = await driver.eval("batch", "window.toolmesh.seen.map(s => s.toolRequestId)")
+    assert sorted(s for s in seen if s.startswith("web-batch-")) == [i for i in ids if int(i[-1]) % 2 == 0]
+    assert await driver.eval("batch", "window.toolmesh.errors") == []
