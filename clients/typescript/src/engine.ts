@@ -116,6 +116,13 @@ const SUBMIT_GRACE_MS = 1_000;
 const SUBMIT_ATTEMPT_MIN_MS = 1_000;
 const SUBMIT_ATTEMPT_MAX_MS = 5_000;
 const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.ResourceExhausted, Code.Unknown]);
+/**
+ * A new host stream waits this long for the bridge's first event before it is given up (and opened
+ * again, on the next replica if there are several); with several replicas the shorter one: a frozen
+ * replica accepts the request and says nothing, and would hold the page while another one is up.
+ */
+const FIRST_EVENT_MS = 30_000;
+const FIRST_EVENT_ELSEWHERE_MS = 5_000;
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
@@ -403,7 +410,7 @@ export class HostEngine {
       hostSessionId: "",
       lastHeard: Date.now(),
       // Until the bridge says how often it beats, allow a generous first wait.
-      limitMs: 30_000,
+      limitMs: this.clients.length > 1 ? FIRST_EVENT_ELSEWHERE_MS : FIRST_EVENT_MS,
     };
     this.streams.add(stream);
     const facts: StreamFacts = { startsAcknowledged: false, offsetMs: undefined };

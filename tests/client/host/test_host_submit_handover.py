@@ -1,6 +1,7 @@
-"""A result whose bridge replica froze goes to the next replica in time: before the deadline, a
-submit attempt waits only its share of the time until the deadline (not of the late window after
-it). Two scripted bridges: the first sends a request and then answers nothing (frozen), the second
+"""A host leaves a frozen bridge replica for the next one in time. A result: before the deadline,
+a submit attempt waits only its share of the time until the deadline (not of the late window
+after it). A new stream: it waits FIRST_EVENT_ELSEWHERE_S for the bridge's first event, not 30 s.
+Scripted bridges: one sends a request and then answers nothing (frozen), one never opens, one
 takes results."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from scripted_bridge import ScriptedBridge, scripted
 
-from toolmesh.host import HostError, ToolContext, ToolHost
+from toolmesh.host import HostError, ToolContext, ToolHost, engine
 from toolmesh.v1 import bridge_pb2
 
 pytestmark = pytest.mark.integration
@@ -91,3 +92,25 @@ async def test_a_result_leaves_a_frozen_replica_for_the_next_one_before_the_dead
     # Handed in on the next replica before the call's deadline.
     assert taking.taken[0][2] < deadline, taking.taken[0][2] - began
     assert errors == []
+
+
+class SilentBridge(ScriptedBridge):
+    """Takes the stream and never opens it (a replica frozen as the host connects)."""
+
+    async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        await asyncio.Event().wait()
+        yield  # never reached
+
+
+async def test_a_host_connecting_to_a_frozen_replica_opens_on_the_next_one() -> None:
+    taking = TakingBridge()
+    async with scripted(SilentBridge()) as first, scripted(taking) as second:
+        host = ToolHost(f"{first},{second}", "s")
+        host.on_tool("quick", lambda args, ctx: {"done": True})
+        began = time.monotonic()
+        try:
+            await host.start(timeout=engine.FIRST_EVENT_ELSEWHERE_S + 5)
+            assert host.host_session_id == "hs_next"
+        finally:
+            await host.stop()
+    assert time.monotonic() - began < engine.FIRST_EVENT_S

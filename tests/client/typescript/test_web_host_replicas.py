@@ -180,3 +180,20 @@ async def test_a_page_hands_its_result_in_late_when_every_bridge_replica_froze_p
     seen = await driver.eval("p", "window.toolmesh.seen.filter(s => s.tool === 'held_short')")
     assert [s["toolRequestId"] for s in seen] == [result.tool_request_id]
     assert await driver.eval("p", "window.toolmesh.errors") == []
+
+
+async def test_a_page_opening_while_its_first_replica_is_frozen_opens_on_the_other(
+    replicas: Replicas,
+) -> None:
+    """The frozen replica takes the request and says nothing; the page gives it up after its
+    first-event wait for several replicas (5 s, not 30) and opens on the other one."""
+    driver = replicas.driver
+    replicas.bridges[0].process.send_signal(signal.SIGSTOP)
+    base_urls = ",".join(f"http://127.0.0.1:{bridge.web_port}" for bridge in replicas.bridges)
+    opened = await driver.open(
+        "q", {"session": f"{SESSION}-q", "baseUrl": base_urls, "startTimeoutMs": "12000"}
+    )
+    assert opened == {"started": True, "startError": ""}
+    async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+        result = await asyncio.wait_for(client.invoke(f"{SESSION}-q", "echo", {"text": "x"}, turn_id="t"), 20)
+    assert result.outcome is not None and result.outcome.failure is None, result

@@ -60,6 +60,13 @@ LATE_SUBMIT_S = 60.0
 # healthy bridge answers in milliseconds).
 SUBMIT_ATTEMPT_MIN_S = 1.0
 SUBMIT_ATTEMPT_MAX_S = 5.0
+# A new host stream waits this long for the bridge's first event before it is given up (then
+# reopened, on the next address if there are several); with several bridge addresses, the shorter
+# one: a frozen replica (SIGSTOP, a stuck event loop) accepts the connection and says nothing, and
+# would hold the host for the longer wait while another replica is up (a healthy one answers in
+# milliseconds, a loaded one in a second or two).
+FIRST_EVENT_S = 30.0
+FIRST_EVENT_ELSEWHERE_S = 5.0
 # How long stop() lets results already on their way to the bridge arrive.
 STOP_GRACE_S = 2.0
 # Missing this many heartbeats in a row means the bridge is gone.
@@ -550,8 +557,10 @@ class HostEngine:
             log.debug("a replaced host stream ended", extra={"session_id": self.session_id})
 
     async def _read_stream(self, call: Any) -> None:
-        # Until the bridge says how often it beats, allow a generous first wait.
-        silence = _Silence(asyncio.get_running_loop(), 30.0, call)
+        # Until the bridge says how often it beats, allow a generous first wait; a shorter one with
+        # another replica to go to (see FIRST_EVENT_ELSEWHERE_S).
+        first_wait = FIRST_EVENT_S if len(self._channels) < 2 else FIRST_EVENT_ELSEWHERE_S
+        silence = _Silence(asyncio.get_running_loop(), first_wait, call)
         watchdog = asyncio.create_task(silence.watch())
         try:
             await self._read_events(call, silence)
