@@ -13,6 +13,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
@@ -503,7 +504,7 @@ async def test_a_page_runs_requests_that_come_together_each_once(
     await wait_for_tools(stack, "web-batch", DECLARED)
     ids = [f"web-batch-{n}" for n in range(5)]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.bridge.internal_port}") as channel:
-        dispatch = bridge_pb2_grpc.BridgeServiceStub(channel).DispatchToolRequests()
+        dispatch: Any = bridge_pb2_grpc.BridgeServiceStub(channel).DispatchToolRequests()
         requests = [
             bridge_pb2.ToolRequest(
                 session_id="web-batch",
