@@ -485,7 +485,8 @@ class InvocationClient:
                     timeout=5.0,
                     metadata=await self._bearer.metadata(metadata),
                 )
-        except grpc.aio.AioRpcError:
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+            # Not told (UsageError: the client was closed meanwhile, a call ending as it closed).
             return False
         return True
 
