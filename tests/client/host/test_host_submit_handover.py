@@ -1,16 +1,19 @@
 """A host leaves a frozen bridge replica for the next one in time. A result: before the deadline,
 a submit attempt waits only its share of the time until the deadline (not of the late window
-after it). A new stream: it waits FIRST_EVENT_ELSEWHERE_S for the bridge's first event, not 30 s.
+after it). A new stream: it opens on a replica that answers its health check, and waits
+FIRST_EVENT_ELSEWHERE_S for the bridge's first event, not 30 s.
 Scripted bridges: one sends a request and then answers nothing (frozen), one never opens, one
 takes results."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 from scripted_bridge import ScriptedBridge, scripted
 
@@ -114,3 +117,55 @@ async def test_a_host_connecting_to_a_frozen_replica_opens_on_the_next_one() -> 
         finally:
             await host.stop()
     assert time.monotonic() - began < engine.FIRST_EVENT_S
+
+
+class FrozenServer:
+    """A server that takes every call and answers none: a health check or OpenHostSession waits
+    for ever (a frozen replica), each open counted."""
+
+    def __init__(self) -> None:
+        self.opens = 0
+
+    async def _hang(self, request: bytes, context: Any) -> bytes:
+        await asyncio.Event().wait()
+        return b""
+
+    async def _open(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
+        self.opens += 1
+        await asyncio.Event().wait()
+        yield b""
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[str]:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(self._hang)}
+                ),
+                grpc.method_handlers_generic_handler(
+                    "toolmesh.v1.BridgeService",
+                    {"OpenHostSession": grpc.unary_stream_rpc_method_handler(self._open)},
+                ),
+            )
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            await server.stop(0)
+
+
+async def test_a_host_opens_on_a_replica_that_answers_its_health_check_not_on_a_frozen_one() -> None:
+    frozen, taking = FrozenServer(), TakingBridge()
+    async with frozen.serving() as first, scripted(taking) as second:
+        host = ToolHost(f"{first},{second}", "s")
+        host.on_tool("quick", lambda args, ctx: {"done": True})
+        try:
+            await host.start(timeout=engine.FIRST_EVENT_ELSEWHERE_S)
+            assert host.host_session_id == "hs_next"
+        finally:
+            await host.stop()
+    # Its health check unanswered, the first address never got the stream.
+    assert frozen.opens == 0

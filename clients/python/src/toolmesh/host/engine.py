@@ -36,6 +36,7 @@ from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ProgressReporter, ToolContext
 from toolmesh.host.host_work import HostWorkLink
+from toolmesh.host.replicas import first_answering
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
@@ -437,6 +438,8 @@ class HostEngine:
         backoff = Backoff()
         while not self.stopping:
             self._on(Trigger.CONNECT)
+            if len(self._channels) > 1:
+                await self._turn_to_answering_replica()
             try:
                 await self._serve_once()
                 backoff.reset()
@@ -464,6 +467,19 @@ class HostEngine:
             # Waiting to reconnect, but not past stop(): it would wait as long.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), backoff.next())
+
+    async def _turn_to_answering_replica(self) -> None:
+        """Open on a replica that answers (toolmesh.host.replicas).
+
+        The current one if it does at once, else the first of them all to; the current one still
+        when none does within FIRST_EVENT_ELSEWHERE_S.
+        """
+        turn = await first_answering(
+            self._channels, self._turn, FIRST_EVENT_ELSEWHERE_S, self._stop_requested
+        )
+        if turn is not None and turn != self._turn:
+            self._turn = turn
+            self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channels[turn])
 
     def _refused(self, error: grpc.aio.AioRpcError) -> None:
         code = error_code(error)
