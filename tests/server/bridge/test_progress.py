@@ -33,6 +33,8 @@ TOOLS = [
     ToolSpec("hostile", "Reports hostile progress", OBJECT),
     ToolSpec("odd_reports", "Reports what the SDK cannot send", OBJECT),
     ToolSpec("sync_steps", "A sync handler reporting progress from its thread", OBJECT),
+    ToolSpec("last_words", "Reports progress from a task of its own and answers at once", OBJECT),
+    ToolSpec("sync_last_words", "A sync handler that reports progress and answers at once", OBJECT),
 ]
 
 
@@ -44,6 +46,7 @@ class Handlers:
         self.started: dict[str, asyncio.Event] = {}
         self.release = asyncio.Event()
         self.host: ToolHost | None = None
+        self.reporting: asyncio.Future[None] | None = None
 
     async def steps(self, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         count = int(args.get("count", 3))
@@ -80,6 +83,16 @@ class Handlers:
         ctx.report_progress(2, 2)
         time.sleep(0.15)
         return "done"
+
+    async def last_words(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        # As an MCP server's progress reaches `toolmesh host --mcp`: from a callback's own task,
+        # not awaited by the handler, which answers at once.
+        self.reporting = asyncio.ensure_future(ctx.report_progress(1, 1, "last words"))
+        return "said"
+
+    def sync_last_words(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        ctx.report_progress(1, 1, "last words")
+        return "said"
 
     async def hostile(self, args: dict[str, Any], ctx: ToolContext) -> str:
         await self.release.wait()
@@ -141,6 +154,19 @@ async def test_a_sync_handler_reports_progress_from_its_thread(client: Invocatio
     result = await client.invoke(SESSION, "sync_steps", {}, turn_id="t", on_progress=reports.append)
     assert result.outcome is not None and result.outcome.result_json == '"done"'
     assert [(p.progress, p.total, p.message) for p in reports] == [(1, 2, "from a thread"), (2, 2, None)]
+
+
+@pytest.mark.parametrize("tool", ["last_words", "sync_last_words"])
+async def test_a_report_made_before_the_handler_answers_reaches_the_caller_before_the_result(
+    client: InvocationClient, tool: str
+) -> None:
+    """The result waits for the reports made before it: once the request has ended, the bridge
+    drops a report that comes after it."""
+    for attempt in range(5):  # several times: a race, if there is one, shows
+        reports: list[ToolProgress] = []
+        result = await client.invoke(SESSION, tool, {"n": attempt}, turn_id="t", on_progress=reports.append)
+        assert result.outcome is not None and result.outcome.result_json == '"said"'
+        assert [(p.progress, p.total, p.message) for p in reports] == [(1, 1, "last words")]
 
 
 async def test_progress_does_not_extend_the_deadline_and_is_rate_limited(client: InvocationClient) -> None:

@@ -363,6 +363,8 @@ class HostEngine:
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self.active: dict[str, ActiveCall] = {}
+        # Progress reports on their way, by request: its result waits for them (see _submit).
+        self._progress_sends: dict[str, set[asyncio.Task[None]]] = {}
         self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
         self._answering: set[asyncio.Task[None]] = set()
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
@@ -854,15 +856,28 @@ class HostEngine:
         """
         loop = asyncio.get_running_loop()
 
+        def send(progress: float, total: float | None, message: str | None) -> asyncio.Task[None]:
+            task = asyncio.ensure_future(self._report_progress(tool_request_id, progress, total, message))
+            sending = self._progress_sends.setdefault(tool_request_id, set())
+            sending.add(task)
+
+            def sent(_: object) -> None:
+                sending.discard(task)
+                if not sending and self._progress_sends.get(tool_request_id) is sending:
+                    del self._progress_sends[tool_request_id]
+
+            task.add_done_callback(sent)
+            return task
+
         def report(progress: float, total: float | None, message: str | None) -> Awaitable[None]:
-            sending = self._report_progress(tool_request_id, progress, total, message)
             try:
                 on_loop = asyncio.get_running_loop() is loop
             except RuntimeError:  # no loop in this thread: a worker thread
                 on_loop = False
             if on_loop:
-                return sending
-            asyncio.run_coroutine_threadsafe(sending, loop)
+                return send(progress, total, message)
+            # Queued on the loop before the handler's return is: its result waits for it too.
+            loop.call_soon_threadsafe(send, progress, total, message)
             return _SENT
 
         return report
@@ -1007,6 +1022,11 @@ class HostEngine:
         (REQUEST_ENDED, ended=answered).
         """
         try:
+            sending = self._progress_sends.pop(ctx.tool_request_id, None)
+            if sending:
+                # A report made before the result goes before it: once the request has ended, the
+                # bridge drops a report (REQUEST_ENDED). Each send is bounded (PROGRESS_TIMEOUT_S).
+                await asyncio.wait(sending)
             cause, detail = await self._hand_in(outcome, ctx, host_session_id)
         except asyncio.CancelledError:
             # Only stop() cancels a submit: the result goes nowhere, so say so.
