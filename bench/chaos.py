@@ -77,6 +77,7 @@ from bench.faults import free_port
 from bench.host import READY
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
+from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.host.engine import LATE_SUBMIT_S
 
@@ -447,12 +448,7 @@ class Load:
                 invocation = None  # a replica down, or the store: ask again
             late = invocation.late_outcome if invocation is not None else None
             if late is not None:
-                execution = None
-                if late.failure is None:
-                    with contextlib.suppress(ValueError, TypeError, KeyError):
-                        execution = json.loads(late.result_json or "")["execution"]
-                code = "OK" if late.failure is None else late.failure.code
-                call.late = Late(time.time(), code, execution)
+                call.late = Late(time.time(), *_answer_of(late))
                 return
             if time.time() > give_up:
                 call.late = Late(time.time())
@@ -485,16 +481,13 @@ class Load:
             code = (result.code or Code.TRANSPORT_FAILED).value
             return Attempt(replica, started, ended, code, False, result.tool_request_id)
         failure = outcome.failure
-        execution = None
-        if failure is None:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                execution = json.loads(outcome.result_json or "")["execution"]
+        code, execution = _answer_of(outcome)
         owner_lost = failure is not None and bool((failure.details or {}).get("ownerLost"))
         return Attempt(
             replica,
             started,
             ended,
-            "OK" if failure is None else failure.code,
+            code,
             True,
             result.tool_request_id,
             execution,
@@ -506,6 +499,15 @@ class Load:
     async def close(self) -> None:
         for client in self._clients:
             await client.close()
+
+
+def _answer_of(outcome: Outcome) -> tuple[str, str | None]:
+    """An outcome's code ("OK" for a result) and, for a result, the execution it names."""
+    if outcome.failure is not None:
+        return outcome.failure.code, None
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return "OK", json.loads(outcome.result_json or "")["execution"]
+    return "OK", None
 
 
 # -- the checker --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from bench import loops
 from bench.handlers import HANDLERS
@@ -34,12 +35,13 @@ def _report(error: HostError) -> None:
 async def serve(bridge: str, session: str) -> None:
     # TLS and a token when the environment gives them (TOOLMESH_TLS_CA, TOOLMESH_TOKEN).
     credentials, token = client_credentials(), token_from_env()
-    if os.environ.get(ACKNOWLEDGE_STARTS) == "0":
-        host = ToolHost(
-            bridge, session, host_name="bench", credentials=credentials, token=token, acknowledge_starts=False
-        )
-    else:  # not named: a baseline tree older than start acknowledgements has no such argument
-        host = ToolHost(bridge, session, host_name="bench", credentials=credentials, token=token)
+    # Named only when asked: a baseline tree older than start acknowledgements has no such argument.
+    unacknowledged: dict[str, Any] = (
+        {"acknowledge_starts": False} if os.environ.get(ACKNOWLEDGE_STARTS) == "0" else {}
+    )
+    host = ToolHost(
+        bridge, session, host_name="bench", credentials=credentials, token=token, **unacknowledged
+    )
     for name, handler in HANDLERS.items():
         host.on_tool(name, handler)
     host.on_error(_report)

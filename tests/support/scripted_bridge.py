@@ -48,10 +48,11 @@ class ScriptedBridge(bridge_pb2_grpc.BridgeServiceServicer):
 
 
 @contextlib.asynccontextmanager
-async def scripted(bridge: ScriptedBridge) -> AsyncIterator[str]:
-    """`bridge` served on a real port of its own: its address."""
+async def scripted(bridge: ScriptedBridge, *more: grpc.GenericRpcHandler) -> AsyncIterator[str]:
+    """`bridge` served on a real port of its own, with the services `more` handles: its address."""
     server = grpc.aio.server()
     bridge_pb2_grpc.add_BridgeServiceServicer_to_server(bridge, server)
+    server.add_generic_rpc_handlers(more)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

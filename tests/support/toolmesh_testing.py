@@ -25,7 +25,7 @@ from toolmesh.core import event_loop
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
-from toolmesh.v1 import bridge_pb2_grpc
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
 # The tests' helper files (handler modules, peers, lock files) and the repository they test.
 SUPPORT = Path(__file__).resolve().parent
@@ -382,3 +382,17 @@ async def bridge_stubs(server: Any) -> AsyncIterator[tuple[Any, Any]]:
         grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as internal,
     ):
         yield bridge_pb2_grpc.BridgeServiceStub(public), bridge_pb2_grpc.BridgeServiceStub(internal)
+
+
+async def dispatch_together(internal: Any, requests: list[bridge_pb2.ToolRequest]) -> dict[str, str]:
+    """`requests` in one DispatchToolRequests message to a bridge's internal stub, as the invocation
+    service sends the calls that are ready together: each one's result JSON, by tool request id."""
+    dispatch = internal.DispatchToolRequests()
+    await dispatch.write(bridge_pb2.DispatchToolRequestsRequest(requests=requests))
+    answered: dict[str, str] = {}
+    while len(answered) < len(requests):
+        response = await asyncio.wait_for(dispatch.read(), 10)
+        for result in response.results:
+            answered[result.tool_request_id] = result.outcome.result_json
+    dispatch.cancel()
+    return answered

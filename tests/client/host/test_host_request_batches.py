@@ -4,7 +4,6 @@ requests in one message, which the bridge queues for the host together."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from toolmesh.assembly.system import start_bridge
 from toolmesh.host import HostError, ToolContext, ToolHost
 from toolmesh.v1 import bridge_pb2
-from toolmesh_testing import bridge_stubs
+from toolmesh_testing import bridge_stubs, dispatch_together
 
 pytestmark = pytest.mark.integration
 
@@ -36,28 +35,20 @@ async def test_requests_that_come_together_each_run_once_and_are_answered_each()
     ids = [f"batch-{n}" for n in range(5)]
     try:
         async with bridge_stubs(server) as (_, internal):
-            dispatch = internal.DispatchToolRequests()
-            await dispatch.write(
-                bridge_pb2.DispatchToolRequestsRequest(
-                    requests=[
-                        bridge_pb2.ToolRequest(
-                            session_id=SESSION,
-                            turn_id="turn",
-                            tool_request_id=request_id,
-                            tool_name="echo",
-                            arguments_json=json.dumps({"n": n}),
-                            timeout_ms=5000,
-                        )
-                        for n, request_id in enumerate(ids)
-                    ]
-                )
+            answered = await dispatch_together(
+                internal,
+                [
+                    bridge_pb2.ToolRequest(
+                        session_id=SESSION,
+                        turn_id="turn",
+                        tool_request_id=request_id,
+                        tool_name="echo",
+                        arguments_json=json.dumps({"n": n}),
+                        timeout_ms=5000,
+                    )
+                    for n, request_id in enumerate(ids)
+                ],
             )
-            answered: dict[str, str] = {}
-            while len(answered) < len(ids):
-                response = await asyncio.wait_for(dispatch.read(), 10)
-                for result in response.results:
-                    answered[result.tool_request_id] = result.outcome.result_json
-            dispatch.cancel()
     finally:
         await host.stop()
         await server.stop(0.1)

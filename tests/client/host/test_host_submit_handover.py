@@ -8,7 +8,6 @@ takes results."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -98,11 +97,26 @@ async def test_a_result_leaves_a_frozen_replica_for_the_next_one_before_the_dead
 
 
 class SilentBridge(ScriptedBridge):
-    """Takes the stream and never opens it (a replica frozen as the host connects)."""
+    """Takes the stream and never opens it (a replica frozen as the host connects); counts them."""
+
+    def __init__(self) -> None:
+        self.opens = 0
 
     async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        self.opens += 1
         await asyncio.Event().wait()
         yield  # never reached
+
+
+async def _unanswered(request: bytes, context: Any) -> bytes:
+    await asyncio.Event().wait()
+    return b""
+
+
+# A health service that answers no check, as on a frozen replica.
+FROZEN_HEALTH = grpc.method_handlers_generic_handler(
+    "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(_unanswered)}
+)
 
 
 async def test_a_host_connecting_to_a_frozen_replica_opens_on_the_next_one() -> None:
@@ -119,47 +133,9 @@ async def test_a_host_connecting_to_a_frozen_replica_opens_on_the_next_one() -> 
     assert time.monotonic() - began < engine.FIRST_EVENT_S
 
 
-class FrozenServer:
-    """A server that takes every call and answers none: a health check or OpenHostSession waits
-    for ever (a frozen replica), each open counted."""
-
-    def __init__(self) -> None:
-        self.opens = 0
-
-    async def _hang(self, request: bytes, context: Any) -> bytes:
-        await asyncio.Event().wait()
-        return b""
-
-    async def _open(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
-        self.opens += 1
-        await asyncio.Event().wait()
-        yield b""
-
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[str]:
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(self._hang)}
-                ),
-                grpc.method_handlers_generic_handler(
-                    "toolmesh.v1.BridgeService",
-                    {"OpenHostSession": grpc.unary_stream_rpc_method_handler(self._open)},
-                ),
-            )
-        )
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            yield f"127.0.0.1:{port}"
-        finally:
-            await server.stop(0)
-
-
 async def test_a_host_opens_on_a_replica_that_answers_its_health_check_not_on_a_frozen_one() -> None:
-    frozen, taking = FrozenServer(), TakingBridge()
-    async with frozen.serving() as first, scripted(taking) as second:
+    frozen, taking = SilentBridge(), TakingBridge()
+    async with scripted(frozen, FROZEN_HEALTH) as first, scripted(taking) as second:
         host = ToolHost(f"{first},{second}", "s")
         host.on_tool("quick", lambda args, ctx: {"done": True})
         try:

@@ -13,7 +13,6 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import pytest
@@ -27,7 +26,7 @@ from toolmesh.core.outcome import ErrorKind
 from toolmesh.core.tools import ToolSet, ToolSpec
 from toolmesh.runtime.server import RunningServer
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
-from toolmesh_testing import eventually, run_cli
+from toolmesh_testing import dispatch_together, eventually, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -504,7 +503,6 @@ async def test_a_page_runs_requests_that_come_together_each_once(
     await wait_for_tools(stack, "web-batch", DECLARED)
     ids = [f"web-batch-{n}" for n in range(5)]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.bridge.internal_port}") as channel:
-        dispatch: Any = bridge_pb2_grpc.BridgeServiceStub(channel).DispatchToolRequests()
         requests = [
             bridge_pb2.ToolRequest(
                 session_id="web-batch",
@@ -517,13 +515,7 @@ async def test_a_page_runs_requests_that_come_together_each_once(
             for n, request_id in enumerate(ids)
             for tool in ["noop" if n % 2 else "echo"]
         ]
-        await dispatch.write(bridge_pb2.DispatchToolRequestsRequest(requests=requests))
-        answered: dict[str, str] = {}
-        while len(answered) < len(ids):
-            response = await asyncio.wait_for(dispatch.read(), 10)
-            for result in response.results:
-                answered[result.tool_request_id] = result.outcome.result_json
-        dispatch.cancel()
+        answered = await dispatch_together(bridge_pb2_grpc.BridgeServiceStub(channel), requests)
     for n, request_id in enumerate(ids):
         assert json.loads(answered[request_id]) == (
             {"ok": True}
