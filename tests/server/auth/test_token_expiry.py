@@ -14,15 +14,17 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+import uvloop
 
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.auth.tokens import SharedSecret, Verifier
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.bearer import renew_in
-from toolmesh.core.errors import Code
+from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.rpcstatus import error_code, error_info
 from toolmesh.core.tools import ToolSpec
 from toolmesh.host import ToolContext, ToolHost
+from toolmesh.runtime.instrument import until_token_expires
 from toolmesh.runtime.security import Security
 from toolmesh.v1 import (
     bridge_pb2,
@@ -72,6 +74,29 @@ def test_a_stream_is_renewed_ahead_of_its_token() -> None:
     assert renew_in(short, now=time.time() + 10) == 0.0  # already past: at once
     ahead = renew_in(short)
     assert ahead is not None and 1.0 < ahead < 2.1  # a third of what is left, ahead
+
+
+@pytest.mark.unit
+def test_a_stream_ends_unauthenticated_at_expiry_on_uvloop() -> None:
+    """uvloop's clock (whole milliseconds, read once per turn) can be short of a deadline whose
+    timer has fired: expiry was then taken for the servicer's own timeout, and the stream ended
+    INTERNAL (17 of 40 deadlines below, before the fix)."""
+
+    async def silent() -> AsyncIterator[None]:
+        await asyncio.Event().wait()
+        yield None
+
+    async def codes() -> list[Code]:
+        ended = []
+        for step in range(40):  # deadlines with every fraction of a millisecond
+            with pytest.raises(ToolmeshError) as error:
+                async for _ in until_token_expires(silent(), time.time() + 0.005 + step * 0.00023):
+                    pass
+            ended.append(error.value.code)
+        return ended
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert set(runner.run(codes())) == {Code.UNAUTHENTICATED}
 
 
 @SAME_LOOP

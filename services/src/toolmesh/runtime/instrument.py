@@ -134,13 +134,16 @@ async def until_token_expires(items: AsyncIterator[Any], expires_at: float | Non
     deadline = loop.time() + (expires_at - time.time())
     async with contextlib.aclosing(_generator(items)) as generator:
         while True:
+            # The scope says whether its own deadline fired: the loop's clock cannot, as uvloop's
+            # (whole milliseconds, read once per turn) may still be short of it when it fires.
+            expiry = asyncio.timeout_at(deadline)
             try:
-                async with asyncio.timeout_at(deadline):
+                async with expiry:
                     item = await anext(generator)
             except StopAsyncIteration:
                 return
             except TimeoutError:
-                if loop.time() < deadline:
+                if not expiry.expired():
                     raise  # the servicer's own timeout
                 raise token_expired() from None
             yield item
