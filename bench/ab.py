@@ -36,9 +36,10 @@ from bench import loops, measure, procs, tracing
 
 MARK = "ab-result "
 READY = "ab-side ready"
-SIDES = ("floor", "baseline", "head", "head-uvloop")
-# With --uvloop, a fourth side: this tree again, every process of it on uvloop (bench.loops).
-UVLOOP_ENV = {"TOOLMESH_EVENT_LOOP": "uvloop"}
+SIDES = ("floor", "baseline", "head", "head-asyncio")
+# With --standard-loop, a fourth side: this tree again, every process of it on the standard loop
+# (the other sides run on uvloop where it is installed, as the services do: bench.loops).
+STANDARD_LOOP_ENV = {"TOOLMESH_EVENT_LOOP": "asyncio"}
 # What each round measures on each side: (figure group, way of calling, kind of measurement).
 MEASUREMENTS = (("unary", "sequential"), ("unary", "throughput"), ("stream", "throughput"))
 # The figures of one round on one side, from its measurements (see round_figures).
@@ -194,10 +195,10 @@ def summarize(rounds: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, A
             key: _spread([h[key] / b[key] for h, b in zip(figures["head"], figures["baseline"], strict=True)])
             for _, key in FIGURES
         }
-    if "head-uvloop" in figures:
-        out["uvloop/head"] = {
+    if "head-asyncio" in figures:
+        out["asyncio/head"] = {
             key: _spread(
-                [u[key] / h[key] for u, h in zip(figures["head-uvloop"], figures["head"], strict=True)]
+                [u[key] / h[key] for u, h in zip(figures["head-asyncio"], figures["head"], strict=True)]
             )
             for _, key in FIGURES
         }
@@ -231,7 +232,7 @@ def _ratio(spread: dict[str, float]) -> str:
 def table(results: dict[str, Any]) -> str:
     meta, summary = results["meta"], results["summary"]
     sides = [side for side in SIDES if side in summary["medians"]]
-    names = {"floor": "floor", "baseline": meta["baseline"], "head": meta["head"], "head-uvloop": "uvloop"}
+    names = {"floor": "floor", "baseline": meta["baseline"], "head": meta["head"], "head-asyncio": "asyncio"}
     lines = [
         f"A/B: {meta['baseline']} (baseline) against {meta['head']} (head), "
         f"medians of {summary['rounds']} rounds, sides in turns",
@@ -255,14 +256,14 @@ def table(results: dict[str, Any]) -> str:
         f"  {'figure':<32}"
         + "".join(f"{names[side]:>14}" for side in sides)
         + f"{'head/baseline':>24}"
-        + (f"{'uvloop/head':>24}" if "uvloop/head" in summary else ""),
+        + (f"{'asyncio/head':>24}" if "asyncio/head" in summary else ""),
     ]
     for label, key in FIGURES:
         row = f"  {label:<32}" + "".join(f"{summary['medians'][side][key]:>14.3f}" for side in sides)
         if "head/baseline" in summary:
             row += f"{_ratio(summary['head/baseline'][key]):>24}"
-        if "uvloop/head" in summary:
-            row += f"{_ratio(summary['uvloop/head'][key]):>24}"
+        if "asyncio/head" in summary:
+            row += f"{_ratio(summary['asyncio/head'][key]):>24}"
         lines.append(row)
     if "versus_floor" in summary:
         lines.append("")
@@ -289,16 +290,16 @@ def table(results: dict[str, Any]) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     """The run as a Markdown table (the README's Performance section): each figure's median by side,
-    head/baseline (and uvloop/head) with the rounds' range, then each side against the floor."""
+    head/baseline (and asyncio/head) with the rounds' range, then each side against the floor."""
     meta, summary = results["meta"], results["summary"]
     sides = [side for side in SIDES if side in summary["medians"]]
     names = {
         "floor": "floor",
         "baseline": meta["baseline"],
         "head": meta["head"],
-        "head-uvloop": "head on uvloop",
+        "head-asyncio": "head on the standard loop",
     }
-    ratios = [name for name in ("head/baseline", "uvloop/head") if name in summary]
+    ratios = [name for name in ("head/baseline", "asyncio/head") if name in summary]
     columns = [*(names[side] for side in sides), *ratios]
     lines = ["| | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
     for label, key in FIGURES:
@@ -323,7 +324,7 @@ async def run(
     head: str,
     load: Callable[[], str],
     traced: bool = False,
-    uvloop: bool = False,
+    standard_loop: bool = False,
     baseline_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """With `traced`, both toolmesh sides export their spans over OTLP to a receiver in this process;
@@ -341,7 +342,7 @@ async def run(
             head=head,
             load=load,
             exporting=exporting,
-            uvloop=uvloop,
+            standard_loop=standard_loop,
             baseline_env=baseline_env or {},
         )
     if sink is not None:
@@ -361,7 +362,7 @@ async def _run(
     head: str,
     load: Callable[[], str],
     exporting: dict[str, str],
-    uvloop: bool,
+    standard_loop: bool,
     baseline_env: dict[str, str],
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
@@ -377,7 +378,7 @@ async def _run(
         "traced": bool(exporting),
         "baseline_env": baseline_env,
     }
-    names = [side for side in SIDES if uvloop or side != "head-uvloop"]
+    names = [side for side in SIDES if standard_loop or side != "head-asyncio"]
     measured: dict[str, list[dict[str, dict[str, Any]]]] = {side: [] for side in names}
     with tempfile.TemporaryDirectory(prefix="toolmesh-ab-") as directory:
         sha, extracted_env = procs.extract(ref, Path(directory))
@@ -386,7 +387,7 @@ async def _run(
             "floor": {},
             "baseline": extracted_env | baseline_env | exporting,
             "head": exporting,
-            "head-uvloop": UVLOOP_ENV | exporting,
+            "head-asyncio": STANDARD_LOOP_ENV | exporting,
         }
         sides: list[Side] = []
         try:

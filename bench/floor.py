@@ -26,6 +26,8 @@ from typing import Any
 
 import grpc
 
+from bench import loops
+
 INVOKE = "/floor.Front/Invoke"
 LOOKUP = "/floor.Lookup/Get"
 DISPATCH = "/floor.Back/Dispatch"
@@ -200,14 +202,14 @@ def main() -> None:
     parser.add_argument("--arrivals", type=Path, help="host: where to keep the count of held requests")
     args = parser.parse_args()
     if args.role == "front":
-        asyncio.run(front(args.listen, args.back, args.lookup))
+        loops.run(front(args.listen, args.back, args.lookup))
     elif args.role == "back":
-        asyncio.run(back(args.listen))
+        loops.run(back(args.listen))
     elif args.role == "lookup":
-        asyncio.run(lookup_server(args.listen))
+        loops.run(lookup_server(args.listen))
     else:
         hold = Hold(args.hold, args.hold_s, args.arrivals) if args.hold else None
-        asyncio.run(host(args.back, hold))
+        loops.run(host(args.back, hold))
 
 
 if __name__ == "__main__":

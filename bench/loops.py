@@ -17,10 +17,14 @@ T = TypeVar("T")
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)`, on uvloop when TOOLMESH_EVENT_LOOP=uvloop."""
-    if os.environ.get(ENV, "").strip() == "uvloop":
-        import uvloop  # noqa: PLC0415 - only on the sides that measure it
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(main)
+    """`asyncio.run(main)` on uvloop, unless TOOLMESH_EVENT_LOOP=asyncio or uvloop is not installed
+    (the rule of toolmesh.core.event_loop, so that the floor runs on the loop the services do)."""
+    if os.environ.get(ENV, "").strip() != "asyncio":
+        try:
+            import uvloop  # noqa: PLC0415 - as the services, where it is installed
+        except ImportError:
+            pass
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(main)
     return asyncio.run(main)

@@ -413,9 +413,10 @@ def main(argv: list[str] | None = None) -> None:
         help="with --ab: both sides trace, exporting every span over OTLP to a receiver in this process",
     )
     parser.add_argument(
-        "--uvloop",
+        "--standard-loop",
         action="store_true",
-        help="with --ab: a fourth side, this tree with every process on uvloop (TOOLMESH_EVENT_LOOP)",
+        help="with --ab: a fourth side, this tree with every process on asyncio's standard loop "
+        "(TOOLMESH_EVENT_LOOP=asyncio; the other sides run on uvloop, as the services do)",
     )
     parser.add_argument(
         "--baseline-env",
@@ -439,8 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    if (args.uvloop or args.baseline_env) and args.ab is None:
-        parser.error("--uvloop and --baseline-env are about the A/B's sides: add --ab REF")
+    if (args.standard_loop or args.baseline_env) and args.ab is None:
+        parser.error("--standard-loop and --baseline-env are about the A/B's sides: add --ab REF")
     baseline_env = dict(pair.partition("=")[::2] for pair in args.baseline_env)
     if any(not name for name in baseline_env):
         parser.error("--baseline-env takes NAME=VALUE")
@@ -459,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
                 head=_commit(),
                 load=_load,
                 traced=args.traced,
-                uvloop=args.uvloop,
+                standard_loop=args.standard_loop,
                 baseline_env=baseline_env,
             )
         )

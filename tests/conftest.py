@@ -27,9 +27,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
-# TOOLMESH_EVENT_LOOP=uvloop runs the suite on uvloop: the tests' own loops here, and (the variable
-# inherited) every process they start. Unset, pytest-asyncio's default loop, as without this hook.
-_LOOP_FACTORY = event_loop.loop_factory()
+# Unset, the tests' own loops are pytest-asyncio's default (the standard loop, as most programs that
+# embed the client SDK run), and every process they start runs on uvloop, the services' default: a run
+# covers both loops. TOOLMESH_EVENT_LOOP=uvloop or asyncio puts the tests' loops and (the variable
+# inherited) every process they start on that one loop.
+_LOOP_FACTORY = event_loop.loop_factory() if os.environ.get(event_loop.ENV, "").strip() else None
 if _LOOP_FACTORY is not None:
 
     def pytest_asyncio_loop_factories(

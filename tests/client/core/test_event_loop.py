@@ -22,15 +22,28 @@ async def _on_uvloop() -> bool:
     return isinstance(asyncio.get_running_loop(), uvloop.Loop)
 
 
-@pytest.mark.parametrize("value", [None, "", "asyncio"])
-def test_the_standard_loop_unless_told(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+def test_the_standard_loop_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(event_loop.ENV, "asyncio")
+    factory = event_loop.loop_factory()
+    assert factory is None
+    assert event_loop.run(_loop_module(), factory).startswith("asyncio")
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_uvloop_by_default(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
     if value is None:
         monkeypatch.delenv(event_loop.ENV, raising=False)
     else:
         monkeypatch.setenv(event_loop.ENV, value)
     factory = event_loop.loop_factory()
-    assert factory is None
-    assert event_loop.run(_loop_module(), factory).startswith("asyncio")
+    assert factory is not None
+    assert event_loop.run(_on_uvloop(), factory)
+
+
+def test_the_standard_loop_by_default_without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(event_loop.ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed: its import fails
+    assert event_loop.loop_factory() is None
 
 
 def test_uvloop_when_told(monkeypatch: pytest.MonkeyPatch) -> None:

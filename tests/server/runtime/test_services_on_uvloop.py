@@ -1,8 +1,9 @@
-"""TOOLMESH_EVENT_LOOP: the services, the CLI and `toolmesh host` on uvloop when asked, refused when unknown.
+"""TOOLMESH_EVENT_LOOP: the services, the CLI and `toolmesh host` on uvloop by default and when asked,
+on the standard loop when told, refused when unknown.
 
 Real processes: registry, bridge and invocation as `python -m toolmesh.<service>`,
 a `toolmesh host` process, and a call through them; each process's memory map
-shows that it loaded uvloop's extension (it is imported only when chosen).
+shows whether it loaded uvloop's extension (it is imported only to run on it).
 """
 
 from __future__ import annotations
@@ -61,13 +62,17 @@ async def test_a_call_through_services_and_host_on_uvloop(tmp_path: Path) -> Non
             await service.stop()
 
 
-async def test_the_standard_loop_by_default() -> None:
-    env = {key: value for key, value in os.environ.items() if key != event_loop.ENV}
-    registry = await start_service_process("registry", env=env)
+async def test_uvloop_by_default_and_the_standard_loop_when_told() -> None:
+    unset = {key: value for key, value in os.environ.items() if key != event_loop.ENV}
+    default, told = await asyncio.gather(
+        start_service_process("registry", env=unset),
+        start_service_process("registry", env=dict(unset, TOOLMESH_EVENT_LOOP="asyncio")),
+    )
     try:
-        assert not loaded_uvloop(registry.process.pid)
+        assert loaded_uvloop(default.process.pid)
+        assert not loaded_uvloop(told.process.pid)
     finally:
-        await registry.stop()
+        await asyncio.gather(default.stop(), told.stop())
 
 
 async def test_an_unknown_loop_is_a_usage_error() -> None:

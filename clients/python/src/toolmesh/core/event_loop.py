@@ -1,13 +1,15 @@
-"""Which asyncio event loop a toolmesh process runs on: the standard one, or uvloop on request.
+"""Which asyncio event loop a toolmesh process runs on: uvloop where it is installed, else the standard one.
 
-`TOOLMESH_EVENT_LOOP=uvloop` (with the `uvloop` extra installed) runs the
-services, `toolmesh host` and the bench's processes on uvloop; unset or
-`asyncio`, on the standard loop. Opt-in: `python -m bench --only latency --ab
-REF --uvloop` measures what it pays on this machine (bench/README.md).
-grpc.aio runs on either: its poller thread wakes the loop through a socket
-the loop reads, which uvloop serves as any other. On uvloop a subprocess is
-started by `subprocess.Popen`, as on the standard loop, not by libuv's fork()
-(toolmesh.core.spawn: a fork runs grpcio's at-fork handlers in the child).
+The services (whose distribution depends on uvloop), `toolmesh host`, the CLI
+and the bench's processes run on uvloop unless `TOOLMESH_EVENT_LOOP=asyncio`
+says otherwise; where uvloop is not installed (the client without its
+`uvloop` extra), on the standard loop. `TOOLMESH_EVENT_LOOP=uvloop` insists on
+it. What it pays, measured by `python -m bench --only latency --ab REF
+--standard-loop`: bench/README.md. grpc.aio runs on either: its poller thread
+wakes the loop through a socket the loop reads, which uvloop serves as any
+other. On uvloop a subprocess is started by `subprocess.Popen`, as on the
+standard loop, not by libuv's fork() (toolmesh.core.spawn: a fork runs
+grpcio's at-fork handlers in the child).
 """
 
 from __future__ import annotations
@@ -24,18 +26,21 @@ T = TypeVar("T")
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The factory of the loop TOOLMESH_EVENT_LOOP names (None: asyncio's own).
+    """The factory of the loop TOOLMESH_EVENT_LOOP names (None: asyncio's own); unset, uvloop's
+    when it is installed.
 
-    Raises ValueError for an unknown name, and for uvloop when it is not installed.
+    Raises ValueError for an unknown name, and for uvloop named when it is not installed.
     """
-    choice = os.environ.get(ENV, "").strip() or "asyncio"
-    if choice not in CHOICES:
+    choice = os.environ.get(ENV, "").strip()
+    if choice and choice not in CHOICES:
         raise ValueError(f"{ENV} must be one of {', '.join(CHOICES)}, not {choice!r}")
     if choice == "asyncio":
         return None
     try:
-        import uvloop  # noqa: PLC0415 - an optional dependency, imported only when asked for
+        import uvloop  # noqa: PLC0415 - an optional dependency of the client
     except ImportError:
+        if not choice:
+            return None
         raise ValueError(f"{ENV}=uvloop needs the uvloop package (pip install 'toolmesh[uvloop]')") from None
     from toolmesh.core import spawn  # noqa: PLC0415 - only with uvloop
 
