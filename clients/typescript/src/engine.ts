@@ -16,6 +16,7 @@ import {
   RENEW_AHEAD_MS,
 } from "./gen/tables.js";
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
+import { firstAnswering } from "./replicas.js";
 import { convertReturn, runtimeError } from "./results.js";
 import { ResultSubmissions, SubmitCut } from "./submits.js";
 import { inHandlerSpan } from "./tracing.js";
@@ -89,6 +90,8 @@ export interface EngineOptions {
   readonly hostName: string;
   /** One per bridge replica. */
   readonly transports: readonly Transport[];
+  /** Each replica's health check (`GET /healthz`), when the transports were made from base URLs. */
+  readonly healthUrls: readonly string[] | undefined;
   readonly maxBackoffMs: number;
   readonly token: ToolHostOptions["token"];
 }
@@ -292,6 +295,7 @@ export class HostEngine {
     let backoff = RECONNECT_BACKOFF_FIRST_MS;
     for (;;) {
       try {
+        await this.openOnAnswering();
         await this.serveOnce();
         backoff = RECONNECT_BACKOFF_FIRST_MS;
       } catch (error) {
@@ -315,6 +319,23 @@ export class HostEngine {
       backoff = Math.min(backoff * 2, this.options.maxBackoffMs);
     }
     this.apply("exit");
+  }
+
+  /**
+   * With several replicas: open on one that answers (./replicas.ts). The current one if it does
+   * at once, else the first of them all to; the current one still when none does within
+   * FIRST_EVENT_ELSEWHERE_MS.
+   */
+  private async openOnAnswering(): Promise<void> {
+    const urls = this.options.healthUrls;
+    if (urls === undefined || urls.length < 2) {
+      return;
+    }
+    const stop = this.waiters.wait(FIRST_EVENT_ELSEWHERE_MS, (e) => e.trigger === "stop");
+    const turn = await firstAnswering(urls, this.turn, FIRST_EVENT_ELSEWHERE_MS, stop);
+    if (turn !== undefined) {
+      this.turn = turn;
+    }
   }
 
   /** The token to send now (the callback's current one), if any. */

@@ -3,6 +3,7 @@ import type { Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
 import { ToolDefinitionSchema, type ToolDefinition } from "./gen/toolmesh/v1/tool_pb.js";
 import { HostEngine } from "./engine.js";
+import { healthUrl } from "./replicas.js";
 import type { HostError } from "./errors.js";
 import { RECONNECT_BACKOFF_MAX_MS } from "./gen/tables.js";
 
@@ -135,6 +136,8 @@ export class ToolHost {
         sessionId: this.sessionId,
         hostName: this.hostName,
         transports: transportsFor(options),
+        // A transport of the page's own may lead anywhere: only base URLs say where to ask.
+        healthUrls: customTransports(options).length === 0 ? baseUrls(options).map(healthUrl) : undefined,
         maxBackoffMs: options.maxBackoffMs ?? RECONNECT_BACKOFF_MAX_MS,
         token: options.token,
       },
@@ -244,20 +247,29 @@ function toDefinition(name: string, declaration: ToolDeclaration): ToolDefinitio
   });
 }
 
-function transportsFor(options: ToolHostOptions): Transport[] {
-  if (options.transport !== undefined) {
-    const transports = Array.isArray(options.transport) ? [...options.transport] : [options.transport as Transport];
-    if (transports.length > 0) {
-      return transports;
-    }
+function customTransports(options: ToolHostOptions): Transport[] {
+  if (options.transport === undefined) {
+    return [];
   }
-  const urls = typeof options.baseUrl === "string" ? [options.baseUrl] : [...(options.baseUrl ?? [])];
+  return Array.isArray(options.transport) ? [...options.transport] : [options.transport as Transport];
+}
+
+function transportsFor(options: ToolHostOptions): Transport[] {
+  const transports = customTransports(options);
+  if (transports.length > 0) {
+    return transports;
+  }
+  const urls = baseUrls(options);
   if (urls.length === 0) {
     throw new TypeError("toolmesh: ToolHost needs a baseUrl (the bridge's port for pages) or a transport");
   }
   return urls.map((baseUrl) =>
     options.protocol === "grpc-web" ? createGrpcWebTransport({ baseUrl }) : createConnectTransport({ baseUrl }),
   );
+}
+
+function baseUrls(options: ToolHostOptions): string[] {
+  return typeof options.baseUrl === "string" ? [options.baseUrl] : [...(options.baseUrl ?? [])];
 }
 
 function defaultHostName(): string {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -13,6 +15,7 @@ from google.rpc import error_details_pb2
 
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.bridge.web import allowed_hosts, host_name, web_hosts, web_origins
+from toolmesh_testing import eventually
 
 ALLOWED = "http://app.example:5173"
 SERVICE = "/toolmesh.v1.BridgeService/"
@@ -189,3 +192,50 @@ def test_host_names_are_read_without_their_port(monkeypatch: pytest.MonkeyPatch)
     for bad in ("*", "a.example:80", "http://a.example"):
         with pytest.raises(SystemExit):
             web_hosts(bad)
+
+
+@pytest.mark.integration
+async def test_the_health_check_says_serving_to_anyone_who_may_reach_the_port(
+    http: httpx.AsyncClient, system: LocalSystem
+) -> None:
+    """No token (the services here verify none, but the answer needs none anywhere): it says SERVING
+    and nothing else, with CORS for an allowed page; the port's Host and origin checks still hold."""
+    plain = await http.get("/healthz")
+    assert (plain.status_code, plain.text) == (200, "SERVING\n")
+    assert plain.headers["cache-control"] == "no-store"
+    page = await http.get("/healthz", headers={"origin": ALLOWED})
+    assert page.status_code == 200 and page.headers["access-control-allow-origin"] == ALLOWED
+    head = await http.head("/healthz")
+    assert head.status_code == 200 and head.content == b""
+    refused = await http.get("/healthz", headers={"origin": "https://evil.example"})
+    assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
+    port = urlsplit(system.web_url).port
+    rebound = await http.get("/healthz", headers={"host": f"rebind.evil.example:{port}"})
+    assert rebound.status_code == 403
+    for method in ("POST", "PUT", "DELETE"):
+        wrong = await http.request(method, "/healthz", content=b"{}")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD"
+    assert (await http.get("/healthz/more")).status_code == 404
+
+
+@pytest.mark.integration
+async def test_the_health_check_says_not_serving_once_the_bridge_stops(system: LocalSystem) -> None:
+    """From the moment its stop begins: held in its services' shutdown here (where the bridge tells
+    its hosts to go), the web port still up, it answers 503."""
+    released = asyncio.Event()
+    first = system.bridge.services[0]
+
+    async def held() -> None:
+        await released.wait()
+        if first.on_shutdown is not None:
+            await first.on_shutdown()
+
+    system.bridge.services = [dataclasses.replace(first, on_shutdown=held), *system.bridge.services[1:]]
+    async with httpx.AsyncClient(base_url=system.web_url, timeout=10) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        stopping = asyncio.create_task(system.bridge.stop(0.5))
+        await eventually(lambda: system.bridge.draining, timeout=5)
+        answer = await client.get("/healthz")
+        released.set()
+        await stopping
+    assert (answer.status_code, answer.text) == (503, "NOT_SERVING\n")

@@ -105,7 +105,8 @@ async def serve_web_port(
 ) -> WebServer:
     """Serve `routes` on a web port of `running`'s, stopped first after its gRPC server (whose
     streams have ended by then); stops `running` and raises CannotListen when the address is taken."""
-    app = guarded(routes, routes, web_origins, [*web_hosts, web_address.rpartition(":")[0].strip("[]")])
+    hosts = [*web_hosts, web_address.rpartition(":")[0].strip("[]")]
+    app = guarded(routes, routes, web_origins, hosts, serving=lambda: not running.draining)
     try:
         web = await start_web_server(app, web_address, security.tls)
     except CannotListen:

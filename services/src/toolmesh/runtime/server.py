@@ -107,6 +107,8 @@ class RunningServer:
     streams: OpenStreams = field(default_factory=OpenStreams)
     # The internal listener, for services with internal RPCs.
     internal: Listening | None = None
+    # Stopping: its health services say NOT_SERVING (the web port's /healthz too).
+    draining: bool = False
 
     @property
     def internal_port(self) -> int:
@@ -116,6 +118,7 @@ class RunningServer:
 
     async def stop(self, grace: float) -> None:
         """Say NOT_SERVING, run each service's shutdown, end the open streams, then stop within `grace`."""
+        self.draining = True
         listeners = [self.health] + ([self.internal.health] if self.internal else [])
         for health in listeners:
             await health.enter_graceful_shutdown()

@@ -11,6 +11,12 @@ an origin it is allowed: one of the configured origins, or the port's own origin
 another origin is refused (403) before any RPC runs, and preflights for it get no CORS grant.
 Requests without an Origin header (not from a browser) are served.
 
+Health: `GET /healthz` (or HEAD) answers 200 `SERVING`, or 503 `NOT_SERVING` once the process is
+stopping, as the gRPC port's standard health service does: for a load balancer or an
+orchestrator in front of the web port, and for a page's host SDK choosing among bridge replicas
+(a frozen one accepts the connection and answers nothing). Anyone who may reach the port may ask
+(no token: it says nothing else), under the same Host and origin checks; any other method is 405.
+
 DNS rebinding: every request's `Host` must name this port as configured (the loopback names
 localhost, 127.0.0.1 and [::1], the bound address, the hosts of the allowed origins and
 `--web-hosts`), else 403 (PERMISSION_DENIED) before anything else; a rebinding page, whose Host
@@ -201,11 +207,19 @@ def allowed_origin(origin: str, host_header: str, origins: frozenset[str]) -> bo
     return origin in origins or (host_header != "" and urlsplit(origin).netloc == host_header)
 
 
+HEALTH_PATH = "/healthz"
+
+
 def guarded(
-    app: App, paths: Iterable[str] | WebRoutes, origins: Iterable[str], hosts: Iterable[str] = ()
+    app: App,
+    paths: Iterable[str] | WebRoutes,
+    origins: Iterable[str],
+    hosts: Iterable[str] = (),
+    *,
+    serving: Callable[[], bool] = lambda: True,
 ) -> App:
-    """Only `paths` (the RPCs served), only for a Host that names this port, and only from allowed
-    origins, with CORS for those."""
+    """Only `paths` (the RPCs served) and HEALTH_PATH (`serving`: whether it says SERVING), only for
+    a Host that names this port, and only from allowed origins, with CORS for those."""
     allowed = frozenset(origin.rstrip("/") for origin in origins)
     names = allowed_hosts(allowed, hosts)
     served = paths if isinstance(paths, WebRoutes) else frozenset(paths)
@@ -220,7 +234,7 @@ def guarded(
             log.info("refused a request for a host not allowed", extra={"code": Code.PERMISSION_DENIED.value})
             await _refuse(send, 403, ToolmeshError(Code.PERMISSION_DENIED, HOST_REFUSED))
             return
-        if scope["path"] not in served:
+        if scope["path"] not in served and scope["path"] != HEALTH_PATH:
             await _respond(send, 404, [])
             return
         origin = headers.get("origin")
@@ -253,9 +267,22 @@ def guarded(
                 ]
             await send(message)
 
+        if scope["path"] == HEALTH_PATH:
+            await _health(send_with_cors, scope["method"], serving())
+            return
         await app(scope, receive, send_with_cors)
 
     return guard
+
+
+async def _health(send: Send, method: str, serving: bool) -> None:
+    if method not in ("GET", "HEAD"):
+        await _respond(send, 405, [(b"allow", b"GET, HEAD")])
+        return
+    body = b"SERVING\n" if serving else b"NOT_SERVING\n"
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"cache-control", b"no-store")]
+    await send({"type": "http.response.start", "status": 200 if serving else 503, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body, "more_body": False})
 
 
 async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:

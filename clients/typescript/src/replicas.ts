@@ -1,0 +1,59 @@
+/**
+ * Which bridge replica a page opens its host stream on, when it knows several.
+ *
+ * A frozen replica (SIGSTOP, a stuck event loop) takes connections and answers nothing: a page
+ * that opens its stream there waits out its first-event wait while another replica is up, and a
+ * result it holds waits with it. So before opening, the host asks every replica's web port
+ * health check (`GET /healthz`) at once and opens on the first that answers (its current one, if
+ * that answers within PREFERRED_MS): any HTTP answer, a refusal or a 404 from an older bridge
+ * included, comes from a replica that runs. As the Python host SDK does with gRPC's health check.
+ */
+
+/** The current replica's head start: it keeps the host when it answers within it. */
+export const PREFERRED_MS = 500;
+
+/** Where a web port's health check is, from its base URL. */
+export function healthUrl(baseUrl: string): string {
+  return `${baseUrl.replace(/\/+$/, "")}/healthz`;
+}
+
+/**
+ * The index of the replica to open on: `preferred` if it answers within PREFERRED_MS, else the
+ * first of all to answer within `timeoutMs`; undefined if none does, or `stop` ends the wait first.
+ */
+export async function firstAnswering(
+  urls: readonly string[],
+  preferred: number,
+  timeoutMs: number,
+  stop: Promise<unknown>,
+): Promise<number | undefined> {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), timeoutMs);
+  const probes = urls.map((url, index) =>
+    fetch(url, { signal: controller.signal, cache: "no-store", credentials: "omit" }).then(
+      (response) => {
+        void response.body?.cancel();
+        return index;
+      },
+      () => undefined,
+    ),
+  );
+  const ended = stop.then(() => undefined);
+  try {
+    const head = await Promise.race([probes[preferred], pause(PREFERRED_MS), ended]);
+    if (head === preferred) {
+      return preferred;
+    }
+    // The first to answer: each probe resolves with its index, or undefined once it failed.
+    const answered = probes.map((probe) => probe.then((index) => (index === undefined ? new Promise<never>(() => {}) : index)));
+    const allFailed = Promise.all(probes).then(() => undefined);
+    return await Promise.race([...answered, allFailed, ended]);
+  } finally {
+    clearTimeout(timer);
+    controller.abort();
+  }
+}
+
+function pause(ms: number): Promise<undefined> {
+  return new Promise((resolve) => setTimeout(() => resolve(undefined), ms));
+}
