@@ -148,6 +148,11 @@ interface HostStream {
   hostSessionId: string;
   /** Date.now() when the stream last brought an event (a heartbeat included). */
   lastHeard: number;
+  /**
+   * Events read so far: "heard since a submit" counts them, as Date.now() (whole milliseconds)
+   * cannot tell an event from a submit of the same millisecond.
+   */
+  events: number;
   /** Silence longer than this gives the stream up. */
   limitMs: number;
 }
@@ -430,6 +435,7 @@ export class HostEngine {
       // This stream's host session: its requests' results go there, even once a renewal took over.
       hostSessionId: "",
       lastHeard: Date.now(),
+      events: 0,
       // Until the bridge says how often it beats, allow a generous first wait.
       limitMs: this.clients.length > 1 ? FIRST_EVENT_ELSEWHERE_MS : FIRST_EVENT_MS,
     };
@@ -458,6 +464,7 @@ export class HostEngine {
       );
       for await (const response of events) {
         stream.lastHeard = Date.now();
+        stream.events += 1;
         const event = response.event;
         switch (event.case) {
           case "opened": {
@@ -522,11 +529,11 @@ export class HostEngine {
   }
 
   /**
-   * Give `stream` up when nothing was heard on it since `sentAt` (a Date.now() value); whether it
-   * did. Only when another replica may be reached.
+   * Give `stream` up when nothing was heard on it since `heard` (its count of events as the submit
+   * went out); whether it did. Only when another replica may be reached.
    */
-  private leaveIfSilent(stream: HostStream, sentAt: number): boolean {
-    if (stream.cut.signal.aborted || this.clients.length < 2 || stream.lastHeard >= sentAt) {
+  private leaveIfSilent(stream: HostStream, heard: number): boolean {
+    if (stream.cut.signal.aborted || this.clients.length < 2 || stream.events > heard) {
       return false;
     }
     this.giveUp(stream, "The bridge left a result unanswered.");
@@ -806,6 +813,7 @@ export class HostEngine {
       let message = "";
       let failure: unknown;
       const sentAt = Date.now();
+      const heard = stream.events;
       // Before the deadline, an attempt's share is of the time until it (and the grace), so that a
       // frozen replica is left for the next one in time; after it, of the late window.
       const inTimeMs = ctx.deadline + SUBMIT_GRACE_MS - sentAt;
@@ -838,7 +846,7 @@ export class HostEngine {
         failure instanceof ConnectError &&
         failure.code === Code.DeadlineExceeded &&
         giveUpAt > Date.now() &&
-        this.leaveIfSilent(stream, sentAt)
+        this.leaveIfSilent(stream, heard)
       ) {
         continue; // not a word from that bridge since the submit went out: the next replica takes it
       }

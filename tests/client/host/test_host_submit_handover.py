@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+import uvloop
 from scripted_bridge import ScriptedBridge, scripted
 
 from toolmesh.host import HostError, ToolContext, ToolHost, engine
@@ -145,3 +146,24 @@ async def test_a_host_opens_on_a_replica_that_answers_its_health_check_not_on_a_
             await host.stop()
     # Its health check unanswered, the first address never got the stream.
     assert frozen.opens == 0
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_event_read_in_the_turn_a_submit_went_out_is_not_an_answer_to_it(loop: str) -> None:
+    """The frozen-replica check counts events, not the loop's clock: uvloop's reads whole
+    milliseconds once per turn, so an event read just before a submit went out looked as if it
+    came after it, and the host stayed on a frozen replica (bench.chaos seed 7: 15 results lost,
+    their host waiting there until it was killed)."""
+
+    async def main() -> tuple[bool, bool]:
+        running = asyncio.get_running_loop()
+        silence = engine._Silence(running, 10.0, call=None)
+        silence.heard()  # the request, read in this turn
+        heard = silence.events  # its result's submit goes out in the same turn
+        before = silence.heard_since(heard)
+        silence.heard()  # a heartbeat, later
+        return before, silence.heard_since(heard)
+
+    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert runner.run(main()) == (False, True)

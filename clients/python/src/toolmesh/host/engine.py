@@ -204,14 +204,18 @@ class _Silence:
         self._call = call
         self.limit_s = limit_s
         self._last = loop.time()
+        # Events read so far: "heard since" counts them, as the loop's clock cannot tell an event
+        # from a send of the same turn (uvloop's reads whole milliseconds, once per turn).
+        self.events = 0
         self.expired = False
 
     def heard(self) -> None:
         self._last = self._loop.time()
+        self.events += 1
 
-    def heard_since(self, at: float) -> bool:
-        """Whether the stream brought anything since `at` (a `loop.time()` value)."""
-        return self._last >= at
+    def heard_since(self, mark: int) -> bool:
+        """Whether the stream brought anything since `mark` (the `events` count then)."""
+        return self.events > mark
 
     def declare(self) -> None:
         self.expired = True
@@ -1059,12 +1063,12 @@ class HostEngine:
                 tool_request_id=ctx.tool_request_id, outcome=outcome_to_pb(outcome)
             )
             if host_work.can_carry(submission):
-                sent_at = asyncio.get_running_loop().time()
+                heard = link.silence.events
                 bound = self._attempt_bound(ctx.deadline + SUBMIT_GRACE_S - time.monotonic())
                 taken = await host_work.submit(submission, bound)
                 if taken:
                     return None, ""
-                if taken is None and self._leave_if_silent(link, sent_at):
+                if taken is None and self._leave_if_silent(link, heard):
                     log.warning("result receipt unanswered; leaving the bridge", extra=_ids(ctx))
                 return await self._deliver(outcome, ctx, host_session_id, tried=taken is None)
         return await self._deliver(outcome, ctx, host_session_id)
@@ -1078,12 +1082,14 @@ class HostEngine:
             return min(window, max(SUBMIT_ATTEMPT_MIN_S, min(window / 3, SUBMIT_ATTEMPT_MAX_S)))
         return window
 
-    def _leave_if_silent(self, link: _Link, sent_at: float) -> bool:
-        """Give `link`'s stream up when nothing was heard on it since `sent_at`; whether it did.
+    def _leave_if_silent(self, link: _Link, heard: int) -> bool:
+        """Give `link`'s stream up when nothing was heard on it since `heard`; whether it did.
+
+        `heard`: its count of events as the submit went out.
 
         Only when another replica may be reached: the bridge is frozen or cut off.
         """
-        if link.cut or len(self._channels) < 2 or link.silence.heard_since(sent_at):
+        if link.cut or len(self._channels) < 2 or link.silence.heard_since(heard):
             return False
         link.silence.declare()
         link.end()  # at once: the stream's reader ends it too, a turn of the loop later
@@ -1110,7 +1116,6 @@ class HostEngine:
             tool_request_id=ctx.tool_request_id,
             outcome=outcome_to_pb(outcome),
         )
-        loop = asyncio.get_running_loop()
         give_up_at = ctx.deadline + LATE_SUBMIT_S
         attempt = 1 if tried else 0
         # The last coded refusal: the cause reported when the window then ends in the transport.
@@ -1129,7 +1134,7 @@ class HostEngine:
             now = time.monotonic()
             in_time = ctx.deadline + SUBMIT_GRACE_S - now
             bound = self._attempt_bound(in_time if in_time > 0 else give_up_at - now)
-            sent_at = loop.time()
+            heard = link.silence.events
             try:
                 await self._submit_once(link, request, bound)
                 return None, ""
@@ -1154,7 +1159,7 @@ class HostEngine:
                 if (
                     error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
                     and remaining > 0
-                    and self._leave_if_silent(link, sent_at)
+                    and self._leave_if_silent(link, heard)
                 ):
                     # Not a word from that bridge since the submit went out: its stream is given up
                     # (as when its heartbeats stop) and the result goes to the next replica.
