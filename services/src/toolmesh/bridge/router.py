@@ -43,6 +43,7 @@ from toolmesh.bridge.acceptance import check_outcome
 from toolmesh.bridge.progress import ProgressGate, ProgressSink
 from toolmesh.bridge.reading import READ_CHECK_AFTER_S, ReadChecks, Reading
 from toolmesh.core.calls import ToolRequest
+from toolmesh.core.deadlines import Deadlines
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.limits import MAX_CALLS_PER_MESSAGE, READ_CHECK_TIMEOUT_MS
 from toolmesh.core.names import require_id, require_tool_name
@@ -228,7 +229,6 @@ class PendingRequest:
     # Called once with the outcome; never for a request that was cancelled.
     settle: Settle
     started: float
-    deadline: asyncio.TimerHandle | None = None
     # The read check its host had not answered when the request was sent after it (0: none).
     after_check: int = 0
     # Where its progress reports go, rate-limited; None when nobody listens.
@@ -305,6 +305,8 @@ class Router:
         self._hosts: dict[str, HostSession] = {}
         self._by_session: dict[str, list[HostSession]] = {}
         self._pending: dict[str, PendingRequest] = {}
+        # Each pending request's deadline, on one timer of the loop (toolmesh.core.deadlines).
+        self._deadlines: Deadlines[PendingRequest] = Deadlines(self._expire)
         # Redeliverable requests whose host left, by session, waiting for another host.
         self._waiting: dict[str, list[PendingRequest]] = {}
         # Recently ended requests, so a late submit learns why it is refused.
@@ -623,8 +625,7 @@ class Router:
     def _end(self, pending: PendingRequest, reason: EndReason) -> None:
         request_id = pending.request.tool_request_id
         self._pending.pop(request_id, None)
-        if pending.deadline is not None:
-            pending.deadline.cancel()
+        self._deadlines.discard(pending)
         if pending.progress is not None:
             pending.progress.close()
         host = pending.host
@@ -701,11 +702,9 @@ class Router:
         self._pending[request_id] = pending
         log.debug("dispatching", extra={"host_session_id": host.host_session_id})
         self._deliver(pending, host)
-        # A plain timer rather than a task waiting on the outcome: whichever of
-        # the timer and the host's submit comes first settles it, on this one loop.
-        pending.deadline = asyncio.get_running_loop().call_later(
-            request.timeout_ms / 1000, self._expire, pending
-        )
+        # A deadline rather than a task waiting on the outcome: whichever of
+        # the deadline and the host's submit comes first settles it, on this one loop.
+        self._deadlines.add(pending, request.timeout_ms / 1000)
 
     def cancel(self, tool_request_id: str) -> None:
         """Give up on a pending request (its caller left): the host is told to stop it."""

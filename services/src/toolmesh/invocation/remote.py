@@ -17,6 +17,7 @@ from toolmesh.contracts.routes import route_of
 from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.channels import open_channel
+from toolmesh.core.deadlines import Deadlines
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
@@ -41,7 +42,7 @@ log = logging.getLogger("toolmesh.invocation")
 # The bridge enforces the tool's deadline itself; this margin only catches a
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
-# A guard that fires this much later than due measures this process's own pause; see _give_up.
+# A guard that fires this much later than due measures this process's own pause; see _quiet.
 LATE_GUARD_S = 0.5
 # A new dispatch stream waits this long at most for its bridge's connection; then the request
 # fails as not sent (a bridge that refuses connections fails it at once).
@@ -248,6 +249,8 @@ class RemoteDispatcher:
         self._fence = _LinkFence()
         # The bridge at this address said it fences starts, on the last stream that heard its word.
         self._fenced_before = False
+        # Each request's guard against a quiet bridge, on one timer (toolmesh.core.deadlines).
+        self._guards: Deadlines[_Guard] = Deadlines(self._quiet)
 
     async def _open_link(self) -> tuple[DispatchLink, set[str], _LinkFence]:
         link = self._link
@@ -326,9 +329,9 @@ class RemoteDispatcher:
             result = link.expect(tool_request_id)
             link.send(message)
             # The bridge enforces the deadline; this only catches a bridge that went quiet.
-            loop = asyncio.get_running_loop()
             wait_s = request.timeout_ms / 1000 + BRIDGE_GRACE_S
-            guard = loop.call_later(wait_s, _give_up, result, loop.time() + wait_s)
+            guard = _Guard(result, asyncio.get_running_loop().time() + wait_s)
+            self._guards.add(guard, wait_s)
             if on_progress is not None:
                 self._progress[tool_request_id] = on_progress
             try:
@@ -339,14 +342,27 @@ class RemoteDispatcher:
                 detail = f"No result within {request.timeout_ms} ms."
                 return Outcome.runtime_error(Code.TOOL_TIMEOUT, detail, {"timeoutMs": request.timeout_ms})
             finally:
-                guard.cancel()
+                self._guards.discard(guard)
                 sent.discard(tool_request_id)
                 self._progress.pop(tool_request_id, None)
                 # Not answered (gave up, or this wait was cancelled): tell the bridge to stop it.
                 if link.forget(tool_request_id) and not link.closed:
                     link.send(tool_request_id)
 
+    def _quiet(self, guard: _Guard) -> None:
+        """End the wait with TimeoutError, unless the guard fired LATE_GUARD_S past its due time:
+        then this process was paused (SIGSTOP, starved), not the bridge quiet, and the bridge's
+        answer may be queued in the socket: it gets LATE_GUARD_S to be read first (once)."""
+        if guard.result.done():
+            return
+        if not guard.deferred and asyncio.get_running_loop().time() - guard.due > LATE_GUARD_S:
+            guard.deferred = True
+            self._guards.add(guard, LATE_GUARD_S)
+            return
+        guard.result.set_exception(TimeoutError())
+
     async def aclose(self) -> None:
+        self._guards.close()
         if self._link is not None:
             await self._link.aclose()
 
@@ -393,19 +409,13 @@ def _unavailable(broken: StreamBroken, *, sent: bool, fenced: bool) -> BridgeLos
     return BridgeLost(metadata, sent=sent, fenced=fenced)
 
 
-def _give_up(
-    result: asyncio.Future[bridge_pb2.DispatchResult], due: float, *, deferred: bool = False
-) -> None:
-    """End the wait with TimeoutError, unless the guard fired LATE_GUARD_S past `due`: then this
-    process was paused (SIGSTOP, starved), not the bridge quiet, and the bridge's answer may be
-    queued in the socket: it gets LATE_GUARD_S to be read first (once)."""
-    if result.done():
-        return
-    loop = asyncio.get_running_loop()
-    if not deferred and loop.time() - due > LATE_GUARD_S:
-        loop.call_later(LATE_GUARD_S, partial(_give_up, result, due, deferred=True))
-        return
-    result.set_exception(TimeoutError())
+@dataclass(eq=False, slots=True)
+class _Guard:
+    """A dispatched request's wait for its outcome, and when a quiet bridge ends it."""
+
+    result: asyncio.Future[bridge_pb2.DispatchResult]
+    due: float
+    deferred: bool = False
 
 
 def _outcome_of(result: bridge_pb2.DispatchResult) -> Outcome:
