@@ -347,6 +347,14 @@ export const PROGRESS_MESSAGE_MAX_CHARS: number = 512;
 export const PROGRESS_INTERVAL_MS: number = 100;
 
 /**
+ * A call whose caller's own deadline (InvokeToolRequest.deadline_unix_ms) the invocation service
+ * finds passed by more than this, by its clock, is refused before it becomes an invocation: it was
+ * held in a paused or overloaded service, and its caller gave up. The slack is for clocks that
+ * disagree a little.
+ */
+export const CALLER_DEADLINE_SLACK_MS: number = 2000;
+
+/**
  * A long-lived stream is opened again this long before its token expires (or a third of the
  * token's remaining life, when that is shorter), so that it never reaches the expiry.
  * (toolmesh.core.bearer.RENEW_AHEAD_S, in ms.)

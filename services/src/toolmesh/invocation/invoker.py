@@ -25,7 +25,7 @@ from toolmesh.contracts.ledger import (
 from toolmesh.core import jsontext
 from toolmesh.core.calls import ToolCall, ToolRequest
 from toolmesh.core.errors import Code, ToolmeshError
-from toolmesh.core.limits import MAX_ARGUMENTS_BYTES
+from toolmesh.core.limits import CALLER_DEADLINE_SLACK_MS, MAX_ARGUMENTS_BYTES
 from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
@@ -278,6 +278,7 @@ class Invoker:
         through the store from the replica that does (with a ProgressRelay).
         """
         check_envelope(call)
+        refuse_if_late(call)
         if sessions is not None and call.session_id not in sessions:
             raise ToolmeshError(
                 Code.PERMISSION_DENIED,
@@ -374,6 +375,7 @@ class Invoker:
         async def claiming() -> Claim:
             # The session's place is taken in the claim's own store step, when it starts a new
             # invocation (its finish gives it back); refused, nothing is claimed.
+            refuse_if_late(call)  # again, as the last step before the ledger: a pause may come between
             try:
                 return await self.ledger.claim(
                     call,
@@ -778,3 +780,16 @@ class Invoker:
         self._stopping = True
         if self._running:
             await asyncio.wait(set(self._running.values()), timeout=timeout_s)
+
+
+def refuse_if_late(call: ToolCall) -> None:
+    """Raise CALLER_DEADLINE_EXCEEDED for a call read past its caller's own deadline (and the slack):
+    its caller gave up and may have retried, so it must not become an invocation (nothing runs)."""
+    now_ms = math.floor(time.time() * 1000)
+    if call.deadline_unix_ms and now_ms > call.deadline_unix_ms + CALLER_DEADLINE_SLACK_MS:
+        raise ToolmeshError(
+            Code.CALLER_DEADLINE_EXCEEDED,
+            f"It was read {now_ms - call.deadline_unix_ms} ms after its caller's deadline by the service's "
+            "clock; nothing ran (a caller whose clock runs behind gets this too: keep clocks in sync).",
+            {"deadlineUnixMs": str(call.deadline_unix_ms), "serviceTimeUnixMs": str(now_ms)},
+        )

@@ -29,6 +29,7 @@ def call_from_pb(request: invocation_pb2.InvokeToolRequest) -> ToolCall:
         turn_id=request.turn_id,
         tool_name=request.tool_name,
         arguments_json=request.arguments_json,
+        deadline_unix_ms=request.deadline_unix_ms,
     )
 
 

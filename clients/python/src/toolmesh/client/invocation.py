@@ -252,7 +252,8 @@ class InvocationClient:
 
         `timeout` is the caller's own deadline. When it passes, or the
         connection fails, the result has no outcome and an exact retry is safe:
-        it joins or replays the same invocation. Once an outcome arrived, its
+        it joins or replays the same invocation. The service never begins the
+        call once that deadline has passed (InvokeToolRequest.deadline_unix_ms). Once an outcome arrived, its
         delivery is confirmed (unless `confirm_delivery` is false): on the next
         call, or alone within a fraction of a second, or at `close()`; a later
         identical call then runs anew. A request at fault (a code the error
@@ -271,6 +272,9 @@ class InvocationClient:
             tool_name=tool_name,
             arguments_json=text,
             idempotency_key=idempotency_key,
+            # So that the service never begins the call once this caller gave up (a service paused
+            # with the call in its socket): gRPC's relative deadline restarts when it reads it.
+            deadline_unix_ms=0 if timeout is None else math.ceil((time.time() + timeout) * 1000),
             **_confirmations_fields(self._confirmations.take()),
         )
         with (

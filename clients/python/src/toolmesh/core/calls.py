@@ -12,6 +12,9 @@ class ToolCall:
     turn_id: str
     tool_name: str
     arguments_json: str
+    # The caller's own deadline on its clock (ms since the Unix epoch; 0: none). Not part of the
+    # call's identity: it only says when the call is too late to begin (limits.CALLER_DEADLINE_SLACK_MS).
+    deadline_unix_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

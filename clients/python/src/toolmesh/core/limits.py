@@ -57,3 +57,8 @@ READ_CHECK_TIMEOUT_MS = 10_000
 # meanwhile), so a chatty handler costs its callers at most ten reports a second.
 PROGRESS_MESSAGE_MAX_CHARS = 512
 PROGRESS_INTERVAL_MS = 100
+# A call whose caller's own deadline (InvokeToolRequest.deadline_unix_ms) the invocation service
+# finds passed by more than this, by its clock, is refused before it becomes an invocation: it was
+# held in a paused or overloaded service, and its caller gave up. The slack is for clocks that
+# disagree a little.
+CALLER_DEADLINE_SLACK_MS = 2_000

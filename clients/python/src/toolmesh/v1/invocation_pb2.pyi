@@ -96,6 +96,7 @@ class InvokeToolRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     CONFIRMED_TOOL_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     CONFIRMED_ATTACHMENTS_FIELD_NUMBER: _builtins.int
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Required. The session whose tool this is; [A-Za-z0-9_.:-]{1,128}."""
     turn_id: _builtins.str
@@ -123,6 +124,21 @@ class InvokeToolRequest(_message.Message):
     (24 h by default), even after delivery was confirmed; the same key with
     other arguments fails with IDEMPOTENCY_KEY_REUSED. Scoped to the session.
     """
+    deadline_unix_ms: _builtins.int
+    """Optional. The caller's own deadline, in milliseconds since the Unix epoch
+    on the caller's clock; 0: none. A call the service reads more than 2 s
+    (limits.CALLER_DEADLINE_SLACK_MS, for clocks that disagree a little)
+    past it is refused with CALLER_DEADLINE_EXCEEDED before it becomes an
+    invocation: nothing runs. gRPC's own deadline cannot say so, as it is
+    relative and counts from when the service read the call: a call held in
+    a paused or overloaded service would otherwise start after its caller
+    gave up, and, if the caller's exact retry had run and its delivery was
+    confirmed meanwhile, run the tool a second time. The Python SDK sets it
+    from the call's timeout; the page assistant does not (a browser's clock
+    is its user's). A caller whose clock runs more than the slack behind the
+    service's gets every call with a deadline refused (the ErrorInfo names
+    both times): keep clocks in sync (NTP), or leave it 0.
+    """
     @_builtins.property
     def confirmed_tool_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Delivery confirmations for earlier calls' outcomes (see ConfirmDelivery),
@@ -146,10 +162,11 @@ class InvokeToolRequest(_message.Message):
         idempotency_key: _builtins.str = ...,
         confirmed_tool_request_ids: _abc.Iterable[_builtins.str] | None = ...,
         confirmed_attachments: _abc.Iterable[Global___DeliveredAttachment] | None = ...,
+        deadline_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "confirmed_attachments", b"confirmed_attachments", "confirmed_tool_request_ids", b"confirmed_tool_request_ids", "idempotency_key", b"idempotency_key", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "confirmed_attachments", b"confirmed_attachments", "confirmed_tool_request_ids", b"confirmed_tool_request_ids", "deadline_unix_ms", b"deadline_unix_ms", "idempotency_key", b"idempotency_key", "session_id", b"session_id", "tool_name", b"tool_name", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
