@@ -44,8 +44,9 @@ export async function firstAnswering(
     if (head === preferred) {
       return preferred;
     }
-    // The first to answer: each probe resolves with its index, or undefined once it failed.
-    const answered = probes.map((probe) => probe.then((index) => (index === undefined ? new Promise<never>(() => {}) : index)));
+    // The first to answer: a probe that failed never settles here, and once all have, undefined.
+    const never = new Promise<never>(() => {});
+    const answered = probes.map((probe) => probe.then((index) => (index === undefined ? never : index)));
     const allFailed = Promise.all(probes).then(() => undefined);
     return await Promise.race([...answered, allFailed, ended]);
   } finally {
