@@ -59,8 +59,10 @@ def response_to_pb(result: InvokeResult) -> invocation_pb2.InvokeToolResponse:
 
 
 def timestamp(seconds: float) -> Timestamp:
+    """Whole milliseconds, rounded down: an invocation's start mark is the store's clock in whole
+    milliseconds, so its other times at a finer grain could read as later than its start."""
     stamp = Timestamp()
-    stamp.FromNanoseconds(round(seconds * 1e9))
+    stamp.FromMilliseconds(round(seconds * 1e6) // 1000)
     return stamp
 
 

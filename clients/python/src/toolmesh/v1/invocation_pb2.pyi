@@ -723,7 +723,9 @@ class Invocation(_message.Message):
 
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
-        """When it started."""
+        """When it started. This and the invocation's other times are in whole
+        milliseconds (rounded down), the grain of started_at.
+        """
 
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp:

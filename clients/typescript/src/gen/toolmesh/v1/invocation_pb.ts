@@ -645,7 +645,8 @@ export type Invocation = Message<"toolmesh.v1.Invocation"> & {
   delivered: boolean;
 
   /**
-   * When it started.
+   * When it started. This and the invocation's other times are in whole
+   * milliseconds (rounded down), the grain of started_at.
    *
    * @generated from field: google.protobuf.Timestamp created_at = 8;
    */
