@@ -12,12 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import grpc
+import uvloop
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
@@ -32,6 +33,18 @@ SUPPORT = Path(__file__).resolve().parent
 REPO = SUPPORT.parents[1]
 
 T = TypeVar("T")
+
+# The two event loops a toolmesh process may run on (toolmesh.core.event_loop), by name.
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+
+
+def run_on(loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """`main` to its end on a new event loop of the kind `loop` names (LOOPS)."""
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        return runner.run(main)
 
 
 @overload

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-import uvloop
 
 from toolmesh.core.deadlines import Deadlines
+from toolmesh_testing import LOOPS, run_on
 
 pytestmark = pytest.mark.unit
-
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-
-
-def on(loop: str, main: Callable[[], Any]) -> Any:
-    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        return runner.run(main())
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -43,7 +34,7 @@ def test_each_expires_at_its_own_time_in_order_and_a_discarded_one_never(loop: s
         assert len(deadlines) == 0
         return expired
 
-    expired = on(loop, main)
+    expired = run_on(loop, main())
     assert [key for key, _ in expired] == ["a", "b", "c", "last"]
     for (_, at), due in zip(expired, (0.02, 0.04, 0.06, 0.1), strict=True):
         assert at >= due - 0.0011  # never early beyond the clock's millisecond
@@ -62,7 +53,7 @@ def test_added_again_only_the_new_deadline_counts(loop: str) -> None:
         await asyncio.sleep(0.03)
         return [*first, "|", *expired]
 
-    assert on(loop, main) == ["marker", "|", "marker", "moved"]
+    assert run_on(loop, main()) == ["marker", "|", "marker", "moved"]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -78,7 +69,7 @@ def test_discarded_entries_do_not_pile_up_and_the_last_discard_drops_the_timer(l
             deadlines.discard(key)
         return held, deadlines._timer is None
 
-    held, timer_gone = on(loop, main)
+    held, timer_gone = run_on(loop, main())
     assert held <= 2 * 10 + 64
     assert timer_gone
 
@@ -102,7 +93,7 @@ def test_one_that_raises_stops_none_of_the_others(loop: str) -> None:
         await asyncio.sleep(0.05)
         return expired, reported
 
-    assert on(loop, main) == (["good", "other"], ["RuntimeError"])
+    assert run_on(loop, main()) == (["good", "other"], ["RuntimeError"])
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -115,7 +106,7 @@ def test_close_forgets_every_deadline(loop: str) -> None:
         await asyncio.sleep(0.03)
         return expired
 
-    assert on(loop, main) == []
+    assert run_on(loop, main()) == []
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -133,4 +124,4 @@ def test_a_key_discarded_by_an_earlier_expiry_of_the_same_moment_does_not_expire
         await asyncio.sleep(0.05)
         return expired
 
-    assert on(loop, main) == ["first"]
+    assert run_on(loop, main()) == ["first"]

@@ -14,11 +14,11 @@ from typing import Any
 
 import grpc
 import pytest
-import uvloop
 from scripted_bridge import ScriptedBridge, scripted
 
 from toolmesh.host import HostError, ToolContext, ToolHost, engine
 from toolmesh.v1 import bridge_pb2
+from toolmesh_testing import run_on
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +164,4 @@ def test_an_event_read_in_the_turn_a_submit_went_out_is_not_an_answer_to_it(loop
         silence.heard()  # a heartbeat, later
         return before, silence.heard_since(heard)
 
-    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        assert runner.run(main()) == (False, True)
+    assert run_on(loop, main()) == (False, True)

@@ -14,7 +14,6 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-import uvloop
 
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.auth.tokens import SharedSecret, Verifier
@@ -33,7 +32,7 @@ from toolmesh.v1 import (
     registry_pb2,
     registry_pb2_grpc,
 )
-from toolmesh_testing import eventually
+from toolmesh_testing import eventually, run_on
 from trust_testing import SECRET, token
 
 SAME_LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -95,8 +94,7 @@ def test_a_stream_ends_unauthenticated_at_expiry_on_uvloop() -> None:
             ended.append(error.value.code)
         return ended
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        assert set(runner.run(codes())) == {Code.UNAUTHENTICATED}
+    assert set(run_on("uvloop", codes())) == {Code.UNAUTHENTICATED}
 
 
 @SAME_LOOP

@@ -62,26 +62,27 @@ class Deadlines(Generic[K]):
         if len(self._heap) > 2 * len(self._live) + _COMPACT_OVER:
             self._heap = [entry for entry in self._heap if self._live.get(entry[2]) == entry[1]]
             heapq.heapify(self._heap)
-        if not self._live and self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._armed_for = None, math.inf
+        if not self._live:
+            self._disarm()
 
     def close(self) -> None:
         """Forget every deadline; none expires."""
         self._live.clear()
         self._heap.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._armed_for = None, math.inf
+        self._disarm()
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._disarm()
         self._armed_for = when
         self._timer = loop.call_at(when, self._fire)
 
-    def _fire(self) -> None:
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()  # nothing, for the timer that is firing
         self._timer, self._armed_for = None, math.inf
+
+    def _fire(self) -> None:
+        self._disarm()
         loop = asyncio.get_running_loop()
         now = loop.time() + CLOCK_SLACK_S
         heap, live = self._heap, self._live
