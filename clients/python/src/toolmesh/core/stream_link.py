@@ -74,6 +74,14 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         """Stop waiting for `key` (a late result is dropped); whether it was still awaited."""
         return self._waiting.pop(key, None) is not None
 
+    async def finish(self, timeout: float) -> None:
+        """Send what is queued, end the sending side, and give the other end up to `timeout` to
+        answer all and end the stream; then close it as `aclose` does. No send goes out after."""
+        self.closed = True
+        self._outbox.close()
+        await asyncio.wait({self._reader}, timeout=timeout)
+        await self.aclose()
+
     async def aclose(self) -> None:
         self._call.cancel()
         with contextlib.suppress(asyncio.CancelledError):

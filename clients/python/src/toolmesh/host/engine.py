@@ -508,6 +508,10 @@ class HostEngine:
         if self.stopping:
             return
         self._on(Trigger.STOP)
+        # The results handed in on host work streams get their receipts before the streams close.
+        finishing = [link.finish(STOP_GRACE_S) for link in self._host_work.values()]
+        if finishing:
+            await asyncio.gather(*finishing)
         if self._call is not None:
             self._call.cancel()
         for retiring in list(self._retiring):

@@ -77,6 +77,13 @@ class HostWorkLink:
         assert isinstance(answer, bridge_pb2.ToolResultReceipt)
         return not answer.HasField("refusal")
 
+    async def finish(self, timeout: float) -> None:
+        """Send nothing more; give the bridge up to `timeout` to answer and end the stream.
+
+        The bridge may hold a receipt back briefly, for company: this gets it. Then as `aclose`.
+        """
+        await self._link.finish(timeout)
+
     async def aclose(self) -> None:
         """End the stream; every ask and result still waiting fails as broken."""
         await self._link.aclose()
