@@ -111,3 +111,44 @@ async def test_a_take_whose_items_were_dropped_while_gathering_waits_for_the_nex
     assert not taking.done()
     outbox.put("next")
     assert await asyncio.wait_for(taking, 1) == ["next"]
+
+
+async def test_an_item_that_may_wait_goes_with_the_next_one() -> None:
+    outbox: Outbox[str] = Outbox(len)
+    outbox.put("receipt", within_s=60)
+    take = outbox.take()
+    taking = asyncio.ensure_future(take)
+    await eventually(lambda: inspect.getcoroutinestate(take) == inspect.CORO_SUSPENDED)
+    for _ in range(GATHER_TURNS + 2):
+        await asyncio.sleep(0)
+    assert not taking.done()  # it does not wake a take
+    outbox.put("start")
+    assert await asyncio.wait_for(taking, 1) == ["receipt", "start"]
+
+
+async def test_an_item_that_may_wait_goes_alone_once_its_time_passed() -> None:
+    loop = asyncio.get_running_loop()
+    outbox: Outbox[str] = Outbox(len)
+    put_at = loop.time()
+    outbox.put("receipt", within_s=0.05)
+    assert await asyncio.wait_for(outbox.take(), 1) == ["receipt"]
+    assert loop.time() - put_at >= 0.04  # the loop's clock may read whole milliseconds
+
+
+async def test_close_sends_an_item_that_may_wait_at_once() -> None:
+    outbox: Outbox[str] = Outbox(len)
+    outbox.put("receipt", within_s=60)
+    outbox.close()
+    assert await asyncio.wait_for(outbox.take(), 1) == ["receipt"]
+    assert await asyncio.wait_for(outbox.take(), 1) == []
+
+
+async def test_items_that_may_wait_and_were_dropped_wake_no_take() -> None:
+    outbox: Outbox[str] = Outbox(len)
+    outbox.put("dropped", within_s=0.01)
+    outbox.clear()
+    taking = asyncio.ensure_future(outbox.take())
+    await asyncio.sleep(0.05)  # past the dropped item's time: its timer must not wake the take
+    assert not taking.done()
+    outbox.put("next")
+    assert await asyncio.wait_for(taking, 1) == ["next"]

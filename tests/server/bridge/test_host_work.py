@@ -175,6 +175,28 @@ async def test_asks_and_results_go_together_and_are_answered_each(stubs: tuple[A
     host.leave()
 
 
+async def test_a_receipt_goes_with_the_next_start(stubs: tuple[Any, Any]) -> None:
+    public, internal = stubs
+    host = await Host(public, "company").open()
+    exchange = host.exchange()
+    first = dispatch(internal, "company", "co-1")
+    await host.next_request()
+    assert await exchange.start("co-1") == [START]
+    await exchange.send(results=["co-1"])
+    # Its caller has the outcome: the result was taken, and its receipt waits for company.
+    assert (await asyncio.wait_for(first, 5)).outcome.result_json == '{"done": true}'
+    second = dispatch(internal, "company", "co-2")
+    await host.next_request()
+    await exchange.send(starts=["co-2"])
+    response = await exchange.answer()
+    assert [receipt.tool_request_id for receipt in response.receipts] == ["co-1"]
+    assert not response.receipts[0].HasField("refusal")
+    assert [(start.tool_request_id, start.verdict) for start in response.starts] == [("co-2", START)]
+    assert not (await exchange.submit("co-2")).HasField("refusal")  # alone: it comes all the same
+    assert (await asyncio.wait_for(second, 5)).outcome.result_json == '{"done": true}'
+    host.leave()
+
+
 async def test_past_its_deadline_a_request_is_refused_and_not_started(stubs: tuple[Any, Any]) -> None:
     public, internal = stubs
     host = await Host(public, "late").open()

@@ -24,6 +24,10 @@ log = logging.getLogger("toolmesh.bridge")
 LIMIT_NAME = "host_work_streams_per_host_session"
 # How soon a refused second stream may try again: the first one ends with its host session.
 _RETRY_DELAY_S = 1.0
+# How long a result's receipt may wait for the next answer to go with it (proto: ExchangeHostWork).
+# The host holds the result until then; nothing else waits on it. Calls one after another then cost
+# a message each way less: the receipt goes with the next call's START.
+RECEIPT_WAIT_S = 0.02
 
 _Answer = bridge_pb2.ToolStart | bridge_pb2.ToolResultReceipt
 Start = Callable[[bridge_pb2.StartToolRequestsRequest], Awaitable[bridge_pb2.StartToolRequestsResponse]]
@@ -149,6 +153,7 @@ class HostWorkStream:
         request = bridge_pb2.SubmitToolResultRequest(
             host_session_id=host_session_id, tool_request_id=result.tool_request_id, outcome=result.outcome
         )
+        wait: float | None = RECEIPT_WAIT_S
         try:
             await self._submit_one(request)
         except Exception as exc:
@@ -156,9 +161,10 @@ class HostWorkStream:
             receipt.refusal.reason = error.code.value
             receipt.refusal.message = error.message
             receipt.refusal.metadata.update(error.metadata)
+            wait = None  # the host acts on a refusal: at once
         # No longer coming, before the receipt is put: else the outbox waits turns for it (Outbox).
         self._submitting.discard(asyncio.current_task())
-        self._answers.put(receipt)
+        self._answers.put(receipt, within_s=wait)
 
     def _submitted(self, task: asyncio.Task[None]) -> None:
         self._submitting.discard(task)  # when it was cancelled before its receipt

@@ -283,7 +283,10 @@ class BridgeService(Protocol):
           most once per request, only to the host session the request was last
           sent to, before its deadline by the bridge's clock);
         - each result with one ToolResultReceipt once the bridge has taken it or
-          refused it, as SubmitToolResult would, in the order they are settled.
+          refused it, as SubmitToolResult would, in the order they are settled. A
+          receipt of a result taken may wait up to 20 ms for another answer to go
+          with it (a host calling one request after another then gets it with
+          the next START: a message less each way); a refusal goes at once.
         Whatever is ready at once goes in one response, either way.
 
         A broken stream (a transport failure, the bridge ending it): the host
@@ -885,7 +888,10 @@ class BridgeServiceClient(ConnectClient):
           most once per request, only to the host session the request was last
           sent to, before its deadline by the bridge's clock);
         - each result with one ToolResultReceipt once the bridge has taken it or
-          refused it, as SubmitToolResult would, in the order they are settled.
+          refused it, as SubmitToolResult would, in the order they are settled. A
+          receipt of a result taken may wait up to 20 ms for another answer to go
+          with it (a host calling one request after another then gets it with
+          the next START: a message less each way); a refusal goes at once.
         Whatever is ready at once goes in one response, either way.
 
         A broken stream (a transport failure, the bridge ending it): the host
@@ -1247,7 +1253,10 @@ class BridgeServiceSync(Protocol):
           most once per request, only to the host session the request was last
           sent to, before its deadline by the bridge's clock);
         - each result with one ToolResultReceipt once the bridge has taken it or
-          refused it, as SubmitToolResult would, in the order they are settled.
+          refused it, as SubmitToolResult would, in the order they are settled. A
+          receipt of a result taken may wait up to 20 ms for another answer to go
+          with it (a host calling one request after another then gets it with
+          the next START: a message less each way); a refusal goes at once.
         Whatever is ready at once goes in one response, either way.
 
         A broken stream (a transport failure, the bridge ending it): the host
@@ -1847,7 +1856,10 @@ class BridgeServiceClientSync(ConnectClientSync):
           most once per request, only to the host session the request was last
           sent to, before its deadline by the bridge's clock);
         - each result with one ToolResultReceipt once the bridge has taken it or
-          refused it, as SubmitToolResult would, in the order they are settled.
+          refused it, as SubmitToolResult would, in the order they are settled. A
+          receipt of a result taken may wait up to 20 ms for another answer to go
+          with it (a host calling one request after another then gets it with
+          the next START: a message less each way); a refusal goes at once.
         Whatever is ready at once goes in one response, either way.
 
         A broken stream (a transport failure, the bridge ending it): the host

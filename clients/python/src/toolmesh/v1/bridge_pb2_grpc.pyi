@@ -254,7 +254,10 @@ class BridgeServiceStub:
       most once per request, only to the host session the request was last
       sent to, before its deadline by the bridge's clock);
     - each result with one ToolResultReceipt once the bridge has taken it or
-      refused it, as SubmitToolResult would, in the order they are settled.
+      refused it, as SubmitToolResult would, in the order they are settled. A
+      receipt of a result taken may wait up to 20 ms for another answer to go
+      with it (a host calling one request after another then gets it with
+      the next START: a message less each way); a refusal goes at once.
     Whatever is ready at once goes in one response, either way.
 
     A broken stream (a transport failure, the bridge ending it): the host
@@ -543,7 +546,10 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
       most once per request, only to the host session the request was last
       sent to, before its deadline by the bridge's clock);
     - each result with one ToolResultReceipt once the bridge has taken it or
-      refused it, as SubmitToolResult would, in the order they are settled.
+      refused it, as SubmitToolResult would, in the order they are settled. A
+      receipt of a result taken may wait up to 20 ms for another answer to go
+      with it (a host calling one request after another then gets it with
+      the next START: a message less each way); a refusal goes at once.
     Whatever is ready at once goes in one response, either way.
 
     A broken stream (a transport failure, the bridge ending it): the host
@@ -877,7 +883,10 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
           most once per request, only to the host session the request was last
           sent to, before its deadline by the bridge's clock);
         - each result with one ToolResultReceipt once the bridge has taken it or
-          refused it, as SubmitToolResult would, in the order they are settled.
+          refused it, as SubmitToolResult would, in the order they are settled. A
+          receipt of a result taken may wait up to 20 ms for another answer to go
+          with it (a host calling one request after another then gets it with
+          the next START: a message less each way); a refusal goes at once.
         Whatever is ready at once goes in one response, either way.
 
         A broken stream (a transport failure, the bridge ending it): the host
