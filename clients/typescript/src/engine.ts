@@ -699,7 +699,10 @@ export class HostEngine {
       const { request, ctx, active } = starting;
       this.starting.delete(ctx.toolRequestId);
       const verdict = verdicts.get(ctx.toolRequestId) ?? ToolStartVerdict.UNSPECIFIED;
-      if (verdict === ToolStartVerdict.START && !ctx.signal.aborted && !this.stopRequested) {
+      if (verdict === ToolStartVerdict.START && ctx.timeRemainingMs() <= 0) {
+        // Given in time, read late (the page was busy, the tab suspended): the caller has TOOL_TIMEOUT.
+        notStarted(ctx, "DEADLINE_PASSED");
+      } else if (verdict === ToolStartVerdict.START && !ctx.signal.aborted && !this.stopRequested) {
         this.runHandler(request, ctx, active, hostSessionId);
       } else if (verdict === ToolStartVerdict.START) {
         notStarted(ctx, this.stopRequested ? Codes.SHUTTING_DOWN : "CANCELLED");

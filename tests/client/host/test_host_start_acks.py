@@ -133,11 +133,23 @@ class AckingBridge(ScriptedBridge):
     """Sends `count` tool requests at once on a stream that acknowledges starts; answers
     StartToolRequests with START for each, or fails it (`fail`)."""
 
-    def __init__(self, count: int, *, fail: bool = False, redeliverable: bool = False) -> None:
+    def __init__(
+        self,
+        count: int,
+        *,
+        fail: bool = False,
+        redeliverable: bool = False,
+        timeout_ms: int = 5000,
+        start_delay_s: float = 0.0,
+    ) -> None:
+        """`start_delay_s`: how long each START answer takes (as if read late by a paused host)."""
         self.count = count
         self.fail = fail
         self.redeliverable = redeliverable
+        self.timeout_ms = timeout_ms
+        self.start_delay_s = start_delay_s
         self.asked: list[list[str]] = []
+        self.answered = 0
         self.submitted: list[str] = []
 
     async def OpenHostSession(self, request: Any, context: Any) -> AsyncIterator[Any]:
@@ -158,8 +170,8 @@ class AckingBridge(ScriptedBridge):
                     tool_request_id=f"tr_{index}",
                     tool_name="echo",
                     arguments_json="{}",
-                    timeout_ms=5000,
-                    deadline_unix_ms=now_ms + 5000,
+                    timeout_ms=self.timeout_ms,
+                    deadline_unix_ms=now_ms + self.timeout_ms,
                     redeliverable=self.redeliverable,
                 )
             )
@@ -169,6 +181,8 @@ class AckingBridge(ScriptedBridge):
         self.asked.append(list(request.tool_request_ids))
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        await asyncio.sleep(self.start_delay_s)
+        self.answered += 1
         return bridge_pb2.StartToolRequestsResponse(
             starts=[
                 bridge_pb2.ToolStart(tool_request_id=i, verdict=bridge_pb2.TOOL_START_VERDICT_START)
@@ -231,4 +245,24 @@ async def test_a_host_whose_start_call_fails_runs_nothing(caplog: pytest.LogCapt
                 )
             finally:
                 await host.stop()
+    assert runs == [] and bridge.submitted == []
+
+
+async def test_a_start_read_after_the_deadline_runs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    # The bridge said START in time; the host read it after the deadline (it was paused, say):
+    # the caller has TOOL_TIMEOUT, so the handler must not begin now.
+    bridge = AckingBridge(1, timeout_ms=300, start_delay_s=0.6)
+    runs: list[str] = []
+    async with scripted(bridge) as target:
+        host = ToolHost(target, "acking")
+        host.on_tool("echo", lambda args, ctx: record(runs, ctx.tool_request_id))
+        with caplog.at_level(logging.INFO, logger="toolmesh.host"):
+            await host.start(timeout=5)
+            try:
+                await eventually(lambda: bridge.answered == 1)
+                await eventually(lambda: logged(caplog.records, "tool request not started"))
+            finally:
+                await host.stop()
+    (record_,) = [r for r in caplog.records if r.getMessage() == "tool request not started"]
+    assert getattr(record_, "cause", None) == "DEADLINE_PASSED"
     assert runs == [] and bridge.submitted == []

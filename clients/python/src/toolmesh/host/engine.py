@@ -833,7 +833,10 @@ class HostEngine:
         ctx = starting.ctx
         self._starting.pop(ctx.tool_request_id, None)
         verdict = bridge_pb2.TOOL_START_VERDICT_UNSPECIFIED if verdict is None else verdict
-        if verdict == bridge_pb2.TOOL_START_VERDICT_START and not ctx.cancelled and not self.stopping:
+        if verdict == bridge_pb2.TOOL_START_VERDICT_START and ctx.time_remaining() <= 0:
+            # Given in time, read late (this process paused): the caller has TOOL_TIMEOUT, or is about to.
+            log.info("tool request not started", extra=_ids(ctx) | {"cause": "DEADLINE_PASSED"})
+        elif verdict == bridge_pb2.TOOL_START_VERDICT_START and not ctx.cancelled and not self.stopping:
             self._run(starting.request, ctx, starting.handler, host_session_id)
         elif answered:
             cause = bridge_pb2.ToolStartVerdict.Name(verdict).removeprefix("TOOL_START_VERDICT_")
