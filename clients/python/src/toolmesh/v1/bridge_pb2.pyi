@@ -91,7 +91,11 @@ class _ToolStartVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Tool
     TOOL_START_VERDICT_UNSPECIFIED: _ToolStartVerdict.ValueType  # 0
     """Never sent."""
     TOOL_START_VERDICT_START: _ToolStartVerdict.ValueType  # 1
-    """Run the handler now: the bridge has recorded that this host started it."""
+    """Run the handler now: the bridge has recorded that this host started it.
+    Unless the request's deadline has passed by the time the host reads it
+    (the host paused in between): then the caller has TOOL_TIMEOUT, and the
+    host runs nothing, as it would for a request read after its deadline.
+    """
     TOOL_START_VERDICT_TIMED_OUT: _ToolStartVerdict.ValueType  # 2
     """Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
     TOOL_START_VERDICT_CANCELLED: _ToolStartVerdict.ValueType  # 3
@@ -117,7 +121,11 @@ class ToolStartVerdict(_ToolStartVerdict, metaclass=_ToolStartVerdictEnumTypeWra
 TOOL_START_VERDICT_UNSPECIFIED: ToolStartVerdict.ValueType  # 0
 """Never sent."""
 TOOL_START_VERDICT_START: ToolStartVerdict.ValueType  # 1
-"""Run the handler now: the bridge has recorded that this host started it."""
+"""Run the handler now: the bridge has recorded that this host started it.
+Unless the request's deadline has passed by the time the host reads it
+(the host paused in between): then the caller has TOOL_TIMEOUT, and the
+host runs nothing, as it would for a request read after its deadline.
+"""
 TOOL_START_VERDICT_TIMED_OUT: ToolStartVerdict.ValueType  # 2
 """Its deadline passed (by the bridge's clock): the caller got TOOL_TIMEOUT."""
 TOOL_START_VERDICT_CANCELLED: ToolStartVerdict.ValueType  # 3

@@ -1276,6 +1276,9 @@ export enum ToolStartVerdict {
 
   /**
    * Run the handler now: the bridge has recorded that this host started it.
+   * Unless the request's deadline has passed by the time the host reads it
+   * (the host paused in between): then the caller has TOOL_TIMEOUT, and the
+   * host runs nothing, as it would for a request read after its deadline.
    *
    * @generated from enum value: TOOL_START_VERDICT_START = 1;
    */
