@@ -178,6 +178,8 @@ class Member:
     args: list[str]
     env: dict[str, str]
     proc: procs.Proc | RedisProcess | None = None
+    # Where its output goes, every start appended (None: nowhere).
+    log: Path | None = None
     # Set while it is down (killed and not ready again, or stopped): faults pick among the others.
     down: bool = False
 
@@ -197,7 +199,7 @@ class Member:
             return
         is_host = self.kind == "host"
         self.proc = await procs.start(
-            self.name, self.args, env=self.env, port_line=not is_host, ready_s=READY_S
+            self.name, self.args, env=self.env, port_line=not is_host, ready_s=READY_S, log=self.log
         )
         if is_host:
             await self.proc.wait_for(READY, timeout=READY_S)
@@ -244,7 +246,9 @@ def _ports() -> dict[str, int]:
     return {name: free_port() for name in names}
 
 
-async def start_system(directory: Path) -> System:
+async def start_system(directory: Path, logs: Path | None = None) -> System:
+    """Every process on free ports, their state in a private Redis under `directory`; with `logs`,
+    each service's and host's output in `logs/<name>.log` (the services log ids, never arguments)."""
     redis = RedisProcess(directory)
     env = {"TOOLMESH_STORE": redis.url, "TOOLMESH_STORE_PREFIX": "chaos:"}
     ports = _ports()
@@ -278,6 +282,10 @@ async def start_system(directory: Path) -> System:
         order = bridges if index == 0 else bridges[::-1]
         args = ["-m", "bench.host", "--bridge", ",".join(order), "--session", SESSION]
         members[name] = Member(name, args, env | {"BENCH_EXECUTIONS_FILE": str(executions[-1])})
+    if logs is not None:  # made by main()
+        for member in members.values():
+            if member.kind != "redis":
+                member.log = logs / f"{member.name}.log"
     system = System(
         members,
         redis,
@@ -769,12 +777,12 @@ def table(checked: dict[str, Any], faults: list[Fault], settings: Settings) -> I
         yield f"  restarts that took more than one try (a loaded machine): {len(tried_again)}"
 
 
-async def run(settings: Settings) -> dict[str, Any]:
+async def run(settings: Settings, logs: Path | None = None) -> dict[str, Any]:
     rng = random.Random(settings.seed)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="toolmesh-chaos-") as tmp:
         directory = Path(tmp)
-        system = await start_system(directory)
+        system = await start_system(directory, logs)
         load = Load(system.invocation_targets, settings, random.Random(rng.getrandbits(64)))
         faults = Faults(system, random.Random(rng.getrandbits(64)))
         stop_faults = asyncio.Event()
@@ -835,13 +843,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 s of load: checks that it all runs")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes (%(default)s)")
     parser.add_argument("--check", type=Path, help="check the history of an earlier run's JSON again")
+    parser.add_argument("--logs", type=Path, help="keep each process's output in DIR/<name>.log")
     args = parser.parse_args()
     if args.check is not None:
         print("\n".join(check_again(args.check)))
         return
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     settings = Settings(seconds=20.0 if args.quick else args.seconds, seed=seed)
-    results = asyncio.run(run(settings))
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    results = asyncio.run(run(settings, args.logs))
     print("\n".join(table(results, [Fault(**f) for f in results["faults"]["history"]], settings)))
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")

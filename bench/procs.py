@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,9 +93,10 @@ async def start(
     port_line: bool = True,
     counted_prefix: str | None = None,
     ready_s: float = 30.0,
+    log: Path | None = None,
 ) -> Proc:
     """Start `python ARGS` in the repository root; when `port_line`, wait up to `ready_s` for its
-    port announcement."""
+    port announcement. With `log`, its output is also appended to that file."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *args,
@@ -105,12 +107,17 @@ async def start(
         stderr=asyncio.subprocess.PIPE,
     )
     proc = Proc(name, process, counted_prefix=counted_prefix)
+    kept = None if log is None else log.open("a", encoding="utf-8")
+    if kept is not None:
+        kept.write(f"--- {name} started, pid {process.pid}, at {time.time():.3f}\n")
 
     async def drain(stream: asyncio.StreamReader | None) -> None:
         assert stream is not None
         async for line in stream:
             text = line.decode(errors="replace")
             proc.lines.append(text)
+            if kept is not None:
+                kept.write(text)
             if proc.counted_prefix and text.startswith(proc.counted_prefix):
                 proc.counted[text.strip()] += 1
 
@@ -118,6 +125,10 @@ async def start(
         asyncio.create_task(drain(process.stdout)),
         asyncio.create_task(drain(process.stderr)),
     ]
+    if kept is not None:
+        # Closed once both streams have ended (the process exited, or was killed).
+        ended = asyncio.gather(*proc._drains, return_exceptions=True)
+        ended.add_done_callback(lambda _: kept.close())
     if port_line:
         try:
             proc.port = int((await proc.wait_for(PORT_LINE, ready_s)).group(1))

@@ -87,8 +87,16 @@ def test_bench_faults_quick_runs_every_scenario(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_bench_chaos_quick_checks_a_history_under_faults(tmp_path: Path) -> None:
-    completed = run_to_end("-m", "bench.chaos", "--quick", "--seed", "1", "--out", str(tmp_path))
+    logs = tmp_path / "logs"
+    completed = run_to_end(
+        "-m", "bench.chaos", "--quick", "--seed", "1", "--out", str(tmp_path), "--logs", str(logs)
+    )
     assert "starts after TOOL_TIMEOUT" in completed.stdout
+    # Every service and host kept its output, each start of it marked.
+    kept = {path.stem: path.read_text() for path in logs.glob("*.log")}
+    kinds = ("registry", "bridge", "invocation", "host")
+    assert sorted(kept) == sorted(f"{kind}{n}" for kind in kinds for n in (0, 1))
+    assert all(text.startswith(f"--- {name} started, pid ") for name, text in kept.items())
     [written] = tmp_path.glob("chaos-*.json")
     results = json.loads(written.read_text())
     assert results["settings"]["seed"] == 1 and results["faults"]["history"]
