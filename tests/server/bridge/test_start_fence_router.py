@@ -267,3 +267,45 @@ async def test_a_start_whose_redis_stays_down_ends_as_not_run(
     await redis_server.start()
     # Nothing was marked: the invocation service may send it through another replica.
     assert await redis_ledger.redispatch(tool_request_id, 1) == 2
+
+
+class Gated:
+    """A fence that holds every mark until `open` is set (a ledger that answers late), then marks."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.open = asyncio.Event()
+        self.waiting = 0
+
+    async def mark_started(self, marks: Sequence[StartMark]) -> list[MarkVerdict]:
+        self.waiting += 1
+        await self.open.wait()
+        return await self.ledger.mark_started(marks)
+
+
+@pytest.mark.unit
+async def test_a_host_that_leaves_while_its_start_is_being_marked_never_started_it() -> None:
+    # START is told only once the mark is in the ledger: a host gone before that never ran it, so
+    # the request goes to another host of the session, not TOOL_HOST_DISCONNECTED.
+    ledger = Ledger(MemoryLedgerStore())
+    fence = Gated(ledger)
+    router = Router(fence=fence)
+    first = open_host(router)
+    tool_request_id = await claimed(ledger, "marking")
+    outcomes: list[Outcome] = []
+    router.start(request(tool_request_id), outcomes.append)
+    await next_request(first)
+    asking = asyncio.ensure_future(router.start_requests(first.host_session_id, [tool_request_id]))
+    await eventually(lambda: fence.waiting == 1)
+    # Asked again while the first ask is being marked: not a second START.
+    assert await router.start_requests(first.host_session_id, [tool_request_id]) == [
+        StartVerdict.ALREADY_STARTED
+    ]
+    second = open_host(router)
+    router.close_host(first)
+    assert (await next_request(second)).tool_request_id == tool_request_id
+    fence.open.set()
+    assert await asyncio.wait_for(asking, 2) == [StartVerdict.UNKNOWN]  # the first host is gone
+    assert await router.start_requests(second.host_session_id, [tool_request_id]) == [StartVerdict.START]
+    router.submit(second.host_session_id, tool_request_id, Outcome.success('{"ran": 1}'))
+    assert [outcome.result_json for outcome in outcomes] == ['{"ran": 1}']

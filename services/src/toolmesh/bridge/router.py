@@ -236,6 +236,9 @@ class PendingRequest:
     # Its host may have started it: told START, or it reported progress or answered. A host that
     # does not acknowledge starts may have as soon as it was sent: this then stays False unread.
     host_started: bool = False
+    # A fenced request whose START its host asked for, while its start is being marked in the
+    # ledger: START is not told until then, so if its host leaves meanwhile it never started.
+    marking: bool = False
     # The tool's timeout, reported with TOOL_TIMEOUT: request.timeout_ms is what the bridge gave
     # it, less when its invocation's deadline was nearer.
     tool_timeout_ms: int = 0
@@ -557,11 +560,12 @@ class Router:
             host.in_flight.pop(pending.request.tool_request_id, None)
             # A fenced request to a host that does not acknowledge starts is sent (and marked
             # host_started) only once its start is marked: before that, it never reached the host.
+            # One whose START is being marked was not told it either (`marking`).
             never_started = not pending.host_started and (host.acknowledges_starts or pending.generation > 0)
             if pending.request.redeliverable or never_started:
                 # Safe to run (again): hand it to another host, now or when one connects, whose
                 # START (a redeliverable one may have started here) is its own.
-                pending.host_started = False
+                pending.host_started = pending.marking = False
                 other = self._pick(host.session_id, pending.request.tool_name)
                 log.info(
                     "redelivering after host left",
@@ -801,10 +805,15 @@ class Router:
         marked = await self._mark([pending for _, pending in fenced])
         for (position, pending), mark in zip(fenced, marked, strict=True):
             if self._pending.get(pending.request.tool_request_id) is not pending or pending.host is not host:
-                verdicts[position] = self._start_one(host, pending.request.tool_request_id)  # ended meanwhile
-            elif mark is not MarkVerdict.WON:
+                # Ended meanwhile, or its host left before it was told START: sent elsewhere, if anywhere.
+                verdicts[position] = self._start_one(host, pending.request.tool_request_id)
+                continue
+            pending.marking = False
+            if mark is not MarkVerdict.WON:
                 self._unfenced(pending, mark, tell_host=True)
                 verdicts[position] = StartVerdict.CANCELLED
+            else:
+                pending.host_started = True
         return verdicts
 
     def _start_one(self, host: HostSession, tool_request_id: str) -> StartVerdict:
@@ -816,12 +825,15 @@ class Router:
             return _START_AFTER_END[ended.reason]
         if pending.host is not host:
             return StartVerdict.UNKNOWN
-        if pending.host_started:
+        if pending.host_started or pending.marking:
             return StartVerdict.ALREADY_STARTED
         if time.monotonic() >= pending.ends_at:
             self._expire(pending)  # this clock fences the deadline, however late its timer runs
             return StartVerdict.TIMED_OUT
-        pending.host_started = True
+        if pending.generation:
+            pending.marking = True  # started once marked (start_requests)
+        else:
+            pending.host_started = True
         return StartVerdict.START
 
     def submitting_host(
