@@ -24,7 +24,8 @@ from scripted_bridge import ScriptedBridge, scripted
 from toolmesh.assembly.system import LocalSystem, start_local_system
 from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
-from toolmesh.host import ToolHost
+from toolmesh.host import ToolContext, ToolHost
+from toolmesh.host.engine import Registered
 from toolmesh.v1 import bridge_pb2
 from toolmesh_testing import HostProcess, eventually, logged, start_host_process
 
@@ -266,3 +267,20 @@ async def test_a_start_read_after_the_deadline_runs_nothing(caplog: pytest.LogCa
     (record_,) = [r for r in caplog.records if r.getMessage() == "tool request not started"]
     assert getattr(record_, "cause", None) == "DEADLINE_PASSED"
     assert runs == [] and bridge.submitted == []
+
+
+async def test_a_handler_begun_after_the_deadline_does_not_run(caplog: pytest.LogCaptureFixture) -> None:
+    # Told START in time, its task made, then the process paused before the task began (bench.chaos
+    # seed 47: a handler began 8.3 s after its caller's TOOL_TIMEOUT): the deadline is checked
+    # again as the handler is about to run.
+    ran: list[str] = []
+    handler = Registered.of(lambda args, ctx: ran.append(ctx.tool_request_id))
+    engine = ToolHost("127.0.0.1:1", "acking")._engine
+    late = ToolContext("acking", "t", "tr_late", "echo", deadline=time.monotonic() - 0.001)
+    with caplog.at_level(logging.INFO, logger="toolmesh.host"):
+        assert await engine._execute(handler, "{}", late) is None
+    (said,) = [r for r in caplog.records if r.getMessage() == "tool request not started"]
+    assert getattr(said, "cause", None) == "DEADLINE_PASSED"
+    in_time = ToolContext("acking", "t", "tr_in_time", "echo", deadline=time.monotonic() + 5)
+    assert await engine._execute(handler, "{}", in_time) is not None
+    assert ran == ["tr_in_time"]

@@ -982,6 +982,10 @@ class HostEngine:
             return Outcome.runtime_error(
                 Code.TOOL_HANDLER_NOT_FOUND, f"No handler for {ctx.tool_name}.", {"tool": ctx.tool_name}
             )
+        if ctx.time_remaining() <= 0:
+            # Told to start in time, begun late: the process paused between (the task was made then).
+            log.info("tool request not started", extra=_ids(ctx) | {"cause": "DEADLINE_PASSED"})
+            return None
         try:
             arguments = json.loads(arguments_json)
             handler = registered.handler
