@@ -12,7 +12,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -201,15 +201,17 @@ def record(runs: list[str], tool_request_id: str) -> dict[str, bool]:
     return {"ran": True}
 
 
-async def served(bridge: AckingBridge) -> list[str]:
-    """The tool request ids a host ran, once it has submitted `bridge.count` results."""
+async def served(bridge: AckingBridge, *until: Callable[[], object]) -> list[str]:
+    """The tool request ids a host ran, serving `bridge` until each of `until` holds in turn
+    (by default: until it has submitted `bridge.count` results)."""
     runs: list[str] = []
     async with scripted(bridge) as target:
         host = ToolHost(target, "acking")
         host.on_tool("echo", lambda args, ctx: record(runs, ctx.tool_request_id))
         await host.start(timeout=5)
         try:
-            await eventually(lambda: len(bridge.submitted) == bridge.count)
+            for condition in until or (lambda: len(bridge.submitted) == bridge.count,):
+                await eventually(condition)
         finally:
             await host.stop()
     return runs
@@ -233,19 +235,12 @@ async def test_read_only_or_idempotent_requests_run_without_asking() -> None:
 
 async def test_a_host_whose_start_call_fails_runs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     bridge = AckingBridge(3, fail=True)
-    runs: list[str] = []
-    async with scripted(bridge) as target:
-        host = ToolHost(target, "acking")
-        host.on_tool("echo", lambda args, ctx: record(runs, ctx.tool_request_id))
-        with caplog.at_level(logging.WARNING, logger="toolmesh.host"):
-            await host.start(timeout=5)
-            try:
-                await eventually(lambda: sum(len(ids) for ids in bridge.asked) == 3)
-                await eventually(
-                    lambda: logged(caplog.records, "tool requests not started: the bridge did not answer")
-                )
-            finally:
-                await host.stop()
+    with caplog.at_level(logging.WARNING, logger="toolmesh.host"):
+        runs = await served(
+            bridge,
+            lambda: sum(len(ids) for ids in bridge.asked) == 3,
+            lambda: logged(caplog.records, "tool requests not started: the bridge did not answer"),
+        )
     assert runs == [] and bridge.submitted == []
 
 
@@ -253,17 +248,12 @@ async def test_a_start_read_after_the_deadline_runs_nothing(caplog: pytest.LogCa
     # The bridge said START in time; the host read it after the deadline (it was paused, say):
     # the caller has TOOL_TIMEOUT, so the handler must not begin now.
     bridge = AckingBridge(1, timeout_ms=300, start_delay_s=0.6)
-    runs: list[str] = []
-    async with scripted(bridge) as target:
-        host = ToolHost(target, "acking")
-        host.on_tool("echo", lambda args, ctx: record(runs, ctx.tool_request_id))
-        with caplog.at_level(logging.INFO, logger="toolmesh.host"):
-            await host.start(timeout=5)
-            try:
-                await eventually(lambda: bridge.answered == 1)
-                await eventually(lambda: logged(caplog.records, "tool request not started"))
-            finally:
-                await host.stop()
+    with caplog.at_level(logging.INFO, logger="toolmesh.host"):
+        runs = await served(
+            bridge,
+            lambda: bridge.answered == 1,
+            lambda: logged(caplog.records, "tool request not started"),
+        )
     (record_,) = [r for r in caplog.records if r.getMessage() == "tool request not started"]
     assert getattr(record_, "cause", None) == "DEADLINE_PASSED"
     assert runs == [] and bridge.submitted == []

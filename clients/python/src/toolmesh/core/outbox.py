@@ -83,13 +83,16 @@ class Outbox(Generic[T]):
         self._timer = None
         self._ready.set()
 
+    def _forget_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def clear(self) -> None:
         """Drop every item waiting."""
         self._items.clear()
         self._bytes = 0
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._forget_timer()
 
     def close(self) -> None:
         """No more items: `take` returns what is left, then an empty batch."""
@@ -128,7 +131,5 @@ class Outbox(Generic[T]):
         self._bytes -= total
         if not self._items and not self._closed:
             self._ready.clear()
-            if self._timer is not None:  # its items went with these
-                self._timer.cancel()
-                self._timer = None
+            self._forget_timer()  # its items went with these
         return batch

@@ -509,9 +509,7 @@ class HostEngine:
             return
         self._on(Trigger.STOP)
         # The results handed in on host work streams get their receipts before the streams close.
-        finishing = [link.finish(STOP_GRACE_S) for link in self._host_work.values()]
-        if finishing:
-            await asyncio.gather(*finishing)
+        await asyncio.gather(*[link.finish(STOP_GRACE_S) for link in self._host_work.values()])
         if self._call is not None:
             self._call.cancel()
         for retiring in list(self._retiring):
@@ -833,10 +831,8 @@ class HostEngine:
         ctx = starting.ctx
         self._starting.pop(ctx.tool_request_id, None)
         verdict = bridge_pb2.TOOL_START_VERDICT_UNSPECIFIED if verdict is None else verdict
-        if verdict == bridge_pb2.TOOL_START_VERDICT_START and ctx.time_remaining() <= 0:
-            # Given in time, read late (this process paused): the caller has TOOL_TIMEOUT, or is about to.
-            log.info("tool request not started", extra=_ids(ctx) | {"cause": "DEADLINE_PASSED"})
-        elif verdict == bridge_pb2.TOOL_START_VERDICT_START and not ctx.cancelled and not self.stopping:
+        # A START read after the deadline runs nothing either: _execute checks it as the handler begins.
+        if verdict == bridge_pb2.TOOL_START_VERDICT_START and not ctx.cancelled and not self.stopping:
             self._run(starting.request, ctx, starting.handler, host_session_id)
         elif answered:
             cause = bridge_pb2.ToolStartVerdict.Name(verdict).removeprefix("TOOL_START_VERDICT_")
@@ -983,7 +979,8 @@ class HostEngine:
                 Code.TOOL_HANDLER_NOT_FOUND, f"No handler for {ctx.tool_name}.", {"tool": ctx.tool_name}
             )
         if ctx.time_remaining() <= 0:
-            # Told to start in time, begun late: the process paused between (the task was made then).
+            # Told to start in time (START, or a request read in time), begun late: the process paused
+            # in between, or read the START late. The caller has TOOL_TIMEOUT, or is about to.
             log.info("tool request not started", extra=_ids(ctx) | {"cause": "DEADLINE_PASSED"})
             return None
         try:
