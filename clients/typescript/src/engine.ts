@@ -163,9 +163,11 @@ interface Active {
 }
 
 /**
- * One host stream's own facts: whether its bridge acknowledges starts, and the offset of the
- * bridge's clock from performance.now(): the largest (bridge time - local time at reading) seen,
- * as a delay on the way (a busy page, a suspended tab) only lowers a sample.
+ * One host stream's own facts: whether its bridge acknowledges starts, and how far the bridge's
+ * clock is at most ahead of performance.now(): the least (bridge time + 1 - local time when the
+ * page sent what the bridge answered) seen. The bridge read its clock (rounded down) after that, so
+ * a delay on the way (a busy page, a suspended tab) only raises a sample, which puts deadlines
+ * earlier, never late.
  */
 interface StreamFacts {
   startsAcknowledged: boolean;
@@ -450,6 +452,8 @@ export class HostEngine {
       Math.min(stream.limitMs / 3, 1_000),
     );
     try {
+      const headers = await this.headers(token);
+      const askedAt = performance.now();
       const events = stream.client.openHostSession(
         {
           sessionId: this.options.sessionId,
@@ -460,7 +464,7 @@ export class HostEngine {
           acknowledgesStarts: true,
           readsToolRequestBatches: true,
         },
-        { signal: stream.controller.signal, headers: await this.headers(token) },
+        { signal: stream.controller.signal, headers },
       );
       for await (const response of events) {
         stream.lastHeard = Date.now();
@@ -473,7 +477,7 @@ export class HostEngine {
             stream.hostSessionId = hostSessionId;
             // Asked for, and taken: the bridge starts none of this stream's requests unasked.
             facts.startsAcknowledged = event.value.startsAcknowledged;
-            heardClock(facts, event.value.serverTimeUnixMs);
+            answered(facts, event.value.serverTimeUnixMs, askedAt);
             this.openSessions.set(hostSessionId, stream);
             this.session = hostSessionId;
             stream.limitMs = MISSED_HEARTBEATS * Math.max(event.value.heartbeatIntervalMs, 100);
@@ -495,9 +499,8 @@ export class HostEngine {
             this.cancel(event.value);
             break;
           case "heartbeat":
-            heardClock(facts, event.value.serverTimeUnixMs);
             if (event.value.readCheck !== 0n) {
-              this.answerReadCheck(stream.hostSessionId, event.value.readCheck);
+              this.answerReadCheck(stream.hostSessionId, event.value.readCheck, facts);
             }
             break;
           default:
@@ -542,13 +545,19 @@ export class HostEngine {
 
   /**
    * Tell the bridge this page reads its stream: it sends requests to hosts
-   * that do. A failure is left alone: the next check asks again.
+   * that do. A failure is left alone: the next check asks again. Each answer may bound the
+   * bridge's clock closer than the stream's opening did.
    */
-  private answerReadCheck(hostSessionId: string, readCheck: bigint): void {
+  private answerReadCheck(hostSessionId: string, readCheck: bigint, facts: StreamFacts): void {
     this.headers()
-      .then((headers) =>
-        this.clientOf(hostSessionId).answerReadCheck({ hostSessionId, readCheck }, { timeoutMs: READ_CHECK_TIMEOUT_MS, headers }),
-      )
+      .then(async (headers) => {
+        const sentAt = performance.now();
+        const answer = await this.clientOf(hostSessionId).answerReadCheck(
+          { hostSessionId, readCheck },
+          { timeoutMs: READ_CHECK_TIMEOUT_MS, headers },
+        );
+        answered(facts, answer.serverTimeUnixMs, sentAt);
+      })
       .catch(() => {});
   }
 
@@ -931,17 +940,21 @@ function renewInMs(token: string | undefined, now: number = Date.now()): number 
   return Math.max(remaining - Math.min(RENEW_AHEAD_MS, remaining / 3), 0);
 }
 
-/** Take a sample of the bridge's clock (0: a bridge that does not send it). */
-function heardClock(facts: StreamFacts, serverTimeUnixMs: bigint): void {
+/**
+ * Take the bridge's clock from its answer to what the page sent at `sentAt` (performance.now()); 0:
+ * a bridge that does not send it.
+ */
+function answered(facts: StreamFacts, serverTimeUnixMs: bigint, sentAt: number): void {
   if (serverTimeUnixMs !== 0n) {
-    const sample = Number(serverTimeUnixMs) - performance.now();
-    facts.offsetMs = facts.offsetMs === undefined ? sample : Math.max(facts.offsetMs, sample);
+    const sample = Number(serverTimeUnixMs) + 1 - sentAt;
+    facts.offsetMs = facts.offsetMs === undefined ? sample : Math.min(facts.offsetMs, sample);
   }
 }
 
 /**
  * Milliseconds the request has left: from the bridge's deadline when it gave one (a request read
- * late has less time left than its timeoutMs says), never more than its timeoutMs.
+ * late has less time left than its timeoutMs says), at the earliest it may be on the page's clock,
+ * never more than its timeoutMs.
  */
 function timeLeftMs(request: ToolRequest, facts: StreamFacts): number {
   if (request.deadlineUnixMs === 0n || facts.offsetMs === undefined) {

@@ -15,7 +15,8 @@ export interface ToolContext {
   readonly toolName: string;
   /**
    * When the runtime stops waiting for the result, in Date.now() milliseconds: the request's
-   * deadline on the bridge's clock, translated with the offset estimated from its heartbeats.
+   * deadline on the bridge's clock, at the earliest it may be on the page's clock (bounded from the
+   * bridge's answers to the stream's opening and to read checks).
    */
   readonly deadline: number;
   /**

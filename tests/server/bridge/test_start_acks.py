@@ -121,6 +121,12 @@ async def test_the_bridge_says_its_clock_and_the_requests_deadline(stubs: tuple[
     assert before_ms - 1 <= host.opened.server_time_unix_ms <= time.time() * 1000 + 1
     beat = await host.next("heartbeat")
     assert beat.server_time_unix_ms >= host.opened.server_time_unix_ms
+    # The answer to a read check says the clock too: read after the host asked, it bounds the offset.
+    asked_ms = time.time() * 1000
+    answer = await public.AnswerReadCheck(
+        bridge_pb2.AnswerReadCheckRequest(host_session_id=host.id, read_check=beat.read_check)
+    )
+    assert asked_ms - 1 <= answer.server_time_unix_ms <= time.time() * 1000
     sent_ms = time.time() * 1000
     call = dispatch(internal, "clock", "clk-1", timeout_ms=4000)
     request = await host.next("tool_request")

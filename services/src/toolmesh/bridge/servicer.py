@@ -190,7 +190,7 @@ def answer_read_check(
 ) -> bridge_pb2.AnswerReadCheckResponse:
     """`sessions`: as for `submit`."""
     router.answer_read_check(request.host_session_id, request.read_check, sessions)
-    return bridge_pb2.AnswerReadCheckResponse()
+    return bridge_pb2.AnswerReadCheckResponse(server_time_unix_ms=_now_ms())
 
 
 def report_progress(

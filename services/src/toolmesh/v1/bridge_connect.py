@@ -75,9 +75,11 @@ class BridgeService(Protocol):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect. HostSessionOpened and every
-        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
-        tells how much time a request has left from its deadline_unix_ms.
+        for three heartbeat intervals should reconnect. HostSessionOpened and
+        AnswerReadCheckResponse, answers to what the host sent, carry the
+        bridge's clock (server_time_unix_ms), so that a host tells how much time
+        a request has left from its deadline_unix_ms, and never starts one past
+        it (see HostSessionOpened.server_time_unix_ms).
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -561,9 +563,11 @@ class BridgeServiceClient(ConnectClient):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect. HostSessionOpened and every
-        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
-        tells how much time a request has left from its deadline_unix_ms.
+        for three heartbeat intervals should reconnect. HostSessionOpened and
+        AnswerReadCheckResponse, answers to what the host sent, carry the
+        bridge's clock (server_time_unix_ms), so that a host tells how much time
+        a request has left from its deadline_unix_ms, and never starts one past
+        it (see HostSessionOpened.server_time_unix_ms).
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -1045,9 +1049,11 @@ class BridgeServiceSync(Protocol):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect. HostSessionOpened and every
-        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
-        tells how much time a request has left from its deadline_unix_ms.
+        for three heartbeat intervals should reconnect. HostSessionOpened and
+        AnswerReadCheckResponse, answers to what the host sent, carry the
+        bridge's clock (server_time_unix_ms), so that a host tells how much time
+        a request has left from its deadline_unix_ms, and never starts one past
+        it (see HostSessionOpened.server_time_unix_ms).
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
@@ -1529,9 +1535,11 @@ class BridgeServiceClientSync(ConnectClientSync):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect. HostSessionOpened and every
-        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
-        tells how much time a request has left from its deadline_unix_ms.
+        for three heartbeat intervals should reconnect. HostSessionOpened and
+        AnswerReadCheckResponse, answers to what the host sent, carry the
+        bridge's clock (server_time_unix_ms), so that a host tells how much time
+        a request has left from its deadline_unix_ms, and never starts one past
+        it (see HostSessionOpened.server_time_unix_ms).
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,

@@ -261,26 +261,32 @@ class _Link:
 class _Stream:
     """One host stream's own facts.
 
-    Its host session, whether its bridge acknowledges starts, and the offset of the bridge's
-    clock from this process's `time.monotonic()`.
+    Its host session, whether its bridge acknowledges starts, and how far the bridge's clock is at
+    most ahead of this process's `time.monotonic()`.
     """
 
+    # time.monotonic() when this process asked for the stream.
+    asked_at: float
     host_session_id: str = ""
     starts_acknowledged: bool = False
-    # The largest (bridge time - monotonic time at reading) seen, in ms: a delay on the way (a
-    # pause of this process, a slow network) only lowers a sample. None until the bridge sends one.
+    # The least (bridge time + 1 - monotonic time when this process sent what the bridge answered)
+    # seen, in ms: the bridge read its clock (rounded down) after that, so this is at least the
+    # offset, and a delay on the way (a pause, a slow network) only raises a sample, which puts
+    # deadlines earlier, never late. None until the bridge sends its clock.
     offset_ms: float | None = None
 
-    def heard_clock(self, server_time_unix_ms: int) -> None:
+    def answered(self, server_time_unix_ms: int, sent_at: float) -> None:
+        """Take the bridge's clock from its answer to what this process sent at `sent_at`."""
         if server_time_unix_ms:
-            sample = server_time_unix_ms - time.monotonic() * 1000
-            self.offset_ms = sample if self.offset_ms is None else max(self.offset_ms, sample)
+            sample = server_time_unix_ms + 1 - sent_at * 1000
+            self.offset_ms = sample if self.offset_ms is None else min(self.offset_ms, sample)
 
     def deadline_of(self, request: bridge_pb2.ToolRequest) -> float:
         """The request's deadline as a `time.monotonic()` value.
 
         From the bridge's deadline when it gave one (a request read late has less time left than
-        its timeout_ms says), never later than its timeout_ms from now.
+        its timeout_ms says), at the earliest instant it may be on this process's clock, never
+        later than its timeout_ms from now.
         """
         by_timeout = time.monotonic() + request.timeout_ms / 1000
         if request.deadline_unix_ms and self.offset_ms is not None:
@@ -545,6 +551,7 @@ class HostEngine:
         replaces = ""
         while True:
             token = await self._bearer.token()
+            asked_at = time.monotonic()
             call = self._stub.OpenHostSession(
                 bridge_pb2.OpenHostSessionRequest(
                     session_id=self.session_id,
@@ -558,7 +565,7 @@ class HostEngine:
                 metadata=Bearer.with_token(token),
             )
             self._call = call
-            reading = asyncio.create_task(self._read_stream(call))
+            reading = asyncio.create_task(self._read_stream(call, asked_at))
             renewal = renew_in(token)
             if renewal is None:
                 await reading
@@ -580,14 +587,14 @@ class HostEngine:
         if not reading.cancelled() and reading.exception() is not None:
             log.debug("a replaced host stream ended", extra={"session_id": self.session_id})
 
-    async def _read_stream(self, call: Any) -> None:
+    async def _read_stream(self, call: Any, asked_at: float) -> None:
         # Until the bridge says how often it beats, allow a generous first wait; a shorter one with
         # another replica to go to (see FIRST_EVENT_ELSEWHERE_S).
         first_wait = FIRST_EVENT_S if len(self._channels) < 2 else FIRST_EVENT_ELSEWHERE_S
         silence = _Silence(asyncio.get_running_loop(), first_wait, call)
         watchdog = asyncio.create_task(silence.watch())
         try:
-            await self._read_events(call, silence)
+            await self._read_events(call, silence, asked_at)
         except asyncio.CancelledError:
             if silence.expired:
                 raise TimeoutError from None
@@ -596,9 +603,9 @@ class HostEngine:
         finally:
             watchdog.cancel()
 
-    async def _read_events(self, call: Any, silence: _Silence) -> None:
+    async def _read_events(self, call: Any, silence: _Silence, asked_at: float) -> None:
         # This stream's host session: its requests' results go there, even once a renewal took over.
-        stream = _Stream()
+        stream = _Stream(asked_at)
         link: _Link | None = None
         try:
             while True:
@@ -628,7 +635,7 @@ class HostEngine:
         kind = event.WhichOneof("event")
         host_session_id = stream.host_session_id
         if kind == "opened":
-            stream.heard_clock(event.opened.server_time_unix_ms)
+            stream.answered(event.opened.server_time_unix_ms, stream.asked_at)
             self.host_session_id = host_session_id
             silence.limit_s = _MISSED_HEARTBEATS * max(event.opened.heartbeat_interval_ms, 100) / 1000
             self._refusal = None
@@ -652,10 +659,8 @@ class HostEngine:
                 self._begin(request, stream)
         elif kind == "cancelled":
             self._cancel(event.cancelled)
-        elif kind == "heartbeat":
-            stream.heard_clock(event.heartbeat.server_time_unix_ms)
-            if event.heartbeat.read_check:
-                self._answer_read_check(host_session_id, event.heartbeat.read_check)
+        elif kind == "heartbeat" and event.heartbeat.read_check:
+            self._answer_read_check(stream, event.heartbeat.read_check)
 
     def _open_host_work(self, host_session_id: str) -> None:
         """Open the host session's ExchangeHostWork stream; its asks and results use it once open."""
@@ -677,23 +682,30 @@ class HostEngine:
         if host_session_id in self._open_sessions and not self.stopping:
             self._host_work[host_session_id] = HostWorkLink(stub, host_session_id, metadata)
 
-    def _answer_read_check(self, host_session_id: str, read_check: int) -> None:
+    def _answer_read_check(self, stream: _Stream, read_check: int) -> None:
         """Tell the bridge this host reads its stream: it routes requests to hosts that do."""
-        task = asyncio.create_task(self._send_read_check(host_session_id, read_check))
+        task = asyncio.create_task(self._send_read_check(stream, read_check))
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
 
-    async def _send_read_check(self, host_session_id: str, read_check: int) -> None:
-        request = bridge_pb2.AnswerReadCheckRequest(host_session_id=host_session_id, read_check=read_check)
+    async def _send_read_check(self, stream: _Stream, read_check: int) -> None:
+        request = bridge_pb2.AnswerReadCheckRequest(
+            host_session_id=stream.host_session_id, read_check=read_check
+        )
         try:
-            with telemetry.client_call("toolmesh.v1.BridgeService/AnswerReadCheck") as metadata:
-                await self._stub.AnswerReadCheck(
-                    request, timeout=READ_CHECK_TIMEOUT_S, metadata=await self._bearer.metadata(metadata)
+            with telemetry.client_call("toolmesh.v1.BridgeService/AnswerReadCheck") as traced:
+                metadata = await self._bearer.metadata(traced)
+                sent_at = time.monotonic()
+                answer = await self._stub.AnswerReadCheck(
+                    request, timeout=READ_CHECK_TIMEOUT_S, metadata=metadata
                 )
         except (grpc.aio.AioRpcError, grpc.aio.UsageError) as error:
             # The next check asks again; a bridge that takes us for gone ends the stream.
             status = error.code().name if isinstance(error, grpc.aio.AioRpcError) else "CLOSED"
             log.debug("answering a read check failed", extra={"grpc_status": status})
+            return
+        # Each answer may bound the bridge's clock closer than the stream's opening did.
+        stream.answered(answer.server_time_unix_ms, sent_at)
 
     async def declare(self, host_session_id: str) -> None:
         """Send the declared tools; a refusal goes to the error callbacks.

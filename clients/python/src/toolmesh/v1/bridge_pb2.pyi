@@ -314,11 +314,17 @@ class HostSessionOpened(_message.Message):
     heartbeat_interval_ms: _builtins.int
     """The bridge sends a heartbeat at least this often."""
     server_time_unix_ms: _builtins.int
-    """The bridge's clock when it sent this event, in ms since the Unix epoch.
-    The host estimates the offset of its own clock from the bridge's as the
-    largest (server_time_unix_ms minus its clock when it read the event) over
-    this event and the heartbeats: a delay on the way only lowers a sample.
-    0 from a bridge that does not send it.
+    """The bridge's clock when it sent this event, in ms since the Unix epoch,
+    rounded down. The bridge read it after the host asked for the stream,
+    so server_time_unix_ms + 1 minus the host's clock when it asked is at
+    least the offset of the bridge's clock from the host's; the same from
+    each AnswerReadCheckResponse, counted from when the host sent the
+    answer. The host takes the least such bound it has seen, and so the
+    earliest instant a request's deadline_unix_ms may be on its own clock: a
+    delay on the way only moves that instant earlier, never past the
+    deadline. (The bound from the time an event was read, as a heartbeat
+    gives, is the other way round: it may put the deadline late.) 0 from a
+    bridge that does not send it.
     """
     starts_acknowledged: _builtins.bool
     """The bridge took OpenHostSessionRequest.acknowledges_starts: the host must
@@ -526,8 +532,11 @@ class Heartbeat(_message.Message):
     """
     server_time_unix_ms: _builtins.int
     """The bridge's clock when it sent the heartbeat, in ms since the Unix
-    epoch (see HostSessionOpened.server_time_unix_ms). 0 from a bridge that
-    does not send it.
+    epoch. It bounds the offset of the bridge's clock from the host's only
+    from below (a delay on the way lowers it): a host that fences starts on
+    its deadline_unix_ms bounds the offset from the answers instead (see
+    HostSessionOpened.server_time_unix_ms). 0 from a bridge that does not
+    send it.
     """
     def __init__(
         self,
@@ -788,12 +797,22 @@ Global___AnswerReadCheckRequest: _TypeAlias = AnswerReadCheckRequest  # noqa: Y0
 class AnswerReadCheckResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    SERVER_TIME_UNIX_MS_FIELD_NUMBER: _builtins.int
+    server_time_unix_ms: _builtins.int
+    """The bridge's clock when it answered, in ms since the Unix epoch, rounded
+    down: with the host's clock when it sent the request, a bound on the
+    offset of the bridge's clock from the host's (see
+    HostSessionOpened.server_time_unix_ms). 0 from a bridge that does not
+    send it.
+    """
     def __init__(
         self,
+        *,
+        server_time_unix_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["server_time_unix_ms", b"server_time_unix_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

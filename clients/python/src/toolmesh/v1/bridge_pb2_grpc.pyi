@@ -67,9 +67,11 @@ class BridgeServiceStub:
     and heartbeats until the host goes away or the server stops (then the
     stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
     reconnect, to another bridge if there is one). A host that sees no event
-    for three heartbeat intervals should reconnect. HostSessionOpened and every
-    Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
-    tells how much time a request has left from its deadline_unix_ms.
+    for three heartbeat intervals should reconnect. HostSessionOpened and
+    AnswerReadCheckResponse, answers to what the host sent, carry the
+    bridge's clock (server_time_unix_ms), so that a host tells how much time
+    a request has left from its deadline_unix_ms, and never starts one past
+    it (see HostSessionOpened.server_time_unix_ms).
 
     Routing: a tool request goes to a host of its session that reads its
     stream, known by its answers to read checks (Heartbeat.read_check,
@@ -359,9 +361,11 @@ class BridgeServiceAsyncStub(BridgeServiceStub):
     and heartbeats until the host goes away or the server stops (then the
     stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
     reconnect, to another bridge if there is one). A host that sees no event
-    for three heartbeat intervals should reconnect. HostSessionOpened and every
-    Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
-    tells how much time a request has left from its deadline_unix_ms.
+    for three heartbeat intervals should reconnect. HostSessionOpened and
+    AnswerReadCheckResponse, answers to what the host sent, carry the
+    bridge's clock (server_time_unix_ms), so that a host tells how much time
+    a request has left from its deadline_unix_ms, and never starts one past
+    it (see HostSessionOpened.server_time_unix_ms).
 
     Routing: a tool request goes to a host of its session that reads its
     stream, known by its answers to read checks (Heartbeat.read_check,
@@ -654,9 +658,11 @@ class BridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         and heartbeats until the host goes away or the server stops (then the
         stream ends with UNAVAILABLE, reason SHUTTING_DOWN, and the host should
         reconnect, to another bridge if there is one). A host that sees no event
-        for three heartbeat intervals should reconnect. HostSessionOpened and every
-        Heartbeat carry the bridge's clock (server_time_unix_ms), so that a host
-        tells how much time a request has left from its deadline_unix_ms.
+        for three heartbeat intervals should reconnect. HostSessionOpened and
+        AnswerReadCheckResponse, answers to what the host sent, carry the
+        bridge's clock (server_time_unix_ms), so that a host tells how much time
+        a request has left from its deadline_unix_ms, and never starts one past
+        it (see HostSessionOpened.server_time_unix_ms).
 
         Routing: a tool request goes to a host of its session that reads its
         stream, known by its answers to read checks (Heartbeat.read_check,
