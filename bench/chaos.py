@@ -26,8 +26,10 @@ What it counts (the targets of issue 23 are all 0):
   which never got that result (an error outcome, or no outcome within the retry budget)
   nor, after a TOOL_TIMEOUT, found it kept late in the ledger (a caller answered
   TOOL_TIMEOUT reconciles as an agent would: GetInvocation until the host's late
-  result shows or its late window is over; those found are counted apart, as
-  outcomes kept late); those with every bridge replica down as the handler ended
+  result shows, kept beside the timeout or recorded as the outcome (the timeout's
+  write lost to it after an outage of the store), or its late window is over;
+  those found are counted apart, as outcomes kept late); those with every bridge
+  replica down as the handler ended
   are shown apart too. Not counted, but shown apart: results that died with
   their host, whose host process was SIGKILLed after the handler ended and
   before any bridge replica was up again (the result was only in that process;
@@ -455,6 +457,10 @@ class Load:
             except grpc.aio.AioRpcError:
                 invocation = None  # a replica down, or the store: ask again
             late = invocation.late_outcome if invocation is not None else None
+            if late is None and invocation is not None and invocation.outcome is not None:
+                # The host's result recorded first (the replica that answered TOOL_TIMEOUT could not
+                # write it: the store was out, and its write lost once it was back).
+                late = invocation.outcome if invocation.outcome.code != Code.TOOL_TIMEOUT.value else None
             if late is not None:
                 call.late = Late(time.time(), *_answer_of(late))
                 return

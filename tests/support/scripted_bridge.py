@@ -48,12 +48,15 @@ class ScriptedBridge(bridge_pb2_grpc.BridgeServiceServicer):
 
 
 @contextlib.asynccontextmanager
-async def scripted(bridge: ScriptedBridge, *more: grpc.GenericRpcHandler) -> AsyncIterator[str]:
-    """`bridge` served on a real port of its own, with the services `more` handles: its address."""
+async def scripted(
+    bridge: ScriptedBridge, *more: grpc.GenericRpcHandler, port: int = 0
+) -> AsyncIterator[str]:
+    """`bridge` served on a real port (`port`, or one of its own), with the services `more` handles:
+    its address."""
     server = grpc.aio.server()
     bridge_pb2_grpc.add_BridgeServiceServicer_to_server(bridge, server)
     server.add_generic_rpc_handlers(more)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     try:
         yield f"127.0.0.1:{port}"

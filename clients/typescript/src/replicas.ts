@@ -6,11 +6,16 @@
  * result it holds waits with it. So before opening, the host asks every replica's web port
  * health check (`GET /healthz`) at once and opens on the first that answers (its current one, if
  * that answers within PREFERRED_MS): any HTTP answer, a refusal or a 404 from an older bridge
- * included, comes from a replica that runs. As the Python host SDK does with gRPC's health check.
+ * included, comes from a replica that runs. A replica that refuses connections (restarting) is
+ * asked again every PROBE_AGAIN_MS until it answers or the wait ends: one that comes back meanwhile
+ * is where the page goes. As the Python host SDK does with gRPC's health check.
  */
 
 /** The current replica's head start: it keeps the host when it answers within it. */
 export const PREFERRED_MS = 500;
+
+/** How soon a health check that failed (the replica refused the connection) is asked again. */
+export const PROBE_AGAIN_MS = 200;
 
 /** Where a web port's health check is, from its base URL. */
 export function healthUrl(baseUrl: string): string {
@@ -29,15 +34,7 @@ export async function firstAnswering(
 ): Promise<number | undefined> {
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), timeoutMs);
-  const probes = urls.map((url, index) =>
-    fetch(url, { signal: controller.signal, cache: "no-store", credentials: "omit" }).then(
-      (response) => {
-        void response.body?.cancel();
-        return index;
-      },
-      () => undefined,
-    ),
-  );
+  const probes = urls.map((url, index) => probe(url, controller.signal).then((answered) => (answered ? index : undefined)));
   const ended = stop.then(() => undefined);
   try {
     const head = await Promise.race([probes[preferred], pause(PREFERRED_MS), ended]);
@@ -53,6 +50,22 @@ export async function firstAnswering(
     clearTimeout(timer);
     controller.abort();
   }
+}
+
+/** Whether `url` answers before `signal` aborts, asking again while its replica refuses connections. */
+async function probe(url: string, signal: AbortSignal): Promise<boolean> {
+  while (!signal.aborted) {
+    try {
+      const response = await fetch(url, { signal, cache: "no-store", credentials: "omit" });
+      void response.body?.cancel();
+      return true;
+    } catch {
+      if (!signal.aborted) {
+        await pause(PROBE_AGAIN_MS);
+      }
+    }
+  }
+  return false;
 }
 
 function pause(ms: number): Promise<undefined> {

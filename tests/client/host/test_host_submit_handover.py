@@ -8,6 +8,7 @@ takes results."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -145,6 +146,39 @@ async def test_a_host_opens_on_a_replica_that_answers_its_health_check_not_on_a_
         finally:
             await host.stop()
     # Its health check unanswered, the first address never got the stream.
+    assert frozen.opens == 0
+
+
+async def test_a_host_opens_on_a_replica_that_comes_back_rather_than_on_a_frozen_one() -> None:
+    """The replica the host was on restarts (it refuses connections, then listens again) while the
+    other is frozen: the host asks the restarting one again until it answers, and opens there."""
+    asked = asyncio.Event()
+
+    async def unanswered(request: bytes, context: Any) -> bytes:
+        asked.set()
+        await asyncio.Event().wait()
+        return b""
+
+    frozen_health = grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(unanswered)}
+    )
+    frozen, taking = SilentBridge(), TakingBridge()
+    reserved = socket.socket()  # bound, not listening: connections to it are refused
+    reserved.bind(("127.0.0.1", 0))
+    port = reserved.getsockname()[1]
+    async with scripted(frozen, frozen_health) as first:
+        host = ToolHost(f"{first},127.0.0.1:{port}", "s")
+        host.on_tool("quick", lambda args, ctx: {"done": True})
+        starting = asyncio.ensure_future(host.start(timeout=3 * engine.FIRST_EVENT_ELSEWHERE_S))
+        try:
+            # Both replicas are asked at once: the second refused as the first was asked.
+            await asyncio.wait_for(asked.wait(), 5)
+            reserved.close()
+            async with scripted(taking, port=port):
+                await starting
+                assert host.host_session_id == "hs_next"
+        finally:
+            await host.stop()
     assert frozen.opens == 0
 
 

@@ -34,6 +34,9 @@ class Replicas:
     # The page's stream is on bridge 0 (its first URL); both are processes, to kill or freeze.
     bridges: list[ServiceProcess]
     invocation: RunningServer
+    # How to start another bridge replica like them.
+    bridge_args: tuple[str, ...]
+    env: dict[str, str]
 
 
 @pytest_asyncio.fixture
@@ -47,13 +50,11 @@ async def replicas() -> AsyncIterator[Replicas]:
     registry_internal = f"127.0.0.1:{registry.internal_port}"
     env = dict(os.environ, TOOLMESH_STORE=SHARED_URL, TOOLMESH_STORE_PREFIX=prefix)
     bridges: list[ServiceProcess] = []
+    bridge_args = ("--registry", registry_internal, "--web-origins", driver.origins[0])
     invocation = None
     try:
         for _ in range(2):
-            bridge = await start_service_process(
-                "bridge", "--registry", registry_internal, "--web-origins", driver.origins[0], env=env
-            )
-            bridges.append(bridge)
+            bridges.append(await start_service_process("bridge", *bridge_args, env=env))
         invocation = await start_invocation(
             registry_internal, bridges[1].internal_target, stores=open_stores(SHARED_URL, prefix)
         )
@@ -67,7 +68,7 @@ async def replicas() -> AsyncIterator[Replicas]:
                 return tools.find("held") is not None and tools.find("held_short") is not None
 
         await eventually(declared)
-        yield Replicas(driver, registry, bridges, invocation)
+        yield Replicas(driver, registry, bridges, invocation, bridge_args, env)
     finally:
         await driver.stop()
         if invocation is not None:
@@ -198,3 +199,44 @@ async def test_a_page_opening_while_its_first_replica_is_frozen_opens_on_the_oth
     async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
         result = await asyncio.wait_for(client.invoke(f"{SESSION}-q", "echo", {"text": "x"}, turn_id="t"), 20)
     assert result.outcome is not None and result.outcome.failure is None, result
+
+
+async def test_a_page_opening_while_one_replica_is_frozen_and_the_other_restarts_opens_on_the_restarted_one(
+    replicas: Replicas,
+) -> None:
+    """The page's second replica is coming back (its port drops connections: a process restarting)
+    while the first is frozen. The page asks the second's health check again until it answers and
+    opens there: within 4.5 s, where one failed check counted it out and the page waited 5 s for the
+    frozen one's answer, then 5 s more for its first event."""
+    driver = replicas.driver
+    replicas.bridges[0].process.send_signal(signal.SIGSTOP)
+    asked = asyncio.Event()
+
+    def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        asked.set()
+        writer.transport.abort()
+
+    restarting = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = restarting.sockets[0].getsockname()[1]
+    base_urls = f"http://127.0.0.1:{replicas.bridges[0].web_port},http://127.0.0.1:{port}"
+    opening = asyncio.create_task(
+        driver.open("r", {"session": f"{SESSION}-r", "baseUrl": base_urls, "startTimeoutMs": "4500"})
+    )
+    back = None
+    try:
+        await asyncio.wait_for(asked.wait(), 10)  # the page's first check of the second was dropped
+        restarting.close()
+        await restarting.wait_closed()
+        back = await start_service_process(
+            "bridge", *replicas.bridge_args, env=replicas.env, ports={"bridge-web": port}
+        )
+        assert await opening == {"started": True, "startError": ""}
+        async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+            result = await asyncio.wait_for(
+                client.invoke(f"{SESSION}-r", "echo", {"text": "x"}, turn_id="t"), 20
+            )
+        assert result.outcome is not None and result.outcome.failure is None, result
+    finally:
+        opening.cancel()
+        if back is not None:
+            await back.stop()

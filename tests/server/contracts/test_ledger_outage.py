@@ -13,7 +13,7 @@ import pytest
 from toolmesh.bridge.outcomes import OutcomeRecorder
 from toolmesh.bridge.router import HostSession
 from toolmesh.contracts.cancels import RECORDED_KEY, CancelBoard
-from toolmesh.contracts.ledger import InvocationState, Ledger
+from toolmesh.contracts.ledger import SECOND_LOOK_S, InvocationState, Ledger
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import ERROR_TABLE, Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
@@ -178,6 +178,63 @@ async def test_finish_first_keeps_its_own_outcome_when_the_record_cannot_be_read
     assert await ledger.finish_first("tr_1", timed_out, claimed=claimed.record) == timed_out
     store.reads_down = False
     assert await finished_with(ledger, "tr_1") == Outcome.success("1")
+    await ledger.aclose()
+
+
+class BrokenOnceStore(OutageStore):
+    """Its next finish fails as on a connection a restart of the store broke; the next command
+    connects again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+
+    async def finish(self, *args: Any) -> str:
+        if self.broken:
+            self.broken = False
+            raise ToolmeshError(Code.STORE_UNAVAILABLE)
+        return await super().finish(*args)
+
+
+async def test_finish_first_gives_the_result_another_writer_recorded_when_its_own_write_failed() -> None:
+    """An invocation replica paused across a restart of the store: its timeout's write fails on the
+    broken connection, while the bridge replica the host's result came through recorded it."""
+    store = BrokenOnceStore()
+    ledger = Ledger(store)
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    await ledger.finish("tr_1", Outcome.success("1"))  # the bridge replica's copy
+    store.broken = True
+    timed_out = Outcome.runtime_error(Code.TOOL_TIMEOUT)
+    assert await ledger.finish_first("tr_1", timed_out, claimed=claimed.record) == Outcome.success("1")
+    assert await eventually(lambda: not ledger._unrecorded)  # the kept timeout lost, as it should
+    assert await finished_with(ledger, "tr_1") == Outcome.success("1")
+    await ledger.aclose()
+
+
+class PausedReadsStore(BrokenOnceStore):
+    """Its reads wait until released: a store paused (SIGSTOP) rather than gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+
+    async def get(self, tool_request_id: str) -> StoredInvocation | None:
+        await self.released.wait()
+        return await super().get(tool_request_id)
+
+
+async def test_finish_first_waits_for_a_paused_store_no_longer_than_its_second_look() -> None:
+    store = PausedReadsStore()
+    ledger = Ledger(store)
+    claimed = await ledger.claim(call(), "tr_1", 10_000)
+    store.broken = True
+    timed_out = Outcome.runtime_error(Code.TOOL_TIMEOUT)
+    finishing = asyncio.ensure_future(ledger.finish_first("tr_1", timed_out, claimed=claimed.record))
+    done, _ = await asyncio.wait({finishing}, timeout=SECOND_LOOK_S * 4)
+    assert done and finishing.result() == timed_out
+    store.released.set()
+    # Kept, and written once the store answers again.
+    assert await eventually(lambda: finished_with(ledger, "tr_1")) == timed_out
     await ledger.aclose()
 
 

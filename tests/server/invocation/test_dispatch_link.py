@@ -240,19 +240,26 @@ class AnsweringBridge(QuietBridge):
             )
 
 
+@pytest.mark.parametrize(
+    "stall_s",
+    # Just past the guard's time (0.3 s from the dispatch), and far past it and LATE_GUARD_S.
+    [0.35, 0.3 + remote.LATE_GUARD_S + 0.5],
+    ids=["barely overdue", "long overdue"],
+)
 async def test_an_answer_queued_while_this_process_was_paused_beats_its_overdue_guard(
-    monkeypatch: Any,
+    monkeypatch: Any, stall_s: float
 ) -> None:
-    """A guard that fires long after it was due measures this process's pause (SIGSTOP, a starved
-    loop), not the bridge's silence: the answer that came meanwhile is read first."""
+    """A guard that fires after a pause of this process (SIGSTOP, a starved loop), however late,
+    does not end the wait before the answer that came meanwhile is read: a pause that ended just
+    after the guard was due makes it fire barely late."""
     monkeypatch.setattr(remote, "BRIDGE_GRACE_S", 0.2)
     bridge = AnsweringBridge()
     async with dispatcher_to(bridge) as dispatcher:
         dispatch = asyncio.ensure_future(dispatcher.dispatch(tool_request("tr_paused", timeout_ms=100)))
         await eventually(lambda: bridge.received)
         bridge.answer.set()
-        # The loop stands still past the guard's time (0.3 s) and LATE_GUARD_S: nothing is read.
-        time.sleep(0.3 + remote.LATE_GUARD_S + 0.5)  # noqa: ASYNC251
+        # The loop stands still: nothing is read.
+        time.sleep(stall_s)  # noqa: ASYNC251
         outcome = await asyncio.wait_for(dispatch, 5)
         assert outcome == Outcome.success("1")
 

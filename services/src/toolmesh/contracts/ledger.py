@@ -47,6 +47,9 @@ DECODED_CACHE_SIZE = 4096
 # A finish the store could not take is tried again after this long, doubling up to the cap.
 RETRY_FIRST_S = 0.05
 RETRY_CAP_S = 2.0
+# finish_first's second look at a record whose finish failed on an unreachable store: no longer
+# than this, so that a store that stopped answering delays its caller's answer by no more.
+SECOND_LOOK_S = 0.5
 # Marks arguments not parsed yet (None is a JSON value).
 _UNPARSED: Any = object()
 
@@ -522,17 +525,23 @@ class Ledger:
         another writer recorded first (a bridge replica that took the host's result after the one
         this process dispatched through went quiet; TOOL_CANCELLED after a cancellation).
 
-        Reads the record only when the write of a failure lost; an outage then leaves `outcome`.
-        A result that lost was written first by the bridge replica it came through (the same
-        outcome, the usual race on every call): no read for it.
+        Reads the record only when the write of a failure lost, or failed on an unreachable store
+        (kept for later): the failure may have met a connection that a restart of the store broke,
+        which the read connects again, and another writer (the bridge replica the host's result
+        came through) may have recorded the result meanwhile. That read waits SECOND_LOOK_S at
+        most; an outage then leaves `outcome`. A result that lost was written first by the bridge
+        replica it came through (the same outcome, the usual race on every call): no read for it.
         """
         verdict = await self._finish(tool_request_id, outcome, claimed)
         if verdict == "cancelled":
             return CANCELLED
-        if verdict != "ended" or outcome.failure is None:
+        if verdict not in ("ended", "kept") or outcome.failure is None:
             return outcome
         try:
-            record = await self.get(tool_request_id)
+            async with asyncio.timeout(SECOND_LOOK_S):
+                record = await self.get(tool_request_id)
+        except TimeoutError:
+            return outcome
         except ToolmeshError as error:
             if error.code is not Code.STORE_UNAVAILABLE:
                 raise

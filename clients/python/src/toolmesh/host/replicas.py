@@ -6,6 +6,10 @@ while another replica is up, and a result it holds waits with it. So before
 opening, the host asks every replica's standard health check at once and
 opens on the first that answers (its current one, if that answers within
 PREFERRED_S): any answer, a refusal included, comes from a replica that runs.
+A replica that refuses connections (restarting) is asked until it answers or
+the wait ends: one that comes back meanwhile is where the host goes (a check
+that failed at once left a host waiting on a frozen replica 9 s while the
+restarted one was up, holding results past their deadline).
 Private to toolmesh.host.
 """
 
@@ -29,10 +33,14 @@ _SILENT = frozenset(
 
 
 async def answers(channel: grpc.aio.Channel, timeout_s: float) -> bool:
-    """Whether the replica behind `channel` answers a health check within `timeout_s`."""
+    """Whether the replica behind `channel` answers a health check within `timeout_s`.
+
+    One that refuses connections meanwhile is connected to again (the channel's backoff) until it
+    answers.
+    """
     check: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(HEALTH_CHECK)
     try:
-        await check(b"", timeout=timeout_s)
+        await check(b"", timeout=timeout_s, wait_for_ready=True)
     except grpc.aio.AioRpcError as error:
         return error.code() not in _SILENT
     except grpc.aio.UsageError:  # the channel was closed: the host is stopping
