@@ -695,8 +695,13 @@ class HostEngine:
         try:
             with telemetry.client_call("toolmesh.v1.BridgeService/AnswerReadCheck") as traced:
                 metadata = await self._bearer.metadata(traced)
+                # To the stream's own bridge (its clock is the one the answer bounds); an ended
+                # stream needs no answer.
+                link = self._open_sessions.get(stream.host_session_id)
+                if link is None:
+                    return
                 sent_at = time.monotonic()
-                answer = await self._stub.AnswerReadCheck(
+                answer = await link.stub.AnswerReadCheck(
                     request, timeout=READ_CHECK_TIMEOUT_S, metadata=metadata
                 )
         except (grpc.aio.AioRpcError, grpc.aio.UsageError) as error:
