@@ -44,12 +44,20 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         results_of: Callable[[Response], Iterable[Result]],
         key_of: Callable[[Result], Hashable],
         on_response: Callable[[Response], None] | None = None,
+        in_flight: Callable[[Hashable], bool] = lambda key: True,
     ) -> None:
-        """`on_response` sees each response before its results settle: for what else it carries."""
+        """`on_response` sees each response before its results settle: for what else it carries.
+
+        `in_flight`: whether a result awaited with this key counts as a call in flight, one that
+        says others are on their way (by default every one does).
+        """
         # Other calls in flight on the link: a send waits a few turns of the loop for theirs (Outbox).
         self._outbox: Outbox[Item] = Outbox(
-            size_of, more_coming=lambda: len(self._waiting) > len(self._outbox)
+            size_of, more_coming=lambda: len(self._in_flight) > len(self._outbox)
         )
+        self._counts = in_flight
+        # The keys awaited that count as calls in flight.
+        self._in_flight: set[Hashable] = set()
         self._on_response = on_response
         self._batch = batch
         self._results_of = results_of
@@ -68,10 +76,13 @@ class StreamLink(Generic[Item, Message, Response, Result]):
         """A future for the result with `key`; StreamBroken if the stream ends first."""
         result: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting[key] = result
+        if self._counts(key):
+            self._in_flight.add(key)
         return result
 
     def forget(self, key: Hashable) -> bool:
         """Stop waiting for `key` (a late result is dropped); whether it was still awaited."""
+        self._in_flight.discard(key)
         return self._waiting.pop(key, None) is not None
 
     async def finish(self, timeout: float) -> None:
@@ -103,7 +114,9 @@ class StreamLink(Generic[Item, Message, Response, Result]):
                 if self._on_response is not None:
                     self._on_response(response)
                 for result in self._results_of(response):
-                    waiting = self._waiting.pop(self._key_of(result), None)
+                    key = self._key_of(result)
+                    self._in_flight.discard(key)
+                    waiting = self._waiting.pop(key, None)
                     if waiting is not None and not waiting.done():
                         waiting.set_result(result)
         except grpc.aio.AioRpcError as error:
@@ -119,6 +132,7 @@ class StreamLink(Generic[Item, Message, Response, Result]):
             self._outbox.clear()
             self._outbox.close()
             waiting_ones, self._waiting = self._waiting, {}
+            self._in_flight.clear()
             for waiting in waiting_ones.values():
                 if not waiting.done():
                     waiting.set_exception(StreamBroken(ended, failure))

@@ -39,6 +39,10 @@ class HostWorkLink:
             size_of=_size_of,
             results_of=_answers_of,
             key_of=_key_of,
+            # A receipt awaited is of a result already sent (the bridge may hold it back to ride
+            # with the next START): it says no other item is on its way, and an ask that gathered
+            # for it waited GATHER_TURNS turns on every call of a sequence.
+            in_flight=_is_start,
         )
 
     @property
@@ -104,6 +108,10 @@ def _size_of(item: _Item) -> int:
 
 def _answers_of(response: bridge_pb2.ExchangeHostWorkResponse) -> Iterable[_Answer]:
     return itertools.chain(response.starts, response.receipts)
+
+
+def _is_start(key: Hashable) -> bool:
+    return isinstance(key, tuple) and key[0] == "start"
 
 
 def _key_of(answer: _Answer) -> Hashable:
