@@ -110,15 +110,18 @@ class SilentBridge(ScriptedBridge):
         yield  # never reached
 
 
-async def _unanswered(request: bytes, context: Any) -> bytes:
-    await asyncio.Event().wait()
-    return b""
+def frozen_health(asked: asyncio.Event | None = None) -> grpc.GenericRpcHandler:
+    """A health service that answers no check, as on a frozen replica; `asked` is set on the first."""
 
+    async def unanswered(request: bytes, context: Any) -> bytes:
+        if asked is not None:
+            asked.set()
+        await asyncio.Event().wait()
+        return b""
 
-# A health service that answers no check, as on a frozen replica.
-FROZEN_HEALTH = grpc.method_handlers_generic_handler(
-    "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(_unanswered)}
-)
+    return grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(unanswered)}
+    )
 
 
 async def test_a_host_connecting_to_a_frozen_replica_opens_on_the_next_one() -> None:
@@ -137,7 +140,7 @@ async def test_a_host_connecting_to_a_frozen_replica_opens_on_the_next_one() -> 
 
 async def test_a_host_opens_on_a_replica_that_answers_its_health_check_not_on_a_frozen_one() -> None:
     frozen, taking = SilentBridge(), TakingBridge()
-    async with scripted(frozen, FROZEN_HEALTH) as first, scripted(taking) as second:
+    async with scripted(frozen, frozen_health()) as first, scripted(taking) as second:
         host = ToolHost(f"{first},{second}", "s")
         host.on_tool("quick", lambda args, ctx: {"done": True})
         try:
@@ -153,20 +156,11 @@ async def test_a_host_opens_on_a_replica_that_comes_back_rather_than_on_a_frozen
     """The replica the host was on restarts (it refuses connections, then listens again) while the
     other is frozen: the host asks the restarting one again until it answers, and opens there."""
     asked = asyncio.Event()
-
-    async def unanswered(request: bytes, context: Any) -> bytes:
-        asked.set()
-        await asyncio.Event().wait()
-        return b""
-
-    frozen_health = grpc.method_handlers_generic_handler(
-        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(unanswered)}
-    )
     frozen, taking = SilentBridge(), TakingBridge()
     reserved = socket.socket()  # bound, not listening: connections to it are refused
     reserved.bind(("127.0.0.1", 0))
     port = reserved.getsockname()[1]
-    async with scripted(frozen, frozen_health) as first:
+    async with scripted(frozen, frozen_health(asked)) as first:
         host = ToolHost(f"{first},127.0.0.1:{port}", "s")
         host.on_tool("quick", lambda args, ctx: {"done": True})
         starting = asyncio.ensure_future(host.start(timeout=3 * engine.FIRST_EVENT_ELSEWHERE_S))
