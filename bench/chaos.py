@@ -75,8 +75,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bench import procs
-from bench.faults import free_port
 from bench.host import READY
+from bench.procs import free_port
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.errors import ERROR_TABLE, Code, code_for_reason
 from toolmesh.core.outcome import Outcome

@@ -37,7 +37,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ import grpc
 from bench import procs
 from bench.host import READY
 from bench.measure import percentile
-from bench.procs import Proc
+from bench.procs import Proc, free_port
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, invocation_pb2, invocation_pb2_grpc
@@ -105,13 +104,6 @@ def baseline(ref: str, directory: Path) -> Tree:
     """The services and SDK of commit `ref`, extracted under `directory`; bench.* still comes from here."""
     sha, env = procs.extract(ref, directory)
     return Tree(f"baseline {ref} ({sha})", env)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

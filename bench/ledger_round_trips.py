@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from bench.procs import free_port
 from toolmesh.assembly.system import start_local_system
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
@@ -40,13 +40,6 @@ from toolmesh.host import ToolHost
 
 SESSION = "bench-ledger"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def _commands(url: str) -> dict[str, int]:
@@ -60,7 +53,7 @@ async def _commands(url: str) -> dict[str, int]:
 
 async def _measure(calls: int) -> dict[str, Any]:
     """In this process: the system on a private redis-server, `calls` sequential calls."""
-    port = _free_port()
+    port = free_port()
     folder = tempfile.mkdtemp()
     redis = await asyncio.create_subprocess_exec(
         *("redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", folder),

@@ -6,8 +6,10 @@ import asyncio
 import collections
 import contextlib
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,32 @@ REPO = Path(__file__).resolve().parent.parent
 PORT_LINE = re.compile(r"listening on port (\d+)")
 # Printed before PORT_LINE by services with an internal listener (registry, bridge).
 INTERNAL_PORT_LINE = re.compile(r"internal listener on port (\d+)")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on, for a process started (and perhaps restarted) on it.
+
+    Taken below the kernel's ephemeral range: a port from that range, once the probe closes it, can
+    become the local end of any outgoing connection before its process binds it, or while a killed
+    process restarts on it.
+    """
+    top = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(10000, top)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass

@@ -68,9 +68,9 @@ import grpc
 import httpx
 
 from bench import procs
-from bench.faults import RESULTS, Tree, baseline, free_port, latencies
+from bench.faults import RESULTS, Tree, baseline, latencies
 from bench.host import READY
-from bench.procs import Proc
+from bench.procs import Proc, free_port
 from toolmesh.auth.grants import Role
 from toolmesh.auth.tokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, mint
 from toolmesh.client import InvocationClient, RegistryClient

@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -16,19 +15,14 @@ from pathlib import Path
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from bench.procs import free_port
+
 # The shared Redis every test that needs one uses; never flushed, only our prefixes are removed.
 SHARED_URL = os.environ.get("TOOLMESH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
 def new_prefix() -> str:
     return f"test:{uuid.uuid4().hex}:"
-
-
-def _unbound_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def server_command(port: int, directory: Path, *options: str) -> list[str]:
@@ -76,7 +70,7 @@ class RedisServer:
             return
         for _ in range(10):
             try:
-                await self._launch(_unbound_port())
+                await self._launch(free_port())
                 return
             except AssertionError:
                 if self.process is None or self.process.returncode is None:
@@ -158,7 +152,7 @@ class LocalCluster:
             node = self.directory / f"node{index}"
             node.mkdir(parents=True, exist_ok=True)
             for _ in range(10):
-                port = _unbound_port()
+                port = free_port()
                 process = subprocess.Popen(
                     server_command(
                         port,
