@@ -125,3 +125,21 @@ def test_bench_limits_quick_runs_every_scenario(tmp_path: Path) -> None:
     assert earlier["registration"] == "stored earlier"
     assert any("validation_time_limit" in outcome for outcome in earlier["hostile_calls"])
     assert earlier["during"]["calls"] > 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_bench_timeline_marks_every_hop_of_a_call(tmp_path: Path, store: str) -> None:
+    written = tmp_path / "timeline.json"
+    sizes = ["--calls", "30", "--warmup", "10", "--store", store]
+    completed = run_to_end("-m", "bench.timeline", *sizes, "--json", str(written))
+    timeline = json.loads(written.read_text())
+    assert timeline["calls"] == 30 and timeline["typical"] > 0
+    marks = [step["mark"] for step in timeline["steps"]]
+    # The call's way through every process, the start ask's round trip included, in order.
+    way = ["I_in", "B_dispatch_rx", "H_stream_rx", "B_work_rx", "rx ExchangeHostWorkResponse", "H_handler"]
+    way += ["B_work_rx (result)", "rx DispatchToolRequestsResponse", "I_out", "C_done"]
+    assert [mark for mark in marks if mark in way] == way
+    # Only a store in Redis marks starts in the ledger (the start fence); memory has none to share.
+    assert ("B_mark" in marks) is (store == "redis")
+    assert "host: START read" in completed.stdout
