@@ -22,6 +22,7 @@ import uvloop
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from bench.procs import free_port
 from toolmesh.core import event_loop
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.outcome import Outcome
@@ -250,15 +251,21 @@ async def start_service_process(
 
     Every listener binds port 0 and reports the port it got, unless told otherwise. With `ports`,
     the service listens where `ports` says (`<service>`, `<service>-internal`, `<service>-web`;
-    a name missing: port 0) and the ports it bound are written back, so that a restart with the
-    same `ports` comes back on the same addresses. A bridge's web port is a free one too, unless
-    `args` name it.
+    a name missing: a free port below the ephemeral range, which no outgoing connection takes
+    while the service is down) and the ports it bound are written back, so that a restart with
+    the same `ports` comes back on the same addresses. A bridge's web port is a free one too,
+    unless `args` name it.
     """
-    known = {} if ports is None else ports
-    listen = listen or f"127.0.0.1:{known.get(service, 0)}"
-    internal_listen = internal_listen or f"127.0.0.1:{known.get(f'{service}-internal', 0)}"
+
+    def chosen(name: str) -> int:
+        if ports is None:
+            return 0
+        return ports.get(name) or free_port()
+
+    listen = listen or f"127.0.0.1:{chosen(service)}"
+    internal_listen = internal_listen or f"127.0.0.1:{chosen(f'{service}-internal')}"
     if service == "bridge" and "--web-listen" not in args:
-        args = ("--web-listen", f"127.0.0.1:{known.get('bridge-web', 0)}", *args)
+        args = ("--web-listen", f"127.0.0.1:{chosen('bridge-web')}", *args)
     internal = ["--internal-listen", internal_listen] if service in INTERNAL_LISTENERS else []
     process = await asyncio.create_subprocess_exec(
         sys.executable,
