@@ -18,6 +18,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from bench.procs import free_port
 from browser_driver import BrowserDriver, build_test_page
 from toolmesh.assembly.system import start_bridge, start_invocation, start_registry
 from toolmesh.client import CallResult, InvocationClient, RegistryClient, ToolProgress
@@ -55,9 +56,10 @@ class WebStack:
 
     @classmethod
     async def start(cls, origins: list[str]) -> WebStack:
-        """Every server on port 0; the ports they bound are kept for the restarts."""
-        registry = await start_registry()
-        bridge = await cls._bridge(0, 0, registry.port, origins, 0)
+        """Every server on a free port below the ephemeral range (no outgoing connection takes one
+        while its server restarts), kept for the restarts."""
+        registry = await start_registry(f"127.0.0.1:{free_port()}")
+        bridge = await cls._bridge(free_port(), free_port(), registry.port, origins, free_port())
         assert bridge.web_port is not None and bridge.internal is not None
         invocation = await start_invocation(f"127.0.0.1:{registry.port}", f"127.0.0.1:{bridge.internal_port}")
         return cls(
