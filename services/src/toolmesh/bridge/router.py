@@ -742,6 +742,15 @@ class Router:
             )
         )
 
+    def _settle_elsewhere(self, pending: PendingRequest, outcome: Outcome) -> None:
+        """Settle a request with the outcome of another host session than the one holding it; the
+        holder (if it was sent out) is told to stop, as for a cancellation."""
+        holder = pending.host
+        self._end(pending, EndReason.ANSWERED)
+        if holder is not None:
+            holder.send(ToolRequestCancelled(pending.request.tool_request_id, EndReason.CANCELLED))
+        pending.settle(outcome)
+
     def _stop(self, pending: PendingRequest, reason: EndReason) -> None:
         """End a request the host has not answered, and tell the host to cancel it."""
         host = pending.host
@@ -868,7 +877,8 @@ class Router:
         `sessions`: those the submitter may serve (None: all); a host session of
         another is unknown to it. A request that is not this host session's (sent to
         another, or to none) is REQUEST_UNKNOWN either way: the answer says nothing of
-        other host sessions' requests.
+        other host sessions' requests. Except a read-only or idempotent request of the
+        submitter's own session: any run's outcome is its outcome (see `_settle_elsewhere`).
         """
         metadata = {"hostSessionId": host_session_id, "toolRequestId": tool_request_id}
         host = self.submitting_host(host_session_id, tool_request_id, sessions)
@@ -883,7 +893,14 @@ class Router:
                 {**metadata, "ended": ended.reason.value},
             )
         if pending.host is not host:
-            raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
+            if not (pending.request.redeliverable and pending.request.session_id == host.session_id):
+                raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
+            # A read-only or idempotent request sent here again after the replica that first
+            # delivered it was lost: the host it first went to ran it and hands its result here.
+            # That run counts (it may run more than once); the delivery made since is called off.
+            check_outcome(outcome, metadata)
+            self._settle_elsewhere(pending, outcome)
+            return
         check_outcome(outcome, metadata)
         if pending.after_check:
             # The host read this request, so the check sent before it too (the stream is in order).

@@ -198,9 +198,14 @@ class BridgeServiceServicer:
         invocation; a bridge without a shared ledger refuses it with
         REQUEST_ENDED (ended "timed_out"). A host should keep handing in a result
         for a while after the deadline (the Python SDK: 60 s) when no bridge took it.
+        A read-only or idempotent request (redeliverable) is taken from any host
+        session of its session: when the replica that sent it was lost, it was
+        sent again, perhaps to another host, while the first host ran it; the
+        first outcome handed in ends it, and the other host is told to cancel.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (this host session has no
-        such tool request: none has, or it was sent to another host session) or
+        such tool request: none has, or it was sent to another host session and
+        is not redeliverable) or
         HOST_SESSION_UNKNOWN (no such host session, or it has ended);
         FAILED_PRECONDITION with reason REQUEST_ENDED (the
         request timed out, was cancelled or already has a result);
