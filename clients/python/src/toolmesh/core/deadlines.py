@@ -23,6 +23,11 @@ K = TypeVar("K", bound=Hashable)
 # uvloop's clock counts whole milliseconds and is read once per turn: its timer for a deadline
 # may fire while the clock still reads up to a millisecond short of it (its own call_later too).
 CLOCK_SLACK_S = 0.001
+# A timer that fires may be the first thing a process does after a pause (SIGSTOP, a laptop lid, a
+# starved loop) during which the other side answered: the answer waits, unread, in the socket,
+# and the loop ran the due timer first. A wait for another process's word that times out looks
+# again this much later, once, before it gives up.
+PAUSE_GRACE_S = 0.5
 # Entries of discarded deadlines are dropped from the heap once they outnumber the live ones by so
 # much: a discard costs a dict removal, and the heap never holds more than about twice the live.
 _COMPACT_OVER = 64

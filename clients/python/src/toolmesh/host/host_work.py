@@ -12,6 +12,7 @@ import asyncio
 import itertools
 from collections.abc import Hashable, Iterable, Sequence
 
+from toolmesh.core.deadlines import PAUSE_GRACE_S
 from toolmesh.core.outbox import BATCH_BYTES
 from toolmesh.core.stream_link import StreamBroken, StreamLink
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
@@ -64,20 +65,24 @@ class HostWorkLink:
         """Hand in a result: whether the bridge took it.
 
         False when it refused it (nothing was taken); None when its receipt did not come (the
-        stream broke, or `timeout` passed): it may have been taken.
+        stream broke, or `timeout` and then PAUSE_GRACE_S passed): it may have been taken.
         """
         key = ("receipt", submission.tool_request_id)
         receipt = self._link.expect(key)
         self._link.send(submission)
         try:
-            async with asyncio.timeout(timeout):
-                answer = await receipt
-        except (StreamBroken, TimeoutError):
+            # Not cancelled when the wait times out: read meanwhile, it settles, and is looked at.
+            for wait_s in (timeout, PAUSE_GRACE_S):
+                await asyncio.wait((receipt,), timeout=wait_s)
+                if receipt.done():
+                    break
+            answer = receipt.result() if receipt.done() else None
+        except StreamBroken:
+            answer = None
+        finally:
             self._link.forget(key)
+        if answer is None:
             return None
-        except asyncio.CancelledError:
-            self._link.forget(key)
-            raise
         assert isinstance(answer, bridge_pb2.ToolResultReceipt)
         return not answer.HasField("refusal")
 
