@@ -214,11 +214,12 @@ def calls_of(lines: Iterator[str]) -> list[list[tuple[int, str]]]:
     warm = next((index for index, (_, name) in enumerate(marks) if name == WARM), -1)
     calls: list[list[tuple[int, str]]] = []
     call: list[tuple[int, str]] | None = None
+    ran = False  # the call's handler began: a mark made again now is the result's
     for at, name in marks[warm + 1 :]:
         if name == CALLED:
-            call = [(at, name)]
+            call, ran = [(at, name)], False
         elif call is not None:
-            ran = any(earlier == "H_handler" for _, earlier in call)
+            ran = ran or name == "H_handler"
             call.append((at, name + RESULT if ran and name + RESULT in MEANING else name))
             if name == DONE:
                 calls.append(call)

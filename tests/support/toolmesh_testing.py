@@ -263,10 +263,11 @@ async def start_service_process(
         return ports.get(name) or free_port()
 
     listen = listen or f"127.0.0.1:{chosen(service)}"
-    internal_listen = internal_listen or f"127.0.0.1:{chosen(f'{service}-internal')}"
     if service == "bridge" and "--web-listen" not in args:
         args = ("--web-listen", f"127.0.0.1:{chosen('bridge-web')}", *args)
-    internal = ["--internal-listen", internal_listen] if service in INTERNAL_LISTENERS else []
+    internal = []
+    if service in INTERNAL_LISTENERS:
+        internal = ["--internal-listen", internal_listen or f"127.0.0.1:{chosen(f'{service}-internal')}"]
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

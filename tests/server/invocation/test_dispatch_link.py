@@ -20,6 +20,7 @@ from toolmesh.assembly.system import start_bridge, start_invocation, start_regis
 from toolmesh.client import InvocationClient, RegistryClient
 from toolmesh.contracts.routes import route_key
 from toolmesh.core.calls import ToolRequest
+from toolmesh.core.deadlines import PAUSE_GRACE_S
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code, error_info
@@ -242,8 +243,8 @@ class AnsweringBridge(QuietBridge):
 
 @pytest.mark.parametrize(
     "stall_s",
-    # Just past the guard's time (0.3 s from the dispatch), and far past it and LATE_GUARD_S.
-    [0.35, 0.3 + remote.LATE_GUARD_S + 0.5],
+    # Just past the guard's time (0.3 s from the dispatch), and far past it and PAUSE_GRACE_S.
+    [0.35, 0.3 + PAUSE_GRACE_S + 0.5],
     ids=["barely overdue", "long overdue"],
 )
 async def test_an_answer_queued_while_this_process_was_paused_beats_its_overdue_guard(

@@ -17,7 +17,7 @@ from toolmesh.contracts.routes import route_of
 from toolmesh.core import telemetry
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.channels import open_channel
-from toolmesh.core.deadlines import Deadlines
+from toolmesh.core.deadlines import PAUSE_GRACE_S, Deadlines
 from toolmesh.core.errors import Code, ToolmeshError
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.rpcstatus import error_code
@@ -42,8 +42,6 @@ log = logging.getLogger("toolmesh.invocation")
 # The bridge enforces the tool's deadline itself; this margin only catches a
 # bridge that stopped answering.
 BRIDGE_GRACE_S = 2.0
-# How long a guard that fired waits before it ends its call: see _quiet.
-LATE_GUARD_S = 0.5
 # A new dispatch stream waits this long at most for its bridge's connection; then the request
 # fails as not sent (a bridge that refuses connections fails it at once).
 CONNECT_S = 5.0
@@ -350,7 +348,7 @@ class RemoteDispatcher:
                     link.send(tool_request_id)
 
     def _quiet(self, guard: _Guard) -> None:
-        """End the wait with TimeoutError LATE_GUARD_S after the guard first fires.
+        """End the wait with TimeoutError PAUSE_GRACE_S after the guard first fires.
 
         Its firing may be the first thing this process does after a pause (SIGSTOP, a starved
         loop) during which the bridge answered: the answer, queued in the socket, is read first.
@@ -362,7 +360,7 @@ class RemoteDispatcher:
             return
         if not guard.deferred:
             guard.deferred = True
-            self._guards.add(guard, LATE_GUARD_S)
+            self._guards.add(guard, PAUSE_GRACE_S)
             return
         guard.result.set_exception(TimeoutError())
 
