@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -207,6 +208,35 @@ async def test_a_result_outlives_the_bridge_replica_that_sent_the_request(
     assert result.tool_request_id == tool_request_id
     assert json.loads(result.outcome.result_json or "")["runs"] == 1
     assert runs(tmp_path, key) == [tool_request_id]
+
+
+async def test_a_result_left_unanswered_by_a_frozen_bridge_replica_is_taken_by_the_other(
+    bridges: Bridges, tmp_path: Path
+) -> None:
+    """The host's replica freezes while the handler runs: a copy of the result goes to the other
+    replica, which records it, and the caller has it long before the host would leave the frozen
+    one (its attempt's share of the 20 s: 5 s), so a host killed meanwhile loses nothing."""
+    key = uuid.uuid4().hex
+    arguments = {"key": key, "hold": True}
+    frozen = bridges.bridges[0].process
+    async with InvocationClient(f"127.0.0.1:{bridges.invocation.port}") as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "count", arguments, turn_id="t"))
+        [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+        frozen.send_signal(signal.SIGSTOP)
+        try:
+            (tmp_path / f"release-{key}").touch()
+            result = await asyncio.wait_for(calling, 4)
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+    assert result.outcome is not None and result.outcome.failure is None, result
+    assert result.tool_request_id == tool_request_id
+    assert json.loads(result.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]
+    assert [
+        r
+        for r in bridges.host.logs()
+        if r.get("msg") == "result receipt late; copies to the other bridge replicas"
+    ]
 
 
 READ_ONLY = ToolSpec(

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from toolmesh.bridge.outcomes import OutcomeRecorder
-from toolmesh.bridge.router import HostSession
+from toolmesh.bridge.outcomes import OutcomeRecorder, accept
+from toolmesh.bridge.router import HostSession, Router
 from toolmesh.contracts.ledger import Claim, Ledger
 from toolmesh.core.calls import ToolCall
 from toolmesh.core.errors import Code, ToolmeshError
@@ -101,4 +101,38 @@ async def test_a_late_outcome_is_kept_for_a_host_of_the_session_only() -> None:
     assert refused.value.code is Code.REQUEST_ENDED
     record = await ledger.get("tr_1")
     assert record is not None and record.late_outcome == Outcome.success('"late"')
+    await recorder.aclose()
+
+
+async def copy_refusal(
+    router: Router, recorder: OutcomeRecorder | None, host_session_id: str, sessions: set[str] | None
+) -> Code:
+    with pytest.raises(ToolmeshError) as refused:
+        await accept(router, recorder, host_session_id, "tr_1", Outcome.success('"copy"'), sessions=sessions)
+    return refused.value.code
+
+
+async def test_a_copy_from_a_host_of_another_replica_is_recorded_for_its_session_only() -> None:
+    """A host whose own replica left its result unanswered hands a copy to this one, naming its
+    host session there (toolmesh.host.copies): recorded while the invocation runs, for a caller
+    that may serve its session; anyone else hears what any unknown host session hears."""
+    _, ledger, _, recorder = await claimed_with_a_recorder(60)
+    router = Router(heartbeat_s=60)
+    assert await copy_refusal(router, None, "hs_elsewhere", None) is Code.HOST_SESSION_UNKNOWN
+    assert await copy_refusal(router, recorder, "hs_elsewhere", {"other"}) is Code.HOST_SESSION_UNKNOWN
+    # A host session held here answers as its own, though the ledger would take the copy.
+    held = router.open_host("other", "host", ["t"], False)
+    assert await copy_refusal(router, recorder, held.host_session_id, {"s", "other"}) is Code.REQUEST_UNKNOWN
+    assert await outcome_of(ledger, "tr_1") is None
+    await accept(router, recorder, "hs_elsewhere", "tr_1", Outcome.success('"copy"'), sessions={"s"})
+    assert await outcome_of(ledger, "tr_1") == Outcome.success('"copy"')
+    # Sent again (its answer lost), or its own replica's copy: the same outcome, already there.
+    with pytest.raises(ToolmeshError) as refused:
+        await accept(router, recorder, "hs_elsewhere", "tr_1", Outcome.success('"copy"'), sessions=None)
+    assert (refused.value.code, refused.value.metadata["ended"]) == (Code.REQUEST_ENDED, "answered")
+    assert await copy_refusal(router, recorder, "hs_elsewhere", {"s"}) is Code.REQUEST_ENDED
+    with pytest.raises(ToolmeshError) as refused:
+        await accept(router, recorder, "hs_elsewhere", "tr_gone", Outcome.success('"copy"'), sessions=None)
+    assert refused.value.code is Code.HOST_SESSION_UNKNOWN
+    router.close_host(held)
     await recorder.aclose()

@@ -116,9 +116,35 @@ class OutcomeRecorder:
         ToolmeshError(REQUEST_UNKNOWN, or REQUEST_ENDED when it has ended), as for any submit.
         """
         metadata = {"host_session_id": host.host_session_id, "tool_request_id": tool_request_id}
+        unknown = ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
+        await self._adopt((host.session_id,), tool_request_id, outcome, unknown, metadata)
+
+    async def adopt_copy(
+        self, sessions: Container[str] | None, host_session_id: str, tool_request_id: str, outcome: Outcome
+    ) -> None:
+        """Record the copy of its outcome a host of another replica hands in here: its own replica
+        left the result unanswered (frozen or cut off), and the host may not live until it answers.
+
+        Taken as `adopt` takes one, for a session the submitter may serve (`sessions`, None: all);
+        else ToolmeshError(HOST_SESSION_UNKNOWN), the answer for any host session this replica does
+        not hold, or REQUEST_ENDED when it has ended.
+        """
+        metadata = {"host_session_id": host_session_id, "tool_request_id": tool_request_id}
+        unknown = ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", metadata)
+        await self._adopt(sessions, tool_request_id, outcome, unknown, metadata)
+
+    async def _adopt(
+        self,
+        sessions: Container[str] | None,
+        tool_request_id: str,
+        outcome: Outcome,
+        unknown: ToolmeshError,
+        metadata: dict[str, str],
+    ) -> None:
+        """As `adopt`, for a request of `sessions` (None: any); `unknown` is raised for any other."""
         record = await self.ledger.get(tool_request_id)
-        if record is None or record.session_id != host.session_id:
-            raise ToolmeshError(Code.REQUEST_UNKNOWN, "", metadata)
+        if record is None or (sessions is not None and record.session_id not in sessions):
+            raise unknown
         if record.finished:
             if await self._kept_late(record, outcome, metadata):
                 return
@@ -126,7 +152,9 @@ class OutcomeRecorder:
             raise ToolmeshError(Code.REQUEST_ENDED, f"It ended ({ended}).", {**metadata, "ended": ended})
         check_outcome(outcome, metadata)
         await self.ledger.finish(tool_request_id, outcome, claimed=record)
-        log.info("recorded an outcome handed in after its bridge replica was lost", extra=metadata)
+        log.info(
+            "recorded an outcome handed in through a replica that did not send its request", extra=metadata
+        )
         if self._recorded_elsewhere is not None:
             self._in_background(self._post(self._recorded_elsewhere, tool_request_id))
 
@@ -196,8 +224,9 @@ async def accept(
 ) -> None:
     """Take a host's outcome: the router settles a request this replica sent; with `recorder` (a
     shared ledger), one it never sent was sent by a replica that died while the host ran it, and
-    is recorded in the ledger while its invocation runs (OutcomeRecorder.adopt), and one that
-    timed out is kept beside its TOOL_TIMEOUT there (OutcomeRecorder.take_late).
+    is recorded in the ledger while its invocation runs (OutcomeRecorder.adopt; from a host
+    session this replica does not hold, OutcomeRecorder.adopt_copy), and one that timed out is
+    kept beside its TOOL_TIMEOUT there (OutcomeRecorder.take_late).
 
     `sessions`: those the host may serve (None: all). Raises ToolmeshError as Router.submit does.
     """
@@ -210,6 +239,10 @@ async def accept(
                 raise
             host = router.submitting_host(host_session_id, tool_request_id, sessions)
             await recorder.take_late(host, tool_request_id, outcome, refused)
+        return
+    if not router.holds(host_session_id):
+        # A copy from a host of another replica, whose own replica left it unanswered.
+        await recorder.adopt_copy(sessions, host_session_id, tool_request_id, outcome)
         return
     host = router.submitting_host(host_session_id, tool_request_id, sessions)
     await recorder.adopt(host, tool_request_id, outcome)

@@ -406,6 +406,10 @@ class Router:
             raise ToolmeshError(Code.HOST_SESSION_UNKNOWN, "", {"hostSessionId": host_session_id})
         return host
 
+    def holds(self, host_session_id: str) -> bool:
+        """Whether the host session of that id is open here."""
+        return host_session_id in self._hosts
+
     def serves(self, session_id: str) -> bool:
         """Whether a host of the session is connected."""
         return bool(self._by_session.get(session_id))

@@ -35,6 +35,7 @@ from toolmesh.core.rpcstatus import error_code, error_info, status_of, token_exp
 from toolmesh.core.tools import ToolSpec
 from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ProgressReporter, ToolContext
+from toolmesh.host.copies import COPY_AFTER_S, answered_before, hand_in_copies
 from toolmesh.host.host_work import HostWorkLink
 from toolmesh.host.replicas import first_answering
 from toolmesh.host.results import convert_return
@@ -241,6 +242,8 @@ class _Link:
     host_session_id: str
     stub: bridge_pb2_grpc.BridgeServiceAsyncStub
     silence: _Silence
+    # Which of the bridge addresses it is on (the others take a copy of a result it leaves unanswered).
+    turn: int
     submits: set[Any] = field(default_factory=set)
     # The stream ended, broke or was given up: its submits go to the next connection.
     cut: bool = False
@@ -377,6 +380,8 @@ class HostEngine:
         self._progress_sends: dict[str, set[asyncio.Task[None]]] = {}
         self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
         self._answering: set[asyncio.Task[None]] = set()
+        # Receipts still awaited for results another replica took (see _submit_with_copies).
+        self._receipt_waits: set[asyncio.Task[None]] = set()
         self._call: grpc.aio.UnaryStreamCall[Any, Any] | None = None
         # Streams a renewed one took over from, read until the bridge ends them (their calls answered).
         self._retiring: set[asyncio.Task[None]] = set()
@@ -533,7 +538,7 @@ class HostEngine:
             for task in late:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        for answering in list(self._answering):
+        for answering in (*self._answering, *self._receipt_waits):
             answering.cancel()
         if self._own_channel:
             for channel in self._channels:
@@ -617,7 +622,7 @@ class HostEngine:
                     stream.host_session_id = event.opened.host_session_id
                     # Asked for, and taken: the bridge starts none of this stream's requests unasked.
                     stream.starts_acknowledged = self._acknowledge_starts and event.opened.starts_acknowledged
-                    link = _Link(stream.host_session_id, self._stub, silence)
+                    link = _Link(stream.host_session_id, self._stub, silence, self._turn)
                     self._open_sessions[stream.host_session_id] = link
                     self._session_opened.set()
                     self._session_opened = asyncio.Event()
@@ -1090,13 +1095,76 @@ class HostEngine:
             if host_work.can_carry(submission):
                 heard = link.silence.events
                 bound = self._attempt_bound(ctx.deadline + SUBMIT_GRACE_S - time.monotonic())
-                taken = await host_work.submit(submission, bound)
+                taken, copied = await self._submit_with_copies(link, host_work, submission, bound)
                 if taken:
                     return None, ""
                 if taken is None and self._leave_if_silent(link, heard):
                     log.warning("result receipt unanswered; leaving the bridge", extra=_ids(ctx))
-                return await self._deliver(outcome, ctx, host_session_id, tried=taken is None)
+                return await self._deliver(outcome, ctx, host_session_id, tried=taken is None or copied)
         return await self._deliver(outcome, ctx, host_session_id)
+
+    async def _submit_with_copies(
+        self,
+        link: _Link,
+        host_work: HostWorkLink,
+        submission: bridge_pb2.ToolResultSubmission,
+        bound: float,
+    ) -> tuple[bool | None, bool]:
+        """`host_work.submit(submission, bound)`, and whether copies went to the other replicas.
+
+        They go when its receipt is not in after COPY_AFTER_S with nothing heard from its replica
+        meanwhile (toolmesh.host.copies); one that takes the result ends the wait (True).
+        """
+        heard = link.silence.events
+        sending = asyncio.ensure_future(host_work.submit(submission, bound))
+        others = [
+            bridge_pb2_grpc.BridgeServiceStub(channel)
+            for turn, channel in enumerate(self._channels)
+            if turn != link.turn
+        ]
+        await asyncio.wait((sending,), timeout=COPY_AFTER_S)
+        if sending.done() or not others or link.silence.heard_since(heard):
+            return await sending, False
+        request = bridge_pb2.SubmitToolResultRequest(
+            host_session_id=link.host_session_id,
+            tool_request_id=submission.tool_request_id,
+            outcome=submission.outcome,
+        )
+        log.info(
+            "result receipt late; copies to the other bridge replicas",
+            extra={"tool_request_id": submission.tool_request_id},
+        )
+        copying = asyncio.ensure_future(
+            hand_in_copies(others, request, max(bound, 0.0), await self._bearer.metadata())
+        )
+        kept = False
+        try:
+            await asyncio.wait((sending, copying), return_when=asyncio.FIRST_COMPLETED)
+            if not sending.done() and copying.result():
+                # The receipt is still awaited, to leave a replica that stays silent.
+                kept = True
+                waiting = asyncio.create_task(self._leave_if_unanswered(link, sending, heard))
+                self._receipt_waits.add(waiting)
+                waiting.add_done_callback(self._receipt_waits.discard)
+                return True, True
+            return await sending, True
+        finally:
+            copying.cancel()
+            if not kept:
+                sending.cancel()
+
+    async def _leave_if_unanswered(
+        self, link: _Link, sending: asyncio.Future[bool | None], heard: int
+    ) -> None:
+        """Give `link`'s stream up when `sending` (a result another replica took) gets no receipt.
+
+        With nothing heard on it since `heard` either, its replica is frozen or cut off: left as
+        for any other result (see _hand_in).
+        """
+        if await sending is None and self._leave_if_silent(link, heard):
+            log.warning(
+                "result receipt unanswered; leaving the bridge", extra={"session_id": self.session_id}
+            )
 
     def _attempt_bound(self, window: float) -> float:
         """How long one submit attempt may wait, of the `window` left.
@@ -1173,12 +1241,7 @@ class HostEngine:
             except grpc.aio.AioRpcError as error:
                 info = error_info(error)
                 reason = code_for_reason(info.reason) if info is not None else None
-                if (
-                    attempt > 1
-                    and reason is Code.REQUEST_ENDED
-                    and info
-                    and info.metadata.get("ended") == "answered"
-                ):
+                if attempt > 1 and answered_before(error):
                     return None, ""  # an earlier attempt got through; its answer was lost on the way back
                 remaining = give_up_at - time.monotonic()
                 if (

@@ -202,6 +202,13 @@ class BridgeServiceServicer:
         session of its session: when the replica that sent it was lost, it was
         sent again, perhaps to another host, while the first host ran it; the
         first outcome handed in ends it, and the other host is told to cancel.
+        A bridge that shares the ledger also takes a copy of an outcome from a
+        host session another replica holds (host_session_id is not one of its
+        own), for a request it did not send, while the ledger has the invocation
+        running and the token names its session: what a host sends when its own
+        replica leaves a result unanswered (frozen or cut off), so that the
+        outcome is kept even if the host dies before that replica answers. Else
+        that is HOST_SESSION_UNKNOWN, as for any host session it does not hold.
 
         Errors: NOT_FOUND with reason REQUEST_UNKNOWN (this host session has no
         such tool request: none has, or it was sent to another host session and
