@@ -7,6 +7,7 @@ import {
   type ToolRequestCancelled,
 } from "./gen/toolmesh/v1/bridge_pb.js";
 import type { ToolDefinition, ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
+import { COPY_AFTER_MS, handInCopies, type Copy } from "./copies.js";
 import { Codes, errorInfo, type HostError } from "./errors.js";
 import { ERROR_TABLE } from "./gen/tables.js";
 import {
@@ -18,7 +19,7 @@ import {
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
 import { firstAnswering } from "./replicas.js";
 import { convertReturn, runtimeError } from "./results.js";
-import { ResultSubmissions, SubmitCut } from "./submits.js";
+import { ResultSubmissions, SubmitCut, type Submitted } from "./submits.js";
 import { inHandlerSpan } from "./tracing.js";
 import { Waiters } from "./waiters.js";
 
@@ -829,15 +830,18 @@ export class HostEngine {
       // Before the deadline, an attempt's share is of the time until it (and the grace), so that a
       // frozen replica is left for the next one in time; after it, of the late window.
       const inTimeMs = ctx.deadline + SUBMIT_GRACE_MS - sentAt;
+      const timeoutMs = this.attemptMs(inTimeMs > 0 ? inTimeMs : giveUpAt - sentAt);
       try {
-        const refused = await this.submissions.submit(
+        const submitting = this.submissions.submit(
           stream.client,
           hostSessionId,
           ctx.toolRequestId,
           outcome,
-          this.attemptMs(inTimeMs > 0 ? inTimeMs : giveUpAt - sentAt),
+          timeoutMs,
           stream.cut.signal,
         );
+        const copy = { hostSessionId, toolRequestId: ctx.toolRequestId, outcome };
+        const refused = await this.withCopies(submitting, stream, heard, copy, timeoutMs);
         if (refused === undefined) {
           return;
         }
@@ -880,6 +884,56 @@ export class HostEngine {
       });
       return;
     }
+  }
+
+  /**
+   * `submitting`'s answer, or undefined (taken) when a copy of its result was taken first: copies go
+   * to the other replicas when it is not answered within COPY_AFTER_MS with nothing heard on `stream`
+   * since `heard` (./copies.ts). The answer is still awaited then, to leave a replica that stays
+   * silent, as for any other result.
+   */
+  private async withCopies(
+    submitting: Promise<Submitted>,
+    stream: HostStream,
+    heard: number,
+    copy: Copy,
+    timeoutMs: number,
+  ): Promise<Submitted> {
+    const others = this.clients.filter((client) => client !== stream.client);
+    if (others.length === 0) {
+      return submitting;
+    }
+    const late = Symbol("late");
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      const first = await Promise.race([
+        submitting,
+        new Promise<typeof late>((resolve) => {
+          timer = setTimeout(() => resolve(late), COPY_AFTER_MS);
+        }),
+      ]);
+      if (first !== late || stream.events > heard || stream.cut.signal.aborted) {
+        return await submitting;
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+    const copying = this.headers().then((headers) => handInCopies(others, copy, timeoutMs, headers));
+    const answered = submitting.then(
+      () => "answered" as const,
+      () => "answered" as const,
+    );
+    // A copy not taken never wins the race: the result's own answer decides then.
+    const copied = copying.then((taken) => (taken ? ("copied" as const) : new Promise<never>(() => {})));
+    if ((await Promise.race([answered, copied])) === "answered") {
+      return submitting;
+    }
+    submitting.catch((error: unknown) => {
+      if (error instanceof ConnectError && error.code === Code.DeadlineExceeded) {
+        this.leaveIfSilent(stream, heard);
+      }
+    });
+    return undefined;
   }
 
   /**

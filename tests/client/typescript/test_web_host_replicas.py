@@ -131,6 +131,11 @@ async def test_a_page_hands_its_results_to_the_other_bridge_replica_when_its_own
         replicas.bridges[0].process.send_signal(signal.SIGSTOP)
         assert await driver.eval("p", "window.toolmesh.release()") == CALLS
         results = await asyncio.wait_for(asyncio.gather(*calling), 20)
+        # Copies of the results were taken by the other replica; the page leaves the frozen one
+        # once their answers do not come (each attempt's share of the time).
+        await driver.wait(
+            "p", f"window.toolmesh.connected() && window.toolmesh.hostSessionId() !== {json.dumps(first)}"
+        )
     seen = await driver.eval("p", "window.toolmesh.seen.filter(s => s.tool === 'held_short')")
     errors = await driver.eval("p", "window.toolmesh.errors")
     now = await driver.eval("p", "window.toolmesh.hostSessionId()")
@@ -146,6 +151,29 @@ async def test_a_page_hands_its_results_to_the_other_bridge_replica_when_its_own
     assert len(set(ids) - {""}) == CALLS
     assert now not in ("", first)
     assert errors == []
+
+
+async def test_a_page_hands_a_copy_of_its_result_to_the_other_replica_when_its_own_is_frozen(
+    replicas: Replicas,
+) -> None:
+    """held's 30 s timeout gives a submit attempt 5 s before the page leaves a silent replica; a
+    copy of the result goes to the other replica after 0.5 s, which records it, so the caller has
+    it long before (a page closed meanwhile would lose nothing)."""
+    driver = replicas.driver
+    async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "held", {"n": 2}, turn_id="t"))
+        await driver.wait("p", "window.toolmesh.seen.some(s => s.tool === 'held')")
+        replicas.bridges[0].process.send_signal(signal.SIGSTOP)
+        assert await driver.eval("p", "window.toolmesh.release()") == 1
+        result = await asyncio.wait_for(calling, 4)
+    assert result.outcome is not None and result.outcome.result_json is not None, result
+    assert json.loads(result.outcome.result_json) == {
+        "held": {"n": 2},
+        "toolRequestId": result.tool_request_id,
+    }
+    seen = await driver.eval("p", "window.toolmesh.seen.filter(s => s.tool === 'held')")
+    assert [s["toolRequestId"] for s in seen] == [result.tool_request_id]
+    assert await driver.eval("p", "window.toolmesh.errors") == []
 
 
 async def test_a_page_hands_its_result_in_late_when_every_bridge_replica_froze_past_the_deadline(
