@@ -1115,30 +1115,33 @@ class HostEngine:
         They go when its receipt is not in after COPY_AFTER_S with nothing heard from its replica
         meanwhile (toolmesh.host.copies); one that takes the result ends the wait (True).
         """
+        if len(self._channels) < 2:
+            return await host_work.submit(submission, bound), False
         heard = link.silence.events
         sending = asyncio.ensure_future(host_work.submit(submission, bound))
-        others = [
-            bridge_pb2_grpc.BridgeServiceStub(channel)
-            for turn, channel in enumerate(self._channels)
-            if turn != link.turn
-        ]
-        await asyncio.wait((sending,), timeout=COPY_AFTER_S)
-        if sending.done() or not others or link.silence.heard_since(heard):
-            return await sending, False
-        request = bridge_pb2.SubmitToolResultRequest(
-            host_session_id=link.host_session_id,
-            tool_request_id=submission.tool_request_id,
-            outcome=submission.outcome,
-        )
-        log.info(
-            "result receipt late; copies to the other bridge replicas",
-            extra={"tool_request_id": submission.tool_request_id},
-        )
-        copying = asyncio.ensure_future(
-            hand_in_copies(others, request, max(bound, 0.0), await self._bearer.metadata())
-        )
+        copying: asyncio.Future[bool] | None = None
         kept = False
         try:
+            await asyncio.wait((sending,), timeout=COPY_AFTER_S)
+            if sending.done() or link.silence.heard_since(heard):
+                return await sending, False
+            others = [
+                bridge_pb2_grpc.BridgeServiceStub(channel)
+                for turn, channel in enumerate(self._channels)
+                if turn != link.turn
+            ]
+            request = bridge_pb2.SubmitToolResultRequest(
+                host_session_id=link.host_session_id,
+                tool_request_id=submission.tool_request_id,
+                outcome=submission.outcome,
+            )
+            log.info(
+                "result receipt late; copies to the other bridge replicas",
+                extra={"tool_request_id": submission.tool_request_id},
+            )
+            copying = asyncio.ensure_future(
+                hand_in_copies(others, request, max(bound, 0.0), await self._bearer.metadata())
+            )
             await asyncio.wait((sending, copying), return_when=asyncio.FIRST_COMPLETED)
             if not sending.done() and copying.result():
                 # The receipt is still awaited, to leave a replica that stays silent.
@@ -1149,7 +1152,8 @@ class HostEngine:
                 return True, True
             return await sending, True
         finally:
-            copying.cancel()
+            if copying is not None:
+                copying.cancel()
             if not kept:
                 sending.cancel()
 
