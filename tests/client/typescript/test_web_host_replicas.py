@@ -268,3 +268,41 @@ async def test_a_page_opening_while_one_replica_is_frozen_and_the_other_restarts
         opening.cancel()
         if back is not None:
             await back.stop()
+
+
+async def test_a_page_busy_while_its_result_is_answered_stays_on_its_replica(
+    replicas: Replicas,
+) -> None:
+    """The page's replica answers a result while the page is busy (a 2.5 s long task: no timer
+    runs and no answer is read meanwhile), past the submit's share of the time: the page then reads
+    the answer and does not take its replica for silent (as the Python host once did, thawed from
+    a pause); the request it still runs there keeps running, and ends with its result."""
+    driver = replicas.driver
+    async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+        short = asyncio.create_task(client.invoke(SESSION, "held_short", {"n": 8}, turn_id="t"))
+        await driver.wait("p", "window.toolmesh.seen.length === 1")
+        running = asyncio.create_task(client.invoke(SESSION, "held", {"n": 9}, turn_id="t"))
+        await driver.wait("p", "window.toolmesh.seen.length === 2")
+        first = await driver.eval("p", "window.toolmesh.hostSessionId()")
+        frozen = replicas.bridges[0].process
+        frozen.send_signal(signal.SIGSTOP)
+        try:
+            assert await driver.eval("p", "window.toolmesh.release(1)") == 1
+            # The scenario's timing (nothing outside the page can see a submit in flight, nor a
+            # long task begin): the result goes out, then the page is busy, then the replica thaws
+            # and answers.
+            await asyncio.sleep(0.2)
+            busy = asyncio.create_task(
+                driver.eval("p", "(() => { const end = Date.now() + 2500; while (Date.now() < end) {} })()")
+            )
+            await asyncio.sleep(0.2)
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+        await busy
+        answered = await asyncio.wait_for(short, 10)
+        assert answered.outcome is not None and answered.outcome.result_json is not None, answered
+        assert await driver.eval("p", "window.toolmesh.release()") == 1
+        result = await asyncio.wait_for(running, 10)
+    assert result.outcome is not None and result.outcome.result_json is not None, result
+    assert await driver.eval("p", "window.toolmesh.hostSessionId()") == first
+    assert await driver.eval("p", "window.toolmesh.errors") == []

@@ -54,8 +54,9 @@ const state = {
   started: false,
   startError: "",
   connected: () => host.connected,
-  /** Let every "held" and "held_short" handler answer; how many there were. */
-  release: () => held.splice(0).map((answer) => answer()).length,
+  /** Let the first `count` "held" and "held_short" handlers answer (all of them by default), in the
+   * order they began; how many there were. */
+  release: (count = Infinity) => held.splice(0, count).map((answer) => answer()).length,
   hostSessionId: () => host.hostSessionId,
   /** The token the host's callback gives from now on. */
   setToken: (token: string) => {
