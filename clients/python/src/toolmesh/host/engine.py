@@ -1095,7 +1095,7 @@ class HostEngine:
             if host_work.can_carry(submission):
                 heard = link.silence.events
                 bound = self._attempt_bound(ctx.deadline + SUBMIT_GRACE_S - time.monotonic())
-                taken, copied = await self._submit_with_copies(link, host_work, submission, bound)
+                taken, copied = await self._submit_with_copies(link, host_work, submission, bound, heard)
                 if taken:
                     return None, ""
                 if taken is None and self._leave_if_silent(link, heard):
@@ -1109,15 +1109,16 @@ class HostEngine:
         host_work: HostWorkLink,
         submission: bridge_pb2.ToolResultSubmission,
         bound: float,
+        heard: int,
     ) -> tuple[bool | None, bool]:
         """`host_work.submit(submission, bound)`, and whether copies went to the other replicas.
 
         They go when its receipt is not in after COPY_AFTER_S with nothing heard from its replica
-        meanwhile (toolmesh.host.copies); one that takes the result ends the wait (True).
+        since `heard` (its count of events as the result went out; toolmesh.host.copies); one that
+        takes the result ends the wait (True).
         """
         if len(self._channels) < 2:
             return await host_work.submit(submission, bound), False
-        heard = link.silence.events
         sending = asyncio.ensure_future(host_work.submit(submission, bound))
         copying: asyncio.Future[bool] | None = None
         kept = False
