@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,12 @@ from toolmesh.core import event_loop
 from toolmesh_testing import HostProcess, start_host_process
 
 KINDS = ("unit", "integration")
+
+# Started in the background by a shell without job control (`cmd &` in a script), the test process
+# ignores SIGINT, and the programs it starts inherit that: a host a test stops with Ctrl-C would
+# never stop. They are started with Ctrl-C as a terminal delivers it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
