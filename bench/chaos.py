@@ -32,7 +32,8 @@ What it counts (the targets of issue 23 are all 0):
   replica down as the handler ended
   are shown apart too. Not counted, but shown apart: results that died with
   their host, whose host process was SIGKILLed after the handler ended and
-  before any bridge replica was up again (the result was only in that process;
+  before any bridge replica was up again, or within 5 ms of the end, before the
+  result could be on its way (HAND_IN_S) (the result was only in that process;
   the caller is told it may have run, which is true);
 - answers past deadline: attempts that took longer than the caller's timeout
   and a second (nothing may hang);
@@ -115,6 +116,10 @@ RECONCILE_EVERY_S = 2.0
 RECONCILE_FOR_S = LATE_SUBMIT_S + 10.0
 # How long a handler takes, in ms.
 HANDLER_MS = (20, 800)
+# A host SIGKILLed this soon after a handler ended took the result with it: the SDK sends a result
+# at the end of the event loop's turn in which the handler returned, and bytes still in a killed
+# process, or in flight from it as its connection is reset, never reach the bridge.
+HAND_IN_S = 0.005
 FAULT_EVERY_S = (2.0, 5.0)
 PAUSE_S = (2.0, 20.0)
 SERVICES = ("registry", "bridge", "invocation")
@@ -623,11 +628,13 @@ class Checker:
 
     def died_with_host(self, run: Execution) -> bool:
         """Whether its host process was SIGKILLed after the handler ended and before any bridge
-        replica was up again: the result was only in that process, with nowhere to hand it in."""
+        replica was up again, or within HAND_IN_S of the end: the result was only in that
+        process, with nowhere to hand it in or no time to."""
         ended = run.ended or 0.0
         kills = [at for at in self._kills.get(run.host, []) if at >= ended]
-        return bool(kills) and all(
-            _covered(self._bridges_down.get(bridge, []), ended, min(kills)) for bridge in BRIDGES
+        return bool(kills) and (
+            min(kills) - ended <= HAND_IN_S
+            or all(_covered(self._bridges_down.get(bridge, []), ended, min(kills)) for bridge in BRIDGES)
         )
 
     def faults_during(self, call: Call) -> list[str]:
