@@ -41,7 +41,7 @@ export async function handInCopies(
       await client.submitToolResult(copy, { timeoutMs, headers, signal: done.signal });
       return true;
     } catch (error) {
-      return answeredBefore(error);
+      return answeredBefore(errorInfo(error));
     }
   });
   try {
@@ -64,8 +64,12 @@ export async function handInCopies(
   }
 }
 
-/** Whether a submit's refusal says the request already ended with this very outcome (sent before). */
-export function answeredBefore(error: unknown): boolean {
-  const refusal = errorInfo(error);
+/**
+ * Whether a submit's refusal (its ErrorInfo, or a batch's refusal of this result) says the request
+ * already ended with this very outcome: a send of it before this one got through.
+ */
+export function answeredBefore(
+  refusal: { readonly reason: string; readonly metadata: Readonly<Record<string, string>> } | undefined,
+): boolean {
   return refusal?.reason === Codes.REQUEST_ENDED && refusal.metadata["ended"] === "answered";
 }

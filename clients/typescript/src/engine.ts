@@ -7,7 +7,7 @@ import {
   type ToolRequestCancelled,
 } from "./gen/toolmesh/v1/bridge_pb.js";
 import type { ToolDefinition, ToolOutcome } from "./gen/toolmesh/v1/tool_pb.js";
-import { COPY_AFTER_MS, handInCopies, type Copy } from "./copies.js";
+import { COPY_AFTER_MS, answeredBefore, handInCopies, type Copy } from "./copies.js";
 import { Codes, errorInfo, type HostError } from "./errors.js";
 import { ERROR_TABLE } from "./gen/tables.js";
 import {
@@ -855,7 +855,7 @@ export class HostEngine {
         refusal = errorInfo(error);
         message = error instanceof ConnectError ? error.rawMessage : "";
       }
-      if (attempt > 1 && refusal?.reason === Codes.REQUEST_ENDED && refusal.metadata["ended"] === "answered") {
+      if (attempt > 1 && answeredBefore(refusal)) {
         return; // an earlier attempt got through; its answer was lost on the way back
       }
       if (

@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import Sequence
 
 import grpc
+from google.rpc.error_details_pb2 import ErrorInfo
 
 from toolmesh.core.bearer import Metadata
 from toolmesh.core.errors import Code, code_for_reason
@@ -61,18 +62,17 @@ async def _hand_in(
     try:
         await stub.SubmitToolResult(request, timeout=timeout_s, metadata=metadata)
     except grpc.aio.AioRpcError as error:
-        return answered_before(error)
+        return answered_before(error_info(error))
     except grpc.aio.UsageError:
         return False  # the host is closing its channels
     return True
 
 
-def answered_before(error: grpc.aio.AioRpcError) -> bool:
-    """Whether a submit's refusal says the request already ended with this very outcome.
+def answered_before(info: ErrorInfo | None) -> bool:
+    """Whether a submit's refusal (its ErrorInfo) says the request ended with this very outcome.
 
     A send of it before this one got through (REQUEST_ENDED, ended "answered").
     """
-    info = error_info(error)
     return (
         info is not None
         and code_for_reason(info.reason) is Code.REQUEST_ENDED

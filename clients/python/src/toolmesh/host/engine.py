@@ -1246,7 +1246,7 @@ class HostEngine:
             except grpc.aio.AioRpcError as error:
                 info = error_info(error)
                 reason = code_for_reason(info.reason) if info is not None else None
-                if attempt > 1 and answered_before(error):
+                if attempt > 1 and answered_before(info):
                     return None, ""  # an earlier attempt got through; its answer was lost on the way back
                 remaining = give_up_at - time.monotonic()
                 if (
