@@ -23,6 +23,7 @@ from scripted_bridge import ScriptedBridge, scripted
 from toolmesh.core.deadlines import PAUSE_GRACE_S
 from toolmesh.host.host_work import HostWorkLink
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
+from toolmesh_testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,7 @@ async def submitted(bridge: LateReceipts, timeout: float, *, pause_s: float = 0)
             asyncio.get_running_loop().call_soon(time.sleep, pause_s)
         taken = await submitting
         waited = time.monotonic() - started
+        assert len(link._waits) == 0  # its wait left nothing on the link's timer
         await link.aclose()
         return taken, waited
 
@@ -81,3 +83,15 @@ async def test_a_receipt_that_never_comes_is_given_up_after_the_grace() -> None:
     taken, waited = await submitted(LateReceipts(delay_s=None), timeout=0.1)
     assert taken is None
     assert 0.1 + PAUSE_GRACE_S <= waited < 0.1 + PAUSE_GRACE_S + 2
+
+
+async def test_a_submit_cancelled_while_its_receipt_is_awaited_leaves_nothing_waiting() -> None:
+    async with scripted(LateReceipts(delay_s=None)) as target, grpc.aio.insecure_channel(target) as channel:
+        link = HostWorkLink(bridge_pb2_grpc.BridgeServiceStub(channel), "hs_1")
+        submitting = asyncio.ensure_future(link.submit(result("tr_1"), 5.0))
+        await eventually(lambda: len(link._waits) == 1)
+        submitting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await submitting
+        assert len(link._waits) == 0
+        await link.aclose()
