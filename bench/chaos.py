@@ -857,12 +857,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes (%(default)s)")
     parser.add_argument("--check", type=Path, help="check the history of an earlier run's JSON again")
     parser.add_argument("--logs", type=Path, help="keep each process's output in DIR/<name>.log")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help="calls in flight (%(default)s; a few: each invocation replica runs them as calls alone)",
+    )
     args = parser.parse_args()
     if args.check is not None:
         print("\n".join(check_again(args.check)))
         return
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
-    settings = Settings(seconds=20.0 if args.quick else args.seconds, seed=seed)
+    if args.concurrency < 1:
+        parser.error("--concurrency is at least 1")
+    settings = Settings(seconds=20.0 if args.quick else args.seconds, seed=seed, concurrency=args.concurrency)
     if args.logs is not None:
         args.logs.mkdir(parents=True, exist_ok=True)
     results = asyncio.run(run(settings, args.logs))

@@ -82,10 +82,10 @@ EDITS: list[tuple[str, str, str]] = [
     ),
     (
         "services/src/toolmesh/invocation/invoker.py",
-        "        claim = await self._claim(claiming(), request, tool, leaves_early, lease)\n",
-        f"        {MARK}('I_claim')\n"
-        "        claim = await self._claim(claiming(), request, tool, leaves_early, lease)\n"
-        f"        {MARK}('I_claimed')\n",
+        "            claim = await self._claim(claiming(), request, tool, leaves_early, lease)\n",
+        f"            {MARK}('I_claim')\n"
+        "            claim = await self._claim(claiming(), request, tool, leaves_early, lease)\n"
+        f"            {MARK}('I_claimed')\n",
     ),
     (
         "services/src/toolmesh/invocation/invoker.py",

@@ -27,7 +27,7 @@ from toolmesh.core import event_loop
 from toolmesh.core.calls import ToolRequest
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.tools import ToolSpec
-from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
+from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc, tool_pb2
 
 # The tests' helper files (handler modules, peers, lock files) and the repository they test.
 SUPPORT = Path(__file__).resolve().parent
@@ -417,3 +417,61 @@ async def dispatch_together(internal: Any, requests: list[bridge_pb2.ToolRequest
             answered[result.tool_request_id] = result.outcome.result_json
     dispatch.cancel()
     return answered
+
+
+class AskingHost:
+    """A raw host session of `session_id` for `handler_names` that acknowledges starts and asks
+    START only for the requests the test names; it runs nothing, and hands in what the test says."""
+
+    def __init__(self, bridge_target: str, session_id: str, handler_names: list[str]) -> None:
+        self._channel = grpc.aio.insecure_channel(bridge_target)
+        self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
+        opening = bridge_pb2.OpenHostSessionRequest(
+            session_id=session_id,
+            host_name="asking",
+            handler_names=handler_names,
+            acknowledges_starts=True,
+        )
+        self._stream = self._stub.OpenHostSession(opening)
+        self.opened: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        # The ids of the requests it was sent, and of those the bridge cancelled, in order.
+        self.received: list[str] = []
+        self.cancelled: list[str] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for event in self._stream:
+                if event.HasField("opened") and not self.opened.done():
+                    assert event.opened.starts_acknowledged
+                    self.opened.set_result(event.opened.host_session_id)
+                elif event.HasField("tool_request"):
+                    self.received.append(event.tool_request.tool_request_id)
+                elif event.HasField("tool_requests"):
+                    self.received.extend(request.tool_request_id for request in event.tool_requests.requests)
+                elif event.HasField("cancelled"):
+                    self.cancelled.append(event.cancelled.tool_request_id)
+
+    async def start(self, tool_request_id: str) -> bridge_pb2.ToolStartVerdict.ValueType:
+        request = bridge_pb2.StartToolRequestsRequest(
+            host_session_id=await self.opened, tool_request_ids=[tool_request_id]
+        )
+        [start] = (await self._stub.StartToolRequests(request, timeout=10)).starts
+        return start.verdict
+
+    async def submit(self, tool_request_id: str, result_json: str) -> None:
+        """Hand in a result (raises as SubmitToolResult does when it is refused)."""
+        await self._stub.SubmitToolResult(
+            bridge_pb2.SubmitToolResultRequest(
+                host_session_id=await self.opened,
+                tool_request_id=tool_request_id,
+                outcome=tool_pb2.ToolOutcome(result_json=result_json),
+            ),
+            timeout=10,
+        )
+
+    async def close(self) -> None:
+        self._stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        await self._channel.close()

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from redis_testing import SHARED_URL, delete_prefixed, new_prefix
@@ -28,8 +27,8 @@ from toolmesh.client import CallResult, InvocationClient, RegistryClient
 from toolmesh.core.tools import ToolSpec
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import open_stores
-from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
-from toolmesh_testing import ServiceProcess, eventually, start_host_process, start_service_process
+from toolmesh.v1 import bridge_pb2
+from toolmesh_testing import AskingHost, ServiceProcess, eventually, start_host_process, start_service_process
 
 pytestmark = pytest.mark.integration
 
@@ -45,47 +44,6 @@ def runs(marker_dir: Path, key: str) -> list[str]:
     """The tool request ids of every execution of `key` (ledger_handlers writes them)."""
     path = marker_dir / f"runs-{key}"
     return path.read_text().split() if path.exists() else []
-
-
-class AskingHost:
-    """A host session that acknowledges starts and asks START only for the requests the test names;
-    it runs nothing."""
-
-    def __init__(self, bridge_target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(bridge_target)
-        self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
-        opening = bridge_pb2.OpenHostSessionRequest(
-            session_id=SESSION,
-            host_name="asking",
-            handler_names=[COUNT.name, COUNT_SHORT.name],
-            acknowledges_starts=True,
-        )
-        self._stream = self._stub.OpenHostSession(opening)
-        self.opened: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.received: list[str] = []
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            async for event in self._stream:
-                if event.HasField("opened") and not self.opened.done():
-                    assert event.opened.starts_acknowledged
-                    self.opened.set_result(event.opened.host_session_id)
-                elif event.HasField("tool_request"):
-                    self.received.append(event.tool_request.tool_request_id)
-
-    async def start(self, tool_request_id: str) -> bridge_pb2.ToolStartVerdict.ValueType:
-        request = bridge_pb2.StartToolRequestsRequest(
-            host_session_id=await self.opened, tool_request_ids=[tool_request_id]
-        )
-        [start] = (await self._stub.StartToolRequests(request, timeout=10)).starts
-        return start.verdict
-
-    async def close(self) -> None:
-        self._stream.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-        await self._channel.close()
 
 
 @contextlib.asynccontextmanager
@@ -131,7 +89,7 @@ async def test_requests_a_killed_bridge_replica_never_started_run_once_through_a
     tmp_path: Path,
 ) -> None:
     async with services(2) as (invocation, (doomed, survivor), _, _):
-        asking = AskingHost(doomed.target)
+        asking = AskingHost(doomed.target, SESSION, [COUNT.name, COUNT_SHORT.name])
         try:
             await asyncio.wait_for(asking.opened, 10)
             unstarted_key, started_key = uuid.uuid4().hex, uuid.uuid4().hex
@@ -183,7 +141,7 @@ async def test_a_request_whose_only_bridge_restarted_waits_for_its_host_and_runs
 ) -> None:
     async with services(1) as (invocation, bridges, registry_internal, env):
         [bridge] = bridges
-        asking = AskingHost(bridge.target)
+        asking = AskingHost(bridge.target, SESSION, [COUNT.name, COUNT_SHORT.name])
         try:
             await asyncio.wait_for(asking.opened, 10)
             key = uuid.uuid4().hex

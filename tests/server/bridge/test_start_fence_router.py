@@ -136,6 +136,70 @@ async def test_a_delivery_whose_generation_moved_on_is_not_started_and_ends_as_n
     assert record is not None and record.started_at is None
 
 
+def unclaimed(name: str) -> tuple[str, ToolCall]:
+    """An invocation's id and call, not claimed yet."""
+    return slots.tool_request_id(SESSION, name), ToolCall(SESSION, "turn", "t", f'{{"n": "{name}"}}')
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("acks", [True, False])
+async def test_a_request_sent_before_its_claim_starts_once_the_claim_is_in_the_ledger(acks: bool) -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger)
+    host = open_host(router, acks=acks)
+    tool_request_id, call = unclaimed("early")
+    outcomes: list[Outcome] = []
+    router.start(request(tool_request_id), outcomes.append)
+    if acks:
+        sent = await next_request(host)
+        assert sent.tool_request_id == tool_request_id
+        starting = asyncio.ensure_future(router.start_requests(host.host_session_id, [tool_request_id]))
+    else:
+        sending = asyncio.ensure_future(next_request(host))
+    await asyncio.sleep(0.05)  # the marks find nothing meanwhile, and are asked again
+    if acks:
+        assert not starting.done()
+    else:
+        assert not sending.done()  # nothing is sent to a host that starts at once
+    await ledger.claim(call, tool_request_id, 10_000)
+    if acks:
+        assert await asyncio.wait_for(starting, 2) == [StartVerdict.START]
+    else:
+        assert (await asyncio.wait_for(sending, 2)).tool_request_id == tool_request_id
+    record = await ledger.get(tool_request_id)
+    assert record is not None and record.started_at is not None
+    assert outcomes == []
+
+
+@pytest.mark.unit
+async def test_a_request_sent_before_a_claim_that_made_nothing_is_withdrawn_unstarted() -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger)
+    host = open_host(router)
+    tool_request_id, _ = unclaimed("joined")
+    router.start(request(tool_request_id), lambda _: None)
+    await next_request(host)
+    starting = asyncio.ensure_future(router.start_requests(host.host_session_id, [tool_request_id]))
+    await asyncio.sleep(0.05)
+    router.cancel(tool_request_id)  # its claim joined another invocation: the invocation service withdraws it
+    assert await asyncio.wait_for(starting, 2) == [StartVerdict.CANCELLED]
+    assert await ledger.get(tool_request_id) is None
+
+
+@pytest.mark.unit
+async def test_a_request_whose_claim_never_comes_ends_as_not_run_within_its_time() -> None:
+    ledger = Ledger(MemoryLedgerStore())
+    router = Router(fence=ledger, mark_retry_s=0.3)
+    host = open_host(router)
+    tool_request_id, _ = unclaimed("never")
+    outcomes: list[Outcome] = []
+    router.start(request(tool_request_id), outcomes.append)
+    await next_request(host)
+    verdicts = await asyncio.wait_for(router.start_requests(host.host_session_id, [tool_request_id]), 2)
+    assert verdicts == [StartVerdict.CANCELLED]
+    assert [fence_of(outcome) for outcome in outcomes] == ["absent"]
+
+
 @pytest.mark.unit
 async def test_no_start_while_the_ledger_cannot_be_reached() -> None:
     fence = Unreachable()

@@ -703,6 +703,8 @@ async def test_a_redispatch_fences_the_old_delivery_and_only_one_generation_move
 async def test_marks_of_several_invocations_go_together_and_an_ended_or_unknown_one_is_not_started(
     ledger: Ledger,
 ) -> None:
+    """An unknown one is ABSENT (its claim may be on its way: a request is sent while it is) and
+    is marked once claimed."""
     other_session = slots.tool_request_id("s2", "other")
     await ledger.claim(call(), tr("1"), 10_000)
     await ledger.claim(call('{"a": 2}'), tr("2"), 10_000)
@@ -713,12 +715,14 @@ async def test_marks_of_several_invocations_go_together_and_an_ended_or_unknown_
         MarkVerdict.WON,
         MarkVerdict.ENDED,
         MarkVerdict.WON,
-        MarkVerdict.ENDED,
+        MarkVerdict.ABSENT,
     ]
     assert await ledger.redispatch(tr("2"), 1) == 0  # ended
     assert await ledger.redispatch(tr("x"), 1) == 0  # never claimed
     assert await ledger.get(tr("x")) is None
     assert await ledger.mark_started([]) == []
+    await ledger.claim(call('{"a": 3}'), tr("x"), 10_000)
+    assert await ledger.mark_started([StartMark(tr("x"), 1)]) == [MarkVerdict.WON]
 
 
 async def test_the_start_mark_outlives_the_finish_and_a_record_without_one_says_so(ledger: Ledger) -> None:

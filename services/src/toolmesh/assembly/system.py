@@ -290,6 +290,8 @@ async def start_invocation(
         cancels=cancels,
         progress=relay,
         recorded_elsewhere=recorded,
+        # Bridge replicas sharing the ledger fence starts: requests go as their claims do.
+        early=dispatcher if stores.shared else None,
     )
     # A port of its own, unless it shares one of this process's (web_routes).
     own_routes = WebRoutes() if web_address is not None and web_routes is None else None

@@ -19,10 +19,13 @@ dispatch generation and is not redeliverable is marked started in the ledger (co
 on that generation) before its host may start it: before START, or, for a host that does not
 acknowledge starts, before it is sent. The invocation service sends a request whose bridge
 replica was lost through another only if no start was marked (it moves the generation on), so
-at most one delivery ever starts. A mark refused here (the request went elsewhere, or the
-ledger cannot be reached for MARK_RETRY_S or half the time the request has left: a Redis that
-restarts in that time costs nothing) ends the request on this replica as not run (TOOL_HOST_UNAVAILABLE,
-with `startFence` in its details), which no bridge records in the ledger.
+at most one delivery ever starts. A mark that finds the invocation not stored yet (ABSENT: the
+invocation service sends some requests while their claims are on their way,
+toolmesh.invocation.early) is asked again until it is, within the same bounds. A mark refused
+here (the request went elsewhere, or the ledger cannot be reached for MARK_RETRY_S or half the
+time the request has left: a Redis that restarts in that time costs nothing) ends the request
+on this replica as not run (TOOL_HOST_UNAVAILABLE, with `startFence` in its details), which no
+bridge records in the ledger.
 """
 
 from __future__ import annotations
@@ -216,6 +219,9 @@ class StartFence(Protocol):
 # left, 1 s at least, up to 10 s). Tried again after 50 ms, doubling up to 500 ms.
 MARK_RETRY_S = 4.0
 MARK_BACKOFF_S = (0.05, 0.5)
+# An invocation the ledger does not hold yet is asked for again after 5 ms, doubling (its claim is
+# usually there within a few).
+ABSENT_BACKOFF_S = 0.005
 
 # The details' key of an outcome the start fence ended a request with on this replica: nothing ran.
 START_FENCE = "startFence"
@@ -459,36 +465,49 @@ class Router:
         could not be reached within MARK_RETRY_S and half the time they have left (then none may
         start), or for one that ended meanwhile.
 
-        Asked again while the store cannot be reached (a mark whose reply was lost may have been
-        made: this process's marker wins it again), for those still pending.
+        Asked again, for those still pending, while the store cannot be reached (a mark whose reply
+        was lost may have been made: this process's marker wins it again), and while the ledger
+        does not hold an invocation (ABSENT: the invocation service sent its request while its
+        claim was on its way; it withdraws a request whose claim made nothing).
         """
         assert self.fence is not None
         now = time.monotonic()
         left_s = min(pending.ends_at for pending in fenced) - now
         give_up = now + min(self._mark_retry_s, left_s / 2)
-        backoff_s, most_s = MARK_BACKOFF_S
+        (backoff_s, most_s), absent_s = MARK_BACKOFF_S, ABSENT_BACKOFF_S
         verdicts: list[MarkVerdict | None] = [None] * len(fenced)
+        todo: Sequence[int] = range(len(fenced))
         while True:
             asked = [
-                (position, pending)
-                for position, pending in enumerate(fenced)
-                if self._pending.get(pending.request.tool_request_id) is pending
+                position
+                for position in todo
+                if self._pending.get(fenced[position].request.tool_request_id) is fenced[position]
             ]
-            marks = [StartMark(p.request.tool_request_id, p.generation, self._marker) for _, p in asked]
-            if not marks:
+            if not asked:
                 return verdicts
+            marks = [self._start_mark(fenced[position]) for position in asked]
             try:
-                for (position, _), verdict in zip(asked, await self.fence.mark_started(marks), strict=True):
-                    verdicts[position] = verdict
-                return verdicts
+                answers = await self.fence.mark_started(marks)
             except ToolmeshError as error:
                 if error.code is not Code.STORE_UNAVAILABLE:
                     raise
-            if time.monotonic() + backoff_s > give_up:
-                log.warning("starts not fenced: the ledger is unreachable", extra={"count": len(marks)})
+                if time.monotonic() + backoff_s > give_up:
+                    log.warning("starts not fenced: the ledger is unreachable", extra={"count": len(marks)})
+                    return verdicts
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, most_s)
+                todo = asked
+                continue
+            for position, verdict in zip(asked, answers, strict=True):
+                verdicts[position] = verdict
+            todo = [position for position in asked if verdicts[position] is MarkVerdict.ABSENT]
+            if not todo or time.monotonic() + absent_s > give_up:
                 return verdicts
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, most_s)
+            await asyncio.sleep(absent_s)
+            absent_s = min(absent_s * 2, most_s)
+
+    def _start_mark(self, pending: PendingRequest) -> StartMark:
+        return StartMark(pending.request.tool_request_id, pending.generation, self._marker)
 
     def _unfenced(self, pending: PendingRequest, verdict: MarkVerdict | None, *, tell_host: bool) -> None:
         """End a request whose start the fence refused (`verdict`; None: the ledger was unreachable):

@@ -325,6 +325,12 @@ class Ledger:
         its caller then cannot leave a claim half made."""
         return self._store.synchronous
 
+    @property
+    def claims_replicated(self) -> bool:
+        """Whether a claim may wait for a replica to have it (durable claims): one stored on the
+        primary and not confirmed is then ended as not run."""
+        return self._store.replicated_claims
+
     def _encode(self, record: InvocationRecord) -> bytes:
         raw = _encode(record)
         self._remember(raw, record)
@@ -519,7 +525,7 @@ class Ledger:
         return await self._finish(tool_request_id, outcome, claimed) != "cancelled"
 
     async def finish_first(
-        self, tool_request_id: str, outcome: Outcome, *, claimed: InvocationRecord
+        self, tool_request_id: str, outcome: Outcome, *, claimed: InvocationRecord | None
     ) -> Outcome:
         """Finish as `finish` does; the invocation's outcome as it stands: `outcome`, or the one
         another writer recorded first (a bridge replica that took the host's result after the one

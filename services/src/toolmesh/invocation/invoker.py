@@ -30,6 +30,7 @@ from toolmesh.core.names import require_id, require_tool_name
 from toolmesh.core.outcome import Outcome
 from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolSpec
+from toolmesh.invocation.early import QUIET_BELOW, EarlyDispatcher, EarlyDispatches
 from toolmesh.invocation.ports import (
     Dispatcher,
     InvocationObserver,
@@ -48,6 +49,8 @@ from toolmesh.store.ledger import Delivered, LeaseRefused
 log = logging.getLogger("toolmesh.invocation")
 
 MAX_CONFIRMATIONS = 1000
+# A claim that failed so made nothing: a request sent while it was on its way is withdrawn.
+_NOTHING_CLAIMED = frozenset({Code.QUOTA_EXCEEDED, Code.CALLER_DEADLINE_EXCEEDED, Code.RETRY_WINDOW_PASSED})
 # Told the id of the invocation a call waits on, of the call's attachment, and until when an exact
 # retry surely joins or replays it (unix seconds; see Invoker.invoke).
 Announce = Callable[[str, str, float], Awaitable[None]]
@@ -208,13 +211,18 @@ class Invoker:
         cancels: CancelBoard | None = None,
         progress: ProgressRelay | None = None,
         recorded_elsewhere: CancelBoard | None = None,
+        early: EarlyDispatcher | None = None,
     ) -> None:
         """`cancels`: where cancellations go for the replica that runs the invocation, when replicas
         share the ledger (None: this process runs every invocation it records); `progress`: where
         the progress of invocations goes for callers that joined them through another replica;
         `recorded_elsewhere`: where bridge replicas post the outcomes they recorded for requests
         another bridge replica was sent (follow_recorded_elsewhere).
-        `max_in_flight`: calls waiting here at once (default: the `calls_in_flight` limit)."""
+        `max_in_flight`: calls waiting here at once (default: the `calls_in_flight` limit).
+        `early`: `dispatcher` again, when it fences the starts of the requests that are not
+        read-only nor idempotent in `ledger` (bridge replicas share it): those go while their
+        claim is on its way (toolmesh.invocation.early), on a ledger whose claims take a round
+        trip and wait for no replica."""
         self._catalog = catalog
         self._dispatcher = dispatcher
         self.ledger = ledger
@@ -248,6 +256,8 @@ class Invoker:
         # Callers told of the progress of invocations running here, by tool request id.
         self._listeners: dict[str, list[ProgressSink]] = {}
         self._relay = progress
+        overlaps = early is not None and not ledger.claims_at_once and not ledger.claims_replicated
+        self._early = EarlyDispatches(early) if overlaps and early is not None else None
 
     async def invoke(
         self,
@@ -371,6 +381,7 @@ class Invoker:
             invocation_deadline_unix_ms=math.floor(time.time() * 1000) + tool.effective_timeout_ms,
         )
         lease = self._quotas.in_flight(call.session_id, tool.effective_timeout_ms)
+        sent_early = self._send_early(call, request, idempotency_key)
 
         async def claiming() -> Claim:
             # The session's place is taken in the claim's own store step, when it starts a new
@@ -390,7 +401,15 @@ class Invoker:
             except LeaseRefused:
                 raise lease.refused() from None
 
-        claim = await self._claim(claiming(), request, tool, leaves_early, lease)
+        try:
+            claim = await self._claim(claiming(), request, tool, leaves_early, lease)
+        except BaseException as error:
+            # A unary caller that left: the claim goes on, and _claimed_without_caller settles it.
+            if sent_early and not (leaves_early and isinstance(error, asyncio.CancelledError)):
+                self._claim_failed(request, tool, lease, error)
+            raise
+        if sent_early:
+            self._claim_settled(request.tool_request_id, claim)
         record = claim.record
         safe_until = self.ledger.retry_safe_until(record)
         if on_invocation is not None and record.outcome is None:
@@ -507,17 +526,55 @@ class Invoker:
     def _claimed_without_caller(
         self, request: ToolRequest, tool: ToolSpec, lease: Lease, claiming: asyncio.Future[Claim]
     ) -> None:
+        sent_early = self._early is not None and self._early.task(request.tool_request_id) is not None
         if claiming.cancelled() or claiming.exception() is not None:
+            if sent_early:
+                error = claiming.exception() if not claiming.cancelled() else asyncio.CancelledError()
+                assert error is not None
+                self._claim_failed(request, tool, lease, error)
             return  # nothing claimed, no place taken
         claim = claiming.result()
+        if sent_early:
+            self._claim_settled(request.tool_request_id, claim)
         if claim.is_new:  # a join or replay took no place: nothing to give back
             self._run_detached(request, tool, claim.record, lease)
+
+    def _send_early(self, call: ToolCall, request: ToolRequest, idempotency_key: str) -> bool:
+        """Send the request of the invocation a claim may make while the claim is on its way
+        (toolmesh.invocation.early), when its start is fenced and it is not likely to join or
+        replay another: whether it was sent."""
+        early = self._early
+        if early is None or request.redeliverable or idempotency_key or early.running(call):
+            return False
+        if len(self._dispatching) + len(early) >= QUIET_BELOW:
+            return False
+        early.send(call, request, self._progress_sink(request))
+        return True
+
+    def _claim_settled(self, tool_request_id: str, claim: Claim) -> None:
+        """The claim of a request sent early came back: it goes on as the new invocation, or is
+        withdrawn when the call joined or replays another."""
+        assert self._early is not None
+        if claim.is_new:
+            self._early.claimed(tool_request_id)
+        else:
+            self._early.withdraw(tool_request_id)
+
+    def _claim_failed(self, request: ToolRequest, tool: ToolSpec, lease: Lease, error: BaseException) -> None:
+        """The claim of a request sent early failed: withdrawn when nothing was claimed for sure;
+        else the claim may have made the invocation, whose outcome is finished when it comes."""
+        assert self._early is not None
+        if isinstance(error, ToolmeshError) and error.code in _NOTHING_CLAIMED:
+            self._early.withdraw(request.tool_request_id)
+            return
+        self._early.unknown(request.tool_request_id)
+        self._run_detached(request, tool, None, lease)
 
     def _run_detached(
         self,
         request: ToolRequest,
         tool: ToolSpec,
-        claimed: InvocationRecord,
+        claimed: InvocationRecord | None,
         lease: Lease,
         answer: asyncio.Future[Outcome] | None = None,
     ) -> asyncio.Task[Outcome]:
@@ -578,7 +635,7 @@ class Invoker:
             task.exception()  # marked as seen: its caller, if any, got it through its answer
 
     async def _run_and_give_back(
-        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord, lease: Lease
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord | None, lease: Lease
     ) -> Outcome:
         try:
             return await self._run(request, tool, claimed)
@@ -588,23 +645,25 @@ class Invoker:
                 await self.ledger.release_lease(lease.terms, request.tool_request_id)
             raise
 
-    async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord) -> Outcome:
+    async def _run(self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord | None) -> Outcome:
         with self._observer.executing(request) as executing:
             outcome = await self._dispatch_and_finish(request, tool, claimed)
             executing.ran(outcome)
             return outcome
 
     async def _dispatch_and_finish(
-        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord
+        self, request: ToolRequest, tool: ToolSpec, claimed: InvocationRecord | None
     ) -> Outcome:
+        """`claimed`: the claim's record (None: the claim's fate is unknown, the record is read)."""
         self._observer.in_flight(1)
         tool_request_id = request.tool_request_id
         dispatching = asyncio.current_task()
         if dispatching is not None:
             self._dispatching[tool_request_id] = dispatching
         try:
-            progressed = self._progressed if self._relay is None else partial(self._relayed, request)
-            outcome = await self._dispatcher.dispatch(request, progressed)
+            early = None if self._early is None else self._early.take(tool_request_id)
+            running = early or self._dispatcher.dispatch(request, self._progress_sink(request))
+            outcome = await running
         except asyncio.CancelledError:
             if dispatching is None:
                 raise
@@ -640,6 +699,9 @@ class Invoker:
         # while the one dispatched through was frozen (this one timed out): the ledger's outcome
         # is everyone's.
         return await self.ledger.finish_first(request.tool_request_id, outcome, claimed=claimed)
+
+    def _progress_sink(self, request: ToolRequest) -> ProgressSink:
+        return self._progressed if self._relay is None else partial(self._relayed, request)
 
     def _relayed(self, request: ToolRequest, progress: ToolProgress) -> None:
         """To this replica's callers, and through the store to other replicas' (kept no longer
@@ -686,7 +748,7 @@ class Invoker:
 
     def stop_running(self, tool_request_id: str) -> bool:
         """Stop dispatching an invocation this process runs (it was cancelled); whether it runs here."""
-        dispatching = self._dispatching.get(tool_request_id)
+        dispatching = self._dispatching.get(tool_request_id) or self._sent_early(tool_request_id)
         if dispatching is None or tool_request_id in self._cancelling:
             return dispatching is not None
         self._cancelling.add(tool_request_id)
@@ -697,11 +759,15 @@ class Invoker:
         """A bridge replica recorded the outcome of `tool_request_id` in the ledger, though this
         process dispatched it through another one (frozen, or lost): stop waiting for that one,
         and answer with the ledger's outcome. Nothing for an invocation not dispatched here."""
-        dispatching = self._dispatching.get(tool_request_id)
+        dispatching = self._dispatching.get(tool_request_id) or self._sent_early(tool_request_id)
         if dispatching is None or tool_request_id in self._cancelling | self._outcome_recorded:
             return
         self._outcome_recorded.add(tool_request_id)
         dispatching.cancel()
+
+    def _sent_early(self, tool_request_id: str) -> asyncio.Task[Outcome] | None:
+        """The dispatch of a request sent while its claim was on its way, until its run awaits it."""
+        return None if self._early is None else self._early.task(tool_request_id)
 
     async def follow_recorded_elsewhere(self, ready: asyncio.Event | None = None) -> None:
         """Call `outcome_recorded` for each outcome bridge replicas post, until cancelled; `ready`

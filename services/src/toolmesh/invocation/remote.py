@@ -313,11 +313,23 @@ class RemoteDispatcher:
                 sink(progress_from_pb(report))
 
     async def dispatch(
-        self, request: ToolRequest, on_progress: ProgressSink | None = None, *, generation: int = 0
+        self,
+        request: ToolRequest,
+        on_progress: ProgressSink | None = None,
+        *,
+        generation: int = 0,
+        claimed: asyncio.Future[None] | None = None,
     ) -> Outcome:
-        """The request's outcome; `generation`: its dispatch generation (the start fence; 0: none)."""
+        """The request's outcome; `generation`: its dispatch generation (the start fence; 0: none).
+
+        `claimed`: the request's claim is on its way (toolmesh.invocation.early): it goes at once to
+        a bridge that said it fences starts (no host starts it before the claim is in the ledger),
+        to any other once `claimed` is done; raises as `claimed` does when that fails first.
+        """
         link, sent, fence = await self._open_link()
         await self._fence_word(link, fence)
+        if claimed is not None and not fence.fenced:
+            await asyncio.shield(claimed)
         tool_request_id = request.tool_request_id
         with telemetry.client_span(DISPATCH_METHOD) as carrier:
             message = request_to_pb(request)
@@ -495,9 +507,17 @@ class RoutedDispatcher:
         """The bridge replicas with an open link."""
         return list(self._bridges)
 
-    async def dispatch(self, request: ToolRequest, on_progress: ProgressSink | None = None) -> Outcome:
+    async def dispatch(
+        self,
+        request: ToolRequest,
+        on_progress: ProgressSink | None = None,
+        *,
+        claimed: asyncio.Future[None] | None = None,
+    ) -> Outcome:
         """The outcome from the session's bridge replica; ToolmeshError(BRIDGE_UNAVAILABLE or
         STORE_UNAVAILABLE, when the route cannot be read) when it has none.
+
+        `claimed`: sent while its claim is on its way (StreamDispatcher.dispatch); a fenced request.
 
         A route read within `route_cache_s` is used again without reading the store. When the
         replica it names holds no host of the session (TOOL_HOST_UNAVAILABLE) or cannot be
@@ -518,10 +538,14 @@ class RoutedDispatcher:
             target = await self._read_route(session_id)
         tried: set[str] = set()
         generation = FIRST_GENERATION if self._fence is not None and not request.redeliverable else 0
+        if claimed is not None and not generation:
+            # Unfenced, a host could start it before its claim is in the ledger: it waits for it.
+            await asyncio.shield(claimed)
+            claimed = None
         while True:
             tried.add(target)
             try:
-                outcome = await self._send(target, request, on_progress, generation)
+                outcome = await self._send(target, request, on_progress, generation, claimed)
             except BridgeLost as lost:
                 # A refusal (a reason) is a configuration to fix, not a replica gone.
                 if "reason" in lost.metadata:
@@ -600,7 +624,12 @@ class RoutedDispatcher:
         return await self._send(target, request, on_progress, generation)
 
     async def _send(
-        self, target: str, request: ToolRequest, on_progress: ProgressSink | None, generation: int = 0
+        self,
+        target: str,
+        request: ToolRequest,
+        on_progress: ProgressSink | None,
+        generation: int = 0,
+        claimed: asyncio.Future[None] | None = None,
     ) -> Outcome:
         bridge = self._bridges.get(target)
         if bridge is None:
@@ -610,7 +639,9 @@ class RoutedDispatcher:
             bridge.idle = None
         bridge.busy += 1
         try:
-            return await bridge.dispatcher.dispatch(request, on_progress, generation=generation)
+            return await bridge.dispatcher.dispatch(
+                request, on_progress, generation=generation, claimed=claimed
+            )
         finally:
             bridge.busy -= 1
             if bridge.busy == 0 and target != self._default:

@@ -25,7 +25,8 @@ allowed to start it, a start mark. A bridge marks the start of the delivery it h
 (`mark_started`, compare-and-set on that delivery's generation) before it lets a host start it;
 the invocation service moves the generation on (`redispatch`) before it sends the request
 again through another bridge replica, only while no start is marked. So at most one delivery
-of an invocation ever starts, and a bridge cut off from the others cannot start an old one.
+of an invocation ever starts, and a bridge cut off from the others cannot start an old one. A
+mark needs the invocation stored: one whose claim is not in yet is ABSENT, and cannot start.
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ class MarkVerdict(enum.Enum):
     WON = "won"
     # Another start was marked, or a redispatch moved the generation on: it must not start.
     LOST = "lost"
-    # The invocation has ended, or is not stored: nothing to start.
+    # The invocation has ended: nothing to start.
     ENDED = "ended"
+    # The invocation is not stored: its claim has not been made yet (a request the invocation
+    # service sends while its claim is on its way), or it never will be, or it expired.
+    ABSENT = "absent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,9 @@ class LedgerStore(Protocol):
     # True when every operation completes without suspending (the store is this process's
     # memory): a caller's cancellation cannot then cut one short, so nobody needs to shield it.
     synchronous: bool
+    # True when a claim may wait for a replica to have it (durable claims,
+    # toolmesh.store.durability): it may then answer ClaimNotReplicated.
+    replicated_claims: bool
 
     async def claim(
         self,
@@ -226,7 +233,8 @@ class LedgerStore(Protocol):
         order), each atomically: WON only while it runs, its dispatch generation is `generation` and
         no start is marked (the mark keeps the store's time and the mark's `marker`), or when the
         start marked on that generation is the same marker's (a mark asked again: a delivery is
-        held by one bridge, which lets one host start it); else LOST or ENDED, changing nothing.
+        held by one bridge, which lets one host start it); else LOST, ENDED or ABSENT (not
+        stored), changing nothing.
         On Redis, one round trip per slot the marks fall in (one on a single server)."""
         ...
 

@@ -278,6 +278,7 @@ class MemoryLedgerStore:
 
     # No operation awaits anything (each is one step): see LedgerStore.synchronous.
     synchronous = True
+    replicated_claims = False
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         # Places among calls in flight, which claims take and finishes give back (LeaseTerms).
@@ -476,7 +477,9 @@ class MemoryLedgerStore:
 
     def _mark(self, mark: StartMark) -> MarkVerdict:
         entry = self._invocations.live(mark.tool_request_id)
-        if entry is None or entry.value.finished:
+        if entry is None:
+            return MarkVerdict.ABSENT
+        if entry.value.finished:
             return MarkVerdict.ENDED
         invocation = entry.value
         if invocation.generation != mark.generation:

@@ -253,7 +253,7 @@ return 1
 # KEYS: the records (one slot). ARGV: the generation of each one's delivery, then each mark's
 # marker. Marks each running one started, now, by its marker, if its generation is that and no
 # start is marked. Returns per key 1 (marked, or marked before by the same marker), 0 (another
-# start was marked, or the generation moved on), -1 (ended, or not stored).
+# start was marked, or the generation moved on), -1 (ended), -2 (not stored).
 _MARK_STARTED = Script("""
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -262,7 +262,8 @@ local count = #KEYS
 for i, key in ipairs(KEYS) do
   local marker = ARGV[count + i]
   local found = redis.call('HMGET', key, 'rec', 'end', 'gen', 'st', 'sb')
-  if not found[1] or found[2] then verdicts[i] = -1
+  if not found[1] then verdicts[i] = -2
+  elseif found[2] then verdicts[i] = -1
   elseif tonumber(found[3] or '1') ~= tonumber(ARGV[i]) then verdicts[i] = 0
   elseif found[4] then verdicts[i] = (marker ~= '' and found[5] == marker) and 1 or 0
   else
@@ -283,7 +284,7 @@ redis.call('HSET', KEYS[1], 'gen', generation + 1)
 return generation + 1
 """)
 
-_MARK_VERDICTS = {1: MarkVerdict.WON, 0: MarkVerdict.LOST, -1: MarkVerdict.ENDED}
+_MARK_VERDICTS = {1: MarkVerdict.WON, 0: MarkVerdict.LOST, -1: MarkVerdict.ENDED, -2: MarkVerdict.ABSENT}
 
 
 class RedisLedgerStore:
@@ -293,6 +294,7 @@ class RedisLedgerStore:
 
     def __init__(self, connection: RedisConnection | ClusterConnection) -> None:
         self._connection = connection
+        self.replicated_claims = connection.replicated_claims
         self._prefix = connection.prefix
         self._cluster = connection.cluster
         self._run = connection.run
