@@ -256,8 +256,9 @@ class Invoker:
         # Callers told of the progress of invocations running here, by tool request id.
         self._listeners: dict[str, list[ProgressSink]] = {}
         self._relay = progress
-        overlaps = early is not None and not ledger.claims_at_once and not ledger.claims_replicated
-        self._early = EarlyDispatches(early) if overlaps and early is not None else None
+        self._early: EarlyDispatches | None = None
+        if early is not None and not ledger.claims_at_once and not ledger.claims_replicated:
+            self._early = EarlyDispatches(early)
 
     async def invoke(
         self,
@@ -527,11 +528,10 @@ class Invoker:
         self, request: ToolRequest, tool: ToolSpec, lease: Lease, claiming: asyncio.Future[Claim]
     ) -> None:
         sent_early = self._early is not None and self._early.task(request.tool_request_id) is not None
-        if claiming.cancelled() or claiming.exception() is not None:
+        failure = asyncio.CancelledError() if claiming.cancelled() else claiming.exception()
+        if failure is not None:
             if sent_early:
-                error = claiming.exception() if not claiming.cancelled() else asyncio.CancelledError()
-                assert error is not None
-                self._claim_failed(request, tool, lease, error)
+                self._claim_failed(request, tool, lease, failure)
             return  # nothing claimed, no place taken
         claim = claiming.result()
         if sent_early:
