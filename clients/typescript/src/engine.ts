@@ -17,7 +17,7 @@ import {
   RENEW_AHEAD_MS,
 } from "./gen/tables.js";
 import type { ToolArguments, ToolContext, ToolHandler, ToolHostOptions } from "./host.js";
-import { firstAnswering } from "./replicas.js";
+import { anyAnswers, firstAnswering } from "./replicas.js";
 import { convertReturn, runtimeError } from "./results.js";
 import { ResultSubmissions, SubmitCut, type Submitted } from "./submits.js";
 import { inHandlerSpan } from "./tracing.js";
@@ -127,6 +127,8 @@ const TRANSIENT = new Set([Code.Unavailable, Code.DeadlineExceeded, Code.Resourc
  */
 const FIRST_EVENT_MS = 30_000;
 const FIRST_EVENT_ELSEWHERE_MS = 5_000;
+/** A page leaves a silent bridge replica only for another that answers its health check this soon. */
+const OTHERS_ANSWER_MS = 1_000;
 /** Missing this many heartbeats in a row means the bridge is gone. */
 const MISSED_HEARTBEATS = 3;
 const DECLARE_TIMEOUT_MS = 10_000;
@@ -534,11 +536,25 @@ export class HostEngine {
 
   /**
    * Give `stream` up when nothing was heard on it since `heard` (its count of events as the submit
-   * went out); whether it did. Only when another replica may be reached.
+   * went out); whether it did. Only when another replica may be reached: one that answers its
+   * health check within OTHERS_ANSWER_MS, when the page knows the replicas' base URLs. When none
+   * does, every replica is frozen or cut off, and the page stays: leaving would end there, once it
+   * comes back, the requests it ran (as the Python host SDK does).
    */
-  private leaveIfSilent(stream: HostStream, heard: number): boolean {
+  private async leaveIfSilent(stream: HostStream, heard: number): Promise<boolean> {
     if (stream.cut.signal.aborted || this.clients.length < 2 || stream.events > heard) {
       return false;
+    }
+    const urls = this.options.healthUrls;
+    if (urls !== undefined) {
+      const turn = this.clients.indexOf(stream.client);
+      if (!(await anyAnswers(urls.filter((_, index) => index !== turn), OTHERS_ANSWER_MS))) {
+        console.warn("toolmesh: bridge silent and no other replica answers; staying", { sessionId: this.options.sessionId });
+        return false;
+      }
+      if (stream.cut.signal.aborted || stream.events > heard) {
+        return false; // given up meanwhile, or heard from: no longer silent
+      }
     }
     this.giveUp(stream, "The bridge left a result unanswered.");
     return true;
@@ -862,7 +878,7 @@ export class HostEngine {
         failure instanceof ConnectError &&
         failure.code === Code.DeadlineExceeded &&
         giveUpAt > Date.now() &&
-        this.leaveIfSilent(stream, heard)
+        (await this.leaveIfSilent(stream, heard))
       ) {
         continue; // not a word from that bridge since the submit went out: the next replica takes it
       }
@@ -930,7 +946,7 @@ export class HostEngine {
     }
     submitting.catch((error: unknown) => {
       if (error instanceof ConnectError && error.code === Code.DeadlineExceeded) {
-        this.leaveIfSilent(stream, heard);
+        void this.leaveIfSilent(stream, heard);
       }
     });
     return undefined;

@@ -52,6 +52,22 @@ export async function firstAnswering(
   }
 }
 
+/** Whether any replica of `urls` answers its health check within `timeoutMs`. */
+export async function anyAnswers(urls: readonly string[], timeoutMs: number): Promise<boolean> {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), timeoutMs);
+  try {
+    const probes = urls.map((url) => probe(url, controller.signal));
+    // The first that answers: a probe that failed never settles here, and once all have, false.
+    const never = new Promise<never>(() => {});
+    const answered = probes.map((probe) => probe.then((ok) => (ok ? true : never)));
+    return await Promise.race([...answered, Promise.all(probes).then(() => false)]);
+  } finally {
+    clearTimeout(timer);
+    controller.abort();
+  }
+}
+
 /** Whether `url` answers before `signal` aborts, asking again while its replica refuses connections. */
 async function probe(url: string, signal: AbortSignal): Promise<boolean> {
   while (!signal.aborted) {

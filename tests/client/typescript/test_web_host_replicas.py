@@ -176,6 +176,37 @@ async def test_a_page_hands_a_copy_of_its_result_to_the_other_replica_when_its_o
     assert await driver.eval("p", "window.toolmesh.errors") == []
 
 
+async def test_a_page_whose_every_bridge_replica_froze_stays_and_hands_its_result_in_after(
+    replicas: Replicas,
+) -> None:
+    """Both replicas frozen while the handler ends: the copy goes nowhere, and when the submit's
+    share of the time runs out no other replica answers its health check, so the page stays on its
+    own. Once that one thaws it takes the result. Had the page left, the thawed replica would have
+    ended the request TOOL_HOST_DISCONNECTED and refused the result after."""
+    driver = replicas.driver
+    async with InvocationClient(f"127.0.0.1:{replicas.invocation.port}") as client:
+        calling = asyncio.create_task(client.invoke(SESSION, "held", {"n": 3}, turn_id="t"))
+        await driver.wait("p", "window.toolmesh.seen.some(s => s.tool === 'held')")
+        first = await driver.eval("p", "window.toolmesh.hostSessionId()")
+        for bridge in replicas.bridges:
+            bridge.process.send_signal(signal.SIGSTOP)
+        try:
+            assert await driver.eval("p", "window.toolmesh.release()") == 1
+            staying = "window.toolmesh.warnings.some(w => w.includes('no other replica answers; staying'))"
+            await driver.wait("p", staying, timeout_ms=15_000)
+        finally:
+            for bridge in replicas.bridges:
+                bridge.process.send_signal(signal.SIGCONT)
+        result = await asyncio.wait_for(calling, 10)
+    assert result.outcome is not None and result.outcome.result_json is not None, result
+    assert json.loads(result.outcome.result_json) == {
+        "held": {"n": 3},
+        "toolRequestId": result.tool_request_id,
+    }
+    assert await driver.eval("p", "window.toolmesh.hostSessionId()") == first
+    assert await driver.eval("p", "window.toolmesh.errors") == []
+
+
 async def test_a_page_hands_its_result_in_late_when_every_bridge_replica_froze_past_the_deadline(
     replicas: Replicas,
 ) -> None:

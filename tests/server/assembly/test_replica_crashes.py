@@ -239,6 +239,43 @@ async def test_a_result_left_unanswered_by_a_frozen_bridge_replica_is_taken_by_t
     ]
 
 
+async def test_a_host_whose_every_bridge_replica_froze_stays_and_hands_its_result_in_after(
+    bridges: Bridges, tmp_path: Path
+) -> None:
+    """Both replicas freeze while the handler runs: the copies go nowhere, and when the receipt's
+    wait runs out no other replica answers a health check, so the host stays on its own replica.
+    Once that one thaws it takes the result. Had the host left, the thawed replica would have ended
+    the request TOOL_HOST_DISCONNECTED and refused the result after (bench.chaos seed 137)."""
+    key = uuid.uuid4().hex
+    frozen = [replica.process for replica in bridges.bridges]
+
+    def staying() -> bool:
+        message = "bridge silent and no other replica answers; staying"
+        return any(record.get("msg") == message for record in bridges.host.logs())
+
+    async with InvocationClient(f"127.0.0.1:{bridges.invocation.port}") as client:
+        calling = asyncio.create_task(
+            client.invoke(SESSION, "count", {"key": key, "hold": True}, turn_id="t")
+        )
+        [tool_request_id] = await eventually(lambda: runs(tmp_path, key))
+        for process in frozen:
+            process.send_signal(signal.SIGSTOP)
+        try:
+            (tmp_path / f"release-{key}").touch()
+            await eventually(staying, timeout=12)
+        finally:
+            for process in frozen:
+                process.send_signal(signal.SIGCONT)
+        result = await asyncio.wait_for(calling, 10)
+    assert result.outcome is not None and result.outcome.failure is None, result
+    assert result.tool_request_id == tool_request_id
+    assert json.loads(result.outcome.result_json or "")["runs"] == 1
+    assert runs(tmp_path, key) == [tool_request_id]
+    assert not [
+        r for r in bridges.host.logs() if r.get("msg") == "result receipt unanswered; leaving the bridge"
+    ]
+
+
 READ_ONLY = ToolSpec(
     "count_read_only",
     "Counts its runs",

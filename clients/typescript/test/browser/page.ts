@@ -42,6 +42,13 @@ const aborts: AbortRecord[] = [];
 const errors: HostError[] = [];
 const controllers = new Map<string, AbortController>();
 const todos: string[] = [];
+// What the SDK warned of on the console (its first argument), in order.
+const warnings: string[] = [];
+const warn = console.warn.bind(console);
+console.warn = (...args: unknown[]) => {
+  warnings.push(String(args[0]));
+  warn(...args);
+};
 // The "held" and "held_short" handlers waiting for release(), each with the function that makes it answer.
 const held: (() => void)[] = [];
 
@@ -51,6 +58,7 @@ const state = {
   aborts,
   errors,
   todos,
+  warnings,
   started: false,
   startError: "",
   connected: () => host.connected,

@@ -14,7 +14,6 @@ the first receipt goes on beside it. Private to toolmesh.host.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import grpc
@@ -22,6 +21,7 @@ from google.rpc.error_details_pb2 import ErrorInfo
 
 from toolmesh.core.bearer import Metadata
 from toolmesh.core.errors import Code, code_for_reason
+from toolmesh.core.races import any_true
 from toolmesh.core.rpcstatus import error_info
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
@@ -42,15 +42,7 @@ async def hand_in_copies(
     Any other answer, or none within `timeout_s`, says nothing: the result's own replica may
     still take it.
     """
-    sends = [asyncio.ensure_future(_hand_in(stub, request, timeout_s, metadata)) for stub in stubs]
-    try:
-        for sent in asyncio.as_completed(sends):
-            if await sent:
-                return True
-        return False
-    finally:
-        for send in sends:
-            send.cancel()
+    return await any_true(_hand_in(stub, request, timeout_s, metadata) for stub in stubs)
 
 
 async def _hand_in(

@@ -37,7 +37,7 @@ from toolmesh.core.wire import outcome_to_pb, tool_to_pb
 from toolmesh.host.context import ProgressReporter, ToolContext
 from toolmesh.host.copies import COPY_AFTER_S, answered_before, hand_in_copies
 from toolmesh.host.host_work import HostWorkLink
-from toolmesh.host.replicas import first_answering
+from toolmesh.host.replicas import any_answers, first_answering
 from toolmesh.host.results import convert_return
 from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 
@@ -69,6 +69,8 @@ SUBMIT_ATTEMPT_MAX_S = 5.0
 # milliseconds, a loaded one in a second or two).
 FIRST_EVENT_S = 30.0
 FIRST_EVENT_ELSEWHERE_S = 5.0
+# A host leaves a silent bridge replica only for another that answers its health check this soon.
+OTHERS_ANSWER_S = 1.0
 # How long stop() lets results already on their way to the bridge arrive.
 STOP_GRACE_S = 2.0
 # Missing this many heartbeats in a row means the bridge is gone.
@@ -1098,7 +1100,7 @@ class HostEngine:
                 taken, copied = await self._submit_with_copies(link, host_work, submission, bound, heard)
                 if taken:
                     return None, ""
-                if taken is None and self._leave_if_silent(link, heard):
+                if taken is None and await self._leave_if_silent(link, heard):
                     log.warning("result receipt unanswered; leaving the bridge", extra=_ids(ctx))
                 return await self._deliver(outcome, ctx, host_session_id, tried=taken is None or copied)
         return await self._deliver(outcome, ctx, host_session_id)
@@ -1166,7 +1168,7 @@ class HostEngine:
         With nothing heard on it since `heard` either, its replica is frozen or cut off: left as
         for any other result (see _hand_in).
         """
-        if await sending is None and self._leave_if_silent(link, heard):
+        if await sending is None and await self._leave_if_silent(link, heard):
             log.warning(
                 "result receipt unanswered; leaving the bridge", extra={"session_id": self.session_id}
             )
@@ -1180,15 +1182,27 @@ class HostEngine:
             return min(window, max(SUBMIT_ATTEMPT_MIN_S, min(window / 3, SUBMIT_ATTEMPT_MAX_S)))
         return window
 
-    def _leave_if_silent(self, link: _Link, heard: int) -> bool:
+    async def _leave_if_silent(self, link: _Link, heard: int) -> bool:
         """Give `link`'s stream up when nothing was heard on it since `heard`; whether it did.
 
         `heard`: its count of events as the submit went out.
 
-        Only when another replica may be reached: the bridge is frozen or cut off.
+        Only when another replica answers its health check (within OTHERS_ANSWER_S): this one is
+        frozen or cut off. When none does, every replica is (or this host is cut off from all), and
+        the host stays: leaving would end there, once it comes back, the requests its handlers ran
+        (`bench.chaos --seed 137 --concurrency 8`: a host left its replica 36 ms before it thawed,
+        the other frozen too, and two results were lost).
         """
         if link.cut or len(self._channels) < 2 or link.silence.heard_since(heard):
             return False
+        others = [channel for turn, channel in enumerate(self._channels) if turn != link.turn]
+        if not await any_answers(others, OTHERS_ANSWER_S):
+            log.warning(
+                "bridge silent and no other replica answers; staying", extra={"session_id": self.session_id}
+            )
+            return False
+        if link.cut or link.silence.heard_since(heard):
+            return False  # given up meanwhile, or heard from: no longer silent
         link.silence.declare()
         link.end()  # at once: the stream's reader ends it too, a turn of the loop later
         return True
@@ -1252,7 +1266,7 @@ class HostEngine:
                 if (
                     error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
                     and remaining > 0
-                    and self._leave_if_silent(link, heard)
+                    and await self._leave_if_silent(link, heard)
                 ):
                     # Not a word from that bridge since the submit went out: its stream is given up
                     # (as when its heartbeats stop) and the result goes to the next replica.

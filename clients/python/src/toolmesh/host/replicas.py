@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from toolmesh.core.races import any_true
+
 # grpc.health.v1.Health/Check: an empty HealthCheckRequest is zero bytes (the server's overall
 # health), so no generated code is needed for it.
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -46,6 +48,11 @@ async def answers(channel: grpc.aio.Channel, timeout_s: float) -> bool:
     except grpc.aio.UsageError:  # the channel was closed: the host is stopping
         return False
     return True
+
+
+async def any_answers(channels: Sequence[grpc.aio.Channel], timeout_s: float) -> bool:
+    """Whether any replica behind `channels` answers a health check within `timeout_s`."""
+    return await any_true(answers(channel, timeout_s) for channel in channels)
 
 
 async def first_answering(
