@@ -421,17 +421,27 @@ async def dispatch_together(internal: Any, requests: list[bridge_pb2.ToolRequest
 
 class AskingHost:
     """A raw host session of `session_id` for `handler_names` that acknowledges starts and asks
-    START only for the requests the test names; it runs nothing, and hands in what the test says."""
+    START only for the requests the test names; it runs nothing, and hands in what the test says.
+    With `acknowledges_starts` False it asks nothing: it only reads its stream, so the test knows
+    which requests its bridge replica holds."""
 
-    def __init__(self, bridge_target: str, session_id: str, handler_names: list[str]) -> None:
+    def __init__(
+        self,
+        bridge_target: str,
+        session_id: str,
+        handler_names: list[str],
+        *,
+        acknowledges_starts: bool = True,
+    ) -> None:
         self._channel = grpc.aio.insecure_channel(bridge_target)
         self._stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
         opening = bridge_pb2.OpenHostSessionRequest(
             session_id=session_id,
             host_name="asking",
             handler_names=handler_names,
-            acknowledges_starts=True,
+            acknowledges_starts=acknowledges_starts,
         )
+        self._acknowledges_starts = acknowledges_starts
         self._stream = self._stub.OpenHostSession(opening)
         self.opened: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         # The ids of the requests it was sent, and of those the bridge cancelled, in order.
@@ -443,7 +453,7 @@ class AskingHost:
         with contextlib.suppress(grpc.aio.AioRpcError):
             async for event in self._stream:
                 if event.HasField("opened") and not self.opened.done():
-                    assert event.opened.starts_acknowledged
+                    assert event.opened.starts_acknowledged == self._acknowledges_starts
                     self.opened.set_result(event.opened.host_session_id)
                 elif event.HasField("tool_request"):
                     self.received.append(event.tool_request.tool_request_id)

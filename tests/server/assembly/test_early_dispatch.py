@@ -46,7 +46,7 @@ class HeldClaims:
         self._store = store
         self.lose_reply = False
         self.synchronous = store.synchronous
-        self.replicated_claims = store.replicated_claims
+        self.claims_replicated = store.claims_replicated
 
     async def claim(
         self,

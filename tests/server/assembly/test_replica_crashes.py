@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
@@ -28,8 +27,8 @@ from toolmesh.core.progress import ToolProgress
 from toolmesh.core.tools import ToolAnnotations, ToolSpec
 from toolmesh.runtime.server import RunningServer
 from toolmesh.store.backends import Stores, open_stores
-from toolmesh.v1 import bridge_pb2, bridge_pb2_grpc
 from toolmesh_testing import (
+    AskingHost,
     HostProcess,
     ServiceProcess,
     closed_address,
@@ -287,36 +286,6 @@ READ_ONLY = ToolSpec(
 WRITES = ToolSpec("count_short", "Counts its runs", '{"type": "object"}', timeout_ms=5_000)
 
 
-class SilentHost:
-    """A host that takes requests and starts none (its handlers are all busy): it only reads its
-    stream, so the test knows which requests its bridge replica holds."""
-
-    def __init__(self, bridge_target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(bridge_target)
-        stub = bridge_pb2_grpc.BridgeServiceStub(self._channel)
-        opening = bridge_pb2.OpenHostSessionRequest(
-            session_id=SESSION, host_name="silent", handler_names=[READ_ONLY.name, WRITES.name]
-        )
-        self._stream = stub.OpenHostSession(opening)
-        self.opened = asyncio.get_running_loop().create_future()
-        self.received: list[str] = []
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            async for event in self._stream:
-                if event.HasField("opened") and not self.opened.done():
-                    self.opened.set_result(None)
-                elif event.HasField("tool_request"):
-                    self.received.append(event.tool_request.tool_request_id)
-
-    async def close(self) -> None:
-        self._stream.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-        await self._channel.close()
-
-
 async def test_requests_held_by_a_dead_bridge_replica_go_to_another_when_redeliverable(
     bridges: Bridges, tmp_path: Path
 ) -> None:
@@ -325,7 +294,7 @@ async def test_requests_held_by_a_dead_bridge_replica_go_to_another_when_redeliv
     # The fixture's host serves on replica 0 too: only the silent host may get these requests.
     await bridges.host.stop()
     doomed, survivor = bridges.bridges
-    silent = SilentHost(doomed.target)
+    silent = AskingHost(doomed.target, SESSION, [READ_ONLY.name, WRITES.name], acknowledges_starts=False)
     try:
         await asyncio.wait_for(silent.opened, 10)
         keys = [uuid.uuid4().hex for _ in range(5)]

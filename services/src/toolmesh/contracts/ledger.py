@@ -329,7 +329,7 @@ class Ledger:
     def claims_replicated(self) -> bool:
         """Whether a claim may wait for a replica to have it (durable claims): one stored on the
         primary and not confirmed is then ended as not run."""
-        return self._store.replicated_claims
+        return self._store.claims_replicated
 
     def _encode(self, record: InvocationRecord) -> bytes:
         raw = _encode(record)

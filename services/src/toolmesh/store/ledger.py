@@ -130,7 +130,7 @@ class LedgerStore(Protocol):
     synchronous: bool
     # True when a claim may wait for a replica to have it (durable claims,
     # toolmesh.store.durability): it may then answer ClaimNotReplicated.
-    replicated_claims: bool
+    claims_replicated: bool
 
     async def claim(
         self,

@@ -278,7 +278,7 @@ class MemoryLedgerStore:
 
     # No operation awaits anything (each is one step): see LedgerStore.synchronous.
     synchronous = True
-    replicated_claims = False
+    claims_replicated = False
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         # Places among calls in flight, which claims take and finishes give back (LeaseTerms).

@@ -117,7 +117,7 @@ class RedisConnection:
         # One Redis waits for a replica only when told to (`auto` is off: it may have none).
         self._wait = durability.wait_command() if durability.mode is Mode.ON else None
         # Whether a claim or finish may wait for a replica (durable claims).
-        self.replicated_claims = self._wait is not None
+        self.claims_replicated = self._wait is not None
         # The pool only turns the URL into a connection class and its settings; nothing is pooled.
         settings = ConnectionPool.from_url(
             url,

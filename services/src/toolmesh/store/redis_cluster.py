@@ -153,7 +153,7 @@ class ClusterConnection:
         self._tls = address.tls
         self._durability = address.durability
         # Whether a claim or finish may wait for a replica (`auto`: where a slot's primary has one).
-        self.replicated_claims = address.durability.mode is not Mode.OFF
+        self.claims_replicated = address.durability.mode is not Mode.OFF
         # A durable script's node was lost: read the slot map again before the next one.
         self._slots_stale = False
         # Whether each primary has a replica that is not failed, by node name, and when it was read.

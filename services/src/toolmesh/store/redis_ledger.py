@@ -294,7 +294,7 @@ class RedisLedgerStore:
 
     def __init__(self, connection: RedisConnection | ClusterConnection) -> None:
         self._connection = connection
-        self.replicated_claims = connection.replicated_claims
+        self.claims_replicated = connection.claims_replicated
         self._prefix = connection.prefix
         self._cluster = connection.cluster
         self._run = connection.run

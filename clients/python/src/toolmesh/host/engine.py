@@ -1128,11 +1128,7 @@ class HostEngine:
             await asyncio.wait((sending,), timeout=COPY_AFTER_S)
             if sending.done() or link.silence.heard_since(heard):
                 return await sending, False
-            others = [
-                bridge_pb2_grpc.BridgeServiceStub(channel)
-                for turn, channel in enumerate(self._channels)
-                if turn != link.turn
-            ]
+            others = [bridge_pb2_grpc.BridgeServiceStub(channel) for channel in self._others(link)]
             request = bridge_pb2.SubmitToolResultRequest(
                 host_session_id=link.host_session_id,
                 tool_request_id=submission.tool_request_id,
@@ -1173,6 +1169,10 @@ class HostEngine:
                 "result receipt unanswered; leaving the bridge", extra={"session_id": self.session_id}
             )
 
+    def _others(self, link: _Link) -> list[grpc.aio.Channel]:
+        """The channels to the bridge replicas other than `link`'s."""
+        return [channel for turn, channel in enumerate(self._channels) if turn != link.turn]
+
     def _attempt_bound(self, window: float) -> float:
         """How long one submit attempt may wait, of the `window` left.
 
@@ -1195,8 +1195,7 @@ class HostEngine:
         """
         if link.cut or len(self._channels) < 2 or link.silence.heard_since(heard):
             return False
-        others = [channel for turn, channel in enumerate(self._channels) if turn != link.turn]
-        if not await any_answers(others, OTHERS_ANSWER_S):
+        if not await any_answers(self._others(link), OTHERS_ANSWER_S):
             log.warning(
                 "bridge silent and no other replica answers; staying", extra={"session_id": self.session_id}
             )
